@@ -1,0 +1,299 @@
+/*
+ * commit.c: the commit protocol. The shards gathered from all ranks are checked against the
+ * layout, manifest.json and SHA256SUMS are written and fsynced into the staging directory, the
+ * directory is fsynced and renamed to step-<step>, the run directory is fsynced, and `latest`
+ * is replaced by write-temp + fsync + rename + fsync. A crash at any instant leaves `latest`
+ * naming a complete checkpoint. Retention and garbage collection run after the commit and never
+ * touch what `latest` names.
+ */
+#include "zck_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+void zck_step_dirname(char out[32], uint64_t step)
+{
+    snprintf(out, 32, "step-%08llu", (unsigned long long)step);
+}
+
+/* "step-<digits>" -> step; false for anything else */
+static bool parse_step_name(const char *name, uint64_t *step)
+{
+    if (strncmp(name, "step-", 5))
+        return false;
+    const char *d = name + 5;
+    if (!*d || strlen(d) > 19)
+        return false;
+    uint64_t v = 0;
+    for (; *d; d++) {
+        if (*d < '0' || *d > '9')
+            return false;
+        v = v * 10 + (uint64_t)(*d - '0');
+    }
+    *step = v;
+    return true;
+}
+
+int zck_latest(char **out, const char *run_dir)
+{
+    char *lp = zck__path_join(run_dir, "latest"), *txt = NULL;
+    if (!lp)
+        return ZR_ENOMEM;
+    int rc = zck__read_small(&txt, NULL, lp, 4096);
+    if (rc == ZR_ENOTFOUND)
+        rc = zr_err_set(ZR_ENOTFOUND, "%s: no 'latest' file: no committed checkpoint here",
+                        run_dir);
+    if (rc)
+        goto out;
+    size_t n = strlen(txt);
+    while (n && (txt[n - 1] == '\n' || txt[n - 1] == '\r' || txt[n - 1] == ' '))
+        txt[--n] = 0;
+    uint64_t step;
+    if (!parse_step_name(txt, &step)) {
+        rc = zr_err_set(ZR_ECORRUPT, "%s: expected a name like step-00001000, found '%.64s'", lp,
+                        txt);
+        goto out;
+    }
+    if (!(*out = zck__path_join(run_dir, txt)))
+        rc = ZR_ENOMEM;
+out:
+    free(lp);
+    free(txt);
+    return rc;
+}
+
+static int cmp_rank(const void *a, const void *b)
+{
+    const zck_shard *x = *(zck_shard *const *)a, *y = *(zck_shard *const *)b;
+    return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+static int write_latest(const char *run_dir, const char *name)
+{
+    char tmpname[64], line[64];
+    snprintf(tmpname, sizeof tmpname, ".latest.tmp-%ld", (long)getpid());
+    snprintf(line, sizeof line, "%s\n", name);
+    char *tmp = zck__path_join(run_dir, tmpname), *dst = zck__path_join(run_dir, "latest");
+    int rc = 0;
+    if (!tmp || !dst) {
+        rc = ZR_ENOMEM;
+        goto out;
+    }
+    ZR_TRY_GOTO(zck__write_small(tmp, line, strlen(line)), rc, out);
+    ZR_TRY_GOTO(zck__rename(tmp, dst), rc, out);
+    ZR_TRY_GOTO(zck__fsync_dir(run_dir), rc, out);
+out:
+    if (rc && tmp)
+        unlink(tmp);
+    free(tmp);
+    free(dst);
+    return rc;
+}
+
+typedef struct {
+    uint64_t step;
+    char *name;
+} stepdir;
+
+static int cmp_step_desc(const void *a, const void *b)
+{
+    const stepdir *x = a, *y = b;
+    return x->step > y->step ? -1 : x->step < y->step;
+}
+
+/* Remove a directory by first renaming it out of sight (atomic), then deleting it. */
+static int remove_dir(const char *run_dir, const char *name)
+{
+    char hidden[128];
+    snprintf(hidden, sizeof hidden, ".del-%s-%ld", name, (long)getpid());
+    char *from = zck__path_join(run_dir, name), *to = zck__path_join(run_dir, hidden);
+    int rc = 0;
+    if (!from || !to)
+        rc = ZR_ENOMEM;
+    else if (name[0] == '.')
+        rc = zck__rmtree(from);
+    else if (!(rc = zck__rename(from, to)))
+        rc = zck__rmtree(to);
+    free(from);
+    free(to);
+    return rc;
+}
+
+/* Retention and garbage collection after the commit of `step`, whose directory is `keep`. */
+static int housekeeping(const char *run_dir, uint64_t step, const char *keep, unsigned keep_last,
+                        int gc_tmp)
+{
+    DIR *d = opendir(run_dir);
+    if (!d)
+        return zr_err_sys(errno, "%s: opendir", run_dir);
+    stepdir *v = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && !rc) {
+        uint64_t s;
+        unsigned long long ts;
+        const char *nm = de->d_name;
+        if (parse_step_name(nm, &s)) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 16;
+                stepdir *nv = realloc(v, cap * sizeof *v);
+                if (!nv) {
+                    rc = zr_err_set(ZR_ENOMEM, "out of memory");
+                    break;
+                }
+                v = nv;
+            }
+            v[n].step = s;
+            if (!(v[n].name = strdup(nm)))
+                rc = zr_err_set(ZR_ENOMEM, "out of memory");
+            else
+                n++;
+        } else if (gc_tmp && ((sscanf(nm, ".tmp-step-%llu-", &ts) == 1 && ts <= step) ||
+                              !strncmp(nm, ".del-step-", 10) ||
+                              !strncmp(nm, ".latest.tmp-", 12))) {
+            char *p = zck__path_join(run_dir, nm);
+            struct stat st;
+            if (!p)
+                rc = ZR_ENOMEM;
+            else if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+                rc = zck__rmtree(p);
+            else if (unlink(p) < 0 && errno != ENOENT)
+                rc = zr_err_sys(errno, "%s: unlink", p);
+            free(p);
+        }
+    }
+    closedir(d);
+    if (!rc && keep_last) {
+        qsort(v, n, sizeof *v, cmp_step_desc);
+        unsigned kept = 0;
+        for (size_t i = 0; i < n && !rc; i++) {
+            if (!strcmp(v[i].name, keep) || kept < keep_last) {
+                kept++;
+                continue;
+            }
+            rc = remove_dir(run_dir, v[i].name);
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        free(v[i].name);
+    free(v);
+    return rc;
+}
+
+int zck_commit(char **out, const char *run_dir, const char *staging_dir, const zck_layout *L,
+               zck_shard *const *shards, size_t n_shards, const zck_commit_opts *opts)
+{
+    zck_commit_opts def = ZCK_COMMIT_OPTS_INIT;
+    if (!opts)
+        opts = &def;
+    if (opts->zero_stage < 0 || opts->zero_stage > 3)
+        return zr_err_set(ZR_EINVAL, "zero stage %d: expected 0..3", opts->zero_stage);
+    if (!L->ng || !L->ns)
+        return zr_err_set(ZR_EINVAL, "layout has no groups or no states");
+    for (size_t g = 0; g < L->ng; g++)
+        if (!L->g[g].numel)
+            return zr_err_set(ZR_EINVAL, "group '%s' has no elements", L->g[g].name);
+
+    char producer[64], created[32], dirname[32];
+    snprintf(producer, sizeof producer, "zero %d.%d", ZCK_VERSION_MAJOR, ZCK_VERSION_MINOR);
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    zck_step_dirname(dirname, opts->step);
+
+    zck_manifest m = {0};
+    m.step = opts->step;
+    m.world = opts->world;
+    m.stage = opts->zero_stage;
+    m.created = created;
+    m.producer = (char *)(opts->producer ? opts->producer : producer);
+    m.model_json = (char *)opts->model_json;
+    m.training_json = (char *)opts->training_json;
+    m.L = (zck_layout *)L;
+    m.nshards = n_shards;
+    char *text = NULL, *sums = NULL, *final = NULL, *mpath = NULL, *spath = NULL;
+    int rc = 0;
+    if (!(m.shards = malloc((n_shards ? n_shards : 1) * sizeof *m.shards))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    memcpy(m.shards, shards, n_shards * sizeof *shards);
+    qsort(m.shards, n_shards, sizeof *m.shards, cmp_rank);
+    ZR_TRY_GOTO(zck__manifest_index(&m, staging_dir), rc, out);
+
+    /* every shard file is in the staging directory with its listed size */
+    for (size_t i = 0; i < n_shards; i++) {
+        char *p = zck__path_join(staging_dir, m.shards[i]->file);
+        struct stat st;
+        if (!p) {
+            rc = ZR_ENOMEM;
+            goto out;
+        }
+        if (stat(p, &st) < 0)
+            rc = zr_err_sys(errno, "%s: shard of rank %u", p, m.shards[i]->rank);
+        else if ((uint64_t)st.st_size != m.shards[i]->bytes)
+            rc = zr_err_set(ZR_ECORRUPT, "%s: %lld bytes on disk, rank %u reported %llu", p,
+                            (long long)st.st_size, m.shards[i]->rank,
+                            (unsigned long long)m.shards[i]->bytes);
+        free(p);
+        if (rc)
+            goto out;
+    }
+
+    ZR_TRY_GOTO(zck__manifest_dump(&text, &m), rc, out);
+    size_t cap = n_shards * 340 + 1, len = 0;
+    if (!(sums = malloc(cap))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    sums[0] = 0;
+    for (size_t i = 0; i < n_shards; i++)
+        len += (size_t)snprintf(sums + len, cap - len, "%s  %s\n", m.shards[i]->sha256,
+                                m.shards[i]->file);
+    if (!(mpath = zck__path_join(staging_dir, "manifest.json")) ||
+        !(spath = zck__path_join(staging_dir, "SHA256SUMS")) ||
+        !(final = zck__path_join(run_dir, dirname))) {
+        rc = ZR_ENOMEM;
+        goto out;
+    }
+    ZR_TRY_GOTO(zck__write_small(mpath, text, strlen(text)), rc, out);
+    ZR_TRY_GOTO(zck__write_small(spath, sums, len), rc, out);
+    ZR_TRY_GOTO(zck__fsync_dir(staging_dir), rc, out);
+    struct stat st;
+    if (lstat(final, &st) == 0) {
+        rc = zr_err_set(ZR_EEXIST, "%s: a checkpoint for step %llu already exists", final,
+                        (unsigned long long)opts->step);
+        goto out;
+    }
+    ZR_TRY_GOTO(zck__rename(staging_dir, final), rc, out);
+    ZR_TRY_GOTO(zck__fsync_dir(run_dir), rc, out);
+    ZR_TRY_GOTO(write_latest(run_dir, dirname), rc, out);
+    if (housekeeping(run_dir, opts->step, dirname, opts->keep_last, opts->gc_tmp) < 0)
+        zr_log(ZR_LOG_WARN, "checkpoint %s committed, but cleaning up older ones failed: %s",
+               final, zr_err_msg());
+    if (out) {
+        *out = final;
+        final = NULL;
+    }
+out:
+    if (m.index)
+        for (size_t i = 0; i < L->ng * L->ns; i++)
+            free(m.index[i]);
+    free(m.index);
+    free(m.index_n);
+    free(m.shards);
+    free(text);
+    free(sums);
+    free(final);
+    free(mpath);
+    free(spath);
+    return rc;
+}

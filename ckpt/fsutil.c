@@ -1,0 +1,195 @@
+/*
+ * fsutil.c: the fault-injection hook and the small filesystem operations of the commit
+ * protocol (fsync of files and directories, rename, mkdir, removal), each reporting errno
+ * failures with the path named.
+ */
+#include "zck_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static zck_fault_fn fault_fn;
+static void *fault_ctx;
+
+void zck_fault_set(zck_fault_fn fn, void *ctx)
+{
+    fault_fn = fn;
+    fault_ctx = ctx;
+}
+
+int zck__fault(zck_op op, const char *path)
+{
+    return fault_fn ? fault_fn(op, path, fault_ctx) : 0;
+}
+
+char *zck__path_join(const char *a, const char *b)
+{
+    size_t na = strlen(a), nb = strlen(b);
+    char *p = malloc(na + nb + 2);
+    if (!p) {
+        zr_err_set(ZR_ENOMEM, "out of memory");
+        return NULL;
+    }
+    memcpy(p, a, na);
+    size_t k = na;
+    if (na && a[na - 1] != '/')
+        p[k++] = '/';
+    memcpy(p + k, b, nb + 1);
+    return p;
+}
+
+int zck__fsync_dir(const char *dir)
+{
+    int e = zck__fault(ZCK_OP_OPEN, dir);
+    int fd = e ? -1 : open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return zr_err_sys(e ? e : errno, "%s: open directory", dir);
+    e = zck__fault(ZCK_OP_FSYNC, dir);
+    if (e || fsync(fd) < 0) {
+        e = e ? e : errno;
+        close(fd);
+        return zr_err_sys(e, "%s: fsync directory", dir);
+    }
+    close(fd);
+    return 0;
+}
+
+int zck__mkdir(const char *path)
+{
+    int e = zck__fault(ZCK_OP_MKDIR, path);
+    if (e || (mkdir(path, 0777) < 0 && errno != EEXIST))
+        return zr_err_sys(e ? e : errno, "%s: mkdir", path);
+    struct stat st;
+    if (stat(path, &st) < 0 || !S_ISDIR(st.st_mode))
+        return zr_err_set(ZR_EEXIST, "%s: exists and is not a directory", path);
+    return 0;
+}
+
+int zck__rename(const char *from, const char *to)
+{
+    int e = zck__fault(ZCK_OP_RENAME, from);
+    if (e || rename(from, to) < 0)
+        return zr_err_sys(e ? e : errno, "rename %s -> %s", from, to);
+    return 0;
+}
+
+int zck__rmtree(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d)
+        return errno == ENOENT ? 0 : zr_err_sys(errno, "%s: opendir", path);
+    struct dirent *de;
+    int rc = 0;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        char *p = zck__path_join(path, de->d_name);
+        if (!p) {
+            rc = ZR_ENOMEM;
+            break;
+        }
+        struct stat st;
+        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+            rc = zck__rmtree(p);
+        else {
+            int e = zck__fault(ZCK_OP_UNLINK, p);
+            if (e || unlink(p) < 0)
+                rc = zr_err_sys(e ? e : errno, "%s: unlink", p);
+        }
+        free(p);
+        if (rc)
+            break;
+    }
+    closedir(d);
+    if (!rc) {
+        int e = zck__fault(ZCK_OP_UNLINK, path);
+        if (e || rmdir(path) < 0)
+            rc = zr_err_sys(e ? e : errno, "%s: rmdir", path);
+    }
+    return rc;
+}
+
+int zck__write_small(const char *path, const void *data, size_t len)
+{
+    int e = zck__fault(ZCK_OP_OPEN, path);
+    int fd = e ? -1 : open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return zr_err_sys(e ? e : errno, "%s: create", path);
+    const char *p = data;
+    size_t done = 0;
+    while (done < len) {
+        e = zck__fault(ZCK_OP_WRITE, path);
+        ssize_t k = e ? -1 : write(fd, p + done, len - done);
+        if (k < 0) {
+            if (!e && errno == EINTR)
+                continue;
+            e = e ? e : errno;
+            close(fd);
+            return zr_err_sys(e, "%s: write", path);
+        }
+        done += (size_t)k;
+    }
+    e = zck__fault(ZCK_OP_FSYNC, path);
+    if (e || fsync(fd) < 0) {
+        e = e ? e : errno;
+        close(fd);
+        return zr_err_sys(e, "%s: fsync", path);
+    }
+    if (close(fd) < 0)
+        return zr_err_sys(errno, "%s: close", path);
+    return 0;
+}
+
+int zck__read_small(char **out, size_t *len, const char *path, size_t max)
+{
+    int e = zck__fault(ZCK_OP_OPEN, path);
+    int fd = e ? -1 : open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return zr_err_sys(e ? e : errno, "%s: open", path);
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        e = errno;
+        close(fd);
+        return zr_err_sys(e, "%s: stat", path);
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return zr_err_set(ZR_ECORRUPT, "%s: not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > max) {
+        close(fd);
+        return zr_err_set(ZR_ECORRUPT, "%s: %lld bytes, more than the %zu this file may have",
+                          path, (long long)st.st_size, max);
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        close(fd);
+        return zr_err_set(ZR_ENOMEM, "%s: out of memory", path);
+    }
+    size_t done = 0;
+    while (done < (size_t)st.st_size) {
+        e = zck__fault(ZCK_OP_READ, path);
+        ssize_t k = e ? -1 : read(fd, buf + done, (size_t)st.st_size - done);
+        if (k < 0 && !e && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            e = e ? e : k == 0 ? EIO : errno;
+            free(buf);
+            close(fd);
+            return zr_err_sys(e, "%s: read", path);
+        }
+        done += (size_t)k;
+    }
+    close(fd);
+    buf[done] = 0;
+    *out = buf;
+    if (len)
+        *len = done;
+    return 0;
+}

@@ -1,0 +1,303 @@
+/*
+ * reader.c: open a checkpoint (validating its manifest completely before any shard is read) and
+ * serve any logical range of any (group, state), whatever the shard layout. Each touched file
+ * is streamed through the I/O engine once; with verification on, every touched file is read in
+ * full and hashed in the same pass, and the read fails if any hash differs.
+ */
+#include "zck_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+struct zck_reader {
+    char *dir;
+    zck_manifest *m;
+};
+
+#define MAX_MANIFEST_BYTES ((size_t)256 << 20)
+
+int zck__resolve(char **out, const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) < 0)
+        return zr_err_sys(errno, "%s", path);
+    if (!S_ISDIR(st.st_mode))
+        return zr_err_set(ZR_EINVAL, "%s: not a directory (expected a checkpoint or run "
+                          "directory)", path);
+    char *mp = zck__path_join(path, "manifest.json");
+    if (!mp)
+        return ZR_ENOMEM;
+    int has_manifest = stat(mp, &st) == 0;
+    free(mp);
+    char *lp = zck__path_join(path, "latest");
+    if (!lp)
+        return ZR_ENOMEM;
+    int has_latest = stat(lp, &st) == 0;
+    free(lp);
+    if (!has_manifest && has_latest)
+        return zck_latest(out, path);
+    if (!(*out = strdup(path)))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    return 0;
+}
+
+int zck__manifest_load(zck_manifest **out, const char *dir)
+{
+    char *mp = zck__path_join(dir, "manifest.json"), *text = NULL;
+    size_t len;
+    if (!mp)
+        return ZR_ENOMEM;
+    int rc = zck__read_small(&text, &len, mp, MAX_MANIFEST_BYTES);
+    if (rc == ZR_ENOTFOUND)
+        rc = zr_err_set(ZR_ENOTFOUND, "%s: missing: %s is not a committed checkpoint", mp, dir);
+    if (!rc)
+        rc = zck__manifest_parse(out, text, len, mp);
+    free(text);
+    free(mp);
+    return rc;
+}
+
+int zck_reader_open(zck_reader **out, const char *path)
+{
+    zck_reader *r = calloc(1, sizeof *r);
+    if (!r)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    int rc = 0;
+    ZR_TRY_GOTO(zck__resolve(&r->dir, path), rc, fail);
+    ZR_TRY_GOTO(zck__manifest_load(&r->m, r->dir), rc, fail);
+    *out = r;
+    return 0;
+fail:
+    zck_reader_free(r);
+    return rc;
+}
+
+void zck_reader_free(zck_reader *r)
+{
+    if (!r)
+        return;
+    zck__manifest_free(r->m);
+    free(r->dir);
+    free(r);
+}
+
+const char *zck_reader_path(const zck_reader *r) { return r->dir; }
+const zck_layout *zck_reader_layout(const zck_reader *r) { return r->m->L; }
+uint64_t zck_reader_step(const zck_reader *r) { return r->m->step; }
+uint32_t zck_reader_world(const zck_reader *r) { return r->m->world; }
+int zck_reader_zero_stage(const zck_reader *r) { return r->m->stage; }
+const char *zck_reader_version(const zck_reader *r) { return r->m->version; }
+const char *zck_reader_created(const zck_reader *r) { return r->m->created; }
+const char *zck_reader_producer(const zck_reader *r) { return r->m->producer; }
+const char *zck_reader_model_json(const zck_reader *r) { return r->m->model_json; }
+const char *zck_reader_training_json(const zck_reader *r) { return r->m->training_json; }
+size_t zck_reader_n_shards(const zck_reader *r) { return r->m->nshards; }
+const zck_shard *zck_reader_shard(const zck_reader *r, size_t i) { return r->m->shards[i]; }
+
+/* ---------------------------------------------------------------- reading */
+
+typedef struct {
+    uint64_t off, len;   /* bytes in the shard file */
+    unsigned char *dst;
+} piece;
+
+typedef struct {
+    piece *p;
+    size_t n, cap;
+    int touched;
+} plan;
+
+typedef struct {
+    zck_reader *r;
+    plan *plans;
+    const zck_read_opts *o;
+} read_ctx;
+
+typedef struct {
+    const plan *pl;
+    size_t lo;
+    zck__sha *sha;
+} stream_ctx;
+
+static int cmp_piece(const void *a, const void *b)
+{
+    const piece *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+static int on_chunk(void *vctx, uint64_t off, const unsigned char *p, size_t len)
+{
+    stream_ctx *c = vctx;
+    if (c->sha)
+        zck__sha_update(c->sha, p, len);
+    uint64_t end = off + len;
+    const plan *pl = c->pl;
+    while (c->lo < pl->n && pl->p[c->lo].off + pl->p[c->lo].len <= off)
+        c->lo++;
+    for (size_t i = c->lo; i < pl->n && pl->p[i].off < end; i++) {
+        const piece *q = &pl->p[i];
+        uint64_t a = q->off > off ? q->off : off;
+        uint64_t b = q->off + q->len < end ? q->off + q->len : end;
+        if (a < b)
+            memcpy(q->dst + (a - q->off), p + (a - off), (size_t)(b - a));
+    }
+    return 0;
+}
+
+static int read_shard(void *vctx, size_t i)
+{
+    read_ctx *c = vctx;
+    plan *pl = &c->plans[i];
+    if (!pl->touched)
+        return 0;
+    const zck_shard *s = c->r->m->shards[i];
+    char *path = zck__path_join(c->r->dir, s->file);
+    if (!path)
+        return ZR_ENOMEM;
+    zck__io *io = NULL;
+    stream_ctx sc = {pl, 0, NULL};
+    uint64_t (*spans)[2] = NULL;
+    size_t ns = 0;
+    int rc = 0;
+    ZR_TRY_GOTO(zck__io_open(&io, path, ZCK__IO_READ, &c->o->io), rc, out);
+    uint64_t size;
+    ZR_TRY_GOTO(zck__io_size(io, &size), rc, out);
+    if (size != s->bytes) {
+        rc = zr_err_set(ZR_ECORRUPT, "%s: %s: %llu bytes on disk, manifest lists %llu", path,
+                        size < s->bytes ? "truncated" : "size mismatch",
+                        (unsigned long long)size, (unsigned long long)s->bytes);
+        goto out;
+    }
+    qsort(pl->p, pl->n, sizeof *pl->p, cmp_piece);
+    if (!(spans = malloc((pl->n ? pl->n : 1) * sizeof *spans))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    if (c->o->verify) {
+        ZR_TRY_GOTO(zck__sha_new(&sc.sha), rc, out);
+        spans[0][0] = 0;
+        spans[0][1] = s->bytes;
+        ns = s->bytes ? 1 : 0;
+    } else {
+        /* aligned spans around the pieces, merged when they touch or nearly touch */
+        const uint64_t A = ZCK_FILE_ALIGN, slack = (uint64_t)1 << 20;
+        for (size_t k = 0; k < pl->n; k++) {
+            uint64_t a = pl->p[k].off / A * A;
+            uint64_t b = (pl->p[k].off + pl->p[k].len + A - 1) / A * A;
+            if (b > s->bytes)
+                b = s->bytes;
+            if (ns && a <= spans[ns - 1][1] + slack) {
+                if (b > spans[ns - 1][1])
+                    spans[ns - 1][1] = b;
+            } else {
+                spans[ns][0] = a;
+                spans[ns][1] = b;
+                ns++;
+            }
+        }
+    }
+    ZR_TRY_GOTO(zck__io_read_spans(io, (const uint64_t(*)[2])spans, ns, on_chunk, &sc), rc,
+                out);
+    if (sc.sha) {
+        char hex[65];
+        zck__sha_hex(sc.sha, hex);
+        if (strcmp(hex, s->sha256))
+            rc = zr_err_set(ZR_ECORRUPT, "%s: sha256 mismatch (manifest %.16s..., file "
+                            "%.16s...)", path, s->sha256, hex);
+    }
+out:
+    if (io) {
+        int crc = zck__io_close(io);
+        if (!rc)
+            rc = crc;
+    }
+    zck__sha_free(sc.sha);
+    free(spans);
+    free(path);
+    return rc;
+}
+
+static int plan_add(plan *pl, piece p)
+{
+    if (pl->n == pl->cap) {
+        size_t nc = pl->cap ? pl->cap * 2 : 8;
+        piece *np = realloc(pl->p, nc * sizeof *np);
+        if (!np)
+            return zr_err_set(ZR_ENOMEM, "out of memory");
+        pl->p = np;
+        pl->cap = nc;
+    }
+    pl->p[pl->n++] = p;
+    pl->touched = 1;
+    return 0;
+}
+
+int zck_reader_read(zck_reader *r, const zck_read_req *reqs, size_t n_reqs,
+                    const zck_read_opts *opts)
+{
+    zck_read_opts def = ZCK_READ_OPTS_INIT;
+    if (!opts)
+        opts = &def;
+    const zck_manifest *m = r->m;
+    const zck_layout *L = m->L;
+    plan *plans = calloc(m->nshards ? m->nshards : 1, sizeof *plans);
+    if (!plans)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    int rc = 0;
+    for (size_t q = 0; q < n_reqs; q++) {
+        const zck_read_req *rq = &reqs[q];
+        if (rq->group >= L->ng || rq->state >= L->ns) {
+            rc = zr_err_set(ZR_EINVAL, "%s: read request %zu: no %s %zu", r->dir, q,
+                            rq->group >= L->ng ? "group" : "state",
+                            rq->group >= L->ng ? rq->group : rq->state);
+            goto out;
+        }
+        uint64_t numel = L->g[rq->group].numel;
+        if (rq->start > numel || rq->count > numel - rq->start) {
+            rc = zr_err_set(ZR_EINVAL, "%s: read request %zu: elements [%llu, %llu) outside "
+                            "group '%s' of %llu", r->dir, q, (unsigned long long)rq->start,
+                            (unsigned long long)(rq->start + rq->count), L->g[rq->group].name,
+                            (unsigned long long)numel);
+            goto out;
+        }
+        size_t x = rq->group * L->ns + rq->state;
+        const zck__extref *ex = m->index[x];
+        size_t ne = m->index_n[x], lo = 0, hi = ne;
+        size_t dsz = zck_dtype_size(L->s[rq->state].dtype);
+        uint64_t end = rq->start + rq->count;
+        while (lo < hi) { /* first extent ending after start */
+            size_t mid = (lo + hi) / 2;
+            if (ex[mid].start + ex[mid].count <= rq->start)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        for (size_t k = lo; k < ne && ex[k].start < end; k++) {
+            uint64_t a = ex[k].start > rq->start ? ex[k].start : rq->start;
+            uint64_t b = ex[k].start + ex[k].count < end ? ex[k].start + ex[k].count : end;
+            piece p = {ex[k].offset + (a - ex[k].start) * dsz, (b - a) * dsz,
+                       (unsigned char *)rq->dst + (a - rq->start) * dsz};
+            ZR_TRY_GOTO(plan_add(&plans[ex[k].shard], p), rc, out);
+        }
+    }
+    read_ctx c = {r, plans, opts};
+    rc = zck__parallel(m->nshards, opts->jobs, read_shard, &c);
+out:
+    for (size_t i = 0; i < m->nshards; i++)
+        free(plans[i].p);
+    free(plans);
+    return rc;
+}
+
+int zck_reader_read_range(zck_reader *r, size_t group, size_t state, uint64_t start,
+                          uint64_t count, void *dst)
+{
+    zck_read_req q = {group, state, start, count, dst};
+    zck_read_opts o = ZCK_READ_OPTS_INIT;
+    o.verify = 0;
+    o.jobs = 1;
+    return zck_reader_read(r, &q, 1, &o);
+}

@@ -1,0 +1,261 @@
+/*
+ * verify.c: audit a checkpoint without trusting it: the manifest (completely validated), the
+ * SHA256SUMS file against the manifest, presence and size of every shard, files the manifest
+ * does not name, and, unless quick, the SHA-256 of every shard, hashed in parallel. Every
+ * problem is collected with its file and kind; nothing stops at the first.
+ */
+#include "zck_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+struct zck_report {
+    zck_problem *p;
+    size_t n, cap;
+    uint64_t hashed;
+};
+
+const char *zck_problem_kind_name(zck_problem_kind k)
+{
+    switch (k) {
+    case ZCK_PROB_MANIFEST: return "bad manifest";
+    case ZCK_PROB_MISSING: return "missing";
+    case ZCK_PROB_TRUNCATED: return "truncated";
+    case ZCK_PROB_SIZE: return "size mismatch";
+    case ZCK_PROB_HASH: return "hash mismatch";
+    case ZCK_PROB_UNLISTED: return "unlisted file";
+    case ZCK_PROB_SUMS: return "SHA256SUMS mismatch";
+    case ZCK_PROB_IO: return "unreadable";
+    }
+    return "?";
+}
+
+static int add(zck_report *rep, zck_problem_kind kind, const char *file, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int add(zck_report *rep, zck_problem_kind kind, const char *file, const char *fmt, ...)
+{
+    if (rep->n == rep->cap) {
+        size_t nc = rep->cap ? rep->cap * 2 : 8;
+        zck_problem *np = realloc(rep->p, nc * sizeof *np);
+        if (!np)
+            return zr_err_set(ZR_ENOMEM, "out of memory");
+        rep->p = np;
+        rep->cap = nc;
+    }
+    char detail[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    char *f = strdup(file), *d = strdup(detail);
+    if (!f || !d) {
+        free(f);
+        free(d);
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    rep->p[rep->n++] = (zck_problem){kind, f, d};
+    return 0;
+}
+
+size_t zck_report_count(const zck_report *rep) { return rep->n; }
+const zck_problem *zck_report_get(const zck_report *rep, size_t i) { return &rep->p[i]; }
+uint64_t zck_report_bytes_hashed(const zck_report *rep) { return rep->hashed; }
+
+void zck_report_free(zck_report *rep)
+{
+    if (!rep)
+        return;
+    for (size_t i = 0; i < rep->n; i++) {
+        free((char *)rep->p[i].file);
+        free((char *)rep->p[i].detail);
+    }
+    free(rep->p);
+    free(rep);
+}
+
+/* Compare SHA256SUMS ("<hex>  <file>" lines) with the manifest. */
+static int check_sums(zck_report *rep, const char *dir, const zck_manifest *m)
+{
+    char *path = zck__path_join(dir, "SHA256SUMS"), *txt = NULL;
+    if (!path)
+        return ZR_ENOMEM;
+    int rc = zck__read_small(&txt, NULL, path, (size_t)64 << 20);
+    free(path);
+    if (rc == ZR_ENOTFOUND)
+        return add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "missing");
+    if (rc)
+        return add(rep, ZCK_PROB_IO, "SHA256SUMS", "%s", zr_err_msg());
+    unsigned char *seen = calloc(m->nshards ? m->nshards : 1, 1);
+    if (!seen) {
+        free(txt);
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    size_t lineno = 0;
+    for (char *save = NULL, *line = strtok_r(txt, "\n", &save); line && !rc;
+         line = strtok_r(NULL, "\n", &save)) {
+        lineno++;
+        char *sp = strstr(line, "  ");
+        if (!sp || sp - line != 64) {
+            rc = add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "line %zu: expected '<64 hex>  <file>'",
+                     lineno);
+            continue;
+        }
+        *sp = 0;
+        const char *file = sp + 2;
+        size_t i = 0;
+        while (i < m->nshards && strcmp(m->shards[i]->file, file))
+            i++;
+        if (i == m->nshards)
+            rc = add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "line %zu: '%s' is not a shard of the "
+                     "manifest", lineno, file);
+        else if (strcmp(m->shards[i]->sha256, line))
+            rc = add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "%s: %.16s... here, %.16s... in the "
+                     "manifest", file, line, m->shards[i]->sha256);
+        else
+            seen[i] = 1;
+    }
+    for (size_t i = 0; i < m->nshards && !rc; i++)
+        if (!seen[i])
+            rc = add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "no line for %s", m->shards[i]->file);
+    free(seen);
+    free(txt);
+    return rc;
+}
+
+static int check_unlisted(zck_report *rep, const char *dir, const zck_manifest *m)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return add(rep, ZCK_PROB_IO, ".", "%s: cannot list: %s", dir, strerror(errno));
+    struct dirent *de;
+    int rc = 0;
+    while ((de = readdir(d)) && !rc) {
+        const char *nm = de->d_name;
+        if (!strcmp(nm, ".") || !strcmp(nm, "..") || !strcmp(nm, "manifest.json") ||
+            !strcmp(nm, "SHA256SUMS"))
+            continue;
+        size_t i = 0;
+        while (i < m->nshards && strcmp(m->shards[i]->file, nm))
+            i++;
+        if (i == m->nshards)
+            rc = add(rep, ZCK_PROB_UNLISTED, nm, "not named by the manifest");
+    }
+    closedir(d);
+    return rc;
+}
+
+typedef struct {
+    const char *dir;
+    const zck_manifest *m;
+    const zck_io_opts *io;
+    size_t *todo;           /* shard indices to hash */
+    char (*hex)[65];        /* result per todo item */
+    char **err;             /* error message per todo item, or NULL */
+} hash_ctx;
+
+static int hash_one(void *vctx, size_t k)
+{
+    hash_ctx *c = vctx;
+    const zck_shard *s = c->m->shards[c->todo[k]];
+    char *path = zck__path_join(c->dir, s->file);
+    if (!path)
+        return ZR_ENOMEM;
+    if (zck_sha256_file(c->hex[k], path, c->io) < 0 && !(c->err[k] = strdup(zr_err_msg()))) {
+        free(path);
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    free(path);
+    return 0;
+}
+
+int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
+{
+    zck_verify_opts def = ZCK_VERIFY_OPTS_INIT;
+    if (!opts)
+        opts = &def;
+    char *dir = NULL;
+    ZR_TRY(zck__resolve(&dir, path));
+    zck_report *rep = calloc(1, sizeof *rep);
+    if (!rep) {
+        free(dir);
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    zck_manifest *m = NULL;
+    hash_ctx hc = {dir, NULL, &opts->io, NULL, NULL, NULL};
+    size_t ntodo = 0;
+    int rc = zck__manifest_load(&m, dir);
+    if (rc == ZR_ENOMEM)
+        goto out;
+    if (rc) {
+        rc = add(rep, ZCK_PROB_MANIFEST, "manifest.json", "%s", zr_err_msg());
+        goto out;
+    }
+    hc.m = m;
+    ZR_TRY_GOTO(check_sums(rep, dir, m), rc, out);
+    ZR_TRY_GOTO(check_unlisted(rep, dir, m), rc, out);
+    hc.todo = calloc(m->nshards ? m->nshards : 1, sizeof *hc.todo);
+    hc.hex = calloc(m->nshards ? m->nshards : 1, sizeof *hc.hex);
+    hc.err = calloc(m->nshards ? m->nshards : 1, sizeof *hc.err);
+    if (!hc.todo || !hc.hex || !hc.err) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < m->nshards && !rc; i++) {
+        const zck_shard *s = m->shards[i];
+        char *p = zck__path_join(dir, s->file);
+        struct stat st;
+        if (!p) {
+            rc = ZR_ENOMEM;
+            break;
+        }
+        if (lstat(p, &st) < 0)
+            rc = errno == ENOENT ? add(rep, ZCK_PROB_MISSING, s->file, "listed with %llu bytes, "
+                                       "not on disk", (unsigned long long)s->bytes)
+                                 : add(rep, ZCK_PROB_IO, s->file, "stat: %s", strerror(errno));
+        else if (!S_ISREG(st.st_mode))
+            rc = add(rep, ZCK_PROB_IO, s->file, "not a regular file");
+        else if ((uint64_t)st.st_size < s->bytes)
+            rc = add(rep, ZCK_PROB_TRUNCATED, s->file, "%lld bytes, manifest lists %llu",
+                     (long long)st.st_size, (unsigned long long)s->bytes);
+        else if ((uint64_t)st.st_size > s->bytes)
+            rc = add(rep, ZCK_PROB_SIZE, s->file, "%lld bytes, manifest lists %llu",
+                     (long long)st.st_size, (unsigned long long)s->bytes);
+        else if (!opts->quick)
+            hc.todo[ntodo++] = i;
+        free(p);
+    }
+    if (rc)
+        goto out;
+    ZR_TRY_GOTO(zck__parallel(ntodo, opts->jobs, hash_one, &hc), rc, out);
+    for (size_t k = 0; k < ntodo && !rc; k++) {
+        const zck_shard *s = m->shards[hc.todo[k]];
+        if (hc.err[k])
+            rc = add(rep, ZCK_PROB_IO, s->file, "%s", hc.err[k]);
+        else if (strcmp(hc.hex[k], s->sha256))
+            rc = add(rep, ZCK_PROB_HASH, s->file, "sha256 %.16s... on disk, manifest lists "
+                     "%.16s...", hc.hex[k], s->sha256);
+        else
+            rep->hashed += s->bytes;
+    }
+out:
+    if (hc.err)
+        for (size_t k = 0; k < ntodo; k++)
+            free(hc.err[k]);
+    free(hc.err);
+    free(hc.hex);
+    free(hc.todo);
+    zck__manifest_free(m);
+    free(dir);
+    if (rc) {
+        zck_report_free(rep);
+        return rc;
+    }
+    *out = rep;
+    return 0;
+}

@@ -1,0 +1,336 @@
+/*
+ * zck.h: the public interface of the ckpt library, the bottom layer of zero.
+ *
+ * It owns the on-disk checkpoint format (docs/FORMAT.md): the logical layout of parameter
+ * groups, rank-local shard writers, the atomic commit, the reader that serves any logical range
+ * whatever the shard layout, and verification. It also carries the project-wide error and
+ * logging convention (zr_ names) that core/, formats/ and cli/ reuse.
+ *
+ * Conventions: functions that can fail return 0 or a negative ZR_E* code after setting a
+ * one-line message read with zr_err_msg(). Constructors return through their first argument;
+ * the caller owns the result and frees it with the matching _free (which accepts NULL).
+ * Getters return borrowed pointers that live as long as their parent.
+ */
+#ifndef ZCK_H
+#define ZCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- errors and logging */
+
+enum {
+    ZR_OK = 0,
+    ZR_ERROR = -1,        /* anything not worth a code of its own */
+    ZR_ENOMEM = -2,
+    ZR_EINVAL = -3,       /* bad argument or option value */
+    ZR_EIO = -4,          /* the system refused a read, write, fsync, rename... */
+    ZR_ENOTFOUND = -5,    /* a file, checkpoint or name does not exist */
+    ZR_ECORRUPT = -6,     /* data on disk is damaged or inconsistent */
+    ZR_EVERSION = -7,     /* format major version this reader does not know */
+    ZR_EUNSUPPORTED = -8, /* feature not built in */
+    ZR_EDEVICE = -9,
+    ZR_ECOMM = -10,
+    ZR_EEXIST = -11,      /* refusing to overwrite something that exists */
+};
+
+/* Set the thread's error (code, message, source location) and return code. */
+int zr_err_set_at(int code, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define zr_err_set(code, ...) zr_err_set_at((code), __FILE__, __LINE__, __VA_ARGS__)
+/* As zr_err_set, with ": <strerror(err)>" appended; the code follows from err
+ * (ENOENT -> ZR_ENOTFOUND, ENOMEM -> ZR_ENOMEM, EEXIST -> ZR_EEXIST, others -> ZR_EIO). */
+int zr_err_sys_at(int err, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define zr_err_sys(err, ...) zr_err_sys_at((err), __FILE__, __LINE__, __VA_ARGS__)
+/* Prepend context to the current message once ("rank 2: "); the code is kept. */
+void zr_err_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *zr_err_msg(void);  /* "" when no error is set; borrowed, thread-local */
+int zr_err_code(void);
+const char *zr_err_where(void); /* "file.c:123" of the zr_err_set call */
+const char *zr_err_name(int code); /* "ZR_ECORRUPT" */
+void zr_err_clear(void);
+
+enum { ZR_LOG_ERROR = 0, ZR_LOG_WARN = 1, ZR_LOG_INFO = 2, ZR_LOG_DEBUG = 3 };
+/* Log to stderr, prefixed "[rank N] " once zr_log_set_rank was called. Level from ZR_LOG. */
+void zr_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void zr_log_set_rank(int rank);
+int zr_log_level(void);
+void zr_log_trace(const char *file, int line, int rc); /* ZR_TRY hop, shown at debug level */
+
+#define ZR_TRY(x)                                                                              \
+    do {                                                                                       \
+        int zr_try_rc_ = (x);                                                                  \
+        if (zr_try_rc_ < 0) {                                                                  \
+            zr_log_trace(__FILE__, __LINE__, zr_try_rc_);                                      \
+            return zr_try_rc_;                                                                 \
+        }                                                                                      \
+    } while (0)
+#define ZR_TRY_GOTO(x, rc, label)                                                              \
+    do {                                                                                       \
+        (rc) = (x);                                                                            \
+        if ((rc) < 0) {                                                                        \
+            zr_log_trace(__FILE__, __LINE__, (rc));                                            \
+            goto label;                                                                        \
+        }                                                                                      \
+    } while (0)
+
+/* ---------------------------------------------------------------- format constants */
+
+#define ZCK_FORMAT_NAME "zckpt"
+#define ZCK_VERSION_MAJOR 1
+#define ZCK_VERSION_MINOR 0
+#define ZCK_FILE_ALIGN 4096u     /* every extent starts at a multiple of this in its file */
+#define ZCK_PARTITION_ALIGN 64u  /* default partition size multiple, in elements */
+#define ZCK_MAX_DIMS 8
+#define ZCK_MAX_WORLD 65536u
+
+/* ---------------------------------------------------------------- dtypes */
+
+typedef enum {
+    ZCK_F32 = 0, ZCK_BF16, ZCK_F16, ZCK_F64, ZCK_I64, ZCK_I32, ZCK_I16, ZCK_U16, ZCK_I8, ZCK_U8,
+    ZCK_DTYPE_COUNT
+} zck_dtype;
+
+size_t zck_dtype_size(zck_dtype t);       /* bytes per element */
+const char *zck_dtype_name(zck_dtype t);  /* "f32", "bf16", ... */
+/* Parse a dtype name; ZR_EINVAL when unknown. */
+int zck_dtype_parse(zck_dtype *out, const char *name);
+
+/* ---------------------------------------------------------------- layout */
+
+/*
+ * A layout is the ordered list of parameter groups and the list of per-element states.
+ * A group is an ordered list of tensors laid end to end in one flat index space of numel
+ * elements. Every (group, state) pair is one flat array of numel elements of the state's dtype.
+ */
+typedef struct zck_layout zck_layout;
+
+int zck_layout_new(zck_layout **out);
+void zck_layout_free(zck_layout *L);
+/* Declare a state ("param", "exp_avg", ...). Names are unique, [A-Za-z0-9_.-], <= 64 chars. */
+int zck_layout_add_state(zck_layout *L, const char *name, zck_dtype dtype);
+/* Append a group; its index goes to *out (may be NULL). Names are unique, non-empty. */
+int zck_layout_add_group(zck_layout *L, size_t *out, const char *name);
+/* Append a tensor to group g at the group's current end. dtype is the tensor's natural dtype
+ * (what an export writes by default); storage dtypes are per state. */
+int zck_layout_add_tensor(zck_layout *L, size_t g, const char *name, zck_dtype dtype,
+                          size_t ndim, const uint64_t *shape);
+/* Set the partition alignment in elements (default ZCK_PARTITION_ALIGN, >= 1). */
+int zck_layout_set_partition_align(zck_layout *L, uint32_t align);
+int zck_layout_copy(zck_layout **out, const zck_layout *L);
+
+size_t zck_layout_n_groups(const zck_layout *L);
+size_t zck_layout_n_states(const zck_layout *L);
+uint32_t zck_layout_partition_align(const zck_layout *L);
+const char *zck_layout_group_name(const zck_layout *L, size_t g);
+uint64_t zck_layout_group_numel(const zck_layout *L, size_t g);
+size_t zck_layout_group_n_tensors(const zck_layout *L, size_t g);
+const char *zck_layout_state_name(const zck_layout *L, size_t s);
+zck_dtype zck_layout_state_dtype(const zck_layout *L, size_t s);
+/* Index of a state or group by name; ZR_ENOTFOUND when absent. */
+int zck_layout_find_state(const zck_layout *L, size_t *out, const char *name);
+int zck_layout_find_group(const zck_layout *L, size_t *out, const char *name);
+
+typedef struct {
+    const char *name;      /* borrowed */
+    zck_dtype dtype;
+    size_t ndim;
+    uint64_t shape[ZCK_MAX_DIMS];
+    uint64_t offset;       /* first element in the group's index space */
+    uint64_t numel;
+} zck_tensor_info;
+void zck_layout_tensor(const zck_layout *L, size_t g, size_t t, zck_tensor_info *out);
+
+/*
+ * The partition rule. For a group of numel elements and a world of W ranks:
+ * P = ceil(numel / W) rounded up to a multiple of align; rank r owns
+ * [min(r*P, numel), min((r+1)*P, numel)). High ranks may own nothing.
+ */
+void zck_partition(uint64_t numel, uint32_t world, uint32_t rank, uint32_t align,
+                   uint64_t *start, uint64_t *count);
+
+/* ---------------------------------------------------------------- fault injection */
+
+/* Every storage operation of the library passes through a hook that tests replace to fail the
+ * Nth write, fsync or rename. Return 0 to let the operation happen, or a positive errno to make
+ * it fail with that error. */
+typedef enum {
+    ZCK_OP_OPEN, ZCK_OP_WRITE, ZCK_OP_READ, ZCK_OP_FSYNC, ZCK_OP_RENAME, ZCK_OP_MKDIR,
+    ZCK_OP_UNLINK, ZCK_OP_COUNT
+} zck_op;
+typedef int (*zck_fault_fn)(zck_op op, const char *path, void *ctx);
+/* Install a hook for the whole process (NULL removes it). Not thread-safe against running I/O. */
+void zck_fault_set(zck_fault_fn fn, void *ctx);
+
+/* ---------------------------------------------------------------- writing a checkpoint */
+
+enum { ZCK_IO_AUTO = 0, ZCK_IO_BUFFERED = 1 };
+
+typedef struct {
+    int io;              /* ZCK_IO_AUTO: O_DIRECT when the filesystem allows it */
+    size_t buf_bytes;    /* staging buffer size, multiple of ZCK_FILE_ALIGN */
+    unsigned queue_depth;/* buffers in flight */
+} zck_io_opts;
+#define ZCK_IO_OPTS_INIT {ZCK_IO_AUTO, (size_t)4 << 20, 4}
+
+/* Create the staging directory ".tmp-step-<step>-<nonce>" inside run_dir (and run_dir itself
+ * when missing). All ranks of a save agree on (step, nonce); creating it twice is fine.
+ * *out is the malloc'ed path. */
+int zck_staging_create(char **out, const char *run_dir, uint64_t step, uint64_t nonce);
+
+/* The description of one written shard file: what the committer needs from each rank. */
+typedef struct zck_shard zck_shard;
+
+typedef struct zck_writer zck_writer;
+/* Open rank's shard file "shard-RRRRR-of-WWWWW.bin" in staging_dir for writing. The layout is
+ * copied. opts may be NULL. */
+int zck_writer_open(zck_writer **out, const char *staging_dir, const zck_layout *L,
+                    uint32_t world, uint32_t rank, const zck_io_opts *opts);
+/* Start an extent: the next count elements of (group, state) from element start. The extent
+ * is placed at the next ZCK_FILE_ALIGN boundary of the file. ZR_EINVAL when out of range or
+ * when the previous extent is not complete. */
+int zck_writer_begin(zck_writer *w, size_t group, size_t state, uint64_t start, uint64_t count);
+/* Stream bytes of the current extent; any split is fine, the total must match its size. */
+int zck_writer_write(zck_writer *w, const void *data, size_t n_bytes);
+/* begin + write in one call. */
+int zck_writer_put(zck_writer *w, size_t group, size_t state, uint64_t start, uint64_t count,
+                   const void *data);
+/* Pad, drain, fsync and close the file; *out describes it (caller frees). After this, or after
+ * any failure, only zck_writer_free is valid. */
+int zck_writer_finish(zck_writer *w, zck_shard **out);
+/* Free; a shard file that was not finished is removed. */
+void zck_writer_free(zck_writer *w);
+/* 1 when the writer used O_DIRECT, 0 when it fell back to buffered I/O. */
+int zck_writer_direct(const zck_writer *w);
+
+/* Shards travel between ranks as JSON text (the committer gathers them). */
+int zck_shard_to_json(char **out, const zck_shard *s);
+int zck_shard_from_json(zck_shard **out, const char *json, size_t len);
+void zck_shard_free(zck_shard *s);
+const char *zck_shard_file(const zck_shard *s);
+uint64_t zck_shard_bytes(const zck_shard *s);
+const char *zck_shard_sha256(const zck_shard *s); /* 64 lowercase hex characters */
+
+typedef struct {
+    uint64_t step;
+    uint32_t world;
+    int zero_stage;          /* 0..3 */
+    const char *model_json;  /* JSON object text for the engine, NULL for {} */
+    const char *training_json; /* JSON object text, NULL for {} */
+    const char *producer;    /* NULL for "zero <version>" */
+    unsigned keep_last;      /* 0 keeps everything; else keep this many newest step-* dirs */
+    int gc_tmp;              /* remove stale .tmp-step-N-* with N <= step after commit */
+} zck_commit_opts;
+#define ZCK_COMMIT_OPTS_INIT {0, 1, 0, NULL, NULL, NULL, 0, 1}
+
+/*
+ * Commit a save: validate that the shards (one per rank, in any order) cover every
+ * (group, state) exactly once, write manifest.json and SHA256SUMS into staging_dir, fsync them
+ * and the directory, rename it to run_dir/step-<step>, fsync run_dir, replace run_dir/latest
+ * atomically, then apply retention. *out (may be NULL) is the malloc'ed final path.
+ * ZR_EEXIST when step-<step> already exists; ZR_ECORRUPT when the shards do not tile.
+ * A failure before the rename leaves latest and every committed checkpoint untouched.
+ */
+int zck_commit(char **out, const char *run_dir, const char *staging_dir, const zck_layout *L,
+               zck_shard *const *shards, size_t n_shards, const zck_commit_opts *opts);
+
+/* Directory name of a step ("step-00001000"). */
+void zck_step_dirname(char out[32], uint64_t step);
+/* Resolve run_dir/latest to a malloc'ed checkpoint path; ZR_ENOTFOUND without latest,
+ * ZR_ECORRUPT when latest does not hold a plain step directory name. */
+int zck_latest(char **out, const char *run_dir);
+
+/* ---------------------------------------------------------------- reading a checkpoint */
+
+typedef struct zck_reader zck_reader;
+/* Open a checkpoint directory, or a run directory through its latest file, and validate the
+ * manifest completely (fields, types, ranges, names, every (group, state) covered exactly once,
+ * extents inside their files). Shard files are not read. ZR_ENOTFOUND, ZR_ECORRUPT, ZR_EVERSION. */
+int zck_reader_open(zck_reader **out, const char *path);
+void zck_reader_free(zck_reader *r);
+
+const char *zck_reader_path(const zck_reader *r);      /* the checkpoint directory */
+const zck_layout *zck_reader_layout(const zck_reader *r);
+uint64_t zck_reader_step(const zck_reader *r);
+uint32_t zck_reader_world(const zck_reader *r);
+int zck_reader_zero_stage(const zck_reader *r);
+const char *zck_reader_version(const zck_reader *r);  /* "1.0" */
+const char *zck_reader_created(const zck_reader *r);
+const char *zck_reader_producer(const zck_reader *r);
+/* Compact JSON text of the opaque sections (borrowed). */
+const char *zck_reader_model_json(const zck_reader *r);
+const char *zck_reader_training_json(const zck_reader *r);
+size_t zck_reader_n_shards(const zck_reader *r);
+const zck_shard *zck_reader_shard(const zck_reader *r, size_t i);
+
+typedef struct {
+    size_t group, state;
+    uint64_t start, count;   /* elements */
+    void *dst;               /* count * dtype size bytes */
+} zck_read_req;
+
+typedef struct {
+    int verify;        /* hash every touched shard file in full while reading; a mismatch fails
+                          the whole read with ZR_ECORRUPT naming the file */
+    unsigned jobs;     /* files read in parallel (threads), >= 1 */
+    zck_io_opts io;
+} zck_read_opts;
+#define ZCK_READ_OPTS_INIT {1, 2, ZCK_IO_OPTS_INIT}
+
+/* Fill each request's dst from the shards, whatever their layout. When the call fails the
+ * contents of every dst are unspecified: nothing read may be used. opts may be NULL. */
+int zck_reader_read(zck_reader *r, const zck_read_req *reqs, size_t n_reqs,
+                    const zck_read_opts *opts);
+/* One range, no hashing. */
+int zck_reader_read_range(zck_reader *r, size_t group, size_t state, uint64_t start,
+                          uint64_t count, void *dst);
+
+/* ---------------------------------------------------------------- verification */
+
+typedef enum {
+    ZCK_PROB_MANIFEST,   /* manifest.json missing, unreadable or invalid */
+    ZCK_PROB_MISSING,    /* a listed shard file is absent */
+    ZCK_PROB_TRUNCATED,  /* a shard file is shorter than listed */
+    ZCK_PROB_SIZE,       /* a shard file is longer than listed */
+    ZCK_PROB_HASH,       /* sha256 differs from the manifest */
+    ZCK_PROB_UNLISTED,   /* a file in the directory the manifest does not name */
+    ZCK_PROB_SUMS,       /* SHA256SUMS missing or disagreeing with the manifest */
+    ZCK_PROB_IO,         /* a file could not be read */
+} zck_problem_kind;
+
+typedef struct {
+    zck_problem_kind kind;
+    const char *file;    /* relative to the checkpoint directory */
+    const char *detail;  /* one line: expected vs found */
+} zck_problem;
+
+typedef struct {
+    int quick;           /* skip hashing */
+    unsigned jobs;       /* files hashed in parallel */
+    zck_io_opts io;
+} zck_verify_opts;
+#define ZCK_VERIFY_OPTS_INIT {0, 2, ZCK_IO_OPTS_INIT}
+
+typedef struct zck_report zck_report;
+/* Check a checkpoint (directory, or run directory through latest). Returns 0 when the check
+ * ran, whatever it found; the report lists each problem. Negative only when the check itself
+ * could not run (path absent: ZR_ENOTFOUND, out of memory). */
+int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts);
+size_t zck_report_count(const zck_report *rep);
+const zck_problem *zck_report_get(const zck_report *rep, size_t i);
+uint64_t zck_report_bytes_hashed(const zck_report *rep);
+const char *zck_problem_kind_name(zck_problem_kind k); /* "missing", "hash mismatch", ... */
+void zck_report_free(zck_report *rep);
+
+/* SHA-256 of a whole file as 64 hex characters (+ NUL) through the library's I/O engine. */
+int zck_sha256_file(char out[65], const char *path, const zck_io_opts *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,158 @@
+/*
+ * zck_int.h: internal interface shared by the files of ckpt/. Not for use outside ckpt/ except
+ * by tests and fuzz targets (names with a double underscore are internal).
+ */
+#ifndef ZCK_INT_H
+#define ZCK_INT_H
+
+#include "zck.h"
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+/* ---------------------------------------------------------------- layout internals */
+
+typedef struct {
+    char *name;
+    zck_dtype dtype;
+    size_t ndim;
+    uint64_t shape[ZCK_MAX_DIMS];
+    uint64_t offset, numel;
+} zck__tensor;
+
+typedef struct {
+    char *name;
+    uint64_t numel;
+    zck__tensor *t;
+    size_t nt, capt;
+} zck__group;
+
+typedef struct {
+    char *name;
+    zck_dtype dtype;
+} zck__state;
+
+struct zck_layout {
+    zck__group *g;
+    size_t ng, capg;
+    zck__state *s;
+    size_t ns, caps;
+    uint32_t palign;
+};
+
+/* Largest group the format accepts, in elements (keeps every byte count far from overflow). */
+#define ZCK__MAX_NUMEL ((uint64_t)1 << 50)
+
+bool zck__name_ok(const char *name);          /* state names: [A-Za-z0-9_.-]{1,64} */
+bool zck__file_name_ok(const char *name);     /* plain file name inside a checkpoint */
+
+/* ---------------------------------------------------------------- shards and manifests */
+
+typedef struct {
+    uint32_t group, state;
+    uint64_t start, count;  /* elements */
+    uint64_t offset;        /* byte offset in the shard file, multiple of ZCK_FILE_ALIGN */
+} zck__extent;
+
+struct zck_shard {
+    char *file;
+    uint32_t rank;
+    uint64_t bytes;
+    char sha256[65];
+    zck__extent *ext;
+    size_t next, capext;
+};
+
+int zck__shard_add_extent(zck_shard *s, const zck__extent *e);
+/* Shard <-> Jansson object; ctx names the object in messages ("manifest.json: shards[2]"). */
+struct json_t;
+struct json_t *zck__shard_json(const zck_shard *s);
+int zck__shard_parse(zck_shard **out, struct json_t *obj, const char *ctx);
+
+/* One extent of a (group, state), located: sorted by start in zck_manifest.index. */
+typedef struct {
+    uint64_t start, count, offset;
+    uint32_t shard;
+} zck__extref;
+
+typedef struct {
+    char version[16];
+    int major, minor;
+    uint64_t step;
+    char *created, *producer;
+    uint32_t world;
+    int stage;
+    char *model_json, *training_json;  /* compact JSON object text */
+    zck_layout *L;
+    zck_shard **shards;
+    size_t nshards;
+    /* filled by zck__manifest_index: extents of (g, s) at index[g * ns + s] */
+    zck__extref **index;
+    size_t *index_n;
+} zck_manifest;
+
+/* Parse and completely validate manifest text; what names the file in messages. */
+int zck__manifest_parse(zck_manifest **out, const char *text, size_t len, const char *what);
+/* Check shard list against the layout (ranks, names, sizes, extents, coverage) and build the
+ * extent index. Messages start with what. */
+int zck__manifest_index(zck_manifest *m, const char *what);
+/* Resolve a checkpoint directory, or a run directory through its latest file, to the
+ * checkpoint directory (malloc'ed). */
+int zck__resolve(char **out, const char *path);
+/* Read and parse dir/manifest.json. */
+int zck__manifest_load(zck_manifest **out, const char *dir);
+/* Serialize (pretty, stable key order). */
+int zck__manifest_dump(char **out, const zck_manifest *m);
+void zck__manifest_free(zck_manifest *m);
+
+/* ---------------------------------------------------------------- storage substrate */
+
+/* fault hook: returns 0, or a positive errno the operation must fail with */
+int zck__fault(zck_op op, const char *path);
+
+/* SHA-256 (OpenSSL EVP) */
+typedef struct zck__sha zck__sha;
+int zck__sha_new(zck__sha **out);
+void zck__sha_update(zck__sha *h, const void *p, size_t n);
+void zck__sha_hex(zck__sha *h, char out[65]);  /* finalizes; the context can be reset */
+void zck__sha_reset(zck__sha *h);
+void zck__sha_free(zck__sha *h);
+
+/* The libaio I/O engine: one file, a ring of aligned buffers, several requests in flight. */
+typedef struct zck__io zck__io;
+enum { ZCK__IO_READ = 0, ZCK__IO_WRITE = 1 };
+/* WRITE creates the file exclusively (O_EXCL). Falls back to buffered I/O where O_DIRECT is
+ * refused (tmpfs) with one warning per process. */
+int zck__io_open(zck__io **out, const char *path, int mode, const zck_io_opts *o);
+int zck__io_direct(const zck__io *io);
+size_t zck__io_buf_bytes(const zck__io *io);
+/* Write side: the buffer to fill next (waits until it is free). */
+int zck__io_wbuf(zck__io *io, unsigned char **out);
+/* Submit the buffer returned by the last zck__io_wbuf: len bytes (multiple of ZCK_FILE_ALIGN)
+ * at file offset off. */
+int zck__io_wsubmit(zck__io *io, size_t len, uint64_t off);
+int zck__io_drain(zck__io *io);
+int zck__io_fsync(zck__io *io);
+/* Read side: stream spans [a, b) (aligned; b may be the unaligned end of file) in order,
+ * chunk by chunk; fn sees every byte once, in increasing offset order. */
+typedef int (*zck__chunk_fn)(void *ctx, uint64_t off, const unsigned char *p, size_t len);
+int zck__io_read_spans(zck__io *io, const uint64_t (*spans)[2], size_t n, zck__chunk_fn fn,
+                       void *ctx);
+int zck__io_size(zck__io *io, uint64_t *out);
+/* Close (and report a close error); always frees. */
+int zck__io_close(zck__io *io);
+
+/* Run fn(ctx, i) for i in [0, n) on up to jobs threads. Returns the first failure, with its
+ * message re-set in the calling thread. */
+int zck__parallel(size_t n, unsigned jobs, int (*fn)(void *ctx, size_t i), void *ctx);
+
+/* Small filesystem helpers, all through the fault hook. */
+int zck__fsync_dir(const char *dir);
+int zck__mkdir(const char *path);                 /* EEXIST is success */
+int zck__rename(const char *from, const char *to);
+int zck__rmtree(const char *path);                /* a flat checkpoint directory */
+int zck__write_small(const char *path, const void *data, size_t len); /* create, write, fsync */
+int zck__read_small(char **out, size_t *len, const char *path, size_t max);
+char *zck__path_join(const char *a, const char *b);  /* NULL on ENOMEM (error set) */
+
+#endif

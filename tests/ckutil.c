@@ -1,0 +1,185 @@
+/*
+ * ckutil.c: shared helpers of the ckpt tests (see ckutil.h).
+ */
+#include "ckutil.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+zck_layout *zt_layout(size_t n_groups, const uint64_t *numel)
+{
+    zck_layout *L;
+    ZT_OK(zck_layout_new(&L));
+    ZT_OK(zck_layout_add_state(L, "param", ZCK_F32));
+    ZT_OK(zck_layout_add_state(L, "exp_avg", ZCK_F32));
+    ZT_OK(zck_layout_add_state(L, "exp_avg_sq", ZCK_BF16));
+    for (size_t g = 0; g < n_groups; g++) {
+        char name[64];
+        size_t gi;
+        snprintf(name, sizeof name, "h%zu", g);
+        ZT_OK(zck_layout_add_group(L, &gi, name));
+        /* two tensors when the group is big enough: a matrix and a bias */
+        char tn[80];
+        if (numel[g] >= 8) {
+            uint64_t bias = numel[g] % 7 + 1, rest = numel[g] - bias;
+            uint64_t shape[2] = {1, rest};
+            snprintf(tn, sizeof tn, "h%zu.w", g);
+            ZT_OK(zck_layout_add_tensor(L, gi, tn, ZCK_F32, 2, shape));
+            snprintf(tn, sizeof tn, "h%zu.b", g);
+            ZT_OK(zck_layout_add_tensor(L, gi, tn, ZCK_F32, 1, &bias));
+        } else {
+            snprintf(tn, sizeof tn, "h%zu.w", g);
+            ZT_OK(zck_layout_add_tensor(L, gi, tn, ZCK_F32, 1, &numel[g]));
+        }
+    }
+    return L;
+}
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+void zt_fill(const zck_layout *L, size_t g, size_t s, uint64_t start, uint64_t count,
+             uint64_t seed, void *dst)
+{
+    size_t dsz = zck_dtype_size(zck_layout_state_dtype(L, s));
+    unsigned char *p = dst;
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t v = mix(seed * 1000003 + g * 7919 + s * 104729 + (start + i) * 31 + 1);
+        memcpy(p + i * dsz, &v, dsz);
+    }
+}
+
+zck_shard *zt_write_rank(const char *staging, const zck_layout *L, uint32_t world,
+                         uint32_t rank, uint64_t seed, const zck_io_opts *io)
+{
+    zck_writer *w;
+    ZT_OK(zck_writer_open(&w, staging, L, world, rank, io));
+    for (size_t g = 0; g < zck_layout_n_groups(L); g++)
+        for (size_t s = 0; s < zck_layout_n_states(L); s++) {
+            uint64_t a, n;
+            zck_partition(zck_layout_group_numel(L, g), world, rank,
+                          zck_layout_partition_align(L), &a, &n);
+            if (!n)
+                continue;
+            size_t dsz = zck_dtype_size(zck_layout_state_dtype(L, s));
+            unsigned char *buf = malloc(n * dsz);
+            ZT_CHECK(buf);
+            zt_fill(L, g, s, a, n, seed, buf);
+            /* stream it in uneven pieces to exercise buffer boundaries */
+            ZT_OK(zck_writer_begin(w, g, s, a, n));
+            size_t off = 0, piece = 1 + (size_t)(n * dsz / 3);
+            while (off < n * dsz) {
+                size_t k = n * dsz - off < piece ? n * dsz - off : piece;
+                ZT_OK(zck_writer_write(w, buf + off, k));
+                off += k;
+            }
+            free(buf);
+        }
+    zck_shard *sh;
+    ZT_OK(zck_writer_finish(w, &sh));
+    zck_writer_free(w);
+    return sh;
+}
+
+char *zt_save(const char *run_dir, const zck_layout *L, uint32_t world, uint64_t step,
+              uint64_t seed, unsigned keep_last)
+{
+    char *staging;
+    ZT_OK(zck_staging_create(&staging, run_dir, step, seed));
+    zck_shard **sh = calloc(world, sizeof *sh);
+    ZT_CHECK(sh);
+    for (uint32_t r = 0; r < world; r++)
+        sh[r] = zt_write_rank(staging, L, world, r, seed, NULL);
+    zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
+    o.step = step;
+    o.world = world;
+    o.zero_stage = 3;
+    o.keep_last = keep_last;
+    o.model_json = "{\"arch\":\"test\"}";
+    char tj[64];
+    snprintf(tj, sizeof tj, "{\"seed\":%llu}", (unsigned long long)seed);
+    o.training_json = tj;
+    char *final;
+    ZT_OK(zck_commit(&final, run_dir, staging, L, sh, world, &o));
+    for (uint32_t r = 0; r < world; r++)
+        zck_shard_free(sh[r]);
+    free(sh);
+    free(staging);
+    return final;
+}
+
+void zt_check_content(const char *path, uint64_t seed)
+{
+    zck_reader *r;
+    ZT_OK(zck_reader_open(&r, path));
+    const zck_layout *L = zck_reader_layout(r);
+    size_t ng = zck_layout_n_groups(L), ns = zck_layout_n_states(L);
+    zck_read_req *q = calloc(ng * ns, sizeof *q);
+    ZT_CHECK(q);
+    for (size_t g = 0; g < ng; g++)
+        for (size_t s = 0; s < ns; s++) {
+            uint64_t n = zck_layout_group_numel(L, g);
+            size_t dsz = zck_dtype_size(zck_layout_state_dtype(L, s));
+            q[g * ns + s] = (zck_read_req){g, s, 0, n, malloc(n * dsz)};
+            ZT_CHECK(q[g * ns + s].dst);
+        }
+    zck_read_opts o = ZCK_READ_OPTS_INIT;
+    ZT_OK(zck_reader_read(r, q, ng * ns, &o));
+    for (size_t g = 0; g < ng; g++)
+        for (size_t s = 0; s < ns; s++) {
+            uint64_t n = zck_layout_group_numel(L, g);
+            size_t dsz = zck_dtype_size(zck_layout_state_dtype(L, s));
+            unsigned char *want = malloc(n * dsz);
+            zt_fill(L, g, s, 0, n, seed, want);
+            if (memcmp(want, q[g * ns + s].dst, n * dsz))
+                ZT_FAIL("%s: group %zu state %zu differs from what was saved", path, g, s);
+            free(want);
+            free(q[g * ns + s].dst);
+        }
+    free(q);
+    zck_reader_free(r);
+}
+
+size_t zt_verify_count(const char *path, int quick)
+{
+    zck_report *rep;
+    zck_verify_opts o = ZCK_VERIFY_OPTS_INIT;
+    o.quick = quick;
+    ZT_OK(zck_verify(&rep, path, &o));
+    size_t n = zck_report_count(rep);
+    for (size_t i = 0; i < n; i++) {
+        const zck_problem *p = zck_report_get(rep, i);
+        fprintf(stderr, "  verify %s: %s: %s: %s\n", path, p->file,
+                zck_problem_kind_name(p->kind), p->detail);
+    }
+    zck_report_free(rep);
+    return n;
+}
+
+void zt_flip_byte(const char *path, uint64_t off)
+{
+    int fd = open(path, O_RDWR);
+    ZT_CHECK(fd >= 0);
+    unsigned char b;
+    ZT_CHECK(pread(fd, &b, 1, (off_t)off) == 1);
+    b ^= 0x01;
+    ZT_CHECK(pwrite(fd, &b, 1, (off_t)off) == 1);
+    close(fd);
+}
+
+void zt_truncate(const char *path, uint64_t size) { ZT_CHECK(truncate(path, (off_t)size) == 0); }
+
+void zt_write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ZT_CHECK(f);
+    fputs(text, f);
+    fclose(f);
+}

@@ -1,0 +1,31 @@
+/*
+ * ckutil.h: helpers the ckpt tests share: a layout of groups of chosen sizes, deterministic
+ * contents per (seed, group, state, element), saving a whole checkpoint as W ranks would, and
+ * checking that what a reader returns is exactly what was saved.
+ */
+#ifndef ZT_CKUTIL_H
+#define ZT_CKUTIL_H
+
+#include "harness.h"
+
+/* States: param f32, exp_avg f32, exp_avg_sq bf16 (a 2-byte state exercises sizes). */
+zck_layout *zt_layout(size_t n_groups, const uint64_t *numel);
+/* Deterministic bytes of elements [start, start+count) of (g, s). */
+void zt_fill(const zck_layout *L, size_t g, size_t s, uint64_t start, uint64_t count,
+             uint64_t seed, void *dst);
+/* Write rank's shard (its partition of every (group, state)) into staging; returns the shard. */
+zck_shard *zt_write_rank(const char *staging, const zck_layout *L, uint32_t world,
+                         uint32_t rank, uint64_t seed, const zck_io_opts *io);
+/* Save a full checkpoint of world W at step, contents from seed; returns the final path. */
+char *zt_save(const char *run_dir, const zck_layout *L, uint32_t world, uint64_t step,
+              uint64_t seed, unsigned keep_last);
+/* Read every (group, state) of the checkpoint at path (verified) and compare with seed. */
+void zt_check_content(const char *path, uint64_t seed);
+/* Number of problems zck_verify finds (printing them). */
+size_t zt_verify_count(const char *path, int quick);
+/* Overwrite or append bytes of a file / truncate it. */
+void zt_flip_byte(const char *path, uint64_t off);
+void zt_truncate(const char *path, uint64_t size);
+void zt_write_file(const char *path, const char *text);
+
+#endif
