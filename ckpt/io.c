@@ -32,49 +32,67 @@ struct zck__io {
     size_t cur;
 };
 
-/* ---- a small cache of staging arenas, so that opening many files does not fault in fresh
- * pages each time (first touch of a 4 KiB page costs ~12 us here) */
-#define CACHE_SLOTS 16
-static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+/* ---- a small pool of (io context, staging arena) pairs. Opening many files must not pay for
+ * io_setup/io_destroy each time (io_destroy waits for an RCU grace period, tens of ms) nor fault
+ * in fresh pages (first touch of a 4 KiB page costs ~12 us here). */
+#define POOL_SLOTS 16
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
-    void *p;
-    size_t bytes;
-} cache[CACHE_SLOTS];
+    io_context_t ctx;
+    void *mem;
+    size_t nbuf, bsz;
+} pool[POOL_SLOTS];
 
-static void *arena_get(size_t bytes)
+static int ring_get(zck__io *io)
 {
-    pthread_mutex_lock(&cache_mu);
-    for (int i = 0; i < CACHE_SLOTS; i++)
-        if (cache[i].p && cache[i].bytes == bytes) {
-            void *p = cache[i].p;
-            cache[i].p = NULL;
-            pthread_mutex_unlock(&cache_mu);
-            return p;
+    pthread_mutex_lock(&pool_mu);
+    for (int i = 0; i < POOL_SLOTS; i++)
+        if (pool[i].mem && pool[i].nbuf == io->nbuf && pool[i].bsz == io->bsz) {
+            io->ctx = pool[i].ctx;
+            io->mem = pool[i].mem;
+            pool[i].mem = NULL;
+            pthread_mutex_unlock(&pool_mu);
+            return 0;
         }
-    pthread_mutex_unlock(&cache_mu);
-    void *p = NULL;
+    pthread_mutex_unlock(&pool_mu);
+    size_t bytes = io->nbuf * io->bsz;
     size_t align = bytes >= (2u << 20) ? (2u << 20) : ZCK_FILE_ALIGN;
+    void *p = NULL;
     if (posix_memalign(&p, align, bytes))
-        return NULL;
+        return zr_err_set(ZR_ENOMEM, "%s: out of memory for %zu I/O buffers of %zu bytes",
+                          io->path, io->nbuf, io->bsz);
     if (align == (2u << 20))
         madvise(p, bytes, MADV_HUGEPAGE);
-    return p;
+    io_context_t ctx = 0;
+    int aerr = io_setup((int)io->nbuf, &ctx);
+    if (aerr < 0) {
+        free(p);
+        return zr_err_sys(-aerr, "%s: io_setup(%zu) (see /proc/sys/fs/aio-max-nr)", io->path,
+                          io->nbuf);
+    }
+    io->ctx = ctx;
+    io->mem = p;
+    return 0;
 }
 
-static void arena_put(void *p, size_t bytes)
+/* Give the ring back; the caller has drained every request. */
+static void ring_put(zck__io *io)
 {
-    if (!p)
+    if (!io->mem)
         return;
-    pthread_mutex_lock(&cache_mu);
-    for (int i = 0; i < CACHE_SLOTS; i++)
-        if (!cache[i].p) {
-            cache[i].p = p;
-            cache[i].bytes = bytes;
-            pthread_mutex_unlock(&cache_mu);
+    pthread_mutex_lock(&pool_mu);
+    for (int i = 0; i < POOL_SLOTS; i++)
+        if (!pool[i].mem) {
+            pool[i].ctx = io->ctx;
+            pool[i].mem = io->mem;
+            pool[i].nbuf = io->nbuf;
+            pool[i].bsz = io->bsz;
+            pthread_mutex_unlock(&pool_mu);
             return;
         }
-    pthread_mutex_unlock(&cache_mu);
-    free(p);
+    pthread_mutex_unlock(&pool_mu);
+    io_destroy(io->ctx);
+    free(io->mem);
 }
 
 static void warn_buffered(const char *path)
@@ -139,17 +157,7 @@ int zck__io_open(zck__io **out, const char *path, int mode, const zck_io_opts *o
             goto fail;
         }
     }
-    int aerr = io_setup((int)nbuf, &io->ctx);
-    if (aerr < 0) {
-        rc = zr_err_sys(-aerr, "%s: io_setup(%zu) (see /proc/sys/fs/aio-max-nr)", path, nbuf);
-        io->ctx = 0;
-        goto fail;
-    }
-    if (!(io->mem = arena_get(nbuf * bsz))) {
-        rc = zr_err_set(ZR_ENOMEM, "%s: out of memory for %zu I/O buffers of %zu bytes", path,
-                        nbuf, bsz);
-        goto fail;
-    }
+    ZR_TRY_GOTO(ring_get(io), rc, fail);
     *out = io;
     return 0;
 fail:
@@ -158,8 +166,6 @@ fail:
         if (io->writing && rc != ZR_EEXIST)
             unlink(path);
     }
-    if (io->ctx)
-        io_destroy(io->ctx);
     free(io->path);
     free(io->cbs);
     free(io->busy);
@@ -360,9 +366,11 @@ int zck__io_close(zck__io *io)
     int rc = zck__io_drain(io);
     if (io->fd >= 0 && close(io->fd) < 0 && !rc)
         rc = zr_err_sys(errno, "%s: close", io->path);
-    if (io->ctx)
+    if (io->inflight) { /* requests we could not reap: this context cannot be reused */
         io_destroy(io->ctx);
-    arena_put(io->mem, io->nbuf * io->bsz);
+        free(io->mem);
+    } else
+        ring_put(io);
     free(io->path);
     free(io->cbs);
     free(io->busy);

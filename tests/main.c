@@ -69,6 +69,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < ntests; i++)
         names[i] = tests[i].name;
     qsort(names, (size_t)ntests, sizeof *names, cmp_name);
+    char cwd[4096];
+    if (!getenv("ZT_ROOT") && getcwd(cwd, sizeof cwd))
+        setenv("ZT_ROOT", cwd, 1); /* tests find tests/data relative to where zt started */
     const char *tmp = getenv("TMPDIR");
     if (!tmp || !*tmp)
         tmp = "/tmp";
