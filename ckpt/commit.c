@@ -249,12 +249,20 @@ int zck_commit(char **out, const char *run_dir, const char *staging_dir, const z
     }
 
     ZR_TRY_GOTO(zck__manifest_dump(&text, &m), rc, out);
-    size_t cap = n_shards * 340 + 1, len = 0;
+    size_t cap = (n_shards + 1) * 340 + 1, len = 0;
     if (!(sums = malloc(cap))) {
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
         goto out;
     }
     sums[0] = 0;
+    /* manifest.json is listed too, so that a hand edit of the manifest is caught */
+    char mhex[65];
+    zck__sha *mh = NULL;
+    ZR_TRY_GOTO(zck__sha_new(&mh), rc, out);
+    zck__sha_update(mh, text, strlen(text));
+    zck__sha_hex(mh, mhex);
+    zck__sha_free(mh);
+    len += (size_t)snprintf(sums + len, cap - len, "%s  manifest.json\n", mhex);
     for (size_t i = 0; i < n_shards; i++)
         len += (size_t)snprintf(sums + len, cap - len, "%s  %s\n", m.shards[i]->sha256,
                                 m.shards[i]->file);

@@ -43,8 +43,24 @@ static struct {
     size_t nbuf, bsz;
 } pool[POOL_SLOTS];
 
+/* io contexts do not survive fork(): a child drops what it inherited (the memory is its own
+ * copy, the contexts belong to the parent) */
+static void pool_prepare(void) { pthread_mutex_lock(&pool_mu); }
+static void pool_parent(void) { pthread_mutex_unlock(&pool_mu); }
+static void pool_child(void)
+{
+    for (int i = 0; i < POOL_SLOTS; i++) {
+        free(pool[i].mem);
+        pool[i].mem = NULL;
+    }
+    pthread_mutex_unlock(&pool_mu);
+}
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+static void pool_init(void) { pthread_atfork(pool_prepare, pool_parent, pool_child); }
+
 static int ring_get(zck__io *io)
 {
+    pthread_once(&pool_once, pool_init);
     pthread_mutex_lock(&pool_mu);
     for (int i = 0; i < POOL_SLOTS; i++)
         if (pool[i].mem && pool[i].nbuf == io->nbuf && pool[i].bsz == io->bsz) {

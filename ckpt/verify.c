@@ -79,8 +79,9 @@ void zck_report_free(zck_report *rep)
     free(rep);
 }
 
-/* Compare SHA256SUMS ("<hex>  <file>" lines) with the manifest. */
-static int check_sums(zck_report *rep, const char *dir, const zck_manifest *m)
+/* Compare SHA256SUMS ("<hex>  <file>" lines) with the manifest, and check the line for
+ * manifest.json against the manifest's own bytes (mtext). */
+static int check_sums(zck_report *rep, const char *dir, const zck_manifest *m, const char *mtext)
 {
     char *path = zck__path_join(dir, "SHA256SUMS"), *txt = NULL;
     if (!path)
@@ -108,17 +109,32 @@ static int check_sums(zck_report *rep, const char *dir, const zck_manifest *m)
         }
         *sp = 0;
         const char *file = sp + 2;
+        if (!strcmp(file, "manifest.json")) {
+            char hex[65];
+            zck__sha *h = NULL;
+            if ((rc = zck__sha_new(&h)) < 0)
+                break;
+            zck__sha_update(h, mtext, strlen(mtext));
+            zck__sha_hex(h, hex);
+            zck__sha_free(h);
+            if (strcmp(hex, line))
+                rc = add(rep, ZCK_PROB_SUMS, "manifest.json", "sha256 %.16s... on disk, "
+                         "SHA256SUMS lists %.16s... (the manifest was edited after the commit)",
+                         hex, line);
+            continue;
+        }
         size_t i = 0;
         while (i < m->nshards && strcmp(m->shards[i]->file, file))
             i++;
         if (i == m->nshards)
             rc = add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "line %zu: '%s' is not a shard of the "
                      "manifest", lineno, file);
-        else if (strcmp(m->shards[i]->sha256, line))
-            rc = add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "%s: %.16s... here, %.16s... in the "
-                     "manifest", file, line, m->shards[i]->sha256);
-        else
+        else {
+            if (strcmp(m->shards[i]->sha256, line))
+                rc = add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "%s: %.16s... here, %.16s... in the "
+                         "manifest", file, line, m->shards[i]->sha256);
             seen[i] = 1;
+        }
     }
     for (size_t i = 0; i < m->nshards && !rc; i++)
         if (!seen[i])
@@ -197,7 +213,17 @@ int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
         goto out;
     }
     hc.m = m;
-    ZR_TRY_GOTO(check_sums(rep, dir, m), rc, out);
+    char *mp = zck__path_join(dir, "manifest.json"), *mtext = NULL;
+    if (!mp || zck__read_small(&mtext, NULL, mp, (size_t)256 << 20) < 0) {
+        free(mp);
+        rc = zr_err_set(ZR_EIO, "%s", zr_err_msg());
+        goto out;
+    }
+    free(mp);
+    rc = check_sums(rep, dir, m, mtext);
+    free(mtext);
+    if (rc)
+        goto out;
     ZR_TRY_GOTO(check_unlisted(rep, dir, m), rc, out);
     hc.todo = calloc(m->nshards ? m->nshards : 1, sizeof *hc.todo);
     hc.hex = calloc(m->nshards ? m->nshards : 1, sizeof *hc.hex);

@@ -2,6 +2,7 @@
  * ckutil.c: shared helpers of the ckpt tests (see ckutil.h).
  */
 #include "ckutil.h"
+#include "zck_int.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -182,4 +183,9 @@ void zt_write_file(const char *path, const char *text)
     ZT_CHECK(f);
     fputs(text, f);
     fclose(f);
+}
+
+int zck__read_small_for_tests(char **out, const char *path)
+{
+    return zck__read_small(out, NULL, path, (size_t)1 << 26);
 }

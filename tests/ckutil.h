@@ -27,5 +27,7 @@ size_t zt_verify_count(const char *path, int quick);
 void zt_flip_byte(const char *path, uint64_t off);
 void zt_truncate(const char *path, uint64_t size);
 void zt_write_file(const char *path, const char *text);
+/* Whole file as a NUL-terminated string (returns a ZR_ code). */
+int zck__read_small_for_tests(char **out, const char *path);
 
 #endif

@@ -1,0 +1,160 @@
+/*
+ * test_corrupt.c: every class of damage is found by verify, named with its file and kind, and
+ * a verified read refuses to hand out data from a damaged checkpoint.
+ */
+#include "ckutil.h"
+
+#include <sys/stat.h>
+
+static const uint64_t sizes[] = {20000, 65, 3};
+
+static char *fresh(const char *run)
+{
+    zck_layout *L = zt_layout(3, sizes);
+    char *p = zt_save(run, L, 3, 7, 42, 0);
+    zck_layout_free(L);
+    ZT_CHECK_EQ(zt_verify_count(p, 0), 0);
+    return p;
+}
+
+/* verify must find exactly one problem, of this kind, in this file */
+static void expect_one(const char *ckpt, int quick, zck_problem_kind kind, const char *file,
+                       const char *detail)
+{
+    zck_report *rep;
+    zck_verify_opts o = ZCK_VERIFY_OPTS_INIT;
+    o.quick = quick;
+    ZT_OK(zck_verify(&rep, ckpt, &o));
+    if (zck_report_count(rep) != 1)
+        ZT_FAIL("%s: %zu problems found, expected 1 (%s in %s)", ckpt, zck_report_count(rep),
+                zck_problem_kind_name(kind), file);
+    const zck_problem *p = zck_report_get(rep, 0);
+    if (p->kind != kind || strcmp(p->file, file) || (detail && !strstr(p->detail, detail)))
+        ZT_FAIL("%s: found %s in %s (%s), expected %s in %s (%s)", ckpt,
+                zck_problem_kind_name(p->kind), p->file, p->detail, zck_problem_kind_name(kind),
+                file, detail ? detail : "");
+    zck_report_free(rep);
+}
+
+/* a full verified read must fail with code and a message naming file */
+static void expect_read_fails(const char *ckpt, int code, const char *file, const char *text)
+{
+    zck_reader *r;
+    ZT_OK(zck_reader_open(&r, ckpt));
+    const zck_layout *L = zck_reader_layout(r);
+    size_t ng = zck_layout_n_groups(L);
+    zck_read_req *q = calloc(ng, sizeof *q);
+    for (size_t g = 0; g < ng; g++)
+        q[g] = (zck_read_req){g, 0, 0, zck_layout_group_numel(L, g),
+                              malloc(zck_layout_group_numel(L, g) * 4)};
+    zck_read_opts o = ZCK_READ_OPTS_INIT;
+    ZT_ERR(zck_reader_read(r, q, ng, &o), code, text);
+    ZT_CHECK(strstr(zr_err_msg(), file));
+    for (size_t g = 0; g < ng; g++)
+        free(q[g].dst);
+    free(q);
+    zck_reader_free(r);
+}
+
+static char *in(const char *ckpt, const char *file)
+{
+    static char buf[1024];
+    snprintf(buf, sizeof buf, "%s/%s", ckpt, file);
+    return buf;
+}
+
+ZT_TEST(corrupt_missing_shard)
+{
+    char *p = fresh("run");
+    ZT_CHECK(unlink(in(p, "shard-00001-of-00003.bin")) == 0);
+    expect_one(p, 1, ZCK_PROB_MISSING, "shard-00001-of-00003.bin", "not on disk");
+    expect_one(p, 0, ZCK_PROB_MISSING, "shard-00001-of-00003.bin", "not on disk");
+    expect_read_fails(p, ZR_ENOTFOUND, "shard-00001-of-00003.bin", "No such file");
+    free(p);
+}
+
+ZT_TEST(corrupt_truncated_and_extended_shards)
+{
+    char *p = fresh("run");
+    struct stat st;
+    ZT_CHECK(stat(in(p, "shard-00000-of-00003.bin"), &st) == 0);
+    zt_truncate(in(p, "shard-00000-of-00003.bin"), (uint64_t)st.st_size - 4096);
+    expect_one(p, 1, ZCK_PROB_TRUNCATED, "shard-00000-of-00003.bin", "manifest lists");
+    expect_read_fails(p, ZR_ECORRUPT, "shard-00000-of-00003.bin", "truncated");
+    zt_truncate(in(p, "shard-00000-of-00003.bin"), (uint64_t)st.st_size + 1);
+    expect_one(p, 0, ZCK_PROB_SIZE, "shard-00000-of-00003.bin", NULL);
+    expect_read_fails(p, ZR_ECORRUPT, "shard-00000-of-00003.bin", "size mismatch");
+    free(p);
+}
+
+ZT_TEST(corrupt_bit_flip)
+{
+    char *p = fresh("run");
+    zt_flip_byte(in(p, "shard-00002-of-00003.bin"), 5000);
+    ZT_CHECK_EQ(zt_verify_count(p, 1), 0); /* quick does not hash */
+    expect_one(p, 0, ZCK_PROB_HASH, "shard-00002-of-00003.bin", "sha256");
+    expect_read_fails(p, ZR_ECORRUPT, "shard-00002-of-00003.bin", "sha256 mismatch");
+    /* the same read without verification returns (damaged) data: the caller asked for that */
+    zck_reader *r;
+    ZT_OK(zck_reader_open(&r, p));
+    float x[10];
+    ZT_OK(zck_reader_read_range(r, 0, 0, 0, 10, x));
+    zck_reader_free(r);
+    free(p);
+}
+
+ZT_TEST(corrupt_unlisted_file_and_sums)
+{
+    char *p = fresh("run");
+    zt_write_file(in(p, "stray.bin"), "x");
+    expect_one(p, 1, ZCK_PROB_UNLISTED, "stray.bin", "not named by the manifest");
+    ZT_CHECK(unlink(in(p, "stray.bin")) == 0);
+    /* SHA256SUMS edited: one digit of the first shard's line */
+    char *txt;
+    ZT_OK(zck__read_small_for_tests(&txt, in(p, "SHA256SUMS")));
+    char *line = strstr(txt, "shard-00000");
+    ZT_CHECK(line);
+    char *hexp = line - 66;
+    *hexp = *hexp == 'a' ? 'b' : 'a';
+    zt_write_file(in(p, "SHA256SUMS"), txt);
+    expect_one(p, 1, ZCK_PROB_SUMS, "SHA256SUMS", "shard-00000-of-00003.bin");
+    ZT_CHECK(unlink(in(p, "SHA256SUMS")) == 0);
+    expect_one(p, 1, ZCK_PROB_SUMS, "SHA256SUMS", "missing");
+    free(txt);
+    free(p);
+}
+
+ZT_TEST(corrupt_hand_edited_manifest)
+{
+    char *p = fresh("run");
+    char *txt;
+    ZT_OK(zck__read_small_for_tests(&txt, in(p, "manifest.json")));
+    /* an edit that keeps the manifest valid is caught by the manifest's line in SHA256SUMS */
+    char *at = strstr(txt, "\"step\": 7");
+    ZT_CHECK(at);
+    at[8] = '8';
+    zt_write_file(in(p, "manifest.json"), txt);
+    expect_one(p, 1, ZCK_PROB_SUMS, "manifest.json", "edited after the commit");
+    /* an edit that breaks it is a bad manifest, and nothing can be opened */
+    at = strstr(txt, "\"world_size\": 3");
+    ZT_CHECK(at);
+    at[14] = '2';
+    zt_write_file(in(p, "manifest.json"), txt);
+    expect_one(p, 1, ZCK_PROB_MANIFEST, "manifest.json", "3 shards listed for world size 2");
+    zck_reader *r;
+    ZT_ERR(zck_reader_open(&r, p), ZR_ECORRUPT, "manifest.json");
+    free(txt);
+    free(p);
+}
+
+ZT_TEST(corrupt_several_problems_all_reported)
+{
+    char *p = fresh("run");
+    ZT_CHECK(unlink(in(p, "shard-00000-of-00003.bin")) == 0);
+    zt_flip_byte(in(p, "shard-00001-of-00003.bin"), 0);
+    zt_write_file(in(p, "extra"), "x");
+    ZT_CHECK_EQ(zt_verify_count(p, 0), 3);
+    zck_report *rep;
+    ZT_ERR(zck_verify(&rep, "nowhere", NULL), ZR_ENOTFOUND, "nowhere");
+    free(p);
+}
