@@ -30,7 +30,7 @@ DEPS_CHECK = \
   printf '\#include <libaio.h>\nint main(void){io_context_t c=0;return io_setup(1,&c);}\n' | \
     $(CC) -x c - -laio -o /dev/null >/dev/null 2>&1 || missing="$$missing libaio-dev";
 
-.PHONY: all deps test asan bench run fuzz clean
+.PHONY: all deps test asan stress bench run fuzz clean
 all: $(BUILD)/libzck.a $(BUILD)/zck-demo
 
 deps:
@@ -80,6 +80,10 @@ test: $(BUILD)/zt
 
 asan:
 	$(MAKE) SAN=1 test
+
+# long campaigns: 400 SIGKILL rounds, and libFuzzer when clang can build it
+stress: $(BUILD)/zt
+	ZT_STRESS=1 ZT_ROOT=$(CURDIR) $(BUILD)/zt
 
 # ------------------------------------------------------------------ fuzzing and benchmarks
 FUZZ_SECONDS ?= 60

@@ -118,8 +118,8 @@ static int remove_dir(const char *run_dir, const char *name)
         rc = ZR_ENOMEM;
     else if (name[0] == '.')
         rc = zck__rmtree(from);
-    else if (!(rc = zck__rename(from, to)))
-        rc = zck__rmtree(to);
+    else if (!(rc = zck__rename(from, to)) && !(rc = zck__fsync_dir(run_dir)))
+        rc = zck__rmtree(to); /* the rename is durable before the first file goes */
     free(from);
     free(to);
     return rc;
@@ -140,7 +140,14 @@ static int housekeeping(const char *run_dir, uint64_t step, const char *keep, un
         uint64_t s;
         unsigned long long ts;
         const char *nm = de->d_name;
-        if (parse_step_name(nm, &s)) {
+        struct stat sst;
+        char *full = NULL;
+        int is_dir = 0;
+        if (parse_step_name(nm, &s) && (full = zck__path_join(run_dir, nm))) {
+            is_dir = lstat(full, &sst) == 0 && S_ISDIR(sst.st_mode);
+            free(full);
+        }
+        if (is_dir && s <= step) { /* newer ones (orphans of a crashed commit) are left alone */
             if (n == cap) {
                 cap = cap ? 2 * cap : 16;
                 stepdir *nv = realloc(v, cap * sizeof *v);
@@ -202,7 +209,10 @@ int zck_commit(char **out, const char *run_dir, const char *staging_dir, const z
             return zr_err_set(ZR_EINVAL, "group '%s' has no elements", L->g[g].name);
 
     char producer[64], created[32], dirname[32];
-    snprintf(producer, sizeof producer, "zero %d.%d", ZCK_VERSION_MAJOR, ZCK_VERSION_MINOR);
+    snprintf(producer, sizeof producer, "zero %s", ZERO_VERSION);
+    if (opts->step > (uint64_t)INT64_MAX)
+        return zr_err_set(ZR_EINVAL, "step %llu: at most 2^63-1",
+                          (unsigned long long)opts->step);
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
@@ -281,7 +291,7 @@ int zck_commit(char **out, const char *run_dir, const char *staging_dir, const z
                         (unsigned long long)opts->step);
         goto out;
     }
-    ZR_TRY_GOTO(zck__rename(staging_dir, final), rc, out);
+    ZR_TRY_GOTO(zck__rename_noreplace(staging_dir, final), rc, out);
     ZR_TRY_GOTO(zck__fsync_dir(run_dir), rc, out);
     ZR_TRY_GOTO(write_latest(run_dir, dirname), rc, out);
     if (housekeeping(run_dir, opts->step, dirname, opts->keep_last, opts->gc_tmp) < 0)

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -76,6 +77,23 @@ int zck__rename(const char *from, const char *to)
     int e = zck__fault(ZCK_OP_RENAME, from);
     if (e || rename(from, to) < 0)
         return zr_err_sys(e ? e : errno, "rename %s -> %s", from, to);
+    return 0;
+}
+
+int zck__rename_noreplace(const char *from, const char *to)
+{
+    int e = zck__fault(ZCK_OP_RENAME, from);
+    if (e)
+        return zr_err_sys(e, "rename %s -> %s", from, to);
+    if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0)
+        return 0;
+    if (errno == EEXIST)
+        return zr_err_set(ZR_EEXIST, "%s: already exists", to);
+    if (errno != EINVAL && errno != ENOSYS)
+        return zr_err_sys(errno, "rename %s -> %s", from, to);
+    /* a filesystem without RENAME_NOREPLACE: the caller checked that `to` is absent */
+    if (rename(from, to) < 0)
+        return zr_err_sys(errno, "rename %s -> %s", from, to);
     return 0;
 }
 

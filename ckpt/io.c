@@ -152,7 +152,10 @@ int zck__io_open(zck__io **out, const char *path, int mode, const zck_io_opts *o
         goto fail;
     }
     if (o->io == ZCK_IO_AUTO) {
-        io->fd = open(path, flags | O_DIRECT, 0644);
+        int de = zck__fault(ZCK_OP_OPEN_DIRECT, path);
+        io->fd = de ? -1 : open(path, flags | O_DIRECT, 0644);
+        if (de)
+            errno = de;
         if (io->fd >= 0)
             io->direct = 1;
         else if (errno == EINVAL)

@@ -543,6 +543,26 @@ static char *dup_compact(json_t *v)
     return s;
 }
 
+/* "MAJOR.MINOR": each 1-6 decimal digits, no sign, no spaces, no leading zeros */
+static bool parse_num(const char **p, int *out)
+{
+    const char *s = *p;
+    size_t n = strspn(s, "0123456789");
+    if (n == 0 || n > 6 || (n > 1 && s[0] == '0'))
+        return false;
+    int v = 0;
+    for (size_t i = 0; i < n; i++)
+        v = v * 10 + (s[i] - '0');
+    *out = v;
+    *p = s + n;
+    return true;
+}
+
+static bool parse_version(const char *v, int *major, int *minor)
+{
+    return parse_num(&v, major) && *v++ == '.' && parse_num(&v, minor) && *v == 0;
+}
+
 int zck__manifest_parse(zck_manifest **out, const char *text, size_t len, const char *what)
 {
     json_error_t jerr;
@@ -566,10 +586,7 @@ int zck__manifest_parse(zck_manifest **out, const char *text, size_t len, const 
         goto fail;
     }
     ZR_TRY_GOTO(get_str(&ver, root, "version", what), rc, fail);
-    char tail;
-    if (strlen(ver) >= sizeof m->version ||
-        sscanf(ver, "%d.%d%c", &m->major, &m->minor, &tail) != 2 || m->major < 0 ||
-        m->minor < 0) {
+    if (!parse_version(ver, &m->major, &m->minor)) {
         rc = CORRUPT("%s: version '%.32s' is not MAJOR.MINOR", what, ver);
         goto fail;
     }

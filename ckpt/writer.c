@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct zck_writer {
@@ -26,20 +27,32 @@ struct zck_writer {
     int done, failed;
 };
 
+/* mkdir -p; each directory created is made durable in its parent */
 static int mkdir_p(const char *path)
 {
     char *p = strdup(path);
     if (!p)
         return zr_err_set(ZR_ENOMEM, "out of memory");
     int rc = 0;
-    for (char *s = p + 1; *s && !rc; s++)
-        if (*s == '/') {
-            *s = 0;
+    size_t n = strlen(p);
+    for (size_t i = 1; i <= n && !rc; i++) {
+        if (p[i] != '/' && p[i] != 0)
+            continue;
+        char c = p[i];
+        p[i] = 0;
+        struct stat st;
+        if (stat(p, &st) < 0) {
             rc = zck__mkdir(p);
-            *s = '/';
+            char *slash = strrchr(p, '/');
+            if (!rc && slash) {
+                *slash = 0;
+                rc = zck__fsync_dir(slash == p ? "/" : p);
+                *slash = '/';
+            } else if (!rc)
+                rc = zck__fsync_dir(".");
         }
-    if (!rc)
-        rc = zck__mkdir(p);
+        p[i] = c;
+    }
     free(p);
     return rc;
 }
@@ -54,6 +67,8 @@ int zck_staging_create(char **out, const char *run_dir, uint64_t step, uint64_t 
     if (!p)
         return ZR_ENOMEM;
     int rc = zck__mkdir(p);
+    if (!rc)
+        rc = zck__fsync_dir(run_dir);
     if (rc) {
         free(p);
         return rc;

@@ -81,6 +81,7 @@ void zr_log_trace(const char *file, int line, int rc); /* ZR_TRY hop, shown at d
 
 /* ---------------------------------------------------------------- format constants */
 
+#define ZERO_VERSION "0.1.0"     /* the software; written as the manifest's producer */
 #define ZCK_FORMAT_NAME "zckpt"
 #define ZCK_VERSION_MAJOR 1
 #define ZCK_VERSION_MINOR 0
@@ -161,7 +162,10 @@ void zck_partition(uint64_t numel, uint32_t world, uint32_t rank, uint32_t align
  * it fail with that error. */
 typedef enum {
     ZCK_OP_OPEN, ZCK_OP_WRITE, ZCK_OP_READ, ZCK_OP_FSYNC, ZCK_OP_RENAME, ZCK_OP_MKDIR,
-    ZCK_OP_UNLINK, ZCK_OP_COUNT
+    ZCK_OP_UNLINK,
+    ZCK_OP_OPEN_DIRECT, /* the O_DIRECT attempt of a shard open: EINVAL acts as a filesystem
+                           that refuses O_DIRECT, exercising the buffered fallback */
+    ZCK_OP_COUNT
 } zck_op;
 typedef int (*zck_fault_fn)(zck_op op, const char *path, void *ctx);
 /* Install a hook for the whole process (NULL removes it). Not thread-safe against running I/O. */

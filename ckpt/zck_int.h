@@ -8,6 +8,11 @@
 #include "zck.h"
 
 #include <stdbool.h>
+
+/* Shard files hold little-endian element bytes, copied as they are in memory. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "zero's checkpoint format is little-endian; big-endian hosts are not supported yet"
+#endif
 #include <sys/types.h>
 
 /* ---------------------------------------------------------------- layout internals */
@@ -150,6 +155,8 @@ int zck__parallel(size_t n, unsigned jobs, int (*fn)(void *ctx, size_t i), void 
 int zck__fsync_dir(const char *dir);
 int zck__mkdir(const char *path);                 /* EEXIST is success */
 int zck__rename(const char *from, const char *to);
+/* rename that never replaces an existing `to` (ZR_EEXIST), where the filesystem allows */
+int zck__rename_noreplace(const char *from, const char *to);
 int zck__rmtree(const char *path);                /* a flat checkpoint directory */
 int zck__write_small(const char *path, const void *data, size_t len); /* create, write, fsync */
 int zck__read_small(char **out, size_t *len, const char *path, size_t max);

@@ -5,6 +5,7 @@
 #include "zck_int.h"
 
 #include <fcntl.h>
+#include <time.h>
 #include <sys/stat.h>
 
 zck_layout *zt_layout(size_t n_groups, const uint64_t *numel)
@@ -93,7 +94,11 @@ char *zt_save(const char *run_dir, const zck_layout *L, uint32_t world, uint64_t
               uint64_t seed, unsigned keep_last)
 {
     char *staging;
-    ZT_OK(zck_staging_create(&staging, run_dir, step, seed));
+    static uint64_t nth;
+    /* a fresh nonce per save, as the engine draws one: a save retried after a crash at the
+     * same step never meets the staging directory of the crashed attempt */
+    uint64_t nonce = ((uint64_t)getpid() << 32) ^ ((uint64_t)time(NULL) << 8) ^ ++nth;
+    ZT_OK(zck_staging_create(&staging, run_dir, step, nonce));
     zck_shard **sh = calloc(world, sizeof *sh);
     ZT_CHECK(sh);
     for (uint32_t r = 0; r < world; r++)
@@ -189,3 +194,5 @@ int zck__read_small_for_tests(char **out, const char *path)
 {
     return zck__read_small(out, NULL, path, (size_t)1 << 26);
 }
+
+int zck__mkdir_for_tests(const char *path) { return zck__mkdir(path); }

@@ -29,5 +29,6 @@ void zt_truncate(const char *path, uint64_t size);
 void zt_write_file(const char *path, const char *text);
 /* Whole file as a NUL-terminated string (returns a ZR_ code). */
 int zck__read_small_for_tests(char **out, const char *path);
+int zck__mkdir_for_tests(const char *path);
 
 #endif
