@@ -118,6 +118,15 @@ static void warn_buffered(const char *path)
         zr_log(ZR_LOG_WARN, "%s: filesystem refuses O_DIRECT, using buffered I/O", path);
 }
 
+static void free_struct(zck__io *io)
+{
+    free(io->path);
+    free(io->cbs);
+    free(io->busy);
+    free(io->res);
+    free(io);
+}
+
 int zck__io_open(zck__io **out, const char *path, int mode, const zck_io_opts *o)
 {
     zck_io_opts def = ZCK_IO_OPTS_INIT;
@@ -185,11 +194,7 @@ fail:
         if (io->writing && rc != ZR_EEXIST)
             unlink(path);
     }
-    free(io->path);
-    free(io->cbs);
-    free(io->busy);
-    free(io->res);
-    free(io);
+    free_struct(io);
     return rc;
 }
 
@@ -390,10 +395,6 @@ int zck__io_close(zck__io *io)
         free(io->mem);
     } else
         ring_put(io);
-    free(io->path);
-    free(io->cbs);
-    free(io->busy);
-    free(io->res);
-    free(io);
+    free_struct(io);
     return rc;
 }
