@@ -19,7 +19,8 @@ ifeq ($(SAN),1)
   LDFLAGS += -fsanitize=address,undefined
 endif
 # Link flags are read from pkg-config when the link runs (after `deps` installed what was missing).
-LIBS = $$(pkg-config --libs jansson libcrypto 2>/dev/null || echo -ljansson -lcrypto) -laio -lpthread
+LIBS = $$(pkg-config --libs jansson libcrypto libarchive 2>/dev/null || \
+          echo -ljansson -lcrypto -larchive) -laio -lpthread -lm
 
 # ------------------------------------------------------------------ dependencies
 # Debian package that provides each dependency; `deps` installs the missing ones.
@@ -27,11 +28,12 @@ DEPS_CHECK = \
   command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkg-config"; \
   pkg-config --exists jansson 2>/dev/null || missing="$$missing libjansson-dev"; \
   pkg-config --exists libcrypto 2>/dev/null || missing="$$missing libssl-dev"; \
+  pkg-config --exists libarchive 2>/dev/null || missing="$$missing libarchive-dev"; \
   printf '\#include <libaio.h>\nint main(void){io_context_t c=0;return io_setup(1,&c);}\n' | \
     $(CC) -x c - -laio -o /dev/null >/dev/null 2>&1 || missing="$$missing libaio-dev";
 
 .PHONY: all deps test asan stress bench run fuzz clean
-all: $(BUILD)/libzck.a $(BUILD)/zck-demo
+all: $(BUILD)/libzck.a $(BUILD)/libzfmt.a $(BUILD)/zckpt $(BUILD)/zck-demo
 
 deps:
 	@missing=""; $(DEPS_CHECK) \
@@ -49,18 +51,37 @@ deps:
 	fi
 
 # ------------------------------------------------------------------ libraries
+# Each folder may include its own headers and those below it: ckpt <- formats <- cli.
 CKPT_SRC := $(wildcard ckpt/*.c)
 CKPT_OBJ := $(CKPT_SRC:%.c=$(BUILD)/%.o)
+FMT_SRC  := $(wildcard formats/*.c)
+FMT_OBJ  := $(FMT_SRC:%.c=$(BUILD)/%.o)
+CLI_COMMON := $(BUILD)/cli/common.o
+
+$(BUILD)/ckpt/%.o: ckpt/%.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Ickpt -c $< -o $@
+
+$(BUILD)/formats/%.o: formats/%.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Iformats -Ickpt -c $< -o $@
 
 $(BUILD)/%.o: %.c | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Ickpt -c $< -o $@
+	$(CC) $(CFLAGS) -Iformats -Ickpt -Icli -c $< -o $@
 
 $(BUILD)/libzck.a: $(CKPT_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+$(BUILD)/libzfmt.a: $(FMT_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
 # ------------------------------------------------------------------ programs
+$(BUILD)/zckpt: $(BUILD)/cli/zckpt.o $(CLI_COMMON) $(BUILD)/libzfmt.a $(BUILD)/libzck.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
 $(BUILD)/zck-demo: $(BUILD)/cli/ckpt_demo.o $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
@@ -72,18 +93,19 @@ run: $(BUILD)/zck-demo
 TEST_SRC := $(wildcard tests/*.c) tests/fuzz/fuzz_manifest.c
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-$(BUILD)/zt: $(TEST_OBJ) $(BUILD)/libzck.a
+$(BUILD)/zt: $(TEST_OBJ) $(BUILD)/libzfmt.a $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
-test: $(BUILD)/zt
-	ZT_ROOT=$(CURDIR) $(BUILD)/zt
+# the CLI tests run the real zckpt binary (ZT_ZCKPT)
+test: $(BUILD)/zt $(BUILD)/zckpt
+	ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt $(BUILD)/zt
 
 asan:
 	$(MAKE) SAN=1 test
 
 # long campaigns: 400 SIGKILL rounds, and libFuzzer when clang can build it
-stress: $(BUILD)/zt
-	ZT_STRESS=1 ZT_ROOT=$(CURDIR) $(BUILD)/zt
+stress: $(BUILD)/zt $(BUILD)/zckpt
+	ZT_STRESS=1 ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt $(BUILD)/zt
 
 # ------------------------------------------------------------------ fuzzing and benchmarks
 FUZZ_SECONDS ?= 60

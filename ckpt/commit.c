@@ -22,24 +22,6 @@ void zck_step_dirname(char out[32], uint64_t step)
     snprintf(out, 32, "step-%08llu", (unsigned long long)step);
 }
 
-/* "step-<digits>" -> step; false for anything else */
-static bool parse_step_name(const char *name, uint64_t *step)
-{
-    if (strncmp(name, "step-", 5))
-        return false;
-    const char *d = name + 5;
-    if (!*d || strlen(d) > 19)
-        return false;
-    uint64_t v = 0;
-    for (; *d; d++) {
-        if (*d < '0' || *d > '9')
-            return false;
-        v = v * 10 + (uint64_t)(*d - '0');
-    }
-    *step = v;
-    return true;
-}
-
 int zck_latest(char **out, const char *run_dir)
 {
     char *lp = zck__path_join(run_dir, "latest"), *txt = NULL;
@@ -55,7 +37,7 @@ int zck_latest(char **out, const char *run_dir)
     while (n && (txt[n - 1] == '\n' || txt[n - 1] == '\r' || txt[n - 1] == ' '))
         txt[--n] = 0;
     uint64_t step;
-    if (!parse_step_name(txt, &step)) {
+    if (!zck__parse_step_name(txt, &step)) {
         rc = zr_err_set(ZR_ECORRUPT, "%s: expected a name like step-00001000, found '%.64s'", lp,
                         txt);
         goto out;
@@ -96,102 +78,19 @@ out:
     return rc;
 }
 
-typedef struct {
-    uint64_t step;
-    char *name;
-} stepdir;
-
-static int cmp_step_desc(const void *a, const void *b)
+int zck_latest_set(const char *run_dir, uint64_t step)
 {
-    const stepdir *x = a, *y = b;
-    return x->step > y->step ? -1 : x->step < y->step;
-}
-
-/* Remove a directory by first renaming it out of sight (atomic), then deleting it. */
-static int remove_dir(const char *run_dir, const char *name)
-{
-    char hidden[128];
-    snprintf(hidden, sizeof hidden, ".del-%s-%ld", name, (long)getpid());
-    char *from = zck__path_join(run_dir, name), *to = zck__path_join(run_dir, hidden);
-    int rc = 0;
-    if (!from || !to)
-        rc = ZR_ENOMEM;
-    else if (name[0] == '.')
-        rc = zck__rmtree(from);
-    else if (!(rc = zck__rename(from, to)) && !(rc = zck__fsync_dir(run_dir)))
-        rc = zck__rmtree(to); /* the rename is durable before the first file goes */
-    free(from);
-    free(to);
-    return rc;
-}
-
-/* Retention and garbage collection after the commit of `step`, whose directory is `keep`. */
-static int housekeeping(const char *run_dir, uint64_t step, const char *keep, unsigned keep_last,
-                        int gc_tmp)
-{
-    DIR *d = opendir(run_dir);
-    if (!d)
-        return zr_err_sys(errno, "%s: opendir", run_dir);
-    stepdir *v = NULL;
-    size_t n = 0, cap = 0;
-    int rc = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) && !rc) {
-        uint64_t s;
-        unsigned long long ts;
-        const char *nm = de->d_name;
-        struct stat sst;
-        char *full = NULL;
-        int is_dir = 0;
-        if (parse_step_name(nm, &s) && (full = zck__path_join(run_dir, nm))) {
-            is_dir = lstat(full, &sst) == 0 && S_ISDIR(sst.st_mode);
-            free(full);
-        }
-        if (is_dir && s <= step) { /* newer ones (orphans of a crashed commit) are left alone */
-            if (n == cap) {
-                cap = cap ? 2 * cap : 16;
-                stepdir *nv = realloc(v, cap * sizeof *v);
-                if (!nv) {
-                    rc = zr_err_set(ZR_ENOMEM, "out of memory");
-                    break;
-                }
-                v = nv;
-            }
-            v[n].step = s;
-            if (!(v[n].name = strdup(nm)))
-                rc = zr_err_set(ZR_ENOMEM, "out of memory");
-            else
-                n++;
-        } else if (gc_tmp && ((sscanf(nm, ".tmp-step-%llu-", &ts) == 1 && ts <= step) ||
-                              !strncmp(nm, ".del-step-", 10) ||
-                              !strncmp(nm, ".latest.tmp-", 12))) {
-            char *p = zck__path_join(run_dir, nm);
-            struct stat st;
-            if (!p)
-                rc = ZR_ENOMEM;
-            else if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
-                rc = zck__rmtree(p);
-            else if (unlink(p) < 0 && errno != ENOENT)
-                rc = zr_err_sys(errno, "%s: unlink", p);
-            free(p);
-        }
-    }
-    closedir(d);
-    if (!rc && keep_last) {
-        qsort(v, n, sizeof *v, cmp_step_desc);
-        unsigned kept = 0;
-        for (size_t i = 0; i < n && !rc; i++) {
-            if (!strcmp(v[i].name, keep) || kept < keep_last) {
-                kept++;
-                continue;
-            }
-            rc = remove_dir(run_dir, v[i].name);
-        }
-    }
-    for (size_t i = 0; i < n; i++)
-        free(v[i].name);
-    free(v);
-    return rc;
+    char name[32];
+    zck_step_dirname(name, step);
+    char *p = zck__path_join(run_dir, name);
+    if (!p)
+        return ZR_ENOMEM;
+    struct stat st;
+    int ok = stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+    free(p);
+    if (!ok)
+        return zr_err_set(ZR_ENOTFOUND, "%s/%s: no such checkpoint directory", run_dir, name);
+    return write_latest(run_dir, name);
 }
 
 int zck_commit(char **out, const char *run_dir, const char *staging_dir, const zck_layout *L,
@@ -294,7 +193,10 @@ int zck_commit(char **out, const char *run_dir, const char *staging_dir, const z
     ZR_TRY_GOTO(zck__rename_noreplace(staging_dir, final), rc, out);
     ZR_TRY_GOTO(zck__fsync_dir(run_dir), rc, out);
     ZR_TRY_GOTO(write_latest(run_dir, dirname), rc, out);
-    if (housekeeping(run_dir, opts->step, dirname, opts->keep_last, opts->gc_tmp) < 0)
+    zck_prune_opts po = ZCK_PRUNE_OPTS_INIT;
+    po.keep_last = opts->keep_last;
+    po.gc_tmp = opts->gc_tmp;
+    if (zck__housekeeping(run_dir, opts->step, &po, NULL) < 0)
         zr_log(ZR_LOG_WARN, "checkpoint %s committed, but cleaning up older ones failed: %s",
                final, zr_err_msg());
     if (out) {

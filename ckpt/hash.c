@@ -7,6 +7,7 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <stdlib.h>
+#include <pthread.h>
 
 struct zck__sha {
     EVP_MD_CTX *c;
@@ -62,19 +63,34 @@ void zck__sha_free(zck__sha *h)
 
 struct hash_ctx {
     zck__sha *h;
+    zck__hash_tick *tick;
 };
 
 static int hash_chunk(void *ctx, uint64_t off, const unsigned char *p, size_t len)
 {
     (void)off;
-    zck__sha_update(((struct hash_ctx *)ctx)->h, p, len);
+    struct hash_ctx *c = ctx;
+    zck__sha_update(c->h, p, len);
+    if (c->tick)
+        zck__hash_tick_add(c->tick, len);
     return 0;
 }
 
-int zck_sha256_file(char out[65], const char *path, const zck_io_opts *opts)
+void zck__hash_tick_add(zck__hash_tick *t, uint64_t n)
+{
+    uint64_t done = atomic_fetch_add(&t->done, n) + n;
+    /* only the thread that started the work may call back, and not too often */
+    if (t->progress.fn && pthread_equal(pthread_self(), t->owner) && done - t->last >= (8u << 20)) {
+        t->last = done;
+        t->progress.fn(t->progress.ctx, t->what, done, t->total);
+    }
+}
+
+int zck__sha256_file_ticked(char out[65], const char *path, const zck_io_opts *opts,
+                            zck__hash_tick *tick)
 {
     zck__io *io = NULL;
-    struct hash_ctx hc = {NULL};
+    struct hash_ctx hc = {NULL, tick};
     uint64_t size;
     int rc = 0;
     ZR_TRY_GOTO(zck__io_open(&io, path, ZCK__IO_READ, opts), rc, out);
@@ -92,3 +108,17 @@ out:
     }
     return rc;
 }
+
+int zck_sha256_file(char out[65], const char *path, const zck_io_opts *opts)
+{
+    return zck__sha256_file_ticked(out, path, opts, NULL);
+}
+
+/* the public face of the same context */
+int zck_sha256_new(zck_sha256 **out) { return zck__sha_new((zck__sha **)out); }
+void zck_sha256_update(zck_sha256 *h, const void *p, size_t n)
+{
+    zck__sha_update((zck__sha *)h, p, n);
+}
+void zck_sha256_hex(zck_sha256 *h, char out[65]) { zck__sha_hex((zck__sha *)h, out); }
+void zck_sha256_free(zck_sha256 *h) { zck__sha_free((zck__sha *)h); }

@@ -99,6 +99,14 @@ void zck_shard_free(zck_shard *s)
 const char *zck_shard_file(const zck_shard *s) { return s->file; }
 uint64_t zck_shard_bytes(const zck_shard *s) { return s->bytes; }
 const char *zck_shard_sha256(const zck_shard *s) { return s->sha256; }
+uint32_t zck_shard_rank(const zck_shard *s) { return s->rank; }
+size_t zck_shard_n_extents(const zck_shard *s) { return s->next; }
+
+void zck_shard_extent(const zck_shard *s, size_t i, zck_extent_info *out)
+{
+    const zck__extent *e = &s->ext[i];
+    *out = (zck_extent_info){e->group, e->state, e->start, e->count, e->offset};
+}
 
 json_t *zck__shard_json(const zck_shard *s)
 {

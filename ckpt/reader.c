@@ -75,6 +75,20 @@ fail:
     return rc;
 }
 
+int zck_reader_open_manifest(zck_reader **out, const char *text, size_t len, const char *what)
+{
+    zck_reader *r = calloc(1, sizeof *r);
+    if (!r)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    int rc = zck__manifest_parse(&r->m, text, len, what);
+    if (rc) {
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
 void zck_reader_free(zck_reader *r)
 {
     if (!r)
@@ -243,6 +257,9 @@ int zck_reader_read(zck_reader *r, const zck_read_req *reqs, size_t n_reqs,
         opts = &def;
     const zck_manifest *m = r->m;
     const zck_layout *L = m->L;
+    if (!r->dir)
+        return zr_err_set(ZR_EINVAL, "this checkpoint was opened from its manifest alone: there "
+                          "are no shard files to read");
     plan *plans = calloc(m->nshards ? m->nshards : 1, sizeof *plans);
     if (!plans)
         return zr_err_set(ZR_ENOMEM, "out of memory");

@@ -35,10 +35,19 @@ const char *zck_problem_kind_name(zck_problem_kind k)
     return "?";
 }
 
-static int add(zck_report *rep, zck_problem_kind kind, const char *file, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+int zck_report_new(zck_report **out)
+{
+    if (!(*out = calloc(1, sizeof **out)))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    return 0;
+}
 
-static int add(zck_report *rep, zck_problem_kind kind, const char *file, const char *fmt, ...)
+void zck_report_add_bytes_hashed(zck_report *rep, uint64_t n) { rep->hashed += n; }
+
+#define add zck_report_add
+
+int zck_report_add(zck_report *rep, zck_problem_kind kind, const char *file, const char *fmt,
+                   ...)
 {
     if (rep->n == rep->cap) {
         size_t nc = rep->cap ? rep->cap * 2 : 8;
@@ -173,6 +182,7 @@ typedef struct {
     size_t *todo;           /* shard indices to hash */
     char (*hex)[65];        /* result per todo item */
     char **err;             /* error message per todo item, or NULL */
+    zck__hash_tick tick;
 } hash_ctx;
 
 static int hash_one(void *vctx, size_t k)
@@ -182,7 +192,8 @@ static int hash_one(void *vctx, size_t k)
     char *path = zck__path_join(c->dir, s->file);
     if (!path)
         return ZR_ENOMEM;
-    if (zck_sha256_file(c->hex[k], path, c->io) < 0 && !(c->err[k] = strdup(zr_err_msg()))) {
+    if (zck__sha256_file_ticked(c->hex[k], path, c->io, &c->tick) < 0 &&
+        !(c->err[k] = strdup(zr_err_msg()))) {
         free(path);
         return zr_err_set(ZR_ENOMEM, "out of memory");
     }
@@ -203,7 +214,13 @@ int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
         return zr_err_set(ZR_ENOMEM, "out of memory");
     }
     zck_manifest *m = NULL;
-    hash_ctx hc = {dir, NULL, &opts->io, NULL, NULL, NULL};
+    hash_ctx hc;
+    memset(&hc, 0, sizeof hc);
+    hc.dir = dir;
+    hc.io = &opts->io;
+    hc.tick.owner = pthread_self();
+    hc.tick.progress = opts->progress;
+    hc.tick.what = "verify";
     size_t ntodo = 0;
     int rc = zck__manifest_load(&m, dir);
     if (rc == ZR_ENOMEM)
@@ -258,7 +275,11 @@ int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
     }
     if (rc)
         goto out;
+    for (size_t k = 0; k < ntodo; k++)
+        hc.tick.total += m->shards[hc.todo[k]]->bytes;
     ZR_TRY_GOTO(zck__parallel(ntodo, opts->jobs, hash_one, &hc), rc, out);
+    if (opts->progress.fn && ntodo)
+        opts->progress.fn(opts->progress.ctx, "verify", hc.tick.total, hc.tick.total);
     for (size_t k = 0; k < ntodo && !rc; k++) {
         const zck_shard *s = m->shards[hc.todo[k]];
         if (hc.err[k])

@@ -155,6 +155,16 @@ void zck_layout_tensor(const zck_layout *L, size_t g, size_t t, zck_tensor_info 
 void zck_partition(uint64_t numel, uint32_t world, uint32_t rank, uint32_t align,
                    uint64_t *start, uint64_t *count);
 
+/* ---------------------------------------------------------------- progress */
+
+/* Long operations report progress through this callback (the CLI draws a bar from it).
+ * what names the phase ("verify", "reshard", ...); done and total are bytes. Called from the
+ * calling thread only, at most every few MiB. */
+typedef struct {
+    void (*fn)(void *ctx, const char *what, uint64_t done, uint64_t total);
+    void *ctx;
+} zck_progress;
+
 /* ---------------------------------------------------------------- fault injection */
 
 /* Every storage operation of the library passes through a hook that tests replace to fail the
@@ -219,6 +229,14 @@ void zck_shard_free(zck_shard *s);
 const char *zck_shard_file(const zck_shard *s);
 uint64_t zck_shard_bytes(const zck_shard *s);
 const char *zck_shard_sha256(const zck_shard *s); /* 64 lowercase hex characters */
+uint32_t zck_shard_rank(const zck_shard *s);
+typedef struct {
+    size_t group, state;
+    uint64_t start, count;   /* elements of (group, state) */
+    uint64_t offset;         /* bytes into the shard file */
+} zck_extent_info;
+size_t zck_shard_n_extents(const zck_shard *s);
+void zck_shard_extent(const zck_shard *s, size_t i, zck_extent_info *out);
 
 typedef struct {
     uint64_t step;
@@ -243,11 +261,61 @@ typedef struct {
 int zck_commit(char **out, const char *run_dir, const char *staging_dir, const zck_layout *L,
                zck_shard *const *shards, size_t n_shards, const zck_commit_opts *opts);
 
+/* Point run_dir/latest at step-<step> atomically (write temp, fsync, rename, fsync run_dir).
+ * ZR_ENOTFOUND when that checkpoint directory does not exist. */
+int zck_latest_set(const char *run_dir, uint64_t step);
+
 /* Directory name of a step ("step-00001000"). */
 void zck_step_dirname(char out[32], uint64_t step);
 /* Resolve run_dir/latest to a malloc'ed checkpoint path; ZR_ENOTFOUND without latest,
  * ZR_ECORRUPT when latest does not hold a plain step directory name. */
 int zck_latest(char **out, const char *run_dir);
+
+/* ---------------------------------------------------------------- run directories */
+
+typedef struct {
+    size_t n;
+    char **name;
+} zck_namelist;
+void zck_namelist_free(zck_namelist *l); /* frees the names, not l itself */
+
+typedef struct {
+    unsigned keep_last;   /* keep the newest K step directories; 0 keeps all */
+    uint64_t keep_every;  /* also keep steps that are multiples of this; 0: none */
+    int gc_tmp;           /* remove stale .tmp-step-N-* (N <= latest), .del-*, .latest.tmp-* */
+    int dry_run;          /* only say what would go */
+} zck_prune_opts;
+#define ZCK_PRUNE_OPTS_INIT {0, 0, 1, 0}
+
+/* Apply retention to run_dir now: never removes what latest names, nor any step directory
+ * above it (an orphan of a crashed commit). Step directories are renamed out of sight before
+ * they are deleted. *removed (may be NULL) lists what went (or would go). */
+int zck_prune(zck_namelist *removed, const char *run_dir, const zck_prune_opts *o);
+
+typedef enum { ZCK_CKPT_COMPLETE, ZCK_CKPT_INCOMPLETE, ZCK_CKPT_CORRUPT } zck_ckpt_status;
+
+typedef struct {
+    char *name;          /* "step-00001000" */
+    uint64_t step;       /* from the name */
+    uint32_t world;      /* 0 when the manifest cannot be read */
+    int zero_stage;
+    uint64_t bytes;      /* sum of the files in the directory */
+    zck_ckpt_status status;  /* from a quick verify (no hashing) */
+    char *detail;        /* first problem, "" when complete */
+    int is_latest;
+} zck_run_entry;
+
+typedef struct {
+    zck_run_entry *ckpt;  /* sorted by step */
+    size_t n;
+    char *latest;         /* what latest names, NULL without one */
+    zck_namelist stale;   /* stale temporaries */
+} zck_run_list;
+
+/* List the checkpoints of a run directory with a quick check of each. */
+int zck_run_list_open(zck_run_list **out, const char *run_dir);
+void zck_run_list_free(zck_run_list *l);
+const char *zck_ckpt_status_name(zck_ckpt_status s); /* "complete", "incomplete", "corrupt" */
 
 /* ---------------------------------------------------------------- reading a checkpoint */
 
@@ -257,6 +325,9 @@ typedef struct zck_reader zck_reader;
  * extents inside their files). Shard files are not read. ZR_ENOTFOUND, ZR_ECORRUPT, ZR_EVERSION. */
 int zck_reader_open(zck_reader **out, const char *path);
 void zck_reader_free(zck_reader *r);
+/* A reader over manifest text alone (from an archive, say), validated as zck_reader_open does;
+ * what names it in messages. It has no directory: zck_reader_read fails with ZR_EINVAL. */
+int zck_reader_open_manifest(zck_reader **out, const char *text, size_t len, const char *what);
 
 const char *zck_reader_path(const zck_reader *r);      /* the checkpoint directory */
 const zck_layout *zck_reader_layout(const zck_reader *r);
@@ -317,8 +388,9 @@ typedef struct {
     int quick;           /* skip hashing */
     unsigned jobs;       /* files hashed in parallel */
     zck_io_opts io;
+    zck_progress progress; /* bytes hashed */
 } zck_verify_opts;
-#define ZCK_VERIFY_OPTS_INIT {0, 2, ZCK_IO_OPTS_INIT}
+#define ZCK_VERIFY_OPTS_INIT {0, 2, ZCK_IO_OPTS_INIT, {NULL, NULL}}
 
 typedef struct zck_report zck_report;
 /* Check a checkpoint (directory, or run directory through latest). Returns 0 when the check
@@ -330,6 +402,75 @@ const zck_problem *zck_report_get(const zck_report *rep, size_t i);
 uint64_t zck_report_bytes_hashed(const zck_report *rep);
 const char *zck_problem_kind_name(zck_problem_kind k); /* "missing", "hash mismatch", ... */
 void zck_report_free(zck_report *rep);
+
+/* Problems found by other checkers (an archive verifier) go into the same kind of report. */
+int zck_report_new(zck_report **out);
+int zck_report_add(zck_report *rep, zck_problem_kind kind, const char *file, const char *fmt,
+                   ...) __attribute__((format(printf, 4, 5)));
+void zck_report_add_bytes_hashed(zck_report *rep, uint64_t n);
+
+/* Streaming SHA-256 (OpenSSL EVP). hex finalizes: call once. */
+typedef struct zck_sha256 zck_sha256;
+int zck_sha256_new(zck_sha256 **out);
+void zck_sha256_update(zck_sha256 *h, const void *p, size_t n);
+void zck_sha256_hex(zck_sha256 *h, char out[65]);
+void zck_sha256_free(zck_sha256 *h);
+
+/* ---------------------------------------------------------------- reshard */
+
+typedef struct {
+    size_t buf_bytes;    /* working memory for data, all threads together (default 256 MiB) */
+    unsigned jobs;       /* new shards written in parallel */
+    int verify_source;   /* hash every source shard before anything is written (default on) */
+    zck_progress progress;
+} zck_reshard_opts;
+#define ZCK_RESHARD_OPTS_INIT {(size_t)256 << 20, 2, 1, {NULL, NULL}}
+
+/*
+ * Write the checkpoint at src (directory, or run directory through latest) again for a world
+ * of `world` ranks, as a new checkpoint of the same step in run directory out_run_dir (created
+ * when missing), committed atomically with its latest. Each new rank's shard holds its
+ * partition of every (group, state) in layout order, one extent each: what a save by that
+ * world writes, so W -> W' -> W gives back byte-identical shards. Streaming: memory stays
+ * within buf_bytes plus small I/O rings whatever the checkpoint size. *out (may be NULL) is the
+ * new checkpoint's path. ZR_ECORRUPT when the source does not verify (first problem named),
+ * ZR_EEXIST when out_run_dir already has that step.
+ */
+int zck_reshard(char **out, const char *src, const char *out_run_dir, uint32_t world,
+                const zck_reshard_opts *opts);
+
+/* ---------------------------------------------------------------- diff */
+
+typedef struct {
+    double atol, rtol;   /* match when |a - b| <= atol + rtol * |b| (or the bits are equal) */
+    int verify;          /* verify both checkpoints (hashes) before comparing (default on) */
+    size_t buf_bytes;    /* working memory (default 64 MiB) */
+    zck_progress progress;
+} zck_diff_opts;
+#define ZCK_DIFF_OPTS_INIT {0.0, 0.0, 1, (size_t)64 << 20, {NULL, NULL}}
+
+typedef struct {
+    char *tensor, *state;
+    uint64_t numel;
+    uint64_t n_differ;   /* elements outside the tolerance */
+    double max_abs;      /* largest |a - b| (NaN when one side is NaN and the other not) */
+    int match;
+    char *note;          /* "" or why they cannot be compared ("only in A", "shape ...") */
+} zck_diff_entry;
+
+typedef struct {
+    zck_diff_entry *e;
+    size_t n;
+    int all_match;
+} zck_diff;
+
+/* Compare two checkpoints tensor by tensor and state by state, whatever their world sizes
+ * and shard layouts (values are compared as doubles). */
+int zck_diff_run(zck_diff **out, const char *a, const char *b, const zck_diff_opts *opts);
+void zck_diff_free(zck_diff *d);
+
+/* Value of element i of an array of dtype t, as a double. */
+double zck_dtype_get_f64(zck_dtype t, const void *base, size_t i);
 
 /* SHA-256 of a whole file as 64 hex characters (+ NUL) through the library's I/O engine. */
 int zck_sha256_file(char out[65], const char *path, const zck_io_opts *opts);

@@ -7,6 +7,8 @@
 
 #include "zck.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 /* Shard files hold little-endian element bytes, copied as they are in memory. */
@@ -110,6 +112,9 @@ int zck__manifest_load(zck_manifest **out, const char *dir);
 int zck__manifest_dump(char **out, const zck_manifest *m);
 void zck__manifest_free(zck_manifest *m);
 
+/* zck_verify, with any problem turned into ZR_ECORRUPT naming the first one */
+int zck__verify_or_fail(const char *path, unsigned jobs, const zck_progress *progress);
+
 /* ---------------------------------------------------------------- storage substrate */
 
 /* fault hook: returns 0, or a positive errno the operation must fail with */
@@ -122,6 +127,18 @@ void zck__sha_update(zck__sha *h, const void *p, size_t n);
 void zck__sha_hex(zck__sha *h, char out[65]);  /* finalizes; the context can be reset */
 void zck__sha_reset(zck__sha *h);
 void zck__sha_free(zck__sha *h);
+
+/* Progress of work spread over threads: bytes done, reported by the owner thread only. */
+typedef struct {
+    _Atomic uint64_t done;
+    uint64_t total, last;
+    pthread_t owner;
+    zck_progress progress;
+    const char *what;
+} zck__hash_tick;
+void zck__hash_tick_add(zck__hash_tick *t, uint64_t n);
+int zck__sha256_file_ticked(char out[65], const char *path, const zck_io_opts *opts,
+                            zck__hash_tick *tick);
 
 /* The libaio I/O engine: one file, a ring of aligned buffers, several requests in flight. */
 typedef struct zck__io zck__io;
@@ -161,5 +178,13 @@ int zck__rmtree(const char *path);                /* a flat checkpoint directory
 int zck__write_small(const char *path, const void *data, size_t len); /* create, write, fsync */
 int zck__read_small(char **out, size_t *len, const char *path, size_t max);
 char *zck__path_join(const char *a, const char *b);  /* NULL on ENOMEM (error set) */
+
+/* "step-<1-19 digits>" -> step; false for anything else */
+bool zck__parse_step_name(const char *name, uint64_t *step);
+/* Retention and garbage collection in run_dir around the checkpoint of step `step` (the one
+ * latest names): never touches it or step directories above it. Names removed (or, with
+ * dry_run, that would be) go to *removed when it is not NULL. */
+int zck__housekeeping(const char *run_dir, uint64_t step, const zck_prune_opts *o,
+                      zck_namelist *removed);
 
 #endif

@@ -1,0 +1,158 @@
+/*
+ * common.c: shared pieces of the command-line programs (see common.h).
+ */
+#include "common.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int zcli_fail(const char *prog, const char *hint, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "%s: error: ", prog);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    if (hint)
+        fprintf(stderr, "hint: %s\n", hint);
+    return ZCLI_ERROR;
+}
+
+int zcli_fail_lib(const char *prog, const char *hint)
+{
+    int code = zr_err_code();
+    if (!hint) {
+        if (code == ZR_ECORRUPT)
+            hint = "run `zckpt verify` on it for the full list of problems";
+        else if (code == ZR_EVERSION)
+            hint = "this checkpoint was written by a newer zero; upgrade to read it";
+        else if (code == ZR_EEXIST)
+            hint = "choose another output path, or pass --force where the command offers it";
+        else if (code == ZR_ENOMEM)
+            hint = "lower --buffer or --jobs";
+    }
+    return zcli_fail(prog, hint, "%s", zr_err_msg()[0] ? zr_err_msg() : "unknown error");
+}
+
+bool zcli_parse_u32(const char *prog, const char *opt, const char *text, uint32_t lo,
+                    uint32_t hi, uint32_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (!*text || *end || errno || text[0] == '-' || v < lo || v > hi) {
+        zcli_fail(prog, NULL, "%s '%s': expected an integer from %u to %u", opt, text, lo, hi);
+        return false;
+    }
+    *out = (uint32_t)v;
+    return true;
+}
+
+bool zcli_parse_double(const char *prog, const char *opt, const char *text, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (!*text || *end || errno || !(v >= 0) || isinf(v)) {
+        zcli_fail(prog, NULL, "%s '%s': expected a non-negative number", opt, text);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool zcli_parse_size(const char *prog, const char *opt, const char *text, size_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    double mul = 1;
+    if (!strcmp(end, "") || !strcasecmp(end, "b"))
+        mul = 1;
+    else if (!strcasecmp(end, "k") || !strcasecmp(end, "kib") || !strcasecmp(end, "kb"))
+        mul = 1024.0;
+    else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib") || !strcasecmp(end, "mb"))
+        mul = 1024.0 * 1024;
+    else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib") || !strcasecmp(end, "gb"))
+        mul = 1024.0 * 1024 * 1024;
+    else
+        mul = -1;
+    if (!*text || errno || mul < 0 || !(v > 0) || v * mul > 1e15) {
+        zcli_fail(prog, NULL, "%s '%s': expected a size such as 256M or 1G", opt, text);
+        return false;
+    }
+    *out = (size_t)(v * mul);
+    return true;
+}
+
+const char *zcli_human(char buf[32], double b)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) {
+        b /= 1024;
+        i++;
+    }
+    snprintf(buf, 32, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+    return buf;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void draw(void *ctx, const char *what, uint64_t done, uint64_t total)
+{
+    zcli_bar *bar = ctx;
+    if (!bar->tty)
+        return;
+    double t = now();
+    if (bar->what && strcmp(bar->what, what)) /* a new phase: finish the old line */
+        fputc('\n', stderr);
+    else if (t - bar->last < 0.1 && done < total)
+        return;
+    if (!bar->what || strcmp(bar->what, what))
+        bar->t0 = t;
+    bar->what = what;
+    bar->last = t;
+    double el = t - bar->t0, rate = el > 0 ? (double)done / el : 0;
+    char a[32], b[32], r[32];
+    if (total) {
+        int w = 30, fill = (int)((double)w * (double)done / (double)total);
+        char barstr[64];
+        for (int i = 0; i < w; i++)
+            barstr[i] = i < fill ? '#' : ' ';
+        barstr[w] = 0;
+        double eta = rate > 0 ? (double)(total - done) / rate : 0;
+        fprintf(stderr, "\r%-12s [%s] %3.0f%% %s / %s  %s/s  ETA %.0fs  ", what, barstr,
+                100.0 * (double)done / (double)total, zcli_human(a, (double)done),
+                zcli_human(b, (double)total), zcli_human(r, rate), eta);
+    } else
+        fprintf(stderr, "\r%-12s %s  %s/s  ", what, zcli_human(a, (double)done),
+                zcli_human(r, rate));
+}
+
+zck_progress zcli_progress_init(zcli_bar *bar)
+{
+    memset(bar, 0, sizeof *bar);
+    bar->tty = isatty(2);
+    zck_progress p = {draw, bar};
+    return p;
+}
+
+void zcli_progress_end(zcli_bar *bar)
+{
+    if (bar->tty && bar->what)
+        fputc('\n', stderr);
+    bar->what = NULL;
+}

@@ -1,0 +1,43 @@
+/*
+ * common.h: what the command-line programs share: exit codes, error and hint messages,
+ * option parsing helpers, sizes, and the progress bar drawn from zck_progress callbacks.
+ */
+#ifndef ZCLI_COMMON_H
+#define ZCLI_COMMON_H
+
+#include "zck.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Exit codes, in one place: 0 ok, 1 the check found a problem, 2 usage, I/O or other error. */
+enum { ZCLI_OK = 0, ZCLI_FOUND = 1, ZCLI_ERROR = 2 };
+
+/* "prog: error: <msg>" (and "hint: <hint>" when hint is not NULL) on stderr; returns 2. */
+int zcli_fail(const char *prog, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The library's last error as above, with a hint chosen from its code when hint is NULL. */
+int zcli_fail_lib(const char *prog, const char *hint);
+
+/* Parse helpers: false (after printing a usage error) when the text is not valid. */
+bool zcli_parse_u32(const char *prog, const char *opt, const char *text, uint32_t lo,
+                    uint32_t hi, uint32_t *out);
+bool zcli_parse_double(const char *prog, const char *opt, const char *text, double *out);
+/* "256M", "1G", "4096", "64KiB" -> bytes */
+bool zcli_parse_size(const char *prog, const char *opt, const char *text, size_t *out);
+
+/* "1.2 GiB" into buf */
+const char *zcli_human(char buf[32], double bytes);
+
+/* A progress bar on stderr when it is a terminal (and nothing otherwise): bytes done, rate,
+ * ETA. zcli_progress_init fills p for the library's options; zcli_progress_end finishes the
+ * line. */
+typedef struct {
+    bool tty;
+    double t0, last;
+    const char *what;
+} zcli_bar;
+zck_progress zcli_progress_init(zcli_bar *bar);
+void zcli_progress_end(zcli_bar *bar);
+
+#endif

@@ -1,0 +1,124 @@
+/*
+ * zfmt.h: the public interface of formats/, the converters between zero checkpoints and the
+ * formats the rest of the ecosystem reads: safetensors (Hugging Face, PyTorch), llm.c's GPT-2
+ * model file, and tar archives (libarchive). formats/ uses only ckpt/'s public API (zck.h).
+ *
+ * Conventions are ckpt's: 0 or a negative ZR_E* code with a one-line message (zr_err_msg()),
+ * outputs through the first argument, the library never prints and never exits.
+ */
+#ifndef ZFMT_H
+#define ZFMT_H
+
+#include "zck.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- GPT-2 naming
+ *
+ * The contract between checkpoints and models (docs/FORMAT.md, "GPT-2 tensor names"): groups
+ * "wte", "wpe", "h.0" ... "h.<L-1>", "ln_f", in that order. Tensors (f32, row-major, weights
+ * [out, in] as in PyTorch nn.Linear and llm.c):
+ *   wte [V, C]; wpe [T, C];
+ *   h.<l>.ln_1.weight [C], h.<l>.ln_1.bias [C],
+ *   h.<l>.attn.c_attn.weight [3C, C], h.<l>.attn.c_attn.bias [3C],
+ *   h.<l>.attn.c_proj.weight [C, C], h.<l>.attn.c_proj.bias [C],
+ *   h.<l>.ln_2.weight [C], h.<l>.ln_2.bias [C],
+ *   h.<l>.mlp.c_fc.weight [4C, C], h.<l>.mlp.c_fc.bias [4C],
+ *   h.<l>.mlp.c_proj.weight [C, 4C], h.<l>.mlp.c_proj.bias [C];
+ *   ln_f.weight [C], ln_f.bias [C].
+ * States: param, exp_avg, exp_avg_sq, all f32. The model section of the manifest is
+ * {"arch":"gpt2","layers":L,"heads":NH,"dim":C,"ctx":T,"vocab":V}.
+ */
+typedef struct {
+    uint32_t layers, heads, dim, ctx, vocab;
+} zfmt_gpt2_config;
+
+/* Build the layout of a GPT-2 of this shape (caller frees). ZR_EINVAL on a zero field or when
+ * dim is not a multiple of heads. */
+int zfmt_gpt2_layout(zck_layout **out, const zfmt_gpt2_config *c);
+/* The manifest's model section <-> config. from_json: ZR_EINVAL naming the missing field. */
+int zfmt_gpt2_config_from_json(zfmt_gpt2_config *out, const char *model_json);
+int zfmt_gpt2_config_to_json(char **out, const zfmt_gpt2_config *c);
+
+/* ---------------------------------------------------------------- element conversion */
+
+/* Convert n elements between f32, bf16 (round to nearest even) and f16 (IEEE half, round to
+ * nearest even); same dtype is a copy. ZR_EUNSUPPORTED for other pairs. */
+int zfmt_convert(void *dst, zck_dtype dst_t, const void *src, zck_dtype src_t, size_t n);
+
+/* ---------------------------------------------------------------- safetensors */
+
+typedef struct {
+    int dtype;           /* -1: each state's stored dtype; else a zck_dtype (f32, bf16, f16) */
+    int params_only;     /* only the "param" state */
+    size_t buf_bytes;    /* bounded working memory, default 64 MiB */
+    zck_progress progress;
+} zfmt_st_opts;
+#define ZFMT_ST_OPTS_INIT {-1, 0, (size_t)64 << 20, {NULL, NULL}}
+
+/*
+ * Write every tensor of a checkpoint into one safetensors file, streaming (memory bounded by
+ * buf_bytes, whatever the checkpoint size). Names: the tensor's own name for state "param",
+ * "<state>/<name>" for every other state. __metadata__ holds {"format":"zero",
+ * "zero.model": <model json text>, "zero.step": "<step>"}. The file is written to a temporary
+ * name beside out_file, fsynced and renamed, so out_file is never half-written. The source is
+ * verified (hashes) before anything is written.
+ */
+int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o);
+
+/* ---------------------------------------------------------------- llm.c */
+
+/* Write the params of a GPT-2 checkpoint as llm.c's model file (gpt2_124M.bin layout: 256
+ * int32 header, magic 20240326, version 3, padded vocabulary Vp = vocab rounded up to 128, then
+ * float32 parameters in llm.c's order). Atomic like the safetensors export. */
+int zfmt_llmc_export(const char *ckpt, const char *out_file, const zck_progress *progress);
+
+/* ---------------------------------------------------------------- import */
+
+typedef struct {
+    uint32_t world;      /* shards of the new checkpoint, >= 1 */
+    uint32_t heads;      /* when the source does not say (a bare safetensors file of ours
+                            says in its metadata; llm.c and HF config.json say) */
+    zck_progress progress;
+} zfmt_import_opts;
+#define ZFMT_IMPORT_OPTS_INIT {1, 0, {NULL, NULL}}
+
+/*
+ * Import a GPT-2 model as a new checkpoint at step 0 in run directory out_run_dir (created;
+ * ZR_EEXIST if it holds a checkpoint already), committed atomically with `latest`. src is one
+ * of: a safetensors file in our names (as zfmt_safetensors_export writes), a Hugging Face GPT-2
+ * model directory (config.json + model.safetensors; Conv1D weights transposed to [out, in],
+ * "transformer." prefixes, attn.bias / attn.masked_bias buffers and the tied lm_head ignored),
+ * or an llm.c model file (padded vocabulary rows dropped). Optimizer states start at zero; the
+ * training section is {"optimizer_step":0,"imported_from":"<src>"}. Every tensor missing,
+ * duplicated or of the wrong shape is an error naming it.
+ */
+int zfmt_import(const char *src, const char *out_run_dir, const zfmt_import_opts *o);
+
+/* ---------------------------------------------------------------- archives (libarchive) */
+
+/* Pack a checkpoint directory into a tar archive: out_file ending in .tar, .tar.gz or .tar.zst
+ * chooses the compression. Members are "<step dir name>/<file>", regular files only, streamed
+ * (bounded memory); written to a temporary name and renamed into place. */
+int zfmt_pack(const char *ckpt, const char *out_file, const zck_progress *progress);
+
+/*
+ * Unpack an archive made by zfmt_pack into run directory out_dir (created if missing), as
+ * out_dir/<step dir>: refuses absolute paths, '..', links, device files and anything but a
+ * flat step directory of regular files; extracts into a temporary directory inside out_dir,
+ * verifies every hash (zck_verify), and only then renames into place and updates out_dir/latest
+ * when the step is newer than what latest names. Nothing is written outside out_dir.
+ */
+int zfmt_unpack(const char *archive, const char *out_dir, const zck_progress *progress);
+
+/* Verify an archive while streaming it, without extracting: the manifest (which must come
+ * before the shards it describes, as zfmt_pack writes it), SHA256SUMS, and the SHA-256 and size
+ * of every member. Problems are reported as by zck_verify. */
+int zfmt_archive_verify(zck_report **out, const char *archive, const zck_progress *progress);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
