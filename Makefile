@@ -82,12 +82,13 @@ $(BUILD)/libzfmt.a: $(FMT_OBJ)
 $(BUILD)/zckpt: $(BUILD)/cli/zckpt.o $(CLI_COMMON) $(BUILD)/libzfmt.a $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
-$(BUILD)/zck-demo: $(BUILD)/cli/ckpt_demo.o $(BUILD)/libzck.a
+$(BUILD)/zck-demo: $(BUILD)/cli/ckpt_demo.o $(BUILD)/libzfmt.a $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
 RUN_DIR ?= runs/demo
-run: $(BUILD)/zck-demo
+run: $(BUILD)/zck-demo $(BUILD)/zckpt
 	$(BUILD)/zck-demo --run-dir $(RUN_DIR)
+	$(BUILD)/zckpt ls $(RUN_DIR)
 
 # ------------------------------------------------------------------ tests
 TEST_SRC := $(wildcard tests/*.c) tests/fuzz/fuzz_manifest.c

@@ -6,6 +6,7 @@
  * No training happens here: the values are synthetic.
  */
 #include "zck.h"
+#include "zfmt.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,50 +18,7 @@
 
 #define WORLD 2
 
-static int add(zck_layout *L, size_t g, const char *name, size_t nd, uint64_t a, uint64_t b)
-{
-    uint64_t shape[2] = {a, b};
-    return zck_layout_add_tensor(L, g, name, ZCK_F32, nd, shape);
-}
-
-static int build_layout(zck_layout **out)
-{
-    const uint64_t V = 256, T = 128, C = 64, NL = 4;
-    zck_layout *L;
-    size_t g;
-    char n[64];
-    ZR_TRY(zck_layout_new(&L));
-    int rc = 0;
-    ZR_TRY_GOTO(zck_layout_add_state(L, "param", ZCK_F32), rc, fail);
-    ZR_TRY_GOTO(zck_layout_add_state(L, "exp_avg", ZCK_F32), rc, fail);
-    ZR_TRY_GOTO(zck_layout_add_state(L, "exp_avg_sq", ZCK_F32), rc, fail);
-    ZR_TRY_GOTO(zck_layout_add_group(L, &g, "embed"), rc, fail);
-    ZR_TRY_GOTO(add(L, g, "wte", 2, V, C), rc, fail);
-    ZR_TRY_GOTO(add(L, g, "wpe", 2, T, C), rc, fail);
-    for (uint64_t l = 0; l < NL; l++) {
-        snprintf(n, sizeof n, "h%llu", (unsigned long long)l);
-        ZR_TRY_GOTO(zck_layout_add_group(L, &g, n), rc, fail);
-        const struct { const char *t; size_t nd; uint64_t a, b; } ts[] = {
-            {"ln_1.weight", 1, C, 0}, {"ln_1.bias", 1, C, 0}, {"attn.c_attn.weight", 2, 3 * C, C},
-            {"attn.c_attn.bias", 1, 3 * C, 0}, {"attn.c_proj.weight", 2, C, C},
-            {"attn.c_proj.bias", 1, C, 0}, {"ln_2.weight", 1, C, 0}, {"ln_2.bias", 1, C, 0},
-            {"mlp.c_fc.weight", 2, 4 * C, C}, {"mlp.c_fc.bias", 1, 4 * C, 0},
-            {"mlp.c_proj.weight", 2, C, 4 * C}, {"mlp.c_proj.bias", 1, C, 0}};
-        for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) {
-            char tn[96];
-            snprintf(tn, sizeof tn, "h.%llu.%s", (unsigned long long)l, ts[i].t);
-            ZR_TRY_GOTO(add(L, g, tn, ts[i].nd, ts[i].a, ts[i].b), rc, fail);
-        }
-    }
-    ZR_TRY_GOTO(zck_layout_add_group(L, &g, "ln_f"), rc, fail);
-    ZR_TRY_GOTO(add(L, g, "ln_f.weight", 1, C, 0), rc, fail);
-    ZR_TRY_GOTO(add(L, g, "ln_f.bias", 1, C, 0), rc, fail);
-    *out = L;
-    return 0;
-fail:
-    zck_layout_free(L);
-    return rc;
-}
+static const zfmt_gpt2_config demo_model = {4, 4, 64, 128, 256}; /* L, NH, C, T, V */
 
 /* One rank: write its partition of every (group, state) and return the shard as JSON. */
 static int rank_main(const char *staging, const zck_layout *L, uint32_t rank, uint64_t step,
@@ -145,12 +103,15 @@ static int save(const char *run_dir, const zck_layout *L, uint64_t step, char **
     o.world = WORLD;
     o.zero_stage = 3;
     o.keep_last = 2;
-    o.model_json = "{\"arch\":\"gpt2\",\"layers\":4,\"heads\":4,\"dim\":64,\"ctx\":128,"
-                   "\"vocab\":256,\"note\":\"synthetic values: ckpt demo, no training\"}";
-    char tj[96];
-    snprintf(tj, sizeof tj, "{\"optimizer_step\":%llu}", (unsigned long long)step);
+    char *model = NULL;
+    ZR_TRY_GOTO(zfmt_gpt2_config_to_json(&model, &demo_model), rc, out);
+    o.model_json = model;
+    char tj[128];
+    snprintf(tj, sizeof tj, "{\"optimizer_step\":%llu,\"note\":\"synthetic values: ckpt demo, "
+             "no training\"}", (unsigned long long)step);
     o.training_json = tj;
-    ZR_TRY_GOTO(zck_commit(final, run_dir, staging, L, sh, WORLD, &o), rc, out);
+    rc = zck_commit(final, run_dir, staging, L, sh, WORLD, &o);
+    free(model);
 out:
     for (int r = 0; r < WORLD; r++) {
         free(json[r]);
@@ -174,7 +135,7 @@ int main(int argc, char **argv)
         }
     }
     zck_layout *L;
-    if (build_layout(&L) < 0) {
+    if (zfmt_gpt2_layout(&L, &demo_model) < 0) {
         fprintf(stderr, "zck-demo: error: %s\n", zr_err_msg());
         return 2;
     }

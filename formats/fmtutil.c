@@ -1,0 +1,218 @@
+/*
+ * fmtutil.c: helpers the converters share (see fmtutil.h): the output file that is written
+ * under a temporary name and renamed into place only when complete and durable, opening a
+ * source checkpoint after a full verification, throttled progress, and full reads.
+ */
+#include "fmtutil.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- atomic output file */
+
+struct zfmt__out {
+    char *final, *tmp;
+    int fd;
+    int committed;
+};
+
+int zfmt__out_open(zfmt__out **out, const char *final_path)
+{
+    zfmt__out *o = calloc(1, sizeof *o);
+    if (!o)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    o->fd = -1;
+    size_t n = strlen(final_path) + 32;
+    if (!(o->final = strdup(final_path)) || !(o->tmp = malloc(n))) {
+        zfmt__out_free(o);
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    snprintf(o->tmp, n, "%s.tmp-%ld", final_path, (long)getpid());
+    o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (o->fd < 0) {
+        int rc = zr_err_sys(errno, "%s: create", o->tmp);
+        free(o->tmp);
+        o->tmp = NULL; /* nothing of ours to remove */
+        zfmt__out_free(o);
+        return rc;
+    }
+    *out = o;
+    return 0;
+}
+
+int zfmt__out_write(zfmt__out *o, const void *data, size_t n_bytes)
+{
+    const unsigned char *p = data;
+    while (n_bytes) {
+        ssize_t k = write(o->fd, p, n_bytes);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return zr_err_sys(errno, "%s: write", o->tmp);
+        }
+        p += k;
+        n_bytes -= (size_t)k;
+    }
+    return 0;
+}
+
+static int fsync_dir_of(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    const char *dir = dirname(copy);
+    int rc = 0, fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        rc = zr_err_sys(errno, "%s: open directory", dir);
+    else if (fsync(fd) < 0 && errno != EINVAL)
+        rc = zr_err_sys(errno, "%s: fsync directory", dir);
+    if (fd >= 0)
+        close(fd);
+    free(copy);
+    return rc;
+}
+
+int zfmt__out_commit(zfmt__out *o)
+{
+    if (fsync(o->fd) < 0)
+        return zr_err_sys(errno, "%s: fsync", o->tmp);
+    int fd = o->fd;
+    o->fd = -1;
+    if (close(fd) < 0)
+        return zr_err_sys(errno, "%s: close", o->tmp);
+    if (rename(o->tmp, o->final) < 0)
+        return zr_err_sys(errno, "%s: rename to %s", o->tmp, o->final);
+    o->committed = 1;
+    return fsync_dir_of(o->final);
+}
+
+void zfmt__out_free(zfmt__out *o)
+{
+    if (!o)
+        return;
+    if (o->fd >= 0)
+        close(o->fd);
+    if (o->tmp && !o->committed)
+        unlink(o->tmp);
+    free(o->tmp);
+    free(o->final);
+    free(o);
+}
+
+/* ---------------------------------------------------------------- sources and progress */
+
+int zfmt__open_verified(zck_reader **out, const char *ckpt, const zck_progress *progress)
+{
+    zck_reader *r = NULL;
+    zck_report *rep = NULL;
+    int rc = 0;
+    ZR_TRY_GOTO(zck_reader_open(&r, ckpt), rc, fail);
+    /* verify the directory the reader resolved, so that a `latest` that moves in between
+     * cannot make us verify one checkpoint and export another */
+    const char *dir = zck_reader_path(r);
+    uint64_t total = 0;
+    for (size_t i = 0; i < zck_reader_n_shards(r); i++)
+        total += zck_shard_bytes(zck_reader_shard(r, i));
+    zfmt__prog pr;
+    zfmt__prog_init(&pr, progress, "verify", total);
+    ZR_TRY_GOTO(zck_verify(&rep, dir, NULL), rc, fail);
+    size_t n = zck_report_count(rep);
+    if (n) {
+        const zck_problem *p = zck_report_get(rep, 0);
+        if (n > 1)
+            rc = zr_err_set(ZR_ECORRUPT, "%s/%s: %s: %s (and %zu more problems: run verify on "
+                            "%s)", dir, p->file, zck_problem_kind_name(p->kind), p->detail,
+                            n - 1, dir);
+        else
+            rc = zr_err_set(ZR_ECORRUPT, "%s/%s: %s: %s", dir, p->file,
+                            zck_problem_kind_name(p->kind), p->detail);
+        goto fail;
+    }
+    zfmt__prog_add(&pr, total);
+    zck_report_free(rep);
+    *out = r;
+    return 0;
+fail:
+    zck_report_free(rep);
+    zck_reader_free(r);
+    return rc;
+}
+
+#define PROG_EVERY ((uint64_t)4 << 20)
+
+void zfmt__prog_init(zfmt__prog *pr, const zck_progress *p, const char *what, uint64_t total)
+{
+    pr->p = p && p->fn ? p : NULL;
+    pr->what = what;
+    pr->done = pr->last = 0;
+    pr->total = total;
+    if (pr->p)
+        pr->p->fn(pr->p->ctx, what, 0, total);
+}
+
+void zfmt__prog_add(zfmt__prog *pr, uint64_t n_bytes)
+{
+    pr->done += n_bytes;
+    if (pr->p && (pr->done - pr->last >= PROG_EVERY || pr->done == pr->total)) {
+        pr->last = pr->done;
+        pr->p->fn(pr->p->ctx, pr->what, pr->done, pr->total);
+    }
+}
+
+int zfmt__pread_full(int fd, void *dst, size_t n, uint64_t off, const char *path)
+{
+    unsigned char *p = dst;
+    while (n) {
+        ssize_t k = pread(fd, p, n, (off_t)off);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return zr_err_sys(errno, "%s: read at byte %llu", path, (unsigned long long)off);
+        }
+        if (k == 0)
+            return zr_err_set(ZR_ECORRUPT, "%s: truncated: end of file at byte %llu, %zu more "
+                              "bytes expected", path, (unsigned long long)off, n);
+        p += k;
+        n -= (size_t)k;
+        off += (uint64_t)k;
+    }
+    return 0;
+}
+
+char *zfmt__json_dump(const json_t *j, size_t flags)
+{
+    char *text = json_dumps(j, flags);
+    if (!text)
+        return NULL;
+    char *copy = strdup(text);
+    json_malloc_t jm;
+    json_free_t jf;
+    json_get_alloc_funcs(&jm, &jf);
+    jf(text);
+    return copy;
+}
+
+void zfmt__shape_str(char *out, size_t n, size_t ndim, const uint64_t *shape)
+{
+    size_t at = 0;
+    at += (size_t)snprintf(out, n, "[");
+    for (size_t d = 0; d < ndim && at < n; d++)
+        at += (size_t)snprintf(out + at, n - at, "%s%llu", d ? ", " : "",
+                               (unsigned long long)shape[d]);
+    if (at < n)
+        snprintf(out + at, n - at, "]");
+}
+
+int zfmt__err_recode(int code)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", zr_err_msg());
+    return zr_err_set(code, "%s", msg);
+}

@@ -1,0 +1,113 @@
+/*
+ * fmtutil.h: internal interface shared by the converters of formats/ (not for cli/): an output
+ * file written under a temporary name and renamed into place, a source checkpoint opened only
+ * after it verifies, throttled progress, the GPT-2 naming tables, and a strict safetensors
+ * reader. Names with a double underscore are internal.
+ */
+#ifndef ZFMT_FMTUTIL_H
+#define ZFMT_FMTUTIL_H
+
+#include "zfmt.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "formats/ writes little-endian files by copying memory; big-endian hosts are not supported"
+#endif
+
+/* ---------------------------------------------------------------- atomic output file */
+
+/* A file written as "<final>.tmp-<pid>", fsynced, renamed to final, and its directory fsynced.
+ * Freeing one that was not committed removes the temporary file. */
+typedef struct zfmt__out zfmt__out;
+int zfmt__out_open(zfmt__out **out, const char *final_path);
+int zfmt__out_write(zfmt__out *o, const void *data, size_t n_bytes);
+int zfmt__out_commit(zfmt__out *o);
+void zfmt__out_free(zfmt__out *o);
+
+/* ---------------------------------------------------------------- sources and progress */
+
+/* Open a checkpoint (directory or run directory) and verify it in full (hashes). Any problem is
+ * ZR_ECORRUPT naming the first problem's file. */
+int zfmt__open_verified(zck_reader **out, const char *ckpt, const zck_progress *progress);
+
+/* Progress in bytes, reported to progress->fn at most every few MiB and once at the end. */
+typedef struct {
+    const zck_progress *p;
+    const char *what;
+    uint64_t done, total, last;
+} zfmt__prog;
+void zfmt__prog_init(zfmt__prog *pr, const zck_progress *p, const char *what, uint64_t total);
+void zfmt__prog_add(zfmt__prog *pr, uint64_t n_bytes);
+
+/* ---------------------------------------------------------------- GPT-2 naming */
+
+#define ZFMT__GPT2_KINDS 12
+/* The per-layer tensor kinds in llm.c's order: "ln_1.weight" ... "mlp.c_proj.bias". */
+extern const char *const zfmt__gpt2_kinds[ZFMT__GPT2_KINDS];
+/* Shape of kind k ([out, in] for weights); ndim is 1 or 2. */
+void zfmt__gpt2_kind_shape(const zfmt_gpt2_config *c, size_t k, size_t *ndim, uint64_t shape[2]);
+/* 1 for the Conv1D weights that Hugging Face stores transposed ([in, out]). */
+int zfmt__gpt2_kind_is_conv1d(size_t k);
+/* ZR_EINVAL naming the bad field. */
+int zfmt__gpt2_check(const zfmt_gpt2_config *c);
+/* Group index and info of a tensor by name; ZR_ENOTFOUND when absent. */
+int zfmt__find_tensor(const zck_layout *L, const char *name, size_t *group, zck_tensor_info *t);
+
+/* ---------------------------------------------------------------- llm.c files */
+
+#define ZFMT__LLMC_MAGIC 20240326
+#define ZFMT__LLMC_HEADER_INTS 256
+#define ZFMT__LLMC_ARRAYS 16  /* wte, wpe, the 12 kinds stacked over layers, ln_f w, ln_f b */
+/* Element counts of llm.c's 16 parameter arrays for a config and padded vocabulary Vp; array
+ * 2 + k holds kind k of every layer, layer after layer. */
+void zfmt__llmc_sizes(const zfmt_gpt2_config *c, uint64_t Vp, uint64_t sizes[ZFMT__LLMC_ARRAYS]);
+
+/* ---------------------------------------------------------------- safetensors reading */
+
+typedef struct {
+    char *name;
+    zck_dtype dtype;
+    size_t ndim;
+    uint64_t shape[ZCK_MAX_DIMS];
+    uint64_t numel;
+    uint64_t begin, end;  /* bytes, relative to the data buffer */
+} zfmt__st_entry;
+
+typedef struct {
+    char *path;
+    int fd;
+    uint64_t file_bytes, data_off;  /* the data buffer starts at data_off */
+    zfmt__st_entry *e;              /* in header order */
+    size_t n;
+    char **meta_keys, **meta_vals;  /* __metadata__ */
+    size_t n_meta;
+} zfmt__st_file;
+
+/* Open a safetensors file and validate its header strictly (length against the file size,
+ * JSON, dtypes, shapes, offsets in bounds, tensors tiling the data buffer with no gap).
+ * ZR_ECORRUPT naming the file and what is wrong; ZR_EUNSUPPORTED for a dtype we do not read. */
+int zfmt__st_open(zfmt__st_file **out, const char *path);
+void zfmt__st_free(zfmt__st_file *f);
+/* A metadata value, or NULL (borrowed). */
+const char *zfmt__st_meta(const zfmt__st_file *f, const char *key);
+/* Read an entry's bytes (end - begin of them) into dst. */
+int zfmt__st_read(const zfmt__st_file *f, const zfmt__st_entry *e, void *dst);
+/* safetensors dtype name <-> zck_dtype ("F32", "BF16", ...). NULL / ZR_EUNSUPPORTED. */
+const char *zfmt__st_dtype_name(zck_dtype t);
+int zfmt__st_dtype_parse(zck_dtype *out, const char *name);
+
+/* json_dumps into memory from malloc (whatever allocator Jansson was given); NULL when out of
+ * memory. */
+struct json_t;
+char *zfmt__json_dump(const struct json_t *j, size_t flags);
+
+/* Keep the current message, change its code (a bad config read from a file is corrupt data,
+ * not a bad argument); returns code. */
+int zfmt__err_recode(int code);
+
+/* "[3, 8]" into out (truncated to n bytes). */
+void zfmt__shape_str(char *out, size_t n, size_t ndim, const uint64_t *shape);
+
+/* Read exactly n bytes at off; ZR_ECORRUPT "truncated" at end of file. */
+int zfmt__pread_full(int fd, void *dst, size_t n, uint64_t off, const char *path);
+
+#endif

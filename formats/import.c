@@ -1,0 +1,649 @@
+/*
+ * import.c: import a GPT-2 model as a new checkpoint at step 0 (zfmt_import). Three sources:
+ *   - a Hugging Face GPT-2 directory: config.json + model.safetensors; names may carry a
+ *     "transformer." prefix, "wte.weight"/"wpe.weight" become "wte"/"wpe", the Conv1D weights
+ *     (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are stored [in, out] and are transposed
+ *     to our [out, in], and the attn.bias / attn.masked_bias buffers and lm_head.weight (tied to
+ *     wte) are ignored;
+ *   - an llm.c model file (int32 magic 20240326, version 3 with a padded vocabulary or version 1
+ *     without), padded rows of wte dropped;
+ *   - a safetensors file in our names (as zfmt_safetensors_export writes it), its config from the
+ *     "zero.model" metadata, else from the shapes and opts.heads; "<state>/<name>" tensors are
+ *     ignored (optimizer states start at zero).
+ * Every tensor is checked (missing, duplicated, unexpected, wrong shape) before anything is
+ * written. Then each rank's shard is written through the ckpt writer (param from the source,
+ * zeros for exp_avg and exp_avg_sq) and the whole is committed with `latest`. At most one source
+ * tensor is held in memory at a time.
+ */
+#include "fmtutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { SRC_OURS, SRC_HF, SRC_LLMC };
+
+typedef struct {
+    int kind;
+    const char *file;            /* the file holding the tensors, for messages */
+    char *file_buf;              /* owns file when it is built */
+    zfmt_gpt2_config c;
+    zck_layout *L;
+    size_t nt;                   /* GPT-2 tensors, flat index in layout order */
+    size_t *t_group;             /* per flat index */
+    zck_tensor_info *t_info;     /* per flat index (names borrowed from L) */
+    /* safetensors sources */
+    zfmt__st_file *st;
+    const zfmt__st_entry **map;  /* per flat index: the source entry */
+    /* llm.c sources */
+    int fd;
+    uint64_t llmc_off[ZFMT__LLMC_ARRAYS]; /* byte offset of each array in the file */
+    /* the one tensor in memory, as f32 in our layout */
+    size_t cached;
+    float *buf;
+} source;
+
+/* ---------------------------------------------------------------- naming */
+
+/* Parse "<digits>" at *p (no sign, no leading zeros but "0"); advance past it. */
+static int parse_uint(const char **p, uint32_t *out)
+{
+    const char *s = *p;
+    if (*s < '0' || *s > '9' || (s[0] == '0' && s[1] >= '0' && s[1] <= '9'))
+        return -1;
+    uint64_t v = 0;
+    while (*s >= '0' && *s <= '9') {
+        v = v * 10 + (uint64_t)(*s++ - '0');
+        if (v > UINT32_MAX)
+            return -1;
+    }
+    *out = (uint32_t)v;
+    *p = s;
+    return 0;
+}
+
+/* Flat index of one of our GPT-2 tensor names, or -1. */
+static long flat_index(const zfmt_gpt2_config *c, const char *name)
+{
+    if (!strcmp(name, "wte"))
+        return 0;
+    if (!strcmp(name, "wpe"))
+        return 1;
+    if (!strcmp(name, "ln_f.weight"))
+        return 2 + (long)c->layers * ZFMT__GPT2_KINDS;
+    if (!strcmp(name, "ln_f.bias"))
+        return 3 + (long)c->layers * ZFMT__GPT2_KINDS;
+    uint32_t l;
+    const char *p = name;
+    if (strncmp(p, "h.", 2))
+        return -1;
+    p += 2;
+    if (parse_uint(&p, &l) < 0 || *p++ != '.' || l >= c->layers)
+        return -1;
+    for (size_t k = 0; k < ZFMT__GPT2_KINDS; k++)
+        if (!strcmp(p, zfmt__gpt2_kinds[k]))
+            return 2 + (long)l * ZFMT__GPT2_KINDS + (long)k;
+    return -1;
+}
+
+/* The per-layer kind of a flat index, or -1 for wte, wpe, ln_f. */
+static int kind_of(const source *s, size_t i)
+{
+    if (i < 2 || i >= 2 + (size_t)s->c.layers * ZFMT__GPT2_KINDS)
+        return -1;
+    return (int)((i - 2) % ZFMT__GPT2_KINDS);
+}
+
+/* "h.<N>.attn.bias" or "h.<N>.attn.masked_bias": causal-mask buffers, not parameters */
+static int is_hf_buffer(const char *name)
+{
+    uint32_t l;
+    const char *p = name;
+    if (strncmp(p, "h.", 2))
+        return 0;
+    p += 2;
+    if (parse_uint(&p, &l) < 0)
+        return 0;
+    return !strcmp(p, ".attn.bias") || !strcmp(p, ".attn.masked_bias");
+}
+
+/* ---------------------------------------------------------------- sources */
+
+static void source_free(source *s)
+{
+    zfmt__st_free(s->st);
+    if (s->fd >= 0)
+        close(s->fd);
+    free(s->map);
+    free(s->t_group);
+    free(s->t_info);
+    free(s->buf);
+    free(s->file_buf);
+    zck_layout_free(s->L);
+}
+
+/* Build the layout of s->c and the flat tensor tables. */
+static int source_layout(source *s)
+{
+    if (zfmt_gpt2_layout(&s->L, &s->c) < 0) {
+        zr_err_prefix("%s: ", s->file);
+        return zr_err_code() == ZR_ENOMEM ? ZR_ENOMEM : zfmt__err_recode(ZR_ECORRUPT);
+    }
+    size_t n = 0;
+    for (size_t g = 0; g < zck_layout_n_groups(s->L); g++)
+        n += zck_layout_group_n_tensors(s->L, g);
+    s->nt = n;
+    if (!(s->t_group = calloc(n, sizeof *s->t_group)) ||
+        !(s->t_info = calloc(n, sizeof *s->t_info)) || !(s->map = calloc(n, sizeof *s->map)))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    size_t i = 0;
+    for (size_t g = 0; g < zck_layout_n_groups(s->L); g++)
+        for (size_t t = 0; t < zck_layout_group_n_tensors(s->L, g); t++, i++) {
+            s->t_group[i] = g;
+            zck_layout_tensor(s->L, g, t, &s->t_info[i]);
+        }
+    return 0;
+}
+
+/* Map every entry of a safetensors source onto our tensors; check dtype and shape, and that
+ * nothing is missing, duplicated or unexpected. */
+static int map_entries(source *s)
+{
+    const zfmt__st_file *f = s->st;
+    for (size_t i = 0; i < f->n; i++) {
+        const zfmt__st_entry *e = &f->e[i];
+        const char *name = e->name;
+        if (s->kind == SRC_HF) {
+            if (!strncmp(name, "transformer.", 12))
+                name += 12;
+            if (!strcmp(name, "lm_head.weight") || is_hf_buffer(name))
+                continue;
+            if (!strcmp(name, "wte.weight"))
+                name = "wte";
+            else if (!strcmp(name, "wpe.weight"))
+                name = "wpe";
+            else if (!strcmp(name, "wte") || !strcmp(name, "wpe"))
+                name = "";  /* ours, not Hugging Face's */
+        } else if (strchr(name, '/')) {
+            continue; /* an optimizer state of an export: states start at zero */
+        }
+        long x = flat_index(&s->c, name);
+        if (x < 0)
+            return zr_err_set(ZR_ECORRUPT, "%s: unexpected tensor '%s' (not part of a GPT-2 "
+                              "of %u layers)", f->path, e->name, s->c.layers);
+        if (s->map[x])
+            return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' duplicated (as '%s' and '%s')",
+                              f->path, s->t_info[x].name, s->map[x]->name, e->name);
+        if (e->dtype != ZCK_F32 && e->dtype != ZCK_BF16 && e->dtype != ZCK_F16)
+            return zr_err_set(ZR_EUNSUPPORTED, "%s: tensor '%s': dtype %s (expected F32, BF16 "
+                              "or F16)", f->path, e->name, zfmt__st_dtype_name(e->dtype));
+        /* expected shape, in the source's orientation */
+        const zck_tensor_info *ti = &s->t_info[x];
+        uint64_t want[ZCK_MAX_DIMS];
+        memcpy(want, ti->shape, sizeof want);
+        int k = kind_of(s, (size_t)x);
+        if (s->kind == SRC_HF && k >= 0 && zfmt__gpt2_kind_is_conv1d((size_t)k)) {
+            want[0] = ti->shape[1];
+            want[1] = ti->shape[0];
+        }
+        int same = e->ndim == ti->ndim;
+        for (size_t d = 0; same && d < ti->ndim; d++)
+            same = e->shape[d] == want[d];
+        if (!same) {
+            char a[128], b[128];
+            zfmt__shape_str(a, sizeof a, e->ndim, e->shape);
+            zfmt__shape_str(b, sizeof b, ti->ndim, want);
+            return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' has shape %s, expected %s%s",
+                              f->path, e->name, a, b,
+                              s->kind == SRC_HF && k >= 0 && zfmt__gpt2_kind_is_conv1d((size_t)k)
+                                  ? " (Conv1D: [in, out])" : "");
+        }
+        s->map[x] = e;
+    }
+    for (size_t i = 0; i < s->nt; i++)
+        if (!s->map[i])
+            return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' missing", f->path,
+                              s->t_info[i].name);
+    return 0;
+}
+
+static int json_field_u32(uint32_t *out, json_t *root, const char *name, const char *path)
+{
+    json_t *v = json_object_get(root, name);
+    if (!v)
+        return zr_err_set(ZR_ECORRUPT, "%s: missing field '%s'", path, name);
+    if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+        json_integer_value(v) > (json_int_t)UINT32_MAX)
+        return zr_err_set(ZR_ECORRUPT, "%s: field '%s': expected a positive integer", path,
+                          name);
+    *out = (uint32_t)json_integer_value(v);
+    return 0;
+}
+
+static char *join(const char *a, const char *b)
+{
+    size_t n = strlen(a) + strlen(b) + 2;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s/%s", a, b);
+    return p;
+}
+
+static int open_hf(source *s, const char *dir)
+{
+    char *cfg = join(dir, "config.json");
+    json_t *root = NULL;
+    int rc = 0;
+    if (!cfg || !(s->file_buf = join(dir, "model.safetensors"))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    s->file = s->file_buf;
+    json_error_t jerr;
+    if (!(root = json_load_file(cfg, JSON_REJECT_DUPLICATES, &jerr))) {
+        rc = access(cfg, F_OK) < 0 ? zr_err_sys(errno, "%s", cfg)
+                                   : zr_err_set(ZR_ECORRUPT, "%s:%d: invalid JSON: %s", cfg,
+                                                jerr.line, jerr.text);
+        goto out;
+    }
+    if (!json_is_object(root)) {
+        rc = zr_err_set(ZR_ECORRUPT, "%s: not a JSON object", cfg);
+        goto out;
+    }
+    ZR_TRY_GOTO(json_field_u32(&s->c.layers, root, "n_layer", cfg), rc, out);
+    ZR_TRY_GOTO(json_field_u32(&s->c.heads, root, "n_head", cfg), rc, out);
+    ZR_TRY_GOTO(json_field_u32(&s->c.dim, root, "n_embd", cfg), rc, out);
+    ZR_TRY_GOTO(json_field_u32(&s->c.ctx, root,
+                               json_object_get(root, "n_positions") ? "n_positions" : "n_ctx",
+                               cfg), rc, out);
+    ZR_TRY_GOTO(json_field_u32(&s->c.vocab, root, "vocab_size", cfg), rc, out);
+    json_t *inner = json_object_get(root, "n_inner");
+    if (inner && !json_is_null(inner) &&
+        (!json_is_integer(inner) || json_integer_value(inner) != 4 * (json_int_t)s->c.dim)) {
+        rc = zr_err_set(ZR_EUNSUPPORTED, "%s: n_inner other than 4 * n_embd is not supported",
+                        cfg);
+        goto out;
+    }
+    if (zfmt__gpt2_check(&s->c) < 0) {
+        zr_err_prefix("%s: ", cfg);
+        rc = zfmt__err_recode(ZR_ECORRUPT);
+        goto out;
+    }
+    ZR_TRY_GOTO(source_layout(s), rc, out);
+    ZR_TRY_GOTO(zfmt__st_open(&s->st, s->file), rc, out);
+    ZR_TRY_GOTO(map_entries(s), rc, out);
+out:
+    json_decref(root);
+    free(cfg);
+    return rc;
+}
+
+static const zfmt__st_entry *st_find(const zfmt__st_file *f, const char *name)
+{
+    for (size_t i = 0; i < f->n; i++)
+        if (!strcmp(f->e[i].name, name))
+            return &f->e[i];
+    return NULL;
+}
+
+/* A safetensors file of ours: config from metadata, else from the shapes and heads. */
+static int open_ours(source *s, const char *path, uint32_t heads, const char *why_not_llmc)
+{
+    s->file = path;
+    int rc = zfmt__st_open(&s->st, path);
+    if (rc == ZR_ECORRUPT && why_not_llmc) {
+        /* neither format: say both, so that a damaged llm.c file is not a mystery */
+        char msg[1024];
+        const char *m = zr_err_msg();
+        size_t pl = strlen(path);
+        if (!strncmp(m, path, pl) && !strncmp(m + pl, ": ", 2))
+            m += pl + 2;
+        snprintf(msg, sizeof msg, "%s", m);
+        return zr_err_set(rc, "%s: not an llm.c model file (%s), and not a safetensors file: %s",
+                          path, why_not_llmc, msg);
+    }
+    ZR_TRY(rc);
+    const char *model = zfmt__st_meta(s->st, "zero.model");
+    if (model) {
+        if (zfmt_gpt2_config_from_json(&s->c, model) < 0) {
+            zr_err_prefix("%s: __metadata__ 'zero.model': ", path);
+            return zr_err_code() == ZR_ENOMEM ? ZR_ENOMEM : zfmt__err_recode(ZR_ECORRUPT);
+        }
+    } else {
+        if (!heads)
+            return zr_err_set(ZR_EINVAL, "%s: no 'zero.model' metadata to give the number of "
+                              "heads: pass it (heads option)", path);
+        const zfmt__st_entry *wte = st_find(s->st, "wte"), *wpe = st_find(s->st, "wpe");
+        if (!wte || !wpe)
+            return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' missing", path,
+                              wte ? "wpe" : "wte");
+        if (wte->ndim != 2 || wpe->ndim != 2 || wte->shape[1] != wpe->shape[1] ||
+            wte->shape[0] > UINT32_MAX || wpe->shape[0] > UINT32_MAX ||
+            wte->shape[1] > UINT32_MAX) {
+            char a[128], b[128];
+            zfmt__shape_str(a, sizeof a, wte->ndim, wte->shape);
+            zfmt__shape_str(b, sizeof b, wpe->ndim, wpe->shape);
+            return zr_err_set(ZR_ECORRUPT, "%s: tensors 'wte' %s and 'wpe' %s are not [V, C] "
+                              "and [T, C]", path, a, b);
+        }
+        s->c.vocab = (uint32_t)wte->shape[0];
+        s->c.dim = (uint32_t)wte->shape[1];
+        s->c.ctx = (uint32_t)wpe->shape[0];
+        s->c.heads = heads;
+        uint32_t layers = 0;
+        for (size_t i = 0; i < s->st->n; i++) {
+            const char *p = s->st->e[i].name;
+            uint32_t l;
+            if (!strncmp(p, "h.", 2) && !strchr(p, '/') && (p += 2, parse_uint(&p, &l) == 0) &&
+                *p == '.' && l >= layers)
+                layers = l == UINT32_MAX ? l : l + 1;
+        }
+        s->c.layers = layers;
+        if (!layers)
+            return zr_err_set(ZR_ECORRUPT, "%s: no layers (no tensor named h.0.*)", path);
+    }
+    ZR_TRY(source_layout(s));
+    return map_entries(s);
+}
+
+static int open_llmc(source *s, const char *path, int fd, uint64_t file_bytes)
+{
+    s->file = path;
+    s->fd = fd;
+    int32_t h[ZFMT__LLMC_HEADER_INTS];
+    if (file_bytes < sizeof h)
+        return zr_err_set(ZR_ECORRUPT, "%s: truncated llm.c model file: %llu bytes, the header "
+                          "alone is %zu", path, (unsigned long long)file_bytes, sizeof h);
+    ZR_TRY(zfmt__pread_full(fd, h, sizeof h, 0, path));
+    if (h[1] != 1 && h[1] != 3)
+        return zr_err_set(ZR_EVERSION, "%s: llm.c model file version %d is not supported "
+                          "(expected 3, or 1 without padded vocabulary; bf16 files are not read)",
+                          path, (int)h[1]);
+    const char *fields[] = {"max_seq_len", "vocab_size", "num_layers", "num_heads", "channels"};
+    for (int i = 2; i <= 6 + (h[1] == 3); i++)
+        if (h[i] <= 0)
+            return zr_err_set(ZR_ECORRUPT, "%s: llm.c header field %d (%s) is %d", path, i,
+                              i < 7 ? fields[i - 2] : "padded_vocab_size", (int)h[i]);
+    s->c.ctx = (uint32_t)h[2];
+    s->c.vocab = (uint32_t)h[3];
+    s->c.layers = (uint32_t)h[4];
+    s->c.heads = (uint32_t)h[5];
+    s->c.dim = (uint32_t)h[6];
+    uint64_t Vp = h[1] == 3 ? (uint64_t)h[7] : s->c.vocab;
+    if (Vp < s->c.vocab)
+        return zr_err_set(ZR_ECORRUPT, "%s: padded vocabulary %llu below vocabulary %u", path,
+                          (unsigned long long)Vp, s->c.vocab);
+    if (zfmt__gpt2_check(&s->c) < 0) {
+        zr_err_prefix("%s: ", path);
+        return zfmt__err_recode(ZR_ECORRUPT);
+    }
+    uint64_t sizes[ZFMT__LLMC_ARRAYS], at = sizeof h;
+    zfmt__llmc_sizes(&s->c, Vp, sizes);
+    for (size_t i = 0; i < ZFMT__LLMC_ARRAYS; i++) {
+        s->llmc_off[i] = at;
+        at += sizes[i] * 4;
+    }
+    if (file_bytes != at)
+        return zr_err_set(ZR_ECORRUPT, "%s: %s: %llu bytes, the header (L %u, C %u, T %u, Vp "
+                          "%llu) implies %llu", path, file_bytes < at ? "truncated" :
+                          "trailing bytes", (unsigned long long)file_bytes, s->c.layers, s->c.dim,
+                          s->c.ctx, (unsigned long long)Vp, (unsigned long long)at);
+    return source_layout(s);
+}
+
+/* Detect the kind of src and open it; every tensor is checked here. */
+static int source_open(source *s, const char *src, const zfmt_import_opts *o)
+{
+    struct stat st;
+    if (stat(src, &st) < 0)
+        return zr_err_sys(errno, "%s", src);
+    if (S_ISDIR(st.st_mode)) {
+        s->kind = SRC_HF;
+        return open_hf(s, src);
+    }
+    if (!S_ISREG(st.st_mode))
+        return zr_err_set(ZR_EINVAL, "%s: not a file or directory", src);
+    int fd = open(src, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return zr_err_sys(errno, "%s", src);
+    int32_t magic = 0;
+    if (st.st_size >= 4 && zfmt__pread_full(fd, &magic, 4, 0, src) < 0) {
+        close(fd);
+        return zr_err_code();
+    }
+    if (magic == ZFMT__LLMC_MAGIC) {
+        s->kind = SRC_LLMC;
+        return open_llmc(s, src, fd, (uint64_t)st.st_size);
+    }
+    close(fd);
+    char why[96];
+    snprintf(why, sizeof why, "first int32 %d, expected magic %d", (int)magic,
+             ZFMT__LLMC_MAGIC);
+    s->kind = SRC_OURS;
+    return open_ours(s, src, o->heads, why);
+}
+
+/* Make tensor i (flat index) the one in memory, as f32 in our [out, in] orientation. */
+static int source_load(source *s, size_t i)
+{
+    if (s->buf && s->cached == i)
+        return 0;
+    free(s->buf);
+    s->buf = NULL;
+    const zck_tensor_info *ti = &s->t_info[i];
+    size_t n = (size_t)ti->numel;
+    float *f = malloc((n ? n : 1) * sizeof *f);
+    if (!f)
+        return zr_err_set(ZR_ENOMEM, "out of memory (tensor '%s', %zu elements)", ti->name, n);
+    int rc = 0;
+    if (s->kind == SRC_LLMC) {
+        int k = kind_of(s, i);
+        uint64_t off;
+        if (i < 2)
+            off = s->llmc_off[i]; /* wte: the first V rows of [Vp, C]; wpe */
+        else if (k >= 0)
+            off = s->llmc_off[2 + k] + (uint64_t)((i - 2) / ZFMT__GPT2_KINDS) * n * 4;
+        else
+            off = s->llmc_off[14 + (i - 2 - (size_t)s->c.layers * ZFMT__GPT2_KINDS)];
+        rc = zfmt__pread_full(s->fd, f, n * 4, off, s->file);
+    } else {
+        const zfmt__st_entry *e = s->map[i];
+        void *raw = e->dtype == ZCK_F32 ? (void *)f : malloc(n ? n * 2 : 1);
+        if (!raw) {
+            free(f);
+            return zr_err_set(ZR_ENOMEM, "out of memory (tensor '%s')", ti->name);
+        }
+        rc = zfmt__st_read(s->st, e, raw);
+        if (!rc && raw != f)
+            rc = zfmt_convert(f, ZCK_F32, raw, e->dtype, n);
+        if (raw != f)
+            free(raw);
+        int k = kind_of(s, i);
+        if (!rc && s->kind == SRC_HF && k >= 0 && zfmt__gpt2_kind_is_conv1d((size_t)k)) {
+            /* source [in, out] -> ours [out, in] */
+            size_t O = (size_t)ti->shape[0], I = (size_t)ti->shape[1];
+            float *t = malloc((n ? n : 1) * sizeof *t);
+            if (!t) {
+                rc = zr_err_set(ZR_ENOMEM, "out of memory (tensor '%s')", ti->name);
+            } else {
+                for (size_t a = 0; a < I; a++)
+                    for (size_t b = 0; b < O; b++)
+                        t[b * I + a] = f[a * O + b];
+                free(f);
+                f = t;
+            }
+        }
+    }
+    if (rc) {
+        free(f);
+        return rc;
+    }
+    s->buf = f;
+    s->cached = i;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- writing */
+
+/* ZR_EEXIST when run_dir already holds a checkpoint (latest or any step-*). */
+static int check_empty_run(const char *run_dir)
+{
+    DIR *d = opendir(run_dir);
+    if (!d) {
+        if (errno == ENOENT)
+            return 0;
+        return zr_err_sys(errno, "%s", run_dir);
+    }
+    struct dirent *de;
+    int rc = 0;
+    while ((de = readdir(d)))
+        if (!strcmp(de->d_name, "latest") || !strncmp(de->d_name, "step-", 5)) {
+            rc = zr_err_set(ZR_EEXIST, "%s: already holds a checkpoint (%s): import into a new "
+                            "run directory", run_dir, de->d_name);
+            break;
+        }
+    closedir(d);
+    return rc;
+}
+
+/* Remove what a failed import left in its staging directory. */
+static void remove_staging(const char *staging, zck_shard **sh, uint32_t world)
+{
+    const char *extra[] = {"manifest.json", "SHA256SUMS"};
+    for (uint32_t r = 0; r < world; r++)
+        if (sh[r]) {
+            char *p = join(staging, zck_shard_file(sh[r]));
+            if (p)
+                unlink(p);
+            free(p);
+        }
+    for (size_t i = 0; i < 2; i++) {
+        char *p = join(staging, extra[i]);
+        if (p)
+            unlink(p);
+        free(p);
+    }
+    rmdir(staging);
+}
+
+#define ZERO_NUMEL ((size_t)1 << 16)
+
+/* Rank r's shard: its partition of every (group, state). */
+static int write_rank(zck_shard **out, source *s, const char *staging, uint32_t world,
+                      uint32_t r, size_t param, const float *zeros, zfmt__prog *pr)
+{
+    const zck_layout *L = s->L;
+    zck_writer *w = NULL;
+    int rc = 0;
+    ZR_TRY_GOTO(zck_writer_open(&w, staging, L, world, r, NULL), rc, out);
+    size_t first = 0; /* flat index of the group's first tensor */
+    for (size_t g = 0; g < zck_layout_n_groups(L); first += zck_layout_group_n_tensors(L, g),
+                g++) {
+        uint64_t a, n;
+        zck_partition(zck_layout_group_numel(L, g), world, r, zck_layout_partition_align(L), &a,
+                      &n);
+        if (!n)
+            continue;
+        for (size_t st = 0; st < zck_layout_n_states(L); st++) {
+            ZR_TRY_GOTO(zck_writer_begin(w, g, st, a, n), rc, out);
+            if (st != param) {
+                for (uint64_t done = 0; done < n;) {
+                    size_t k = n - done < ZERO_NUMEL ? (size_t)(n - done) : ZERO_NUMEL;
+                    ZR_TRY_GOTO(zck_writer_write(w, zeros, k * 4), rc, out);
+                    done += k;
+                }
+                continue;
+            }
+            for (size_t t = 0; t < zck_layout_group_n_tensors(L, g); t++) {
+                const zck_tensor_info *ti = &s->t_info[first + t];
+                uint64_t lo = a > ti->offset ? a : ti->offset;
+                uint64_t hi = a + n < ti->offset + ti->numel ? a + n : ti->offset + ti->numel;
+                if (lo >= hi)
+                    continue;
+                ZR_TRY_GOTO(source_load(s, first + t), rc, out);
+                ZR_TRY_GOTO(zck_writer_write(w, s->buf + (lo - ti->offset), (hi - lo) * 4), rc,
+                            out);
+                zfmt__prog_add(pr, (hi - lo) * 4);
+            }
+        }
+    }
+    ZR_TRY_GOTO(zck_writer_finish(w, out), rc, out);
+out:
+    zck_writer_free(w);
+    if (rc)
+        zr_err_prefix("rank %u: ", r);
+    return rc;
+}
+
+int zfmt_import(const char *src, const char *out_run_dir, const zfmt_import_opts *o)
+{
+    zfmt_import_opts def = ZFMT_IMPORT_OPTS_INIT;
+    if (!o)
+        o = &def;
+    if (o->world < 1 || o->world > ZCK_MAX_WORLD)
+        return zr_err_set(ZR_EINVAL, "import: world %u: expected 1..%u", o->world,
+                          ZCK_MAX_WORLD);
+    ZR_TRY(check_empty_run(out_run_dir));
+
+    source s = {0};
+    s.fd = -1;
+    char *staging = NULL, *model = NULL, *training = NULL;
+    zck_shard **sh = NULL;
+    float *zeros = NULL;
+    int rc = 0;
+    ZR_TRY_GOTO(source_open(&s, src, o), rc, out);
+    ZR_TRY_GOTO(zfmt_gpt2_config_to_json(&model, &s.c), rc, out);
+    json_t *tj = json_pack("{s:i, s:s}", "optimizer_step", 0, "imported_from", src);
+    if (!tj) {
+        rc = zr_err_set(ZR_EINVAL, "%s: the source path is not valid UTF-8", src);
+        goto out;
+    }
+    training = zfmt__json_dump(tj, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(tj);
+    size_t param;
+    if (!training || !(sh = calloc(o->world, sizeof *sh)) ||
+        !(zeros = calloc(ZERO_NUMEL, sizeof *zeros))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    ZR_TRY_GOTO(zck_layout_find_state(s.L, &param, "param"), rc, out);
+
+    uint64_t total = 0;
+    for (size_t g = 0; g < zck_layout_n_groups(s.L); g++)
+        total += zck_layout_group_numel(s.L, g) * 4;
+    zfmt__prog pr;
+    zfmt__prog_init(&pr, &o->progress, "import", total);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t nonce = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_sec ^
+                     ((uint64_t)ts.tv_nsec << 20);
+    ZR_TRY_GOTO(zck_staging_create(&staging, out_run_dir, 0, nonce), rc, out);
+    for (uint32_t r = 0; r < o->world; r++)
+        ZR_TRY_GOTO(write_rank(&sh[r], &s, staging, o->world, r, param, zeros, &pr), rc, out);
+    zck_commit_opts co = ZCK_COMMIT_OPTS_INIT;
+    co.step = 0;
+    co.world = o->world;
+    co.zero_stage = 0;
+    co.model_json = model;
+    co.training_json = training;
+    ZR_TRY_GOTO(zck_commit(NULL, out_run_dir, staging, s.L, sh, o->world, &co), rc, out);
+out:
+    if (rc && staging && sh)
+        remove_staging(staging, sh, o->world);
+    for (uint32_t r = 0; sh && r < o->world; r++)
+        zck_shard_free(sh[r]);
+    free(sh);
+    free(zeros);
+    free(staging);
+    free(model);
+    free(training);
+    source_free(&s);
+    return rc;
+}

@@ -1,0 +1,529 @@
+/*
+ * safetensors.c: the safetensors format (Hugging Face): streaming export of a checkpoint
+ * (zfmt_safetensors_export) and a strict reader of the header that the importer uses.
+ *
+ * A safetensors file is an 8-byte little-endian header length N, N bytes of JSON
+ * {"<name>": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...,
+ *  "__metadata__": {string: string}}, then the data buffer; offsets are relative to the start
+ * of the data buffer. We lay tensors out contiguously in header order and pad the header with
+ * spaces so that the data starts at a multiple of 8.
+ */
+#include "fmtutil.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* safetensors limits the header to 100 MB; we accept the same */
+#define ST_MAX_HEADER ((uint64_t)100 << 20)
+
+static const struct {
+    zck_dtype t;
+    const char *name;
+} st_names[] = {
+    {ZCK_F32, "F32"}, {ZCK_BF16, "BF16"}, {ZCK_F16, "F16"}, {ZCK_F64, "F64"}, {ZCK_I64, "I64"},
+    {ZCK_I32, "I32"}, {ZCK_I16, "I16"},   {ZCK_U16, "U16"}, {ZCK_I8, "I8"},   {ZCK_U8, "U8"},
+};
+#define N_ST_NAMES (sizeof st_names / sizeof *st_names)
+
+const char *zfmt__st_dtype_name(zck_dtype t)
+{
+    for (size_t i = 0; i < N_ST_NAMES; i++)
+        if (st_names[i].t == t)
+            return st_names[i].name;
+    return NULL;
+}
+
+int zfmt__st_dtype_parse(zck_dtype *out, const char *name)
+{
+    for (size_t i = 0; i < N_ST_NAMES; i++)
+        if (!strcmp(st_names[i].name, name)) {
+            *out = st_names[i].t;
+            return 0;
+        }
+    return zr_err_set(ZR_EUNSUPPORTED, "dtype '%s' is not supported", name);
+}
+
+/* ---------------------------------------------------------------- export */
+
+typedef struct {
+    size_t g, s;
+    zck_tensor_info ti;
+    zck_dtype out_t;
+    uint64_t begin, end;  /* bytes in the data buffer */
+    char *name;
+} item;
+
+static int is_convertible(zck_dtype t) { return t == ZCK_F32 || t == ZCK_BF16 || t == ZCK_F16; }
+
+/* The header text, padded with spaces to a multiple of 8 bytes (malloc'ed). */
+static int build_header(char **out, size_t *len, const item *it, size_t n, zck_reader *r)
+{
+    json_t *root = json_object();
+    int rc = 0;
+    if (!root)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        if (json_object_get(root, it[i].name) || !strcmp(it[i].name, "__metadata__")) {
+            rc = zr_err_set(ZR_EINVAL, "%s: tensor name '%s' occurs twice in the export (a "
+                            "tensor's own name clashes with '<state>/<name>' or __metadata__)",
+                            zck_reader_path(r), it[i].name);
+            goto out;
+        }
+        json_t *shape = json_array();
+        if (!shape) {
+            rc = zr_err_set(ZR_ENOMEM, "out of memory");
+            goto out;
+        }
+        for (size_t d = 0; d < it[i].ti.ndim; d++)
+            json_array_append_new(shape, json_integer((json_int_t)it[i].ti.shape[d]));
+        json_t *e = json_pack("{s:s, s:o, s:[I, I]}", "dtype", zfmt__st_dtype_name(it[i].out_t),
+                              "shape", shape, "data_offsets", (json_int_t)it[i].begin,
+                              (json_int_t)it[i].end);
+        if (!e || json_object_set_new(root, it[i].name, e)) {
+            rc = zr_err_set(ZR_ENOMEM, "out of memory");
+            goto out;
+        }
+    }
+    char step[32];
+    snprintf(step, sizeof step, "%llu", (unsigned long long)zck_reader_step(r));
+    json_t *meta = json_pack("{s:s, s:s, s:s}", "format", "zero", "zero.model",
+                             zck_reader_model_json(r), "zero.step", step);
+    if (!meta || json_object_set_new(root, "__metadata__", meta)) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    char *text = zfmt__json_dump(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (!text) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    size_t tl = strlen(text), padded = (tl + 7) / 8 * 8;
+    char *p = realloc(text, padded + 1);
+    if (!p) {
+        free(text);
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    memset(p + tl, ' ', padded - tl);
+    p[padded] = 0;
+    *out = p;
+    *len = padded;
+out:
+    json_decref(root);
+    return rc;
+}
+
+static void free_items(item *it, size_t n)
+{
+    for (size_t i = 0; it && i < n; i++)
+        free(it[i].name);
+    free(it);
+}
+
+/* The tensors to export in header order (state by state, then layout order). */
+static int plan_items(item **out, size_t *n_out, zck_reader *r, const zfmt_st_opts *o)
+{
+    const zck_layout *L = zck_reader_layout(r);
+    size_t ns = zck_layout_n_states(L), ng = zck_layout_n_groups(L), cap = 0, n = 0;
+    for (size_t g = 0; g < ng; g++)
+        cap += zck_layout_group_n_tensors(L, g);
+    cap *= ns;
+    item *it = calloc(cap ? cap : 1, sizeof *it);
+    if (!it)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    int rc = 0, any_param = 0;
+    uint64_t off = 0;
+    for (size_t s = 0; s < ns; s++) {
+        const char *sname = zck_layout_state_name(L, s);
+        int is_param = !strcmp(sname, "param");
+        any_param |= is_param;
+        if (o->params_only && !is_param)
+            continue;
+        zck_dtype st = zck_layout_state_dtype(L, s);
+        zck_dtype ot = o->dtype < 0 ? st : (zck_dtype)o->dtype;
+        if (ot != st && !is_convertible(st)) {
+            rc = zr_err_set(ZR_EUNSUPPORTED, "%s: state '%s' is stored as %s, which cannot be "
+                            "converted to %s", zck_reader_path(r), sname, zck_dtype_name(st),
+                            zck_dtype_name(ot));
+            goto fail;
+        }
+        for (size_t g = 0; g < ng; g++)
+            for (size_t t = 0; t < zck_layout_group_n_tensors(L, g); t++) {
+                item *x = &it[n++];
+                x->g = g;
+                x->s = s;
+                x->out_t = ot;
+                zck_layout_tensor(L, g, t, &x->ti);
+                size_t len = strlen(sname) + strlen(x->ti.name) + 2;
+                if (!(x->name = malloc(len))) {
+                    rc = zr_err_set(ZR_ENOMEM, "out of memory");
+                    goto fail;
+                }
+                if (is_param)
+                    snprintf(x->name, len, "%s", x->ti.name);
+                else
+                    snprintf(x->name, len, "%s/%s", sname, x->ti.name);
+                x->begin = off;
+                off += x->ti.numel * zck_dtype_size(ot);
+                x->end = off;
+            }
+    }
+    if (o->params_only && !any_param) {
+        rc = zr_err_set(ZR_ENOTFOUND, "%s: no state 'param' to export", zck_reader_path(r));
+        goto fail;
+    }
+    *out = it;
+    *n_out = n;
+    return 0;
+fail:
+    free_items(it, n);
+    return rc;
+}
+
+int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o)
+{
+    zfmt_st_opts def = ZFMT_ST_OPTS_INIT;
+    if (!o)
+        o = &def;
+    zfmt_st_opts opt = *o;
+    if (!opt.buf_bytes)
+        opt.buf_bytes = def.buf_bytes;
+    if (opt.dtype != -1 && opt.dtype != ZCK_F32 && opt.dtype != ZCK_BF16 && opt.dtype != ZCK_F16)
+        return zr_err_set(ZR_EINVAL, "safetensors export: dtype %d: expected -1 (as stored), "
+                          "f32, bf16 or f16", opt.dtype);
+    if (opt.buf_bytes < 16)
+        return zr_err_set(ZR_EINVAL, "safetensors export: buffer of %zu bytes: at least 16",
+                          opt.buf_bytes);
+
+    zck_reader *r = NULL;
+    item *it = NULL;
+    size_t n = 0, hlen = 0;
+    char *header = NULL;
+    unsigned char *sbuf = NULL, *dbuf = NULL;
+    zfmt__out *f = NULL;
+    int rc = 0;
+    ZR_TRY_GOTO(zfmt__open_verified(&r, ckpt, &opt.progress), rc, out);
+    ZR_TRY_GOTO(plan_items(&it, &n, r, &opt), rc, out);
+    ZR_TRY_GOTO(build_header(&header, &hlen, it, n, r), rc, out);
+
+    /* working memory: one chunk as stored, plus one converted when converting */
+    const zck_layout *L = zck_reader_layout(r);
+    size_t max_ss = 1, max_ds = 1;
+    for (size_t i = 0; i < n; i++) {
+        size_t ss = zck_dtype_size(zck_layout_state_dtype(L, it[i].s));
+        if (ss > max_ss)
+            max_ss = ss;
+        if (it[i].out_t != zck_layout_state_dtype(L, it[i].s) &&
+            zck_dtype_size(it[i].out_t) > max_ds)
+            max_ds = zck_dtype_size(it[i].out_t);
+    }
+    size_t chunk = opt.buf_bytes / (max_ss + max_ds);
+    if (!(sbuf = malloc(chunk * max_ss)) || !(dbuf = malloc(chunk * max_ds))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory (%zu bytes of buffers)", opt.buf_bytes);
+        goto out;
+    }
+    zck_read_opts ro = ZCK_READ_OPTS_INIT;
+    ro.verify = 0; /* verified in full above */
+    ro.jobs = 1;
+    size_t iob = opt.buf_bytes / 8 / ZCK_FILE_ALIGN * ZCK_FILE_ALIGN;
+    ro.io.buf_bytes = iob < ZCK_FILE_ALIGN ? ZCK_FILE_ALIGN
+                      : iob > ((size_t)4 << 20) ? (size_t)4 << 20 : iob;
+    ro.io.queue_depth = 2;
+
+    ZR_TRY_GOTO(zfmt__out_open(&f, out_file), rc, out);
+    unsigned char len8[8];
+    for (int b = 0; b < 8; b++)
+        len8[b] = (unsigned char)((uint64_t)hlen >> (8 * b));
+    ZR_TRY_GOTO(zfmt__out_write(f, len8, 8), rc, out);
+    ZR_TRY_GOTO(zfmt__out_write(f, header, hlen), rc, out);
+
+    zfmt__prog pr;
+    zfmt__prog_init(&pr, &opt.progress, "export", n ? it[n - 1].end : 0);
+    for (size_t i = 0; i < n; i++) {
+        zck_dtype st = zck_layout_state_dtype(L, it[i].s);
+        int conv = st != it[i].out_t;
+        size_t ds = zck_dtype_size(it[i].out_t);
+        for (uint64_t done = 0; done < it[i].ti.numel;) {
+            uint64_t k = it[i].ti.numel - done < chunk ? it[i].ti.numel - done : chunk;
+            zck_read_req q = {it[i].g, it[i].s, it[i].ti.offset + done, k, sbuf};
+            ZR_TRY_GOTO(zck_reader_read(r, &q, 1, &ro), rc, out);
+            if (conv) {
+                rc = zfmt_convert(dbuf, it[i].out_t, sbuf, st, (size_t)k);
+                if (rc) {
+                    zr_err_prefix("tensor '%s': ", it[i].name);
+                    goto out;
+                }
+            }
+            ZR_TRY_GOTO(zfmt__out_write(f, conv ? dbuf : sbuf, (size_t)k * ds), rc, out);
+            zfmt__prog_add(&pr, k * ds);
+            done += k;
+        }
+    }
+    ZR_TRY_GOTO(zfmt__out_commit(f), rc, out);
+out:
+    zfmt__out_free(f); /* removes the temporary file unless committed */
+    free(sbuf);
+    free(dbuf);
+    free(header);
+    free_items(it, n);
+    zck_reader_free(r);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- reading */
+
+void zfmt__st_free(zfmt__st_file *f)
+{
+    if (!f)
+        return;
+    if (f->fd >= 0)
+        close(f->fd);
+    for (size_t i = 0; i < f->n; i++)
+        free(f->e[i].name);
+    free(f->e);
+    for (size_t i = 0; i < f->n_meta; i++) {
+        free(f->meta_keys[i]);
+        free(f->meta_vals[i]);
+    }
+    free(f->meta_keys);
+    free(f->meta_vals);
+    free(f->path);
+    free(f);
+}
+
+const char *zfmt__st_meta(const zfmt__st_file *f, const char *key)
+{
+    for (size_t i = 0; i < f->n_meta; i++)
+        if (!strcmp(f->meta_keys[i], key))
+            return f->meta_vals[i];
+    return NULL;
+}
+
+int zfmt__st_read(const zfmt__st_file *f, const zfmt__st_entry *e, void *dst)
+{
+    return zfmt__pread_full(f->fd, dst, (size_t)(e->end - e->begin), f->data_off + e->begin,
+                            f->path);
+}
+
+static int json_u64(const json_t *v, uint64_t *out)
+{
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return -1;
+    *out = (uint64_t)json_integer_value(v);
+    return 0;
+}
+
+static int parse_meta(zfmt__st_file *f, json_t *meta)
+{
+    if (!json_is_object(meta))
+        return zr_err_set(ZR_ECORRUPT, "%s: __metadata__ is not an object", f->path);
+    size_t n = json_object_size(meta);
+    if (!(f->meta_keys = calloc(n ? n : 1, sizeof *f->meta_keys)) ||
+        !(f->meta_vals = calloc(n ? n : 1, sizeof *f->meta_vals)))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    const char *k;
+    json_t *v;
+    json_object_foreach(meta, k, v) {
+        if (!json_is_string(v))
+            return zr_err_set(ZR_ECORRUPT, "%s: __metadata__ field '%s' is not a string",
+                              f->path, k);
+        if (!(f->meta_keys[f->n_meta] = strdup(k)) ||
+            !(f->meta_vals[f->n_meta] = strdup(json_string_value(v)))) {
+            free(f->meta_keys[f->n_meta]);
+            return zr_err_set(ZR_ENOMEM, "out of memory");
+        }
+        f->n_meta++;
+    }
+    return 0;
+}
+
+static int parse_entry(zfmt__st_file *f, zfmt__st_entry *e, const char *name, json_t *v,
+                       uint64_t data_bytes)
+{
+    const char *p = f->path;
+    if (!json_is_object(v))
+        return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s': header entry is not an object", p, name);
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x) {
+        if (strcmp(k, "dtype") && strcmp(k, "shape") && strcmp(k, "data_offsets"))
+            return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s': unexpected field '%s'", p, name, k);
+    }
+    json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape");
+    json_t *off = json_object_get(v, "data_offsets");
+    if (!json_is_string(dt))
+        return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s': field 'dtype' missing or not a string",
+                          p, name);
+    if (zfmt__st_dtype_parse(&e->dtype, json_string_value(dt)) < 0)
+        return zr_err_set(ZR_EUNSUPPORTED, "%s: tensor '%s': dtype '%s' is not supported (F32, "
+                          "BF16, F16, F64, I64, I32, I16, U16, I8, U8)", p, name,
+                          json_string_value(dt));
+    if (!json_is_array(sh) || json_array_size(sh) > ZCK_MAX_DIMS)
+        return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s': field 'shape' missing, not an array or "
+                          "with more than %d dimensions", p, name, ZCK_MAX_DIMS);
+    e->ndim = json_array_size(sh);
+    e->numel = 1;
+    for (size_t d = 0; d < e->ndim; d++) {
+        if (json_u64(json_array_get(sh, d), &e->shape[d]) < 0)
+            return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s': shape[%zu] is not a non-negative "
+                              "integer", p, name, d);
+        if (__builtin_mul_overflow(e->numel, e->shape[d], &e->numel) ||
+            e->numel > ((uint64_t)1 << 50))
+            return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s': shape too large", p, name);
+    }
+    if (!json_is_array(off) || json_array_size(off) != 2 ||
+        json_u64(json_array_get(off, 0), &e->begin) < 0 ||
+        json_u64(json_array_get(off, 1), &e->end) < 0)
+        return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s': field 'data_offsets' is not [begin, "
+                          "end] of non-negative integers", p, name);
+    if (e->begin > e->end || e->end > data_bytes)
+        return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s': data_offsets [%llu, %llu] outside the "
+                          "data buffer of %llu bytes", p, name, (unsigned long long)e->begin,
+                          (unsigned long long)e->end, (unsigned long long)data_bytes);
+    uint64_t want = e->numel * zck_dtype_size(e->dtype);
+    if (e->end - e->begin != want)
+        return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s': %llu bytes in data_offsets, but its "
+                          "shape and dtype %s make %llu", p, name,
+                          (unsigned long long)(e->end - e->begin), json_string_value(dt),
+                          (unsigned long long)want);
+    return 0;
+}
+
+static int cmp_begin(const void *a, const void *b)
+{
+    const zfmt__st_entry *x = *(const zfmt__st_entry *const *)a;
+    const zfmt__st_entry *y = *(const zfmt__st_entry *const *)b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* The tensors must tile the data buffer: no gap, no overlap, nothing after the last. */
+static int check_tiling(const zfmt__st_file *f, uint64_t data_bytes)
+{
+    const zfmt__st_entry **v = malloc((f->n ? f->n : 1) * sizeof *v);
+    if (!v)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < f->n; i++)
+        v[i] = &f->e[i];
+    qsort(v, f->n, sizeof *v, cmp_begin);
+    uint64_t at = 0;
+    int rc = 0;
+    for (size_t i = 0; i < f->n && !rc; i++) {
+        if (v[i]->begin > at)
+            rc = zr_err_set(ZR_ECORRUPT, "%s: bytes [%llu, %llu) of the data buffer belong to "
+                            "no tensor (before '%s')", f->path, (unsigned long long)at,
+                            (unsigned long long)v[i]->begin, v[i]->name);
+        else if (v[i]->begin < at)
+            rc = zr_err_set(ZR_ECORRUPT, "%s: tensors '%s' and '%s' overlap in the data buffer",
+                            f->path, v[i - 1]->name, v[i]->name);
+        else
+            at = v[i]->end;
+    }
+    if (!rc && at != data_bytes)
+        rc = zr_err_set(ZR_ECORRUPT, "%s: %llu bytes after the last tensor (the tensors end at "
+                        "%llu, the data buffer at %llu)", f->path,
+                        (unsigned long long)(data_bytes - at), (unsigned long long)at,
+                        (unsigned long long)data_bytes);
+    free(v);
+    return rc;
+}
+
+int zfmt__st_open(zfmt__st_file **out, const char *path)
+{
+    zfmt__st_file *f = calloc(1, sizeof *f);
+    if (!f)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    f->fd = -1;
+    char *text = NULL;
+    json_t *root = NULL;
+    int rc = 0;
+    if (!(f->path = strdup(path))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if ((f->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+        rc = zr_err_sys(errno, "%s", path);
+        goto fail;
+    }
+    struct stat st;
+    if (fstat(f->fd, &st) < 0) {
+        rc = zr_err_sys(errno, "%s: stat", path);
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        rc = zr_err_set(ZR_EINVAL, "%s: not a regular file", path);
+        goto fail;
+    }
+    f->file_bytes = (uint64_t)st.st_size;
+    if (f->file_bytes < 8) {
+        rc = zr_err_set(ZR_ECORRUPT, "%s: %llu bytes: too short for a safetensors file (8-byte "
+                        "header length first)", path, (unsigned long long)f->file_bytes);
+        goto fail;
+    }
+    unsigned char len8[8];
+    ZR_TRY_GOTO(zfmt__pread_full(f->fd, len8, 8, 0, path), rc, fail);
+    uint64_t hlen = 0;
+    for (int b = 7; b >= 0; b--)
+        hlen = hlen << 8 | len8[b];
+    if (hlen > f->file_bytes - 8 || hlen > ST_MAX_HEADER || hlen < 2) {
+        rc = zr_err_set(ZR_ECORRUPT, "%s: safetensors header length %llu is impossible (file "
+                        "of %llu bytes, header at most %llu)", path, (unsigned long long)hlen,
+                        (unsigned long long)f->file_bytes, (unsigned long long)ST_MAX_HEADER);
+        goto fail;
+    }
+    f->data_off = 8 + hlen;
+    if (!(text = malloc((size_t)hlen + 1))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto fail;
+    }
+    ZR_TRY_GOTO(zfmt__pread_full(f->fd, text, (size_t)hlen, 8, path), rc, fail);
+    text[hlen] = 0;
+    json_error_t jerr;
+    if (!(root = json_loadb(text, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr))) {
+        rc = zr_err_set(ZR_ECORRUPT, "%s: safetensors header: invalid JSON at column %d: %s",
+                        path, jerr.column, jerr.text);
+        goto fail;
+    }
+    if (!json_is_object(root)) {
+        rc = zr_err_set(ZR_ECORRUPT, "%s: safetensors header is not a JSON object", path);
+        goto fail;
+    }
+    size_t cap = json_object_size(root);
+    if (!(f->e = calloc(cap ? cap : 1, sizeof *f->e))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto fail;
+    }
+    uint64_t data_bytes = f->file_bytes - f->data_off;
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        if (!strcmp(k, "__metadata__")) {
+            ZR_TRY_GOTO(parse_meta(f, v), rc, fail);
+            continue;
+        }
+        zfmt__st_entry *e = &f->e[f->n];
+        if (!(e->name = strdup(k))) {
+            rc = zr_err_set(ZR_ENOMEM, "out of memory");
+            goto fail;
+        }
+        f->n++;
+        ZR_TRY_GOTO(parse_entry(f, e, k, v, data_bytes), rc, fail);
+    }
+    ZR_TRY_GOTO(check_tiling(f, data_bytes), rc, fail);
+    json_decref(root);
+    free(text);
+    *out = f;
+    return 0;
+fail:
+    json_decref(root);
+    free(text);
+    zfmt__st_free(f);
+    return rc;
+}
