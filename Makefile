@@ -120,8 +120,12 @@ fuzz: | deps
 $(BUILD)/bench_ckpt: $(BUILD)/tests/bench/bench_ckpt.o $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
-bench: $(BUILD)/bench_ckpt
+$(BUILD)/mkckpt: $(BUILD)/tests/bench/mkckpt.o $(BUILD)/libzck.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
+bench: $(BUILD)/bench_ckpt $(BUILD)/mkckpt $(BUILD)/zckpt
 	BENCH_BIN=$(BUILD)/bench_ckpt tests/bench/run.sh
+	ZCKPT=$(BUILD)/zckpt MKCKPT=$(BUILD)/mkckpt tests/bench/zckpt_bench.sh
 
 clean:
 	rm -rf build build-san

@@ -4,6 +4,7 @@
  * file named), JSON output that parses, reshard/consolidate/diff/prune end to end.
  */
 #include "ckutil.h"
+#include "zfmt.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -159,5 +160,51 @@ ZT_TEST(cli_ls_inspect_reshard_diff_prune)
     expect(0, "would remove run/step-00000001", "prune run --keep-last 2 --dry-run");
     expect(0, "removed run/step-00000001", "prune run --keep-last 2");
     expect(0, "nothing to remove", "prune run --keep-last 2");
+    zck_layout_free(L);
+}
+
+ZT_TEST(cli_pack_unpack_export_import)
+{
+    /* a GPT-2-shaped checkpoint through the formats commands */
+    zfmt_gpt2_config c = {2, 2, 8, 16, 11};
+    zck_layout *L;
+    ZT_OK(zfmt_gpt2_layout(&L, &c));
+    char *staging, *model;
+    ZT_OK(zfmt_gpt2_config_to_json(&model, &c));
+    ZT_OK(zck_staging_create(&staging, "run", 5, 1));
+    zck_shard *sh[2];
+    for (uint32_t r = 0; r < 2; r++)
+        sh[r] = zt_write_rank(staging, L, 2, r, 3, NULL);
+    zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
+    o.step = 5;
+    o.world = 2;
+    o.model_json = model;
+    ZT_OK(zck_commit(NULL, "run", staging, L, sh, 2, &o));
+    expect(0, "archive of run", "pack run -o run.tar.gz");
+    expect(2, "already exists", "pack run -o run.tar.gz");
+    expect(0, "sound", "verify run.tar.gz");
+    expect(0, "unpacked and verified", "unpack run.tar.gz -o copy");
+    expect(0, "match", "diff run copy");
+    expect(0, "llm.c GPT-2 model file", "export run -o m.bin --format llmc");
+    expect(0, "imported", "import m.bin -o imported --world 3");
+    expect(0, "safetensors of run", "export run -o m.safetensors --format safetensors");
+    expect(0, "imported", "import m.safetensors -o imported2");
+    expect(0, "step-00000000", "ls imported");
+    /* the imported params equal the source's; the optimizer states start at zero */
+    json_t *j = json_of("diff run imported --json");
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(j, "entries"), i, e) {
+        const char *st = json_string_value(json_object_get(e, "state"));
+        if (!strcmp(st, "param") && !json_is_true(json_object_get(e, "match")))
+            ZT_FAIL("param of %s differs after export/import",
+                    json_string_value(json_object_get(e, "tensor")));
+    }
+    json_decref(j);
+    expect(0, "safetensors of run", "consolidate run -o all.safetensors --dtype bf16");
+    for (uint32_t r = 0; r < 2; r++)
+        zck_shard_free(sh[r]);
+    free(staging);
+    free(model);
     zck_layout_free(L);
 }
