@@ -124,6 +124,8 @@ int zck__verify_or_fail(const char *path, unsigned jobs, const zck_progress *pro
 {
     zck_report *rep = NULL;
     zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
+    /* buffered: the hash pass leaves the shards in the page cache for the pass that follows */
+    vo.io.io = ZCK_IO_BUFFERED;
     vo.jobs = jobs ? jobs : 1;
     if (progress)
         vo.progress = *progress;
@@ -169,6 +171,8 @@ int zck_reshard(char **out, const char *src, const char *out_run_dir, uint32_t w
     zck_io_opts io = ZCK_IO_OPTS_INIT;
     io.buf_bytes = (size_t)1 << 20;
     io.queue_depth = 4;
+    io.io = ZCK_IO_BUFFERED; /* source reads come from the page cache verification filled;
+                                the new shards' writes are buffered too, fsynced at finish */
     j.io = io;
     if (!(j.shards = calloc(world, sizeof *j.shards))) {
         rc = zr_err_set(ZR_ENOMEM, "out of memory");

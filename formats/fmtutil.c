@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,40 +109,75 @@ void zfmt__out_free(zfmt__out *o)
 
 /* ---------------------------------------------------------------- sources and progress */
 
-int zfmt__open_verified(zck_reader **out, const char *ckpt, const zck_progress *progress)
+struct zfmt__verify {
+    pthread_t th;
+    char *dir;
+    int rc;
+    char msg[1024];
+};
+
+static void *verify_main(void *arg)
+{
+    zfmt__verify *v = arg;
+    zck_report *rep = NULL;
+    zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
+    vo.jobs = 1;                /* one core hashes; the other one runs the export */
+    vo.io.io = ZCK_IO_BUFFERED; /* share the page cache with the export's reads */
+    int rc = zck_verify(&rep, v->dir, &vo);
+    if (!rc && zck_report_count(rep)) {
+        size_t n = zck_report_count(rep);
+        const zck_problem *p = zck_report_get(rep, 0);
+        if (n > 1)
+            rc = zr_err_set(ZR_ECORRUPT, "%s/%s: %s: %s (and %zu more problems: run verify on "
+                            "%s)", v->dir, p->file, zck_problem_kind_name(p->kind), p->detail,
+                            n - 1, v->dir);
+        else
+            rc = zr_err_set(ZR_ECORRUPT, "%s/%s: %s: %s", v->dir, p->file,
+                            zck_problem_kind_name(p->kind), p->detail);
+    }
+    if (rc) {
+        v->rc = rc;
+        snprintf(v->msg, sizeof v->msg, "%s", zr_err_msg());
+    }
+    zck_report_free(rep);
+    return NULL;
+}
+
+int zfmt__open_verifying(zck_reader **out, zfmt__verify **vout, const char *ckpt)
 {
     zck_reader *r = NULL;
-    zck_report *rep = NULL;
+    zfmt__verify *v = NULL;
     int rc = 0;
     ZR_TRY_GOTO(zck_reader_open(&r, ckpt), rc, fail);
     /* verify the directory the reader resolved, so that a `latest` that moves in between
      * cannot make us verify one checkpoint and export another */
-    const char *dir = zck_reader_path(r);
-    uint64_t total = 0;
-    for (size_t i = 0; i < zck_reader_n_shards(r); i++)
-        total += zck_shard_bytes(zck_reader_shard(r, i));
-    zfmt__prog pr;
-    zfmt__prog_init(&pr, progress, "verify", total);
-    ZR_TRY_GOTO(zck_verify(&rep, dir, NULL), rc, fail);
-    size_t n = zck_report_count(rep);
-    if (n) {
-        const zck_problem *p = zck_report_get(rep, 0);
-        if (n > 1)
-            rc = zr_err_set(ZR_ECORRUPT, "%s/%s: %s: %s (and %zu more problems: run verify on "
-                            "%s)", dir, p->file, zck_problem_kind_name(p->kind), p->detail,
-                            n - 1, dir);
-        else
-            rc = zr_err_set(ZR_ECORRUPT, "%s/%s: %s: %s", dir, p->file,
-                            zck_problem_kind_name(p->kind), p->detail);
+    if (!(v = calloc(1, sizeof *v)) || !(v->dir = strdup(zck_reader_path(r)))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
         goto fail;
     }
-    zfmt__prog_add(&pr, total);
-    zck_report_free(rep);
+    if (pthread_create(&v->th, NULL, verify_main, v)) {
+        rc = zr_err_set(ZR_ERROR, "could not start the verification thread");
+        goto fail;
+    }
     *out = r;
+    *vout = v;
     return 0;
 fail:
-    zck_report_free(rep);
+    if (v)
+        free(v->dir);
+    free(v);
     zck_reader_free(r);
+    return rc;
+}
+
+int zfmt__verify_join(zfmt__verify *v)
+{
+    if (!v)
+        return 0;
+    pthread_join(v->th, NULL);
+    int rc = v->rc ? zr_err_set(v->rc, "%s", v->msg) : 0;
+    free(v->dir);
+    free(v);
     return rc;
 }
 

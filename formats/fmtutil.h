@@ -25,9 +25,15 @@ void zfmt__out_free(zfmt__out *o);
 
 /* ---------------------------------------------------------------- sources and progress */
 
-/* Open a checkpoint (directory or run directory) and verify it in full (hashes). Any problem is
- * ZR_ECORRUPT naming the first problem's file. */
-int zfmt__open_verified(zck_reader **out, const char *ckpt, const zck_progress *progress);
+/* Open a checkpoint (directory or run directory) and start verifying it in full (hashes) on a
+ * thread of its own, so that the verification overlaps the export that reads the same files
+ * (the page cache serves the second reader). zfmt__verify_join waits for it: any problem is
+ * ZR_ECORRUPT naming the first problem's file. An export writes to a temporary file and
+ * renames it into place only after the join succeeded, so nothing unverified becomes visible.
+ * Every *v must be joined (NULL is fine). */
+typedef struct zfmt__verify zfmt__verify;
+int zfmt__open_verifying(zck_reader **out, zfmt__verify **v, const char *ckpt);
+int zfmt__verify_join(zfmt__verify *v);
 
 /* Progress in bytes, reported to progress->fn at most every few MiB and once at the end. */
 typedef struct {

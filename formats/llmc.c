@@ -99,7 +99,8 @@ int zfmt_llmc_export(const char *ckpt, const char *out_file, const zck_progress 
     zck_layout *want = NULL;
     int rc = 0;
     zfmt_gpt2_config c;
-    ZR_TRY_GOTO(zfmt__open_verified(&x.r, ckpt, progress), rc, out);
+    zfmt__verify *v = NULL;
+    ZR_TRY_GOTO(zfmt__open_verifying(&x.r, &v, ckpt), rc, out);
     const char *dir = zck_reader_path(x.r);
     if ((rc = zfmt_gpt2_config_from_json(&c, zck_reader_model_json(x.r))) < 0) {
         zr_err_prefix("%s: ", dir);
@@ -167,6 +168,7 @@ int zfmt_llmc_export(const char *ckpt, const char *out_file, const zck_progress 
     x.ro.jobs = 1;
     x.ro.io.buf_bytes = (size_t)1 << 20;
     x.ro.io.queue_depth = 2;
+    x.ro.io.io = ZCK_IO_BUFFERED; /* from the page cache the verification filled */
     if (!rc)
         rc = zfmt__out_open(&x.f, out_file);
     if (!rc)
@@ -177,12 +179,26 @@ int zfmt_llmc_export(const char *ckpt, const char *out_file, const zck_progress 
         if (!rc && i == 0) /* wte's padded rows */
             rc = put_zeros(&x, (Vp - c.vocab) * (uint64_t)c.dim);
     }
+    if (!rc) {
+        rc = zfmt__verify_join(v);
+        v = NULL;
+    }
     if (!rc)
         rc = zfmt__out_commit(x.f);
     free(names);
     free(grp);
     free(ti);
 out:
+    if (v) { /* joined on every path; damage the verification found explains the failure
+                best (a missing shard), so its message wins */
+        char keep[1024];
+        snprintf(keep, sizeof keep, "%s", zr_err_msg());
+        int vrc = zfmt__verify_join(v);
+        if (vrc)
+            rc = vrc;
+        else
+            zr_err_set(rc, "%s", keep);
+    }
     zfmt__out_free(x.f);
     free(x.sbuf);
     free(x.fbuf);

@@ -208,7 +208,8 @@ int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_s
     unsigned char *sbuf = NULL, *dbuf = NULL;
     zfmt__out *f = NULL;
     int rc = 0;
-    ZR_TRY_GOTO(zfmt__open_verified(&r, ckpt, &opt.progress), rc, out);
+    zfmt__verify *v = NULL;
+    ZR_TRY_GOTO(zfmt__open_verifying(&r, &v, ckpt), rc, out);
     ZR_TRY_GOTO(plan_items(&it, &n, r, &opt), rc, out);
     ZR_TRY_GOTO(build_header(&header, &hlen, it, n, r), rc, out);
 
@@ -235,6 +236,7 @@ int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_s
     ro.io.buf_bytes = iob < ZCK_FILE_ALIGN ? ZCK_FILE_ALIGN
                       : iob > ((size_t)4 << 20) ? (size_t)4 << 20 : iob;
     ro.io.queue_depth = 2;
+    ro.io.io = ZCK_IO_BUFFERED; /* from the page cache the verification filled */
 
     ZR_TRY_GOTO(zfmt__out_open(&f, out_file), rc, out);
     unsigned char len8[8];
@@ -265,8 +267,22 @@ int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_s
             done += k;
         }
     }
+    rc = zfmt__verify_join(v);
+    v = NULL;
+    if (rc)
+        goto out;
     ZR_TRY_GOTO(zfmt__out_commit(f), rc, out);
 out:
+    if (v) { /* joined on every path; damage the verification found explains the failure
+                best (a missing shard), so its message wins */
+        char keep[1024];
+        snprintf(keep, sizeof keep, "%s", zr_err_msg());
+        int vrc = zfmt__verify_join(v);
+        if (vrc)
+            rc = vrc;
+        else
+            zr_err_set(rc, "%s", keep);
+    }
     zfmt__out_free(f); /* removes the temporary file unless committed */
     free(sbuf);
     free(dbuf);
