@@ -238,6 +238,7 @@ int zck_writer_finish(zck_writer *w, zck_shard **out)
         w->fill = 0;
     }
     ZR_TRY_GOTO(zck__io_drain(w->io), rc, fail);
+    ZR_TRY_GOTO(zck__io_truncate(w->io, w->boff), rc, fail);
     ZR_TRY_GOTO(zck__io_fsync(w->io), rc, fail);
     rc = zck__io_close(w->io);
     w->io = NULL;

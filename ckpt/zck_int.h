@@ -154,6 +154,8 @@ int zck__io_wbuf(zck__io *io, unsigned char **out);
  * at file offset off. */
 int zck__io_wsubmit(zck__io *io, size_t len, uint64_t off);
 int zck__io_drain(zck__io *io);
+/* Write side: give the file its final size (the engine allocates ahead of the writes). */
+int zck__io_truncate(zck__io *io, uint64_t size);
 int zck__io_fsync(zck__io *io);
 /* Read side: stream spans [a, b) (aligned; b may be the unaligned end of file) in order,
  * chunk by chunk; fn sees every byte once, in increasing offset order. */
