@@ -96,8 +96,8 @@ int zck__sha256_file_ticked(char out[65], const char *path, const zck_io_opts *o
     ZR_TRY_GOTO(zck__io_open(&io, path, ZCK__IO_READ, opts), rc, out);
     ZR_TRY_GOTO(zck__io_size(io, &size), rc, out);
     ZR_TRY_GOTO(zck__sha_new(&hc.h), rc, out);
-    uint64_t span[1][2] = {{0, size}};
-    ZR_TRY_GOTO(zck__io_read_spans(io, span, 1, hash_chunk, &hc), rc, out);
+    zck__span span = {0, size, NULL};
+    ZR_TRY_GOTO(zck__io_read_spans(io, &span, 1, hash_chunk, &hc), rc, out);
     zck__sha_hex(hc.h, out);
 out:
     zck__sha_free(hc.h);

@@ -233,8 +233,15 @@ static int reap(zck__io *io, long min)
     return rc;
 }
 
-/* Submit buffer b as a read or write; retries a refused O_DIRECT once in buffered mode. */
+static int submit_to(zck__io *io, size_t b, unsigned char *buf, size_t len, uint64_t off);
+
 static int submit(zck__io *io, size_t b, size_t len, uint64_t off)
+{
+    return submit_to(io, b, io->mem + b * io->bsz, len, off);
+}
+
+/* Submit slot b as a read or write of buf; retries a refused O_DIRECT once in buffered mode. */
+static int submit_to(zck__io *io, size_t b, unsigned char *buf, size_t len, uint64_t off)
 {
     int e = zck__fault(io->writing ? ZCK_OP_WRITE : ZCK_OP_READ, io->path);
     if (e)
@@ -243,9 +250,9 @@ static int submit(zck__io *io, size_t b, size_t len, uint64_t off)
     struct iocb *cb = &io->cbs[b];
     for (;;) {
         if (io->writing)
-            io_prep_pwrite(cb, io->fd, io->mem + b * io->bsz, len, (long long)off);
+            io_prep_pwrite(cb, io->fd, buf, len, (long long)off);
         else
-            io_prep_pread(cb, io->fd, io->mem + b * io->bsz, len, (long long)off);
+            io_prep_pread(cb, io->fd, buf, len, (long long)off);
         cb->data = (void *)(uintptr_t)b;
         struct iocb *cbp = cb;
         int n = io_submit(io->ctx, 1, &cbp);
@@ -349,18 +356,19 @@ int zck__io_size(zck__io *io, uint64_t *out)
     return 0;
 }
 
-/* One chunk of a span stream: which bytes it must deliver. */
+/* One chunk of a span stream: where it lands and which bytes it must deliver. */
 typedef struct {
     uint64_t off;
     size_t want;
+    unsigned char *ptr;
 } chunk;
 
-int zck__io_read_spans(zck__io *io, const uint64_t (*spans)[2], size_t n, zck__chunk_fn fn,
+int zck__io_read_spans(zck__io *io, const zck__span *spans, size_t n, zck__chunk_fn fn,
                        void *ctx)
 {
     if (io->writing)
         return zr_err_set(ZR_EINVAL, "%s: read on a file opened for writing", io->path);
-    chunk *q = calloc(io->nbuf, sizeof *q); /* q[b]: what buffer b holds */
+    chunk *q = calloc(io->nbuf, sizeof *q); /* q[slot]: what slot holds */
     size_t *order = calloc(io->nbuf, sizeof *order);
     if (!q || !order) {
         free(q);
@@ -369,26 +377,30 @@ int zck__io_read_spans(zck__io *io, const uint64_t (*spans)[2], size_t n, zck__c
     }
     int rc = 0;
     size_t si = 0;            /* next span to issue from */
-    uint64_t pos = n ? spans[0][0] : 0;
-    size_t head = 0, count = 0; /* FIFO of buffers in issue order: order[head..head+count) */
+    uint64_t pos = n ? spans[0].a : 0;
+    size_t head = 0, count = 0; /* FIFO of slots in issue order: order[head..head+count) */
     size_t nextbuf = 0;
     for (;;) {
-        /* issue while buffers are free and work remains */
+        /* issue while slots are free and work remains */
         while (count < io->nbuf && si < n) {
-            if (pos >= spans[si][1]) {
+            if (pos >= spans[si].b) {
                 si++;
                 if (si < n)
-                    pos = spans[si][0];
+                    pos = spans[si].a;
                 continue;
             }
-            uint64_t end = spans[si][1];
+            const zck__span *sp = &spans[si];
+            uint64_t end = sp->b;
             size_t want = (size_t)(end - pos < io->bsz ? end - pos : io->bsz);
             size_t len = (want + ZCK_FILE_ALIGN - 1) / ZCK_FILE_ALIGN * ZCK_FILE_ALIGN;
             size_t b = nextbuf;
             nextbuf = (nextbuf + 1) % io->nbuf;
             q[b].off = pos;
             q[b].want = want;
-            ZR_TRY_GOTO(submit(io, b, len, pos), rc, out);
+            /* a span with a destination is read straight into it (its length is whole
+             * blocks, see zck__span); others go through the ring */
+            q[b].ptr = sp->dst ? sp->dst + (pos - sp->a) : io->mem + b * io->bsz;
+            ZR_TRY_GOTO(submit_to(io, b, q[b].ptr, sp->dst ? want : len, pos), rc, out);
             order[(head + count) % io->nbuf] = b;
             count++;
             pos += want;
@@ -409,7 +421,7 @@ int zck__io_read_spans(zck__io *io, const uint64_t (*spans)[2], size_t n, zck__c
                             "%ld read", io->path, q[b].want, (unsigned long long)q[b].off, res);
             goto out;
         }
-        ZR_TRY_GOTO(fn(ctx, q[b].off, io->mem + b * io->bsz, q[b].want), rc, out);
+        ZR_TRY_GOTO(fn(ctx, q[b].off, q[b].ptr, q[b].want), rc, out);
         head = (head + 1) % io->nbuf;
         count--;
     }

@@ -155,10 +155,57 @@ static int on_chunk(void *vctx, uint64_t off, const unsigned char *p, size_t len
         const piece *q = &pl->p[i];
         uint64_t a = q->off > off ? q->off : off;
         uint64_t b = q->off + q->len < end ? q->off + q->len : end;
-        if (a < b)
-            memcpy(q->dst + (a - q->off), p + (a - off), (size_t)(b - a));
+        unsigned char *to = q->dst + (a - q->off);
+        const unsigned char *from = p + (a - off);
+        if (a < b && to != from) /* not already read into place */
+            memcpy(to, from, (size_t)(b - a));
     }
     return 0;
+}
+
+/*
+ * The spans to stream for one file's sorted pieces. A piece whose destination and file offset
+ * are both aligned to ZCK_FILE_ALIGN is read straight into its destination (whole blocks; its
+ * unaligned tail goes through the ring). Everything else is read through the ring, in aligned
+ * spans merged when they nearly touch. With whole set, the spans cover [0, bytes) completely
+ * (so that the file can be hashed in the same pass).
+ */
+static size_t plan_spans(zck__span *sp, const plan *pl, uint64_t bytes, int whole)
+{
+    const uint64_t A = ZCK_FILE_ALIGN, slack = whole ? UINT64_MAX : (uint64_t)1 << 20;
+    size_t ns = 0;
+    uint64_t cur = 0; /* everything below is planned */
+#define RING(a_, b_)                                                                           \
+    do {                                                                                       \
+        uint64_t ra_ = (a_), rb_ = (b_) > bytes ? bytes : (b_);                                \
+        if (ra_ < cur)                                                                         \
+            ra_ = cur;                                                                         \
+        if (ra_ >= rb_)                                                                        \
+            break;                                                                             \
+        if (ns && !sp[ns - 1].dst && ra_ <= sp[ns - 1].b + (whole ? 0 : slack))               \
+            sp[ns - 1].b = rb_;                                                                \
+        else                                                                                   \
+            sp[ns++] = (zck__span){ra_, rb_, NULL};                                            \
+        cur = rb_;                                                                             \
+    } while (0)
+    for (size_t k = 0; k < pl->n; k++) {
+        const piece *q = &pl->p[k];
+        uint64_t end = q->off + q->len, whole_blocks = q->len / A * A;
+        bool direct = q->off % A == 0 && (uintptr_t)q->dst % A == 0 && whole_blocks &&
+                      q->off >= cur;
+        if (whole)
+            RING(cur, direct ? q->off : q->off / A * A); /* the gap before the piece */
+        if (direct) {
+            sp[ns++] = (zck__span){q->off, q->off + whole_blocks, q->dst};
+            cur = q->off + whole_blocks;
+            RING(cur, (end + A - 1) / A * A); /* the tail */
+        } else
+            RING(q->off / A * A, (end + A - 1) / A * A);
+    }
+    if (whole)
+        RING(cur, bytes);
+#undef RING
+    return ns;
 }
 
 static int read_shard(void *vctx, size_t i)
@@ -173,7 +220,7 @@ static int read_shard(void *vctx, size_t i)
         return ZR_ENOMEM;
     zck__io *io = NULL;
     stream_ctx sc = {pl, 0, NULL};
-    uint64_t (*spans)[2] = NULL;
+    zck__span *spans = NULL;
     size_t ns = 0;
     int rc = 0;
     ZR_TRY_GOTO(zck__io_open(&io, path, ZCK__IO_READ, &c->o->io), rc, out);
@@ -186,35 +233,15 @@ static int read_shard(void *vctx, size_t i)
         goto out;
     }
     qsort(pl->p, pl->n, sizeof *pl->p, cmp_piece);
-    if (!(spans = malloc((pl->n ? pl->n : 1) * sizeof *spans))) {
+    /* at most three spans per piece (a gap, the piece's direct part, its tail) plus the end */
+    if (!(spans = malloc((3 * pl->n + 1) * sizeof *spans))) {
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
         goto out;
     }
-    if (c->o->verify) {
+    if (c->o->verify)
         ZR_TRY_GOTO(zck__sha_new(&sc.sha), rc, out);
-        spans[0][0] = 0;
-        spans[0][1] = s->bytes;
-        ns = s->bytes ? 1 : 0;
-    } else {
-        /* aligned spans around the pieces, merged when they touch or nearly touch */
-        const uint64_t A = ZCK_FILE_ALIGN, slack = (uint64_t)1 << 20;
-        for (size_t k = 0; k < pl->n; k++) {
-            uint64_t a = pl->p[k].off / A * A;
-            uint64_t b = (pl->p[k].off + pl->p[k].len + A - 1) / A * A;
-            if (b > s->bytes)
-                b = s->bytes;
-            if (ns && a <= spans[ns - 1][1] + slack) {
-                if (b > spans[ns - 1][1])
-                    spans[ns - 1][1] = b;
-            } else {
-                spans[ns][0] = a;
-                spans[ns][1] = b;
-                ns++;
-            }
-        }
-    }
-    ZR_TRY_GOTO(zck__io_read_spans(io, (const uint64_t(*)[2])spans, ns, on_chunk, &sc), rc,
-                out);
+    ns = plan_spans(spans, pl, s->bytes, c->o->verify);
+    ZR_TRY_GOTO(zck__io_read_spans(io, spans, ns, on_chunk, &sc), rc, out);
     if (sc.sha) {
         char hex[65];
         zck__sha_hex(sc.sha, hex);

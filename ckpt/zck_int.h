@@ -157,10 +157,16 @@ int zck__io_drain(zck__io *io);
 /* Write side: give the file its final size (the engine allocates ahead of the writes). */
 int zck__io_truncate(zck__io *io, uint64_t size);
 int zck__io_fsync(zck__io *io);
-/* Read side: stream spans [a, b) (aligned; b may be the unaligned end of file) in order,
- * chunk by chunk; fn sees every byte once, in increasing offset order. */
+/* Read side: stream spans [a, b) (a aligned; b aligned or the end of the file) in order,
+ * chunk by chunk; fn sees every byte once, in increasing offset order. A span with a dst is
+ * read straight into dst (no copy through the ring): then dst and b - a must be multiples of
+ * ZCK_FILE_ALIGN, and fn's p points into dst. */
+typedef struct {
+    uint64_t a, b;
+    unsigned char *dst;
+} zck__span;
 typedef int (*zck__chunk_fn)(void *ctx, uint64_t off, const unsigned char *p, size_t len);
-int zck__io_read_spans(zck__io *io, const uint64_t (*spans)[2], size_t n, zck__chunk_fn fn,
+int zck__io_read_spans(zck__io *io, const zck__span *spans, size_t n, zck__chunk_fn fn,
                        void *ctx);
 int zck__io_size(zck__io *io, uint64_t *out);
 /* Close (and report a close error); always frees. */
