@@ -115,8 +115,8 @@ static int cmp_step_desc(const void *a, const void *b)
     return x->step > y->step ? -1 : x->step < y->step;
 }
 
-int zck__housekeeping(const char *run_dir, uint64_t step, const zck_prune_opts *o,
-                      zck_namelist *removed)
+int zck__housekeeping(const char *run_dir, uint64_t step, const char *keep,
+                      const zck_prune_opts *o, zck_namelist *removed)
 {
     DIR *d = opendir(run_dir);
     if (!d)
@@ -125,8 +125,6 @@ int zck__housekeeping(const char *run_dir, uint64_t step, const zck_prune_opts *
     size_t n = 0, cap = 0;
     int rc = 0;
     struct dirent *de;
-    char keep[32];
-    zck_step_dirname(keep, step);
     while ((de = readdir(d)) && !rc) {
         uint64_t s;
         const char *nm = de->d_name;
@@ -182,12 +180,13 @@ int zck_prune(zck_namelist *removed, const char *run_dir, const zck_prune_opts *
     char *latest = NULL;
     ZR_TRY(zck_latest(&latest, run_dir));
     const char *base = strrchr(latest, '/');
+    base = base ? base + 1 : latest;
     uint64_t step = 0;
-    bool ok = zck__parse_step_name(base ? base + 1 : latest, &step);
+    int rc = zck__parse_step_name(base, &step)
+                 ? zck__housekeeping(run_dir, step, base, o, removed)
+                 : zr_err_set(ZR_ECORRUPT, "%s/latest: not a step directory name", run_dir);
     free(latest);
-    if (!ok)
-        return zr_err_set(ZR_ECORRUPT, "%s/latest: not a step directory name", run_dir);
-    return zck__housekeeping(run_dir, step, o, removed);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- listing */

@@ -117,8 +117,8 @@ void zck_layout_free(zck_layout *L);
 int zck_layout_add_state(zck_layout *L, const char *name, zck_dtype dtype);
 /* Append a group; its index goes to *out (may be NULL). Names are unique, non-empty. */
 int zck_layout_add_group(zck_layout *L, size_t *out, const char *name);
-/* Append a tensor to group g at the group's current end. dtype is the tensor's natural dtype
- * (what an export writes by default); storage dtypes are per state. */
+/* Append a tensor to group g at the group's current end. dtype is the tensor's natural dtype,
+ * recorded in the manifest for consumers; storage dtypes are per state (exports write those). */
 int zck_layout_add_tensor(zck_layout *L, size_t g, const char *name, zck_dtype dtype,
                           size_t ndim, const uint64_t *shape);
 /* Set the partition alignment in elements (default ZCK_PARTITION_ALIGN, >= 1). */
@@ -158,8 +158,9 @@ void zck_partition(uint64_t numel, uint32_t world, uint32_t rank, uint32_t align
 /* ---------------------------------------------------------------- progress */
 
 /* Long operations report progress through this callback (the CLI draws a bar from it).
- * what names the phase ("verify", "reshard", ...); done and total are bytes. Called from the
- * calling thread only, at most every few MiB. */
+ * what names the phase ("verify", "reshard", ...); done and total are bytes (total 0 when not
+ * known in advance). Called from the calling thread only, throttled (every few MiB or every
+ * 50 ms); the receiver must not assume a rate. */
 typedef struct {
     void (*fn)(void *ctx, const char *what, uint64_t done, uint64_t total);
     void *ctx;

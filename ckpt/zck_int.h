@@ -189,10 +189,10 @@ char *zck__path_join(const char *a, const char *b);  /* NULL on ENOMEM (error se
 
 /* "step-<1-19 digits>" -> step; false for anything else */
 bool zck__parse_step_name(const char *name, uint64_t *step);
-/* Retention and garbage collection in run_dir around the checkpoint of step `step` (the one
- * latest names): never touches it or step directories above it. Names removed (or, with
+/* Retention and garbage collection in run_dir around the checkpoint `keep` of step `step`
+ * (the directory latest names): never touches it or step directories above it. Names removed (or, with
  * dry_run, that would be) go to *removed when it is not NULL. */
-int zck__housekeeping(const char *run_dir, uint64_t step, const zck_prune_opts *o,
-                      zck_namelist *removed);
+int zck__housekeeping(const char *run_dir, uint64_t step, const char *keep,
+                      const zck_prune_opts *o, zck_namelist *removed);
 
 #endif

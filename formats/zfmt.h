@@ -64,7 +64,8 @@ typedef struct {
  * "<state>/<name>" for every other state. __metadata__ holds {"format":"zero",
  * "zero.model": <model json text>, "zero.step": "<step>"}. The file is written to a temporary
  * name beside out_file, fsynced and renamed, so out_file is never half-written. The source is
- * verified (hashes) before anything is written.
+ * verified (every shard hashed) on a thread while the export runs; the rename into place waits
+ * for it, so out_file appears only when the source verified.
  */
 int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o);
 
@@ -99,8 +100,8 @@ int zfmt_import(const char *src, const char *out_run_dir, const zfmt_import_opts
 
 /* ---------------------------------------------------------------- archives (libarchive) */
 
-/* Pack a checkpoint directory into a tar archive: out_file ending in .tar, .tar.gz or .tar.zst
- * chooses the compression. Members are "<step dir name>/<file>", regular files only, streamed
+/* Pack a checkpoint directory into a tar archive: out_file ending in .tar, .tar.gz (or .tgz)
+ * or .tar.zst chooses the compression. Members are "<step dir name>/<file>", regular files only, streamed
  * (bounded memory); written to a temporary name and renamed into place. */
 int zfmt_pack(const char *ckpt, const char *out_file, const zck_progress *progress);
 
