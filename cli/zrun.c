@@ -1,0 +1,210 @@
+/*
+ * zrun.c: the training launcher. Parses the options into zr_train_opts and runs the training
+ * loop of core/ (one rank in this version: --nproc above 1, other devices and offload are
+ * refused with a clear message). SIGINT/SIGTERM finish the current step, save a checkpoint and
+ * exit 0 saying where.
+ */
+#include "common.h"
+#include "zr.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PROG "zrun"
+
+static volatile int stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+static const char *usage_text =
+    "usage: zrun [OPTIONS]\n"
+    "\n"
+    "Train a GPT-2-style model with AdamW, checkpointing through the zckpt format; resumes from\n"
+    "the newest checkpoint of --ckpt-dir by default.\n"
+    "\n"
+    "model and data:\n"
+    "  --model SPEC        tiny (default), gpt2, gpt2-medium, or\n"
+    "                      gpt2:layers=4,heads=4,dim=256,ctx=128,vocab=256\n"
+    "                      (default when resuming: the checkpoint's model)\n"
+    "  --data SPEC         synthetic (default: a built-in learnable corpus), a text file (bytes,\n"
+    "                      vocab 256) or an llm.c token file (uint16 GPT-2 tokens)\n"
+    "  --seq T             tokens per sequence (default: the model's context)\n"
+    "optimization:\n"
+    "  --batch N           global batch in sequences per optimizer step (default 8)\n"
+    "  --micro-batch N     sequences per forward pass; gradients accumulate (default: --batch)\n"
+    "  --steps N           total optimizer steps of the run, the LR schedule's horizon (200)\n"
+    "  --lr X              peak learning rate (1e-3); --min-lr-ratio X (0.1)\n"
+    "  --warmup N          linear warmup steps (20), then cosine decay to the end\n"
+    "  --weight-decay X    AdamW weight decay on matrices (0.1); --grad-clip X (1.0, 0: off)\n"
+    "  --seed N            initialization and data order (1337)\n"
+    "checkpoints:\n"
+    "  --ckpt-dir DIR      run directory (runs/default)\n"
+    "  --save-every N      save every N steps (default: only at the end)\n"
+    "  --keep-last K       keep the newest K checkpoints (3; 0 keeps all)\n"
+    "  --resume MODE       auto (newest checkpoint when present, default), never, or a path\n"
+    "  --stop-after N      end this invocation after N more steps, with a checkpoint\n"
+    "  --time-limit SEC    save and stop before this many seconds of training\n"
+    "running:\n"
+    "  --threads N         BLAS threads (2)\n"
+    "  --log-json FILE     append one JSON object per step (step, loss, lr, grad_norm,\n"
+    "                      tokens_per_s, step_ms, mem)\n"
+    "  --nproc N           ranks (1; multi-rank ZeRO training is not built yet)\n"
+    "  --zero S            ZeRO stage 0-3, recorded in checkpoints (identical at one rank)\n"
+    "  --device D          cpu or auto (default auto = cpu in this version)\n"
+    "\n"
+    "SIGINT or SIGTERM: the current step finishes, a checkpoint is saved, zrun exits 0.\n"
+    "Exit status: 0 done or stopped cleanly, 2 any error.\n";
+
+static int usage_error(const char *what, const char *arg)
+{
+    fprintf(stderr, PROG ": error: %s%s\n(" PROG " --help lists the options)\n", what, arg);
+    return ZCLI_ERROR;
+}
+
+static bool parse_u64(const char *opt, const char *v, uint64_t lo, uint64_t *out)
+{
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!*v || *end || v[0] == '-' || x < lo) {
+        zcli_fail(PROG, NULL, "%s '%s': expected an integer >= %llu", opt, v,
+                  (unsigned long long)lo);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+static bool parse_float(const char *opt, const char *v, float *out)
+{
+    double d;
+    if (!zcli_parse_double(PROG, opt, v, &d))
+        return false;
+    *out = (float)d;
+    return true;
+}
+
+int main(int argc, char **argv)
+{
+    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
+    uint32_t nproc = 1;
+    const char *device = "auto";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        uint64_t x;
+        uint32_t u;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage_text, stdout);
+            return ZCLI_OK;
+        }
+        if (strncmp(a, "--", 2))
+            return usage_error("unexpected argument ", a);
+        if (i + 1 >= argc)
+            return usage_error(a, " needs a value");
+        v = argv[++i];
+        if (!strcmp(a, "--model"))
+            o.model = v;
+        else if (!strcmp(a, "--data"))
+            o.data = v;
+        else if (!strcmp(a, "--seq")) {
+            if (!zcli_parse_u32(PROG, a, v, 1, 1u << 20, &o.seq))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--batch")) {
+            if (!zcli_parse_u32(PROG, a, v, 1, 1u << 20, &o.batch))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--micro-batch")) {
+            if (!zcli_parse_u32(PROG, a, v, 1, 1u << 20, &o.micro_batch))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--steps")) {
+            if (!parse_u64(a, v, 1, &o.steps))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--lr")) {
+            if (!parse_float(a, v, &o.lr))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--min-lr-ratio")) {
+            if (!parse_float(a, v, &o.min_lr_ratio))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--warmup")) {
+            if (!parse_u64(a, v, 0, &o.warmup))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--weight-decay")) {
+            if (!parse_float(a, v, &o.weight_decay))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--grad-clip")) {
+            if (!parse_float(a, v, &o.grad_clip))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--seed")) {
+            if (!parse_u64(a, v, 0, &o.seed))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--ckpt-dir"))
+            o.ckpt_dir = v;
+        else if (!strcmp(a, "--save-every")) {
+            if (!parse_u64(a, v, 0, &o.save_every))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--keep-last")) {
+            if (!zcli_parse_u32(PROG, a, v, 0, UINT32_MAX, &u))
+                return ZCLI_ERROR;
+            o.keep_last = u;
+        } else if (!strcmp(a, "--resume"))
+            o.resume = v;
+        else if (!strcmp(a, "--stop-after")) {
+            if (!parse_u64(a, v, 1, &o.stop_after))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--time-limit")) {
+            double d;
+            if (!zcli_parse_double(PROG, a, v, &d))
+                return ZCLI_ERROR;
+            o.time_limit = d;
+        } else if (!strcmp(a, "--threads")) {
+            if (!zcli_parse_u32(PROG, a, v, 1, 256, &u))
+                return ZCLI_ERROR;
+            o.threads = (int)u;
+        } else if (!strcmp(a, "--log-json"))
+            o.log_json = v;
+        else if (!strcmp(a, "--nproc")) {
+            if (!zcli_parse_u32(PROG, a, v, 1, 65536, &nproc))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--zero")) {
+            if (!zcli_parse_u32(PROG, a, v, 0, 3, &u))
+                return ZCLI_ERROR;
+            o.zero_stage = (int)u;
+        } else if (!strcmp(a, "--device"))
+            device = v;
+        else if (!strcmp(a, "--offload-optimizer") || !strcmp(a, "--offload-params")) {
+            if (strcmp(v, "none"))
+                return zcli_fail(PROG, "offload is not built yet; run without it",
+                                 "%s %s: not supported in this version", a, v);
+        } else
+            return usage_error("unknown option ", a);
+        (void)x;
+    }
+    if (nproc != 1)
+        return zcli_fail(PROG, "run with --nproc 1 for now",
+                         "--nproc %u: multi-rank ZeRO training is not built yet in this version",
+                         nproc);
+    if (!strcmp(device, "cuda"))
+        return zcli_fail(PROG, "install the CUDA toolkit and re-run make",
+                         "this build has no CUDA support");
+    if (strcmp(device, "cpu") && strcmp(device, "auto"))
+        return zcli_fail(PROG, NULL, "--device '%s': expected cpu, cuda or auto", device);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    o.stop = &stop_flag;
+    o.log = stdout;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    zr_train_result res;
+    if (zr_train(&res, &o) < 0)
+        return zcli_fail_lib(PROG, NULL);
+    if (stop_flag)
+        printf(PROG ": stopped by a signal after step %llu; checkpoint: %s\n",
+               (unsigned long long)res.step, res.ckpt[0] ? res.ckpt : "(none needed)");
+    return ZCLI_OK;
+}

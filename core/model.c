@@ -1,0 +1,751 @@
+/*
+ * model.c: GPT-2 on the CPU in fp32 (zr.h, "model"): token + learned position embeddings,
+ * L pre-LN blocks (ln_1 -> c_attn -> causal self-attention -> c_proj -> residual; ln_2 -> c_fc
+ * -> GELU (tanh) -> c_proj -> residual), ln_f, logits through the tied token embedding, softmax
+ * and mean cross-entropy. Each layer is a <layer>_forward / <layer>_backward pair; matmuls go to
+ * cblas_sgemm, every other loop is plain C for the compiler to vectorize.
+ *
+ * Memory: one parameter arena and one gradient arena holding the groups of the checkpoint
+ * layout (formats/zfmt.h: wte, wpe, h.0 ... h.<L-1>, ln_f) end to end, tensors in layout order,
+ * weights [out, in]; one activation arena sized for max_B x ctx at creation and reused by every
+ * step. Offsets are computed here from the config (the same arithmetic as zfmt_gpt2_layout;
+ * tests/test_model.c checks that they agree).
+ *
+ * Shapes in comments: B batch, T sequence, C channels, NH heads, hs = C / NH, V vocabulary,
+ * N = B * T positions.
+ */
+#include "zr.h"
+
+#include <assert.h>
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define ARENA_ALIGN ((size_t)2 << 20) /* 2 MiB: huge-page aligned */
+#define BUF_ALIGN 64                  /* each activation buffer starts on a cache line */
+#define LN_EPS 1e-5f
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define DLOGITS_MAX_NUMEL ((size_t)1 << 24) /* dlogits scratch: at most 64 MiB of rows */
+
+/* The 12 tensors of a block, in layout order (zfmt.h). */
+enum {
+    K_LN1W, K_LN1B, K_QKVW, K_QKVB, K_ATTPROJW, K_ATTPROJB,
+    K_LN2W, K_LN2B, K_FCW, K_FCB, K_FCPROJW, K_FCPROJB, K_COUNT
+};
+
+/* Tensor shapes as multiples of C: [out_mul C, in_mul C], in_mul 0 for vectors [out_mul C]. */
+static const struct {
+    unsigned out_mul, in_mul;
+} kind_shape[K_COUNT] = {
+    {1, 0}, {1, 0}, {3, 1}, {3, 0}, {1, 1}, {1, 0},
+    {1, 0}, {1, 0}, {4, 1}, {4, 0}, {1, 4}, {1, 0},
+};
+
+/* What one block keeps from forward for backward; each buffer sized for max_B x ctx. */
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd; /* [N, C], [N], [N] */
+    float *qkv;                       /* [N, 3C] */
+    float *atty;                      /* [N, C]: attention output before c_proj */
+    float *att;                       /* [B, NH, T, T]: softmax weights, row t valid to t */
+    float *res2;                      /* [N, C]: residual after attention */
+    float *ln2, *ln2_mean, *ln2_rstd; /* [N, C], [N], [N] */
+    float *fch, *fch_gelu;            /* [N, 4C] before and after GELU */
+    float *res3;                      /* [N, C]: block output */
+} layer_acts;
+
+struct zr_model {
+    zr_gpt2_config c;
+    size_t max_B;
+    uint64_t numel;                 /* all groups */
+    uint64_t layer_numel;           /* one h.<l> group */
+    uint64_t kind_off[K_COUNT + 1]; /* tensor offsets inside a block group */
+    float *params, *grads;          /* arenas of numel floats */
+    size_t arena_bytes;             /* allocated size of each of the two (2 MiB multiple) */
+
+    unsigned char *acts_mem;
+    size_t acts_bytes;                /* allocated size (2 MiB multiple) */
+    float *encoded;                   /* [N, C] */
+    layer_acts *layer;                /* [L], pointers into acts_mem */
+    float *lnf, *lnf_mean, *lnf_rstd; /* [N, C], [N], [N] */
+    float *probs;                     /* [N, V]: logits, then softmax in place */
+    float *losses;                    /* [N] */
+    int32_t *inputs, *targets;        /* [N] copies of the last forward's tokens */
+    /* backward scratch */
+    float *dres;    /* [N, C]: gradient of the residual stream */
+    float *dC;      /* [N, C]: gradient of a layernorm output or of atty */
+    float *dqkv;    /* [N, 3C] */
+    float *d4C;     /* [N, 4C]: gradient of fch_gelu, then of fch (in place) */
+    float *dlogits; /* [dlogits_rows, V] */
+    float *drow;    /* [2 ctx]: one attention row's datt and dpreatt */
+    size_t dlogits_rows;
+
+    size_t B, T;     /* of the last forward */
+    int fwd_targets; /* -1: no forward yet; 0: last forward had no targets; 1: it had */
+};
+
+/* ---------------------------------------------------------------- layout */
+
+static uint64_t group_offset(const zr_model *m, size_t g)
+{
+    uint64_t C = m->c.dim;
+    if (g == 0)
+        return 0;
+    uint64_t off = (uint64_t)m->c.vocab * C; /* after wte */
+    if (g == 1)
+        return off;
+    off += (uint64_t)m->c.ctx * C; /* after wpe */
+    return off + (g - 2) * m->layer_numel; /* h.<g-2>, or ln_f after the last block */
+}
+
+static float *tensor(float *arena, const zr_model *m, size_t l, int kind)
+{
+    return arena + group_offset(m, 2 + l) + m->kind_off[kind];
+}
+
+/* ---------------------------------------------------------------- memory */
+
+/* A zeroed arena aligned to 2 MiB with huge pages advised; bytes rounded up to 2 MiB. */
+static void *arena_alloc(size_t *bytes)
+{
+    size_t n = (*bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    void *p = NULL;
+    if (n == 0 || posix_memalign(&p, ARENA_ALIGN, n))
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, n, MADV_HUGEPAGE); /* advice only: without THP the arena still works */
+#endif
+    memset(p, 0, n);
+    *bytes = n;
+    return p;
+}
+
+/* Next buffer of the activation arena: with base NULL only counts (the sizing pass). */
+static void *carve(unsigned char *base, size_t *off, double *total, size_t numel)
+{
+    *off = (*off + BUF_ALIGN - 1) / BUF_ALIGN * BUF_ALIGN;
+    void *p = base ? base + *off : NULL;
+    *off += numel * sizeof(float);
+    *total += (double)numel * sizeof(float) + BUF_ALIGN;
+    return p;
+}
+
+/* Lay the activation arena out (base NULL: only size it). *total, computed in double, lets the
+ * caller reject configs whose size_t products would overflow. */
+static size_t acts_layout(zr_model *m, unsigned char *base, double *total)
+{
+    size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, T = m->c.ctx;
+    size_t N = m->max_B * T, off = 0;
+    *total = 0;
+    m->encoded = carve(base, &off, total, N * C);
+    for (size_t l = 0; l < L; l++) {
+        layer_acts a;
+        a.ln1 = carve(base, &off, total, N * C);
+        a.ln1_mean = carve(base, &off, total, N);
+        a.ln1_rstd = carve(base, &off, total, N);
+        a.qkv = carve(base, &off, total, N * 3 * C);
+        a.atty = carve(base, &off, total, N * C);
+        /* the one product that can overflow size_t: counted in double for the caller */
+        *total += (double)m->max_B * NH * T * T * sizeof(float);
+        a.att = carve(base, &off, total, m->max_B * NH * T * T);
+        a.res2 = carve(base, &off, total, N * C);
+        a.ln2 = carve(base, &off, total, N * C);
+        a.ln2_mean = carve(base, &off, total, N);
+        a.ln2_rstd = carve(base, &off, total, N);
+        a.fch = carve(base, &off, total, N * 4 * C);
+        a.fch_gelu = carve(base, &off, total, N * 4 * C);
+        a.res3 = carve(base, &off, total, N * C);
+        if (base)
+            m->layer[l] = a;
+    }
+    m->lnf = carve(base, &off, total, N * C);
+    m->lnf_mean = carve(base, &off, total, N);
+    m->lnf_rstd = carve(base, &off, total, N);
+    m->probs = carve(base, &off, total, N * V);
+    m->losses = carve(base, &off, total, N);
+    m->inputs = carve(base, &off, total, N);
+    m->targets = carve(base, &off, total, N);
+    m->dres = carve(base, &off, total, N * C);
+    m->dC = carve(base, &off, total, N * C);
+    m->dqkv = carve(base, &off, total, N * 3 * C);
+    m->d4C = carve(base, &off, total, N * 4 * C);
+    m->dlogits = carve(base, &off, total, m->dlogits_rows * V);
+    m->drow = carve(base, &off, total, 2 * T);
+    return off;
+}
+
+/* ---------------------------------------------------------------- construction */
+
+int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B)
+{
+    assert(out && c);
+    *out = NULL;
+    const struct {
+        const char *name;
+        uint32_t v;
+    } f[] = {{"layers", c->layers}, {"heads", c->heads}, {"dim", c->dim}, {"ctx", c->ctx},
+             {"vocab", c->vocab}};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+        if (!f[i].v)
+            return zr_err_set(ZR_EINVAL, "model: %s is 0 (expected >= 1)", f[i].name);
+    if (c->dim % c->heads)
+        return zr_err_set(ZR_EINVAL, "model: dim %u is not a multiple of heads %u", c->dim,
+                          c->heads);
+    if (max_B == 0)
+        return zr_err_set(ZR_EINVAL, "model: max batch 0 (expected >= 1)");
+    /* BLAS takes int dimensions: N = max_B ctx rows, V and 4C columns */
+    if ((double)max_B * c->ctx > INT_MAX || c->vocab > INT_MAX || c->dim > INT_MAX / 4)
+        return zr_err_set(ZR_EINVAL, "model: batch %zu x ctx %u, vocab %u or 4 x dim %u "
+                          "exceeds the BLAS int range", max_B, c->ctx, c->vocab, c->dim);
+
+    zr_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return zr_err_set(ZR_ENOMEM, "model: out of memory");
+    m->c = *c;
+    m->max_B = max_B;
+    m->fwd_targets = -1;
+    uint64_t C = c->dim;
+    m->kind_off[0] = 0;
+    for (int k = 0; k < K_COUNT; k++)
+        m->kind_off[k + 1] = m->kind_off[k] +
+            kind_shape[k].out_mul * C * (kind_shape[k].in_mul ? kind_shape[k].in_mul * C : 1);
+    m->layer_numel = m->kind_off[K_COUNT];
+    size_t N = max_B * c->ctx;
+    m->dlogits_rows = DLOGITS_MAX_NUMEL / c->vocab;
+    if (m->dlogits_rows < 1)
+        m->dlogits_rows = 1;
+    if (m->dlogits_rows > N)
+        m->dlogits_rows = N;
+    /* sizes in double first: past 2^60 bytes the size_t arithmetic below could wrap */
+    double numel_d = ((double)c->vocab + c->ctx + 2) * C + (double)c->layers * m->layer_numel;
+    double acts_d;
+    size_t abytes = acts_layout(m, NULL, &acts_d);
+    if (numel_d * sizeof(float) > 0x1p60 || acts_d > 0x1p60) {
+        free(m);
+        return zr_err_set(ZR_EINVAL, "model: %.3g parameters and %.3g bytes of activations "
+                          "(batch %zu): too large", numel_d, acts_d, max_B);
+    }
+    m->numel = ((uint64_t)c->vocab + c->ctx + 2) * C + c->layers * m->layer_numel;
+    size_t pbytes = m->numel * sizeof(float), gbytes = pbytes;
+    uint64_t want = (uint64_t)pbytes + gbytes + abytes;
+    m->layer = calloc(c->layers, sizeof *m->layer);
+    m->params = m->layer ? arena_alloc(&pbytes) : NULL;
+    m->grads = m->params ? arena_alloc(&gbytes) : NULL;
+    m->acts_mem = m->grads ? arena_alloc(&abytes) : NULL;
+    if (!m->acts_mem) {
+        zr_model_free(m);
+        return zr_err_set(ZR_ENOMEM, "model: out of memory for %.1f MiB of parameters, "
+                          "gradients and activations (batch %zu x ctx %u)",
+                          (double)want / (1 << 20), max_B, c->ctx);
+    }
+    m->arena_bytes = pbytes;
+    m->acts_bytes = abytes;
+    acts_layout(m, m->acts_mem, &acts_d);
+    *out = m;
+    return 0;
+}
+
+void zr_model_free(zr_model *m)
+{
+    if (!m)
+        return;
+    free(m->params);
+    free(m->grads);
+    free(m->acts_mem);
+    free(m->layer);
+    free(m);
+}
+
+const zr_gpt2_config *zr_model_config(const zr_model *m) { return &m->c; }
+size_t zr_model_n_groups(const zr_model *m) { return (size_t)m->c.layers + 3; }
+uint64_t zr_model_numel(const zr_model *m) { return m->numel; }
+
+uint64_t zr_model_group_numel(const zr_model *m, size_t g)
+{
+    assert(g < zr_model_n_groups(m));
+    uint64_t C = m->c.dim;
+    if (g == 0)
+        return (uint64_t)m->c.vocab * C;
+    if (g == 1)
+        return (uint64_t)m->c.ctx * C;
+    if (g < (size_t)m->c.layers + 2)
+        return m->layer_numel;
+    return 2 * C;
+}
+
+float *zr_model_param(zr_model *m, size_t g)
+{
+    assert(g < zr_model_n_groups(m));
+    return m->params + group_offset(m, g);
+}
+
+float *zr_model_grad(zr_model *m, size_t g)
+{
+    assert(g < zr_model_n_groups(m));
+    return m->grads + group_offset(m, g);
+}
+
+void zr_model_zero_grad(zr_model *m) { memset(m->grads, 0, m->numel * sizeof(float)); }
+
+const float *zr_model_probs(const zr_model *m) { return m->probs; }
+
+void zr_model_bytes(const zr_model *m, uint64_t *params, uint64_t *grads, uint64_t *acts)
+{
+    if (params)
+        *params = m->arena_bytes;
+    if (grads)
+        *grads = m->arena_bytes;
+    if (acts)
+        *acts = m->acts_bytes;
+}
+
+void zr_set_threads(int n)
+{
+    if (n >= 1)
+        openblas_set_num_threads(n);
+}
+
+/* ---------------------------------------------------------------- initialization */
+
+/* splitmix64's output function: element i of a stream is mix64(key + (i + 1) * golden), so any
+ * element can be drawn without drawing the ones before it. */
+#define GOLDEN 0x9e3779b97f4a7c15ull
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* x[i] = std * N(0, 1) for arena elements [first, first + n): Box-Muller on draws 2j and 2j+1
+ * of the stream, cos for even elements, sin for odd ones. */
+static void fill_normal(float *x, uint64_t first, uint64_t n, uint64_t key, float std)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t e = first + i, j = e >> 1;
+        uint64_t a = mix64(key + (2 * j + 1) * GOLDEN), b = mix64(key + (2 * j + 2) * GOLDEN);
+        double u1 = (double)((a >> 11) + 1) * 0x1.0p-53; /* (0, 1]: log is finite */
+        double u2 = (double)(b >> 11) * 0x1.0p-53;
+        double r = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
+        x[i] = (float)(std * r * ((e & 1) ? sin(th) : cos(th)));
+    }
+}
+
+static void fill_const(float *x, uint64_t n, float v)
+{
+    for (uint64_t i = 0; i < n; i++)
+        x[i] = v;
+}
+
+/* Each weight element is a function of (seed, its index in the arena) alone, so the bits do
+ * not depend on the order or the part of the arena filled. */
+void zr_model_init_weights(zr_model *m, uint64_t seed)
+{
+    uint64_t key = mix64(seed ^ 0x7a65726f2d677074ull); /* "zero-gpt" */
+    uint64_t V = m->c.vocab, T = m->c.ctx, C = m->c.dim;
+    float std = 0.02f, std_res = 0.02f / sqrtf(2.0f * (float)m->c.layers);
+    fill_normal(m->params, 0, V * C, key, std);
+    fill_normal(m->params + V * C, V * C, T * C, key, std);
+    for (size_t l = 0; l < m->c.layers; l++)
+        for (int k = 0; k < K_COUNT; k++) {
+            float *p = tensor(m->params, m, l, k);
+            uint64_t n = m->kind_off[k + 1] - m->kind_off[k];
+            if (kind_shape[k].in_mul)
+                fill_normal(p, (uint64_t)(p - m->params), n, key,
+                            k == K_ATTPROJW || k == K_FCPROJW ? std_res : std);
+            else
+                fill_const(p, n, k == K_LN1W || k == K_LN2W ? 1.0f : 0.0f);
+        }
+    float *lnf = m->params + group_offset(m, (size_t)m->c.layers + 2);
+    fill_const(lnf, C, 1.0f);
+    fill_const(lnf + C, C, 0.0f);
+}
+
+/* ---------------------------------------------------------------- layers */
+
+/* out[n, :] = wte[inp[n], :] + wpe[n % T, :] */
+static void encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe,
+                            size_t B, size_t T, size_t C)
+{
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < T; t++) {
+            float *o = out + (b * T + t) * C;
+            const float *we = wte + (size_t)inp[b * T + t] * C, *pe = wpe + t * C;
+            for (size_t i = 0; i < C; i++)
+                o[i] = we[i] + pe[i];
+        }
+}
+
+static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp,
+                             size_t B, size_t T, size_t C)
+{
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < T; t++) {
+            const float *d = dout + (b * T + t) * C;
+            float *dwe = dwte + (size_t)inp[b * T + t] * C, *dpe = dwpe + t * C;
+            for (size_t i = 0; i < C; i++) {
+                dwe[i] += d[i];
+                dpe[i] += d[i];
+            }
+        }
+}
+
+/* out = (inp - mean) * rstd * w + b per row of C; mean, rstd [N] kept for backward. */
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *bias, size_t N, size_t C)
+{
+    for (size_t n = 0; n < N; n++) {
+        const float *x = inp + n * C;
+        float *o = out + n * C;
+        float mu = 0.0f, var = 0.0f;
+        for (size_t i = 0; i < C; i++)
+            mu += x[i];
+        mu /= (float)C;
+        for (size_t i = 0; i < C; i++)
+            var += (x[i] - mu) * (x[i] - mu);
+        var /= (float)C; /* biased, as PyTorch */
+        float s = 1.0f / sqrtf(var + LN_EPS);
+        for (size_t i = 0; i < C; i++)
+            o[i] = (x[i] - mu) * s * w[i] + bias[i];
+        mean[n] = mu;
+        rstd[n] = s;
+    }
+}
+
+/* dinp += d/dinp, dw += , db += (dinp is accumulated: it is the residual stream's gradient). */
+static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *mean, const float *rstd,
+                               const float *w, size_t N, size_t C)
+{
+    for (size_t n = 0; n < N; n++) {
+        const float *x = inp + n * C, *d = dout + n * C;
+        float *dx = dinp + n * C, mu = mean[n], s = rstd[n];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (size_t i = 0; i < C; i++) {
+            float norm = (x[i] - mu) * s, dnorm = w[i] * d[i];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * norm;
+        }
+        dnorm_mean /= (float)C;
+        dnorm_norm_mean /= (float)C;
+        for (size_t i = 0; i < C; i++) {
+            float norm = (x[i] - mu) * s, dnorm = w[i] * d[i];
+            db[i] += d[i];
+            dw[i] += norm * d[i];
+            dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        }
+    }
+}
+
+/* out[N, OC] = beta * out + inp[N, IC] W[OC, IC]^T + b[OC]. beta 1 adds onto out (a residual
+ * copied there first). */
+static void matmul_forward(float *out, const float *inp, const float *W, const float *bias,
+                           size_t N, size_t IC, size_t OC, float beta)
+{
+    for (size_t n = 0; n < N; n++) {
+        float *o = out + n * OC;
+        if (beta == 0.0f)
+            memcpy(o, bias, OC * sizeof(float));
+        else
+            for (size_t j = 0; j < OC; j++)
+                o[j] += bias[j];
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)IC, 1.0f, inp,
+                (int)IC, W, (int)IC, 1.0f, out, (int)OC);
+}
+
+/* dinp[N, IC] = dout W (overwritten); dW[OC, IC] += dout^T inp; db[OC] += column sums. */
+static void matmul_backward(float *dinp, float *dW, float *db, const float *dout,
+                            const float *inp, const float *W, size_t N, size_t IC, size_t OC)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)IC, (int)OC, 1.0f, dout,
+                (int)OC, W, (int)IC, 0.0f, dinp, (int)IC);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)OC, (int)IC, (int)N, 1.0f, dout,
+                (int)OC, inp, (int)IC, 1.0f, dW, (int)IC);
+    for (size_t n = 0; n < N; n++) {
+        const float *d = dout + n * OC;
+        for (size_t j = 0; j < OC; j++)
+            db[j] += d[j];
+    }
+}
+
+/* The attention loops' inner products over one head (hs floats). Eight explicit partial sums
+ * and restrict let -O2 vectorize them without -ffast-math: the summation order is fixed by the
+ * code, not by the compiler, so results do not depend on the vector width. */
+static inline float dot(const float *restrict a, const float *restrict b, size_t n)
+{
+    float acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++)
+            acc[j] += a[i + j] * b[i + j];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* y += a x */
+static inline void axpy(float *restrict y, float a, const float *restrict x, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++)
+            y[i + j] += a * x[i + j];
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+/*
+ * Causal self-attention. qkv [N, 3C] holds q, k, v of each position; head h uses channels
+ * [h hs, (h+1) hs) of each. att [B, NH, T, T]: row t holds softmax(q_t . k_t2 / sqrt(hs)) for
+ * t2 <= t (the rest of the row is never read). out [N, C] = sum_t2 att[t2] v_t2 per head.
+ */
+static void attention_forward(float *out, float *att, const float *qkv, size_t B, size_t T,
+                              size_t C, size_t NH)
+{
+    size_t C3 = 3 * C, hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < T; t++)
+            for (size_t h = 0; h < NH; h++) {
+                const float *q = qkv + (b * T + t) * C3 + h * hs;
+                float *a = att + ((b * NH + h) * T + t) * T;
+                float maxv = -INFINITY;
+                for (size_t t2 = 0; t2 <= t; t2++) {
+                    a[t2] = dot(q, qkv + (b * T + t2) * C3 + C + h * hs, hs) * scale;
+                    if (a[t2] > maxv)
+                        maxv = a[t2];
+                }
+                float sum = 0.0f;
+                for (size_t t2 = 0; t2 <= t; t2++) {
+                    a[t2] = expf(a[t2] - maxv);
+                    sum += a[t2];
+                }
+                float inv = 1.0f / sum; /* sum >= 1: the maximum contributes exp(0) */
+                float *o = out + (b * T + t) * C + h * hs;
+                memset(o, 0, hs * sizeof(float));
+                for (size_t t2 = 0; t2 <= t; t2++) {
+                    a[t2] *= inv;
+                    axpy(o, a[t2], qkv + (b * T + t2) * C3 + 2 * C + h * hs, hs);
+                }
+            }
+}
+
+/* dqkv [N, 3C] (overwritten) from dout [N, C]; row [2T] scratch holds one row's datt and
+ * dpreatt. Softmax backward: dpre[t2] = att[t2] (datt[t2] - sum_t3 att[t3] datt[t3]). */
+static void attention_backward(float *dqkv, float *row, const float *dout, const float *qkv,
+                               const float *att, size_t B, size_t T, size_t C, size_t NH)
+{
+    size_t C3 = 3 * C, hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    float *datt = row, *dpre = row + T;
+    memset(dqkv, 0, B * T * C3 * sizeof(float));
+    for (size_t b = 0; b < B; b++)
+        for (size_t t = 0; t < T; t++)
+            for (size_t h = 0; h < NH; h++) {
+                const float *q = qkv + (b * T + t) * C3 + h * hs;
+                const float *a = att + ((b * NH + h) * T + t) * T;
+                const float *d = dout + (b * T + t) * C + h * hs;
+                float *dq = dqkv + (b * T + t) * C3 + h * hs;
+                float adatt = 0.0f; /* sum_t2 att[t2] datt[t2] */
+                for (size_t t2 = 0; t2 <= t; t2++) {
+                    size_t v = (b * T + t2) * C3 + 2 * C + h * hs;
+                    datt[t2] = dot(qkv + v, d, hs);
+                    axpy(dqkv + v, a[t2], d, hs);
+                    adatt += a[t2] * datt[t2];
+                }
+                for (size_t t2 = 0; t2 <= t; t2++)
+                    dpre[t2] = a[t2] * (datt[t2] - adatt) * scale;
+                for (size_t t2 = 0; t2 <= t; t2++) {
+                    size_t k = (b * T + t2) * C3 + C + h * hs;
+                    axpy(dq, dpre[t2], qkv + k, hs);
+                    axpy(dqkv + k, dpre[t2], q, hs);
+                }
+            }
+}
+
+/* tanh(sqrt(2/pi) (x + 0.044715 x^3)) through expf, about 3x cheaper than tanhf: the absolute
+ * error (~1e-7 near 0) is what the GELU uses, 1 + tanh, and what the backward's 1 - tanh^2
+ * sees; large |u| gives exp inf or 0, hence exactly +-1. */
+static inline float gelu_tanh(float x)
+{
+    float u = GELU_K * (x + 0.044715f * x * x * x);
+    return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f);
+}
+
+/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+static void gelu_forward(float *out, const float *inp, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = 0.5f * inp[i] * (1.0f + gelu_tanh(inp[i]));
+}
+
+/* d[i] *= gelu'(inp[i]), in place */
+static void gelu_backward(float *d, const float *inp, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float th = gelu_tanh(x);
+        float sech2 = 1.0f - th * th;
+        float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3 * 0.044715f * x * x);
+        d[i] *= g;
+    }
+}
+
+/* Rows of logits [N, V] -> probabilities in place; losses[n] = -log p[n, targets[n]] when
+ * targets is not NULL, computed from the logits (log-sum-exp) so that it stays finite. */
+static void softmax_xent_forward(float *probs, float *losses, const int32_t *targets, size_t N,
+                                 size_t V)
+{
+    for (size_t n = 0; n < N; n++) {
+        float *p = probs + n * V;
+        float maxv = -INFINITY;
+        for (size_t v = 0; v < V; v++)
+            maxv = p[v] > maxv ? p[v] : maxv;
+        float target_logit = targets ? p[targets[n]] - maxv : 0.0f;
+        float sum = 0.0f;
+        for (size_t v = 0; v < V; v++) {
+            p[v] = expf(p[v] - maxv);
+            sum += p[v];
+        }
+        float inv = 1.0f / sum;
+        for (size_t v = 0; v < V; v++)
+            p[v] *= inv;
+        if (targets)
+            losses[n] = logf(sum) - target_logit;
+    }
+}
+
+/* ---------------------------------------------------------------- forward and backward */
+
+static int check_tokens(const int32_t *tok, size_t n, uint32_t V, const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (tok[i] < 0 || (uint32_t)tok[i] >= V)
+            return zr_err_set(ZR_EINVAL, "forward: %s[%zu] = %d is not a token id (vocab %u)",
+                              what, i, tok[i], V);
+    return 0;
+}
+
+int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets, size_t B,
+                     size_t T, float *loss)
+{
+    assert(m && inputs && loss);
+    size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, N = B * T;
+    if (B < 1 || B > m->max_B)
+        return zr_err_set(ZR_EINVAL, "forward: batch B = %zu out of range (expected 1..%zu)",
+                          B, m->max_B);
+    if (T < 1 || T > m->c.ctx)
+        return zr_err_set(ZR_EINVAL, "forward: sequence length T = %zu out of range "
+                          "(expected 1..%u, the model's ctx)", T, m->c.ctx);
+    ZR_TRY(check_tokens(inputs, N, m->c.vocab, "inputs"));
+    if (targets)
+        ZR_TRY(check_tokens(targets, N, m->c.vocab, "targets"));
+
+    m->B = B;
+    m->T = T;
+    m->fwd_targets = targets != NULL;
+    memcpy(m->inputs, inputs, N * sizeof *inputs);
+    if (targets)
+        memcpy(m->targets, targets, N * sizeof *targets);
+    const float *wte = m->params, *wpe = m->params + group_offset(m, 1);
+    encoder_forward(m->encoded, m->inputs, wte, wpe, B, T, C);
+    const float *res = m->encoded;
+    for (size_t l = 0; l < L; l++) {
+        layer_acts *a = &m->layer[l];
+        float *P = m->params;
+        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, tensor(P, m, l, K_LN1W),
+                          tensor(P, m, l, K_LN1B), N, C);
+        matmul_forward(a->qkv, a->ln1, tensor(P, m, l, K_QKVW), tensor(P, m, l, K_QKVB), N, C,
+                       3 * C, 0.0f);
+        attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+        memcpy(a->res2, res, N * C * sizeof(float)); /* res2 = res + c_proj(atty) */
+        matmul_forward(a->res2, a->atty, tensor(P, m, l, K_ATTPROJW),
+                       tensor(P, m, l, K_ATTPROJB), N, C, C, 1.0f);
+        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, tensor(P, m, l, K_LN2W),
+                          tensor(P, m, l, K_LN2B), N, C);
+        matmul_forward(a->fch, a->ln2, tensor(P, m, l, K_FCW), tensor(P, m, l, K_FCB), N, C,
+                       4 * C, 0.0f);
+        gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
+        memcpy(a->res3, a->res2, N * C * sizeof(float)); /* res3 = res2 + mlp */
+        matmul_forward(a->res3, a->fch_gelu, tensor(P, m, l, K_FCPROJW),
+                       tensor(P, m, l, K_FCPROJB), N, 4 * C, C, 1.0f);
+        res = a->res3;
+    }
+    const float *lnf_w = m->params + group_offset(m, L + 2);
+    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, lnf_w, lnf_w + C, N, C);
+    /* logits [N, V] = lnf [N, C] wte[V, C]^T: the head is tied to the token embedding */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)V, (int)C, 1.0f, m->lnf,
+                (int)C, wte, (int)C, 0.0f, m->probs, (int)V);
+    softmax_xent_forward(m->probs, m->losses, targets ? m->targets : NULL, N, V);
+    double sum = 0.0;
+    if (targets)
+        for (size_t n = 0; n < N; n++)
+            sum += m->losses[n];
+    *loss = (float)(sum / (double)N);
+    return 0;
+}
+
+int zr_model_backward(zr_model *m, float scale)
+{
+    assert(m);
+    if (m->fwd_targets < 0)
+        return zr_err_set(ZR_EINVAL, "backward: no forward to differentiate");
+    if (m->fwd_targets == 0)
+        return zr_err_set(ZR_EINVAL, "backward: the last forward had no targets (no loss)");
+    size_t B = m->B, T = m->T, N = B * T, L = m->c.layers, C = m->c.dim, NH = m->c.heads;
+    size_t V = m->c.vocab;
+    const float *wte = m->params, *lnf_w = m->params + group_offset(m, L + 2);
+    float *dwte = m->grads, *dwpe = m->grads + group_offset(m, 1);
+    float *dlnf_w = m->grads + group_offset(m, L + 2);
+    const float *res_last = L ? m->layer[L - 1].res3 : m->encoded;
+
+    /* head, in chunks of rows: dlogits = scale (probs - onehot) / N; dlnf = dlogits wte
+     * (into dC); dwte += dlogits^T lnf */
+    float k = scale / (float)N;
+    for (size_t r0 = 0; r0 < N; r0 += m->dlogits_rows) {
+        size_t rows = N - r0 < m->dlogits_rows ? N - r0 : m->dlogits_rows;
+        for (size_t r = 0; r < rows; r++) {
+            const float *p = m->probs + (r0 + r) * V;
+            float *dl = m->dlogits + r * V;
+            for (size_t v = 0; v < V; v++)
+                dl[v] = k * p[v];
+            dl[m->targets[r0 + r]] -= k;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)C, (int)V, 1.0f,
+                    m->dlogits, (int)V, wte, (int)C, 0.0f, m->dC + r0 * C, (int)C);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)V, (int)C, (int)rows, 1.0f,
+                    m->dlogits, (int)V, m->lnf + r0 * C, (int)C, 1.0f, dwte, (int)C);
+    }
+    memset(m->dres, 0, N * C * sizeof(float));
+    layernorm_backward(m->dres, dlnf_w, dlnf_w + C, m->dC, res_last, m->lnf_mean, m->lnf_rstd,
+                       lnf_w, N, C);
+
+    /* blocks, last to first; dres holds the gradient of the block's output, then of its input */
+    for (size_t l = L; l-- > 0;) {
+        layer_acts *a = &m->layer[l];
+        const float *res = l ? m->layer[l - 1].res3 : m->encoded;
+        float *P = m->params, *G = m->grads;
+        /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
+        matmul_backward(m->d4C, tensor(G, m, l, K_FCPROJW), tensor(G, m, l, K_FCPROJB), m->dres,
+                        a->fch_gelu, tensor(P, m, l, K_FCPROJW), N, 4 * C, C);
+        gelu_backward(m->d4C, a->fch, N * 4 * C);
+        matmul_backward(m->dC, tensor(G, m, l, K_FCW), tensor(G, m, l, K_FCB), m->d4C, a->ln2,
+                        tensor(P, m, l, K_FCW), N, C, 4 * C);
+        layernorm_backward(m->dres, tensor(G, m, l, K_LN2W), tensor(G, m, l, K_LN2B), m->dC,
+                           a->res2, a->ln2_mean, a->ln2_rstd, tensor(P, m, l, K_LN2W), N, C);
+        /* attention: res2 = res + c_proj(attn(c_attn(ln_1(res)))) */
+        matmul_backward(m->dC, tensor(G, m, l, K_ATTPROJW), tensor(G, m, l, K_ATTPROJB),
+                        m->dres, a->atty, tensor(P, m, l, K_ATTPROJW), N, C, C);
+        attention_backward(m->dqkv, m->drow, m->dC, a->qkv, a->att, B, T, C, NH);
+        matmul_backward(m->dC, tensor(G, m, l, K_QKVW), tensor(G, m, l, K_QKVB), m->dqkv, a->ln1,
+                        tensor(P, m, l, K_QKVW), N, C, 3 * C);
+        layernorm_backward(m->dres, tensor(G, m, l, K_LN1W), tensor(G, m, l, K_LN1B), m->dC, res,
+                           a->ln1_mean, a->ln1_rstd, tensor(P, m, l, K_LN1W), N, C);
+    }
+    encoder_backward(dwte, dwpe, m->dres, m->inputs, B, T, C);
+    return 0;
+}

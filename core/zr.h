@@ -1,0 +1,164 @@
+/*
+ * zr.h: the public interface of core/, the training engine: the GPT-2 model (forward and
+ * backward in C, matmuls through BLAS), AdamW, the LR schedule, data, and the training loop
+ * that saves and resumes through ckpt/ (zck.h). core/ uses only ckpt/'s public API.
+ *
+ * Conventions are ckpt's: 0 or a negative ZR_E* code with a one-line message (zr_err_msg()),
+ * outputs through the first argument, the library never prints errors and never exits (the
+ * training loop's per-step log line goes to a caller-chosen stream).
+ */
+#ifndef ZR_H
+#define ZR_H
+
+#include "zck.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- model configuration */
+
+typedef struct {
+    uint32_t layers, heads, dim, ctx, vocab; /* L, NH, C, maximum T, V */
+} zr_gpt2_config;
+
+/*
+ * "tiny" (L=4, NH=4, C=128, T=128, V=256: the default run), "gpt2" (12, 12, 768, 1024, 50257),
+ * "gpt2-medium" (24, 16, 1024, 1024, 50257), or fields: "gpt2:layers=4,heads=4,dim=256,ctx=128,
+ * vocab=256" (fields not given keep the tiny values). ZR_EINVAL naming the bad part; dim must
+ * be a multiple of heads.
+ */
+int zr_gpt2_config_parse(zr_gpt2_config *out, const char *spec);
+/* The manifest's model section, exactly as formats/ writes it:
+ * {"arch":"gpt2","layers":L,"heads":NH,"dim":C,"ctx":T,"vocab":V}. */
+int zr_gpt2_config_to_json(char **out, const zr_gpt2_config *c);
+int zr_gpt2_config_from_json(zr_gpt2_config *out, const char *json);
+/* The checkpoint layout: the GPT-2 naming contract of docs/FORMAT.md (the same groups, tensor
+ * names, shapes [out, in] and states param/exp_avg/exp_avg_sq f32 as zfmt_gpt2_layout). */
+int zr_gpt2_layout(zck_layout **out, const zr_gpt2_config *c);
+
+/* ---------------------------------------------------------------- model */
+
+/*
+ * The model owns one parameter arena and one gradient arena (huge-page advised), each holding
+ * the groups of zr_gpt2_layout end to end in layout order: group g's tensors are contiguous at
+ * zr_model_param(m, g), in the layout's tensor order and shapes, row-major. Activations for up
+ * to max_B sequences of up to ctx tokens are allocated once at creation and reused.
+ */
+typedef struct zr_model zr_model;
+int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B);
+void zr_model_free(zr_model *m);
+const zr_gpt2_config *zr_model_config(const zr_model *m);
+size_t zr_model_n_groups(const zr_model *m);
+uint64_t zr_model_group_numel(const zr_model *m, size_t g);
+uint64_t zr_model_numel(const zr_model *m);       /* all groups */
+float *zr_model_param(zr_model *m, size_t g);     /* borrowed; arena + group offset */
+float *zr_model_grad(zr_model *m, size_t g);
+/* GPT-2 initialization from seed alone: weights N(0, 0.02), the two residual projections
+ * (attn.c_proj.weight, mlp.c_proj.weight) N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1
+ * and biases 0. Deterministic: same seed, same bits. */
+void zr_model_init_weights(zr_model *m, uint64_t seed);
+/* Forward B sequences of T tokens (B <= max_B, T <= ctx): inputs [B*T] token ids < V; with
+ * targets [B*T], *loss is the mean cross-entropy over the B*T positions (else *loss is 0 and
+ * only logits are computed). ZR_EINVAL on sizes or token ids out of range. */
+int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets, size_t B,
+                     size_t T, float *loss);
+/* Probabilities of the last forward, [B*T, V] (borrowed, valid until the next forward). */
+const float *zr_model_probs(const zr_model *m);
+void zr_model_zero_grad(zr_model *m);
+/* Backward of the last forward (which had targets): grads += scale * d(mean loss)/d(params).
+ * The trainer passes scale = 1 / micro-batches so accumulated grads are those of the mean
+ * loss over the whole global batch. */
+int zr_model_backward(zr_model *m, float scale);
+/* Bytes held: parameters, gradients, activations (for the memory report). */
+void zr_model_bytes(const zr_model *m, uint64_t *params, uint64_t *grads, uint64_t *acts);
+/* BLAS threads (and any other threads the model uses). */
+void zr_set_threads(int n);
+
+/* ---------------------------------------------------------------- optimizer */
+
+typedef struct {
+    float beta1, beta2, eps, weight_decay;
+} zr_adamw_hp;
+#define ZR_ADAMW_HP_INIT {0.9f, 0.95f, 1e-8f, 0.1f}
+
+/* One AdamW update of n elements (decoupled weight decay, bias correction with the 1-based
+ * optimizer step t): g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * param -= lr * (mhat / (sqrt(vhat) + eps) + (decay ? wd * param : 0)). */
+void zr_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, uint64_t t,
+                     float lr, float grad_scale, int decay, const zr_adamw_hp *hp);
+/* Sum of squares in double (for the global gradient norm). */
+double zr_sumsq(const float *x, size_t n);
+/* Learning rate after `step` completed optimizer steps (0-based): linear warmup
+ * lr * (step + 1) / warmup for step < warmup, then cosine decay from lr to lr * min_ratio at
+ * step = total - 1 (and lr * min_ratio after). */
+float zr_lr_at(uint64_t step, uint64_t warmup, uint64_t total, float lr, float min_ratio);
+
+/* ---------------------------------------------------------------- data */
+
+/*
+ * A token source. spec is "synthetic" (a built-in deterministic corpus, vocab 256, learnable:
+ * see docs), or a file: an llm.c token file (int32 header[256] with magic 20240520, version 1,
+ * header[2] = token count, then uint16 tokens) when its magic matches, else any file as raw
+ * bytes (vocab 256). Sample `index` is T+1 consecutive tokens at a position that depends only
+ * on (seed, index): the sequence of global batches is fixed by the seed and the global batch,
+ * whatever the world size. ZR_ENOTFOUND / ZR_ECORRUPT naming the file; ZR_EINVAL when the data
+ * has fewer than T+1 tokens or tokens >= vocab.
+ */
+typedef struct zr_data zr_data;
+int zr_data_open(zr_data **out, const char *spec, uint32_t vocab, uint32_t T, uint64_t seed);
+void zr_data_free(zr_data *d);
+const char *zr_data_describe(const zr_data *d); /* "synthetic corpus (1048576 tokens)" ... */
+uint64_t zr_data_tokens(const zr_data *d);
+void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens /* T+1 */);
+
+/* ---------------------------------------------------------------- training */
+
+typedef struct {
+    const char *model;       /* zr_gpt2_config_parse spec; NULL: the checkpoint's when resuming,
+                                else "tiny" */
+    const char *data;        /* "synthetic" (default) or a file */
+    uint32_t batch;          /* global batch, sequences per optimizer step */
+    uint32_t micro_batch;    /* sequences per forward; 0: the whole batch */
+    uint32_t seq;            /* tokens per sequence; 0: the model's ctx */
+    uint64_t steps;          /* optimizer steps of the whole run: the LR schedule's horizon */
+    float lr, min_lr_ratio;
+    uint64_t warmup;
+    float weight_decay, grad_clip; /* grad_clip 0: no clipping */
+    uint64_t seed;
+    const char *ckpt_dir;    /* run directory */
+    uint64_t save_every;     /* 0: only at the end */
+    unsigned keep_last;      /* 0: keep every checkpoint */
+    const char *resume;      /* "auto" (latest when present), "never", or a checkpoint path */
+    const char *log_json;    /* one JSON object per step appended here, or NULL */
+    int threads;
+    uint64_t stop_after;     /* end this invocation after this many more steps (0: no limit) */
+    double time_limit;       /* seconds: save and stop before this wall-clock budget (0: none) */
+    int zero_stage;          /* recorded in the checkpoint; every stage is the same at world 1 */
+    FILE *log;               /* a line per step and a summary, or NULL */
+    volatile int *stop;      /* set asynchronously (signal): finish the step, save, return */
+} zr_train_opts;
+#define ZR_TRAIN_OPTS_INIT                                                                     \
+    {NULL, "synthetic", 8, 0, 0, 200, 1e-3f, 0.1f, 20, 0.1f, 1.0f, 1337, "runs/default", 0, 3, \
+     "auto", NULL, 2, 0, 0.0, 0, NULL, NULL}
+
+typedef struct {
+    uint64_t step;           /* optimizer steps completed */
+    uint64_t start_step;     /* where this invocation began */
+    float loss;              /* loss of the last step */
+    char ckpt[4096];         /* the last checkpoint written ("" if none) */
+    int stopped;             /* 1 when stopped early (signal, --stop-after, time limit) */
+} zr_train_result;
+
+/* Train (resuming per opts->resume), save every save_every steps and at the end or when
+ * stopped. A bad config, missing data, a checkpoint of another model shape, or a corrupt
+ * checkpoint fails before any step, naming what and where. */
+int zr_train(zr_train_result *out, const zr_train_opts *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
