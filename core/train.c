@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -309,6 +310,21 @@ static void log_step(run *r, float loss, float lr, float norm, double dt)
     }
 }
 
+/* mkdir -p of the directory part of path (best effort) */
+static void make_parent_dirs(const char *path)
+{
+    char *p = strdup(path);
+    if (!p)
+        return;
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            mkdir(p, 0777);
+            *s = '/';
+        }
+    free(p);
+}
+
 static int check_opts(const zr_train_opts *o)
 {
     if (o->batch < 1)
@@ -403,6 +419,8 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
                     (unsigned long long)r.next_sample);
     } else
         zr_model_init_weights(r.model, o->seed);
+    if (o->log_json)
+        make_parent_dirs(o->log_json); /* fopen says what is wrong if this was not enough */
     if (o->log_json && !(r.jlog = fopen(o->log_json, "a"))) {
         rc = zr_err_sys(errno, "%s: open for appending", o->log_json);
         goto out;
