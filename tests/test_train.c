@@ -219,3 +219,22 @@ ZT_TEST(train_resumes_an_imported_model)
     ZT_CHECK_EQ(r.start_step, 0);
     ZT_CHECK_EQ(r.step, 3);
 }
+
+ZT_TEST(train_time_limit_stops_with_a_checkpoint)
+{
+    zr_train_opts o = small_opts("run", 1000000);
+    o.time_limit = 1.5;
+    zr_train_result r;
+    ZT_OK(zr_train(&r, &o));
+    ZT_CHECK(r.stopped);
+    ZT_CHECK(r.step > 0 && r.step < 1000000);
+    ZT_CHECK(r.ckpt[0]);
+    ZT_CHECK_EQ(zt_verify_count("run", 0), 0);
+    /* and the schedule still spans --steps: the next invocation continues from there */
+    o.time_limit = 0;
+    o.stop_after = 2;
+    zr_train_result r2;
+    ZT_OK(zr_train(&r2, &o));
+    ZT_CHECK_EQ(r2.start_step, r.step);
+    ZT_CHECK_EQ(r2.step, r.step + 2);
+}
