@@ -318,6 +318,14 @@ int zck_run_list_open(zck_run_list **out, const char *run_dir);
 void zck_run_list_free(zck_run_list *l);
 const char *zck_ckpt_status_name(zck_ckpt_status s); /* "complete", "incomplete", "corrupt" */
 
+/* The checkpoint a run should resume from: the newest step directory that is complete on a
+ * quick check. Usually what latest names; newer when a commit was interrupted between the
+ * rename of its directory and the update of latest (the directory is complete then). *out is
+ * the malloc'ed path, *is_latest (may be NULL) says whether latest names it. ZR_ENOTFOUND when
+ * the run directory has no step directory at all; ZR_ECORRUPT when it has some but none is
+ * complete. */
+int zck_resume_point(char **out, int *is_latest, const char *run_dir);
+
 /* ---------------------------------------------------------------- reading a checkpoint */
 
 typedef struct zck_reader zck_reader;

@@ -177,12 +177,20 @@ static int resume_path(char **out, const zr_train_opts *o)
     if (!o->resume || !strcmp(o->resume, "never"))
         return 0;
     if (!strcmp(o->resume, "auto")) {
-        int rc = zck_latest(out, o->ckpt_dir);
+        /* the newest complete checkpoint: normally what latest names, or a newer one whose
+         * commit was interrupted after its directory was renamed into place */
+        int is_latest = 1;
+        int rc = zck_resume_point(out, &is_latest, o->ckpt_dir);
         if (rc == ZR_ENOTFOUND) {
             zr_err_clear();
             *out = NULL;
             return 0;
         }
+        if (!rc && !is_latest && o->log)
+            fprintf(o->log, "note: %s is complete and newer than what %s/latest names (its "
+                            "commit was interrupted): resuming from it\n", *out, o->ckpt_dir);
+        if (rc)
+            zr_err_prefix("--resume auto: ");
         return rc;
     }
     if (!(*out = strdup(o->resume)))

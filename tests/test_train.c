@@ -238,3 +238,33 @@ ZT_TEST(train_time_limit_stops_with_a_checkpoint)
     ZT_CHECK_EQ(r2.start_step, r.step);
     ZT_CHECK_EQ(r2.step, r.step + 2);
 }
+
+ZT_TEST(train_resumes_from_a_commit_interrupted_before_latest)
+{
+    /* a crash between the rename of step-20 into place and the update of latest leaves latest
+     * naming step 10: the run must resume from the newer, complete step 20 (not start over,
+     * and not fail later on an existing step-20) */
+    zr_train_opts a = small_opts("straight", 30);
+    zr_train_result r;
+    ZT_OK(zr_train(&r, &a));
+    zr_train_opts b = small_opts("crashed", 30);
+    b.save_every = 10;
+    b.stop_after = 20;
+    ZT_OK(zr_train(&r, &b));
+    ZT_CHECK_EQ(r.step, 20);
+    ZT_OK(zck_latest_set("crashed", 10));
+    char *p;
+    int is_latest = 1;
+    ZT_OK(zck_resume_point(&p, &is_latest, "crashed"));
+    ZT_CHECK(strstr(p, "step-00000020") && !is_latest);
+    free(p);
+    b.stop_after = 0;
+    ZT_OK(zr_train(&r, &b));
+    ZT_CHECK_EQ(r.start_step, 20);
+    expect_same_final("straight", "crashed");
+    /* a run directory whose only checkpoint is incomplete is an error, not a fresh start */
+    ZT_OK(zck__mkdir_for_tests("broken"));
+    ZT_OK(zck__mkdir_for_tests("broken/step-00000005"));
+    b = small_opts("broken", 30);
+    ZT_ERR(zr_train(&r, &b), ZR_ECORRUPT, "none complete");
+}
