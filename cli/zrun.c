@@ -57,6 +57,8 @@ static const char *usage_text =
     "  --nproc N           ranks (1; multi-rank ZeRO training is not built yet)\n"
     "  --zero S            ZeRO stage 0-3, recorded in checkpoints (identical at one rank)\n"
     "  --device D          cpu or auto (default auto = cpu in this version)\n"
+    "  --offload-optimizer none, --offload-params none\n"
+    "                      (offload to CPU memory or NVMe is not built yet)\n"
     "\n"
     "SIGINT or SIGTERM: the current step finishes, a checkpoint is saved, zrun exits 0.\n"
     "Exit status: 0 done or stopped cleanly, 2 any error.\n";
@@ -188,8 +190,8 @@ int main(int argc, char **argv)
                          "--nproc %u: multi-rank ZeRO training is not built yet in this version",
                          nproc);
     if (!strcmp(device, "cuda"))
-        return zcli_fail(PROG, "install the CUDA toolkit and re-run make",
-                         "this build has no CUDA support");
+        return zcli_fail(PROG, "train on the CPU (--device cpu) for now",
+                         "--device cuda: GPU training is not built yet in this version");
     if (strcmp(device, "cpu") && strcmp(device, "auto"))
         return zcli_fail(PROG, NULL, "--device '%s': expected cpu, cuda or auto", device);
     struct sigaction sa;
@@ -202,7 +204,11 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     zr_train_result res;
     if (zr_train(&res, &o) < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_lib(PROG, zr_err_code() == ZR_EEXIST
+                                       ? "use a new --ckpt-dir, or --resume auto to continue"
+                                       : zr_err_code() == ZR_ECORRUPT
+                                             ? "run `zckpt verify` on the run directory"
+                                             : NULL);
     if (stop_flag)
         printf(PROG ": stopped by a signal after step %llu; checkpoint: %s\n",
                (unsigned long long)res.step, res.ckpt[0] ? res.ckpt : "(none needed)");

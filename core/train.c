@@ -174,8 +174,19 @@ static int check_layout(const zck_layout *ck, const zck_layout *want, const char
 static int resume_path(char **out, const zr_train_opts *o)
 {
     *out = NULL;
-    if (!o->resume || !strcmp(o->resume, "never"))
+    if (!o->resume || !strcmp(o->resume, "never")) {
+        zck_run_list *l = NULL;
+        if (zck_run_list_open(&l, o->ckpt_dir) == 0 && l->n) {
+            size_t n = l->n;
+            zck_run_list_free(l);
+            return zr_err_set(ZR_EEXIST, "--resume never: %s already holds %zu checkpoint%s; a "
+                              "fresh run needs its own --ckpt-dir", o->ckpt_dir, n,
+                              n == 1 ? "" : "s");
+        }
+        zck_run_list_free(l);
+        zr_err_clear();
         return 0;
+    }
     if (!strcmp(o->resume, "auto")) {
         /* the newest complete checkpoint: normally what latest names, or a newer one whose
          * commit was interrupted after its directory was renamed into place */
@@ -228,6 +239,20 @@ static int load(run *r, zck_reader *rd)
     rc = json_u64(t, "optimizer_step", &r->step);
     if (!rc)
         rc = json_u64(t, "next_sample", &r->next_sample);
+    /* a different seed, batch, sequence length or data source changes which samples come
+     * next: allowed (a deliberate change), but said */
+    uint64_t seed = r->o->seed, batch = r->o->batch, seq = r->T;
+    json_t *dv = json_object_get(t, "data");
+    if (!rc && !json_u64(t, "seed", &seed) && !json_u64(t, "batch", &batch) &&
+        !json_u64(t, "seq", &seq) && r->o->log &&
+        (seed != r->o->seed || batch != r->o->batch || seq != r->T ||
+         (json_is_string(dv) && strcmp(json_string_value(dv), r->o->data))))
+        fprintf(r->o->log, "note: the checkpoint was trained with seed %llu, batch %llu, seq "
+                           "%llu, data %s; this run uses seed %llu, batch %u, seq %u, data %s: "
+                           "the sample order continues differently\n",
+                (unsigned long long)seed, (unsigned long long)batch, (unsigned long long)seq,
+                json_is_string(dv) ? json_string_value(dv) : "?",
+                (unsigned long long)r->o->seed, r->o->batch, r->T, r->o->data);
     json_decref(t);
     if (rc)
         zr_err_prefix("%s: ", zck_reader_path(rd));
@@ -385,9 +410,19 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
     ZR_TRY_GOTO(resume_path(&from, o), rc, out);
     if (from)
         ZR_TRY_GOTO(zck_reader_open(&rd, from), rc, out);
-    if (o->model)
+    if (o->model) {
         ZR_TRY_GOTO(zr_gpt2_config_parse(&r.cfg, o->model), rc, out);
-    else if (rd) {
+        zr_gpt2_config ck;
+        if (rd && zr_gpt2_config_from_json(&ck, zck_reader_model_json(rd)) == 0 &&
+            memcmp(&ck, &r.cfg, sizeof ck)) {
+            rc = zr_err_set(ZR_EINVAL, "%s: checkpoint of another model shape (layers %u heads "
+                            "%u dim %u ctx %u vocab %u; --model says %u %u %u %u %u)",
+                            zck_reader_path(rd), ck.layers, ck.heads, ck.dim, ck.ctx, ck.vocab,
+                            r.cfg.layers, r.cfg.heads, r.cfg.dim, r.cfg.ctx, r.cfg.vocab);
+            goto out;
+        }
+        zr_err_clear();
+    } else if (rd) {
         if ((rc = zr_gpt2_config_from_json(&r.cfg, zck_reader_model_json(rd))) < 0) {
             zr_err_prefix("%s: model section: ", zck_reader_path(rd));
             goto out;
@@ -464,7 +499,11 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
         ZR_TRY_GOTO(save(&r, loss, out->ckpt, sizeof out->ckpt), rc, out);
     out->step = r.step;
     out->loss = loss;
-    if (o->log)
+    if (o->log && !done_here)
+        fprintf(o->log, "nothing to do: %llu of %llu steps already done%s%s\n",
+                (unsigned long long)r.step, (unsigned long long)o->steps,
+                from ? "; newest checkpoint " : "", from ? from : "");
+    else if (o->log)
         fprintf(o->log, "%s at step %llu/%llu, loss %.4f%s%s\n",
                 out->stopped ? "stopped" : "done", (unsigned long long)r.step,
                 (unsigned long long)o->steps, loss, out->ckpt[0] ? "; checkpoint " : "",
