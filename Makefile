@@ -1,6 +1,6 @@
 # zero: one GNU Makefile. Objects go to build/ (build-san/ with SAN=1).
 #   make            libraries and binaries          make test     every test, ends "N passed, N failed"
-#   make run        the demo job (see README)       make bench    benchmarks (not part of make test)
+#   make run        train the tiny GPT (README)     make bench    benchmarks (not part of make test)
 #   make asan       tests under ASan + UBSan        make fuzz     libFuzzer on the manifest parser
 #   make deps       install missing system packages (apt-get on Debian)
 # Options: SAN=1 (sanitizers), WERROR=1 (-Werror, as CI), FUZZ_SECONDS=N.
@@ -55,7 +55,8 @@ deps:
 	fi
 
 # ------------------------------------------------------------------ libraries
-# Each folder may include its own headers and those below it: ckpt <- formats <- cli.
+# Each folder may include its own headers and those below it: ckpt <- core, ckpt <- formats,
+# cli -> all of them.
 CKPT_SRC := $(wildcard ckpt/*.c)
 CKPT_OBJ := $(CKPT_SRC:%.c=$(BUILD)/%.o)
 FMT_SRC  := $(wildcard formats/*.c)
