@@ -150,6 +150,7 @@ $(BUILD)/mkckpt: $(BUILD)/tests/bench/mkckpt.o $(BUILD)/libzck.a
 bench: $(BUILD)/bench_ckpt $(BUILD)/mkckpt $(BUILD)/zckpt
 	BENCH_BIN=$(BUILD)/bench_ckpt tests/bench/run.sh
 	ZCKPT=$(BUILD)/zckpt MKCKPT=$(BUILD)/mkckpt tests/bench/zckpt_bench.sh
+	tests/bench/train_bench.sh
 
 clean:
 	rm -rf build build-san
