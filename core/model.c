@@ -3,7 +3,8 @@
  * L pre-LN blocks (ln_1 -> c_attn -> causal self-attention -> c_proj -> residual; ln_2 -> c_fc
  * -> GELU (tanh) -> c_proj -> residual), ln_f, logits through the tied token embedding, softmax
  * and mean cross-entropy. Each layer is a <layer>_forward / <layer>_backward pair; matmuls go to
- * cblas_sgemm, every other loop is plain C for the compiler to vectorize.
+ * cblas_sgemm, every other loop is plain C for the compiler to vectorize, run through par_for
+ * (par.h) on the same zr_set_threads count as BLAS, split so that the bits do not depend on it.
  *
  * Memory: one parameter arena and one gradient arena holding the groups of the checkpoint
  * layout (formats/zfmt.h: wte, wpe, h.0 ... h.<L-1>, ln_f) end to end, tensors in layout order,
@@ -15,6 +16,7 @@
  * N = B * T positions.
  */
 #include "zr.h"
+#include "par.h"
 
 #include <assert.h>
 #include <cblas.h>
@@ -79,7 +81,7 @@ struct zr_model {
     float *dqkv;    /* [N, 3C] */
     float *d4C;     /* [N, 4C]: gradient of fch_gelu, then of fch (in place) */
     float *dlogits; /* [dlogits_rows, V] */
-    float *drow;    /* [2 ctx]: one attention row's datt and dpreatt */
+    float *drow;    /* [max_B NH, ctx]: one attention row's datt and dpreatt per (b, h) */
     size_t dlogits_rows;
 
     size_t B, T;     /* of the last forward */
@@ -172,7 +174,7 @@ static size_t acts_layout(zr_model *m, unsigned char *base, double *total)
     m->dqkv = carve(base, &off, total, N * 3 * C);
     m->d4C = carve(base, &off, total, N * 4 * C);
     m->dlogits = carve(base, &off, total, m->dlogits_rows * V);
-    m->drow = carve(base, &off, total, 2 * T);
+    m->drow = carve(base, &off, total, m->max_B * NH * T);
     return off;
 }
 
@@ -287,7 +289,27 @@ float *zr_model_grad(zr_model *m, size_t g)
     return m->grads + group_offset(m, g);
 }
 
-void zr_model_zero_grad(zr_model *m) { memset(m->grads, 0, m->numel * sizeof(float)); }
+/* x[0, n) = 0 on the par_for threads, in blocks of ZERO_BLOCK floats (64 KiB) */
+#define ZERO_BLOCK ((size_t)16384)
+typedef struct {
+    float *x;
+    size_t n;
+} zero_args;
+
+static void zero_blocks(void *p, size_t b0, size_t b1)
+{
+    const zero_args *a = p;
+    size_t i0 = b0 * ZERO_BLOCK, i1 = b1 * ZERO_BLOCK < a->n ? b1 * ZERO_BLOCK : a->n;
+    memset(a->x + i0, 0, (i1 - i0) * sizeof(float));
+}
+
+static void par_zero(float *x, size_t n)
+{
+    zero_args a = {x, n};
+    par_for((n + ZERO_BLOCK - 1) / ZERO_BLOCK, 4, zero_blocks, &a);
+}
+
+void zr_model_zero_grad(zr_model *m) { par_zero(m->grads, m->numel); }
 
 const float *zr_model_probs(const zr_model *m) { return m->probs; }
 
@@ -301,10 +323,14 @@ void zr_model_bytes(const zr_model *m, uint64_t *params, uint64_t *grads, uint64
         *acts = m->acts_bytes;
 }
 
+/* BLAS and the par_for pool (par.h) get the same count; they never run at once (BLAS calls
+ * come between parallel regions). */
 void zr_set_threads(int n)
 {
-    if (n >= 1)
-        openblas_set_num_threads(n);
+    if (n >= 1) {
+        openblas_set_num_threads(1);
+        par_set_threads(n);
+    }
 }
 
 /* ---------------------------------------------------------------- initialization */
@@ -365,40 +391,92 @@ void zr_model_init_weights(zr_model *m, uint64_t seed)
 
 /* ---------------------------------------------------------------- layers */
 
+/*
+ * Every loop below runs through par_for (par.h) on the zr_set_threads threads. Each output
+ * element is computed by exactly one chunk, in the same order as a single thread would, so the
+ * results are the same bits whatever the thread count: per-row kernels split rows; reductions
+ * over rows (bias gradients, LayerNorm dweight/dbias, the embedding gradients) split the
+ * reduced outputs into blocks of COLS_BLOCK channels and each block sums all rows in order;
+ * attention splits (b, h) pairs.
+ */
+#define ROWS_GRAIN 8       /* rows per chunk at least (rows of C floats) */
+#define ELEMS_GRAIN 4096   /* elements per chunk at least (elementwise loops) */
+#define COLS_BLOCK 16      /* channels per unit of a column split */
+
+static size_t col_blocks(size_t n) { return (n + COLS_BLOCK - 1) / COLS_BLOCK; }
+
 /* out[n, :] = wte[inp[n], :] + wpe[n % T, :] */
+typedef struct {
+    float *out;
+    const int32_t *inp;
+    const float *wte, *wpe;
+    size_t T, C;
+} encoder_fwd_args;
+
+static void encoder_forward_rows(void *p, size_t n0, size_t n1)
+{
+    const encoder_fwd_args *a = p;
+    size_t C = a->C;
+    for (size_t n = n0; n < n1; n++) {
+        float *o = a->out + n * C;
+        const float *we = a->wte + (size_t)a->inp[n] * C, *pe = a->wpe + (n % a->T) * C;
+        for (size_t i = 0; i < C; i++)
+            o[i] = we[i] + pe[i];
+    }
+}
+
 static void encoder_forward(float *out, const int32_t *inp, const float *wte, const float *wpe,
                             size_t B, size_t T, size_t C)
 {
-    for (size_t b = 0; b < B; b++)
-        for (size_t t = 0; t < T; t++) {
-            float *o = out + (b * T + t) * C;
-            const float *we = wte + (size_t)inp[b * T + t] * C, *pe = wpe + t * C;
-            for (size_t i = 0; i < C; i++)
-                o[i] = we[i] + pe[i];
+    encoder_fwd_args a = {out, inp, wte, wpe, T, C};
+    par_for(B * T, ROWS_GRAIN, encoder_forward_rows, &a);
+}
+
+/* dwte[inp[n], :] += dout[n, :], dwpe[n % T, :] += dout[n, :]: split by channel, each chunk
+ * adding every position in order (repeated tokens add to the same row). */
+typedef struct {
+    float *dwte, *dwpe;
+    const float *dout;
+    const int32_t *inp;
+    size_t N, T, C;
+} encoder_bwd_args;
+
+static void encoder_backward_cols(void *p, size_t b0, size_t b1)
+{
+    const encoder_bwd_args *a = p;
+    size_t C = a->C, i0 = b0 * COLS_BLOCK, i1 = b1 * COLS_BLOCK < C ? b1 * COLS_BLOCK : C;
+    for (size_t n = 0; n < a->N; n++) {
+        const float *d = a->dout + n * C;
+        float *dwe = a->dwte + (size_t)a->inp[n] * C, *dpe = a->dwpe + (n % a->T) * C;
+        for (size_t i = i0; i < i1; i++) {
+            dwe[i] += d[i];
+            dpe[i] += d[i];
         }
+    }
 }
 
 static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp,
                              size_t B, size_t T, size_t C)
 {
-    for (size_t b = 0; b < B; b++)
-        for (size_t t = 0; t < T; t++) {
-            const float *d = dout + (b * T + t) * C;
-            float *dwe = dwte + (size_t)inp[b * T + t] * C, *dpe = dwpe + t * C;
-            for (size_t i = 0; i < C; i++) {
-                dwe[i] += d[i];
-                dpe[i] += d[i];
-            }
-        }
+    encoder_bwd_args a = {dwte, dwpe, dout, inp, B * T, T, C};
+    par_for(col_blocks(C), 1, encoder_backward_cols, &a);
 }
 
 /* out = (inp - mean) * rstd * w + b per row of C; mean, rstd [N] kept for backward. */
-static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                              const float *w, const float *bias, size_t N, size_t C)
+typedef struct {
+    float *out, *mean, *rstd;
+    const float *inp, *w, *bias;
+    size_t C;
+} layernorm_fwd_args;
+
+static void layernorm_forward_rows(void *p, size_t n0, size_t n1)
 {
-    for (size_t n = 0; n < N; n++) {
-        const float *x = inp + n * C;
-        float *o = out + n * C;
+    const layernorm_fwd_args *a = p;
+    size_t C = a->C;
+    const float *w = a->w, *bias = a->bias;
+    for (size_t n = n0; n < n1; n++) {
+        const float *x = a->inp + n * C;
+        float *o = a->out + n * C;
         float mu = 0.0f, var = 0.0f;
         for (size_t i = 0; i < C; i++)
             mu += x[i];
@@ -409,19 +487,34 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
         float s = 1.0f / sqrtf(var + LN_EPS);
         for (size_t i = 0; i < C; i++)
             o[i] = (x[i] - mu) * s * w[i] + bias[i];
-        mean[n] = mu;
-        rstd[n] = s;
+        a->mean[n] = mu;
+        a->rstd[n] = s;
     }
 }
 
-/* dinp += d/dinp, dw += , db += (dinp is accumulated: it is the residual stream's gradient). */
-static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                               const float *inp, const float *mean, const float *rstd,
-                               const float *w, size_t N, size_t C)
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *bias, size_t N, size_t C)
 {
-    for (size_t n = 0; n < N; n++) {
-        const float *x = inp + n * C, *d = dout + n * C;
-        float *dx = dinp + n * C, mu = mean[n], s = rstd[n];
+    layernorm_fwd_args a = {out, mean, rstd, inp, w, bias, C};
+    par_for(N, ROWS_GRAIN, layernorm_forward_rows, &a);
+}
+
+/* dinp += d/dinp, dw += , db += (dinp is accumulated: it is the residual stream's gradient).
+ * One region in `parts` parts: part k takes the k-th share of the rows for dinp and the k-th
+ * share of the channel blocks for dw and db (which only read the inputs, not dinp). */
+typedef struct {
+    float *dinp, *dw, *db;
+    const float *dout, *inp, *mean, *rstd, *w;
+    size_t N, C, parts;
+} layernorm_bwd_args;
+
+static void layernorm_backward_part(const layernorm_bwd_args *a, size_t k)
+{
+    size_t N = a->N, C = a->C, P = a->parts, CB = col_blocks(C);
+    const float *w = a->w;
+    for (size_t n = N * k / P; n < N * (k + 1) / P; n++) {
+        const float *x = a->inp + n * C, *d = a->dout + n * C;
+        float *dx = a->dinp + n * C, mu = a->mean[n], s = a->rstd[n];
         float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
         for (size_t i = 0; i < C; i++) {
             float norm = (x[i] - mu) * s, dnorm = w[i] * d[i];
@@ -432,43 +525,148 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
         dnorm_norm_mean /= (float)C;
         for (size_t i = 0; i < C; i++) {
             float norm = (x[i] - mu) * s, dnorm = w[i] * d[i];
-            db[i] += d[i];
-            dw[i] += norm * d[i];
             dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        }
+    }
+    size_t i0 = CB * k / P * COLS_BLOCK, i1 = CB * (k + 1) / P * COLS_BLOCK;
+    if (i1 > C)
+        i1 = C;
+    for (size_t n = 0; n < N; n++) {
+        const float *x = a->inp + n * C, *d = a->dout + n * C;
+        float mu = a->mean[n], s = a->rstd[n];
+        for (size_t i = i0; i < i1; i++) {
+            float norm = (x[i] - mu) * s;
+            a->db[i] += d[i];
+            a->dw[i] += norm * d[i];
         }
     }
 }
 
-/* out[N, OC] = beta * out + inp[N, IC] W[OC, IC]^T + b[OC]. beta 1 adds onto out (a residual
- * copied there first). */
-static void matmul_forward(float *out, const float *inp, const float *W, const float *bias,
-                           size_t N, size_t IC, size_t OC, float beta)
+static void layernorm_backward_parts(void *p, size_t k0, size_t k1)
 {
-    for (size_t n = 0; n < N; n++) {
-        float *o = out + n * OC;
-        if (beta == 0.0f)
-            memcpy(o, bias, OC * sizeof(float));
-        else
-            for (size_t j = 0; j < OC; j++)
-                o[j] += bias[j];
+    for (size_t k = k0; k < k1; k++)
+        layernorm_backward_part(p, k);
+}
+
+static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *mean, const float *rstd,
+                               const float *w, size_t N, size_t C)
+{
+    size_t parts = (size_t)par_threads();
+    if (parts > N / ROWS_GRAIN)
+        parts = N / ROWS_GRAIN ? N / ROWS_GRAIN : 1;
+    layernorm_bwd_args a = {dinp, dw, db, dout, inp, mean, rstd, w, N, C, parts};
+    par_for(parts, 1, layernorm_backward_parts, &a);
+}
+
+/*
+ * C[M, N] = op(A)[M, K] op(B)[K, N] + beta C (row-major; op transposes when ta / tb) on the
+ * par_for threads: C is split in blocks of GEMM_BLOCK rows (or columns, when it has more
+ * columns than rows), each part one single-threaded cblas_sgemm over the whole K (zr_set_threads
+ * keeps OpenBLAS at one thread, whose workers would otherwise spin between calls and take the
+ * cores from these threads). OpenBLAS's bits depend on the blocks it is given, so matmul
+ * results depend on the thread count; for a given count they are the same on every run.
+ */
+#define GEMM_BLOCK 16
+typedef struct {
+    int ta, tb, by_cols;
+    size_t M, N, K;
+    const float *A, *B;
+    size_t lda, ldb, ldc;
+    float beta;
+    float *C;
+} gemm_args;
+
+static void gemm_part(void *p, size_t b0, size_t b1)
+{
+    const gemm_args *g = p;
+    size_t n = g->by_cols ? g->N : g->M;
+    size_t i0 = b0 * GEMM_BLOCK, i1 = b1 * GEMM_BLOCK < n ? b1 * GEMM_BLOCK : n;
+    const float *A = g->A, *B = g->B;
+    float *C = g->C;
+    size_t M = g->M, N = g->N;
+    if (g->by_cols) { /* columns i0.. of op(B) and C */
+        B += g->tb ? i0 * g->ldb : i0;
+        C += i0;
+        N = i1 - i0;
+    } else { /* rows i0.. of op(A) and C */
+        A += g->ta ? i0 : i0 * g->lda;
+        C += i0 * g->ldc;
+        M = i1 - i0;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)IC, 1.0f, inp,
-                (int)IC, W, (int)IC, 1.0f, out, (int)OC);
+    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans,
+                g->tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)g->K, 1.0f, A,
+                (int)g->lda, B, (int)g->ldb, g->beta, C, (int)g->ldc);
+}
+
+static void gemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
+                 const float *B, size_t ldb, float beta, float *C, size_t ldc)
+{
+    gemm_args g = {ta, tb, N > M, M, N, K, A, B, lda, ldb, ldc, beta, C};
+    size_t n = g.by_cols ? N : M;
+    par_for((n + GEMM_BLOCK - 1) / GEMM_BLOCK, 1, gemm_part, &g);
+}
+
+/* out[n, :] = (res ? res[n, :] : 0) + bias, the rows a matmul then adds onto */
+typedef struct {
+    float *out;
+    const float *res, *bias;
+    size_t OC;
+} bias_rows_args;
+
+static void bias_rows(void *p, size_t n0, size_t n1)
+{
+    const bias_rows_args *a = p;
+    size_t OC = a->OC;
+    for (size_t n = n0; n < n1; n++) {
+        float *o = a->out + n * OC;
+        if (!a->res) {
+            memcpy(o, a->bias, OC * sizeof(float));
+        } else {
+            const float *r = a->res + n * OC;
+            for (size_t j = 0; j < OC; j++)
+                o[j] = r[j] + a->bias[j];
+        }
+    }
+}
+
+/* out[N, OC] = (res ? res : 0) + inp[N, IC] W[OC, IC]^T + b[OC]: res [N, OC] is the residual
+ * the output adds onto (it may not alias out). */
+static void matmul_forward(float *out, const float *res, const float *inp, const float *W,
+                           const float *bias, size_t N, size_t IC, size_t OC)
+{
+    bias_rows_args a = {out, res, bias, OC};
+    par_for(N, ROWS_GRAIN, bias_rows, &a);
+    gemm(0, 1, N, OC, IC, inp, IC, W, IC, 1.0f, out, OC);
+}
+
+/* db[OC] += column sums of dout [N, OC]: split by channel block, rows summed in order */
+typedef struct {
+    float *db;
+    const float *dout;
+    size_t N, OC;
+} bias_grad_args;
+
+static void bias_grad_cols(void *p, size_t b0, size_t b1)
+{
+    const bias_grad_args *a = p;
+    size_t OC = a->OC, j0 = b0 * COLS_BLOCK, j1 = b1 * COLS_BLOCK < OC ? b1 * COLS_BLOCK : OC;
+    float *db = a->db;
+    for (size_t n = 0; n < a->N; n++) {
+        const float *d = a->dout + n * OC;
+        for (size_t j = j0; j < j1; j++)
+            db[j] += d[j];
+    }
 }
 
 /* dinp[N, IC] = dout W (overwritten); dW[OC, IC] += dout^T inp; db[OC] += column sums. */
 static void matmul_backward(float *dinp, float *dW, float *db, const float *dout,
                             const float *inp, const float *W, size_t N, size_t IC, size_t OC)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)IC, (int)OC, 1.0f, dout,
-                (int)OC, W, (int)IC, 0.0f, dinp, (int)IC);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)OC, (int)IC, (int)N, 1.0f, dout,
-                (int)OC, inp, (int)IC, 1.0f, dW, (int)IC);
-    for (size_t n = 0; n < N; n++) {
-        const float *d = dout + n * OC;
-        for (size_t j = 0; j < OC; j++)
-            db[j] += d[j];
-    }
+    gemm(0, 0, N, IC, OC, dout, OC, W, IC, 0.0f, dinp, IC);
+    gemm(1, 0, OC, IC, N, dout, OC, inp, IC, 1.0f, dW, IC);
+    bias_grad_args a = {db, dout, N, OC};
+    par_for(col_blocks(OC), 1, bias_grad_cols, &a);
 }
 
 /* The attention loops' inner products over one head (hs floats). Eight explicit partial sums
@@ -498,73 +696,103 @@ static inline void axpy(float *restrict y, float a, const float *restrict x, siz
         y[i] += a * x[i];
 }
 
+/* The attention kernels' arguments; both split the B NH (b, h) pairs, whose outputs are
+ * disjoint (head h owns channels [h hs, (h+1) hs) of q, k, v and out, at the positions of b). */
+typedef struct {
+    float *out, *att, *dqkv, *rows;
+    const float *qkv, *dout;
+    size_t T, C, NH;
+} attention_args;
+
 /*
  * Causal self-attention. qkv [N, 3C] holds q, k, v of each position; head h uses channels
  * [h hs, (h+1) hs) of each. att [B, NH, T, T]: row t holds softmax(q_t . k_t2 / sqrt(hs)) for
  * t2 <= t (the rest of the row is never read). out [N, C] = sum_t2 att[t2] v_t2 per head.
  */
+static void attention_forward_pairs(void *p, size_t bh0, size_t bh1)
+{
+    const attention_args *A = p;
+    size_t T = A->T, C = A->C, NH = A->NH, C3 = 3 * C, hs = C / NH;
+    const float *qkv = A->qkv;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (size_t bh = bh0; bh < bh1; bh++) {
+        size_t b = bh / NH, h = bh % NH;
+        for (size_t t = 0; t < T; t++) {
+            const float *q = qkv + (b * T + t) * C3 + h * hs;
+            float *a = A->att + (bh * T + t) * T;
+            float maxv = -INFINITY;
+            for (size_t t2 = 0; t2 <= t; t2++) {
+                a[t2] = dot(q, qkv + (b * T + t2) * C3 + C + h * hs, hs) * scale;
+                if (a[t2] > maxv)
+                    maxv = a[t2];
+            }
+            float sum = 0.0f;
+            for (size_t t2 = 0; t2 <= t; t2++) {
+                a[t2] = expf(a[t2] - maxv);
+                sum += a[t2];
+            }
+            float inv = 1.0f / sum; /* sum >= 1: the maximum contributes exp(0) */
+            float *o = A->out + (b * T + t) * C + h * hs;
+            memset(o, 0, hs * sizeof(float));
+            for (size_t t2 = 0; t2 <= t; t2++) {
+                a[t2] *= inv;
+                axpy(o, a[t2], qkv + (b * T + t2) * C3 + 2 * C + h * hs, hs);
+            }
+        }
+    }
+}
+
 static void attention_forward(float *out, float *att, const float *qkv, size_t B, size_t T,
                               size_t C, size_t NH)
 {
-    size_t C3 = 3 * C, hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    for (size_t b = 0; b < B; b++)
-        for (size_t t = 0; t < T; t++)
-            for (size_t h = 0; h < NH; h++) {
-                const float *q = qkv + (b * T + t) * C3 + h * hs;
-                float *a = att + ((b * NH + h) * T + t) * T;
-                float maxv = -INFINITY;
-                for (size_t t2 = 0; t2 <= t; t2++) {
-                    a[t2] = dot(q, qkv + (b * T + t2) * C3 + C + h * hs, hs) * scale;
-                    if (a[t2] > maxv)
-                        maxv = a[t2];
-                }
-                float sum = 0.0f;
-                for (size_t t2 = 0; t2 <= t; t2++) {
-                    a[t2] = expf(a[t2] - maxv);
-                    sum += a[t2];
-                }
-                float inv = 1.0f / sum; /* sum >= 1: the maximum contributes exp(0) */
-                float *o = out + (b * T + t) * C + h * hs;
-                memset(o, 0, hs * sizeof(float));
-                for (size_t t2 = 0; t2 <= t; t2++) {
-                    a[t2] *= inv;
-                    axpy(o, a[t2], qkv + (b * T + t2) * C3 + 2 * C + h * hs, hs);
-                }
-            }
+    attention_args a = {out, att, NULL, NULL, qkv, NULL, T, C, NH};
+    par_for(B * NH, 1, attention_forward_pairs, &a);
 }
 
-/* dqkv [N, 3C] (overwritten) from dout [N, C]; row [2T] scratch holds one row's datt and
- * dpreatt. Softmax backward: dpre[t2] = att[t2] (datt[t2] - sum_t3 att[t3] datt[t3]). */
-static void attention_backward(float *dqkv, float *row, const float *dout, const float *qkv,
+/* dqkv [N, 3C] (overwritten) from dout [N, C]; rows [B NH, T] scratch holds, per (b, h), one
+ * attention row's datt, then its dpreatt in place. Softmax backward:
+ * dpre[t2] = att[t2] (datt[t2] - sum_t3 att[t3] datt[t3]). */
+static void attention_backward_pairs(void *p, size_t bh0, size_t bh1)
+{
+    const attention_args *A = p;
+    size_t T = A->T, C = A->C, NH = A->NH, C3 = 3 * C, hs = C / NH;
+    const float *qkv = A->qkv;
+    float *dqkv = A->dqkv;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (size_t bh = bh0; bh < bh1; bh++) {
+        size_t b = bh / NH, h = bh % NH;
+        float *datt = A->rows + bh * T;
+        for (size_t t = 0; t < T; t++)
+            for (size_t j = 0; j < 3; j++)
+                memset(dqkv + (b * T + t) * C3 + j * C + h * hs, 0, hs * sizeof(float));
+        for (size_t t = 0; t < T; t++) {
+            const float *q = qkv + (b * T + t) * C3 + h * hs;
+            const float *a = A->att + (bh * T + t) * T;
+            const float *d = A->dout + (b * T + t) * C + h * hs;
+            float *dq = dqkv + (b * T + t) * C3 + h * hs;
+            float adatt = 0.0f; /* sum_t2 att[t2] datt[t2] */
+            for (size_t t2 = 0; t2 <= t; t2++) {
+                size_t v = (b * T + t2) * C3 + 2 * C + h * hs;
+                datt[t2] = dot(qkv + v, d, hs);
+                axpy(dqkv + v, a[t2], d, hs);
+                adatt += a[t2] * datt[t2];
+            }
+            for (size_t t2 = 0; t2 <= t; t2++) /* datt becomes dpreatt */
+                datt[t2] = a[t2] * (datt[t2] - adatt) * scale;
+            for (size_t t2 = 0; t2 <= t; t2++) {
+                size_t k = (b * T + t2) * C3 + C + h * hs;
+                axpy(dq, datt[t2], qkv + k, hs);
+                axpy(dqkv + k, datt[t2], q, hs);
+            }
+        }
+    }
+}
+
+static void attention_backward(float *dqkv, float *rows, const float *dout, const float *qkv,
                                const float *att, size_t B, size_t T, size_t C, size_t NH)
 {
-    size_t C3 = 3 * C, hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    float *datt = row, *dpre = row + T;
-    memset(dqkv, 0, B * T * C3 * sizeof(float));
-    for (size_t b = 0; b < B; b++)
-        for (size_t t = 0; t < T; t++)
-            for (size_t h = 0; h < NH; h++) {
-                const float *q = qkv + (b * T + t) * C3 + h * hs;
-                const float *a = att + ((b * NH + h) * T + t) * T;
-                const float *d = dout + (b * T + t) * C + h * hs;
-                float *dq = dqkv + (b * T + t) * C3 + h * hs;
-                float adatt = 0.0f; /* sum_t2 att[t2] datt[t2] */
-                for (size_t t2 = 0; t2 <= t; t2++) {
-                    size_t v = (b * T + t2) * C3 + 2 * C + h * hs;
-                    datt[t2] = dot(qkv + v, d, hs);
-                    axpy(dqkv + v, a[t2], d, hs);
-                    adatt += a[t2] * datt[t2];
-                }
-                for (size_t t2 = 0; t2 <= t; t2++)
-                    dpre[t2] = a[t2] * (datt[t2] - adatt) * scale;
-                for (size_t t2 = 0; t2 <= t; t2++) {
-                    size_t k = (b * T + t2) * C3 + C + h * hs;
-                    axpy(dq, dpre[t2], qkv + k, hs);
-                    axpy(dqkv + k, dpre[t2], q, hs);
-                }
-            }
+    attention_args a = {NULL, (float *)att, dqkv, rows, qkv, dout, T, C, NH};
+    par_for(B * NH, 1, attention_backward_pairs, &a);
 }
 
 /* tanh(sqrt(2/pi) (x + 0.044715 x^3)) through expf, about 3x cheaper than tanhf: the absolute
@@ -576,17 +804,34 @@ static inline float gelu_tanh(float x)
     return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f);
 }
 
+typedef struct {
+    float *out;
+    const float *inp;
+} gelu_args;
+
 /* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
-static void gelu_forward(float *out, const float *inp, size_t n)
+static void gelu_forward_elems(void *p, size_t i0, size_t i1)
 {
-    for (size_t i = 0; i < n; i++)
+    const gelu_args *a = p;
+    float *out = a->out;
+    const float *inp = a->inp;
+    for (size_t i = i0; i < i1; i++)
         out[i] = 0.5f * inp[i] * (1.0f + gelu_tanh(inp[i]));
 }
 
-/* d[i] *= gelu'(inp[i]), in place */
-static void gelu_backward(float *d, const float *inp, size_t n)
+static void gelu_forward(float *out, const float *inp, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
+    gelu_args a = {out, inp};
+    par_for(n, ELEMS_GRAIN, gelu_forward_elems, &a);
+}
+
+/* d[i] *= gelu'(inp[i]), in place */
+static void gelu_backward_elems(void *p, size_t i0, size_t i1)
+{
+    const gelu_args *a = p;
+    float *d = a->out;
+    const float *inp = a->inp;
+    for (size_t i = i0; i < i1; i++) {
         float x = inp[i];
         float th = gelu_tanh(x);
         float sech2 = 1.0f - th * th;
@@ -595,27 +840,70 @@ static void gelu_backward(float *d, const float *inp, size_t n)
     }
 }
 
+static void gelu_backward(float *d, const float *inp, size_t n)
+{
+    gelu_args a = {d, inp};
+    par_for(n, ELEMS_GRAIN, gelu_backward_elems, &a);
+}
+
 /* Rows of logits [N, V] -> probabilities in place; losses[n] = -log p[n, targets[n]] when
  * targets is not NULL, computed from the logits (log-sum-exp) so that it stays finite. */
-static void softmax_xent_forward(float *probs, float *losses, const int32_t *targets, size_t N,
-                                 size_t V)
+typedef struct {
+    float *probs, *losses;
+    const int32_t *targets;
+    size_t V;
+} softmax_args;
+
+static void softmax_xent_rows(void *p, size_t n0, size_t n1)
 {
-    for (size_t n = 0; n < N; n++) {
-        float *p = probs + n * V;
+    const softmax_args *a = p;
+    size_t V = a->V;
+    const int32_t *targets = a->targets;
+    for (size_t n = n0; n < n1; n++) {
+        float *pr = a->probs + n * V;
         float maxv = -INFINITY;
         for (size_t v = 0; v < V; v++)
-            maxv = p[v] > maxv ? p[v] : maxv;
-        float target_logit = targets ? p[targets[n]] - maxv : 0.0f;
+            maxv = pr[v] > maxv ? pr[v] : maxv;
+        float target_logit = targets ? pr[targets[n]] - maxv : 0.0f;
         float sum = 0.0f;
         for (size_t v = 0; v < V; v++) {
-            p[v] = expf(p[v] - maxv);
-            sum += p[v];
+            pr[v] = expf(pr[v] - maxv);
+            sum += pr[v];
         }
         float inv = 1.0f / sum;
         for (size_t v = 0; v < V; v++)
-            p[v] *= inv;
+            pr[v] *= inv;
         if (targets)
-            losses[n] = logf(sum) - target_logit;
+            a->losses[n] = logf(sum) - target_logit;
+    }
+}
+
+static void softmax_xent_forward(float *probs, float *losses, const int32_t *targets, size_t N,
+                                 size_t V)
+{
+    softmax_args a = {probs, losses, targets, V};
+    par_for(N, 1, softmax_xent_rows, &a);
+}
+
+/* dlogits[r, :] = k (probs[r0 + r, :] - onehot(targets[r0 + r])) for the head's chunk of rows */
+typedef struct {
+    float *dlogits;
+    const float *probs;
+    const int32_t *targets;
+    size_t V;
+    float k;
+} dlogits_args;
+
+static void dlogits_rows(void *p, size_t r0, size_t r1)
+{
+    const dlogits_args *a = p;
+    size_t V = a->V;
+    for (size_t r = r0; r < r1; r++) {
+        const float *pr = a->probs + r * V;
+        float *dl = a->dlogits + r * V;
+        for (size_t v = 0; v < V; v++)
+            dl[v] = a->k * pr[v];
+        dl[a->targets[r]] -= a->k;
     }
 }
 
@@ -659,27 +947,26 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
         float *P = m->params;
         layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, tensor(P, m, l, K_LN1W),
                           tensor(P, m, l, K_LN1B), N, C);
-        matmul_forward(a->qkv, a->ln1, tensor(P, m, l, K_QKVW), tensor(P, m, l, K_QKVB), N, C,
-                       3 * C, 0.0f);
+        matmul_forward(a->qkv, NULL, a->ln1, tensor(P, m, l, K_QKVW), tensor(P, m, l, K_QKVB),
+                       N, C, 3 * C);
         attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
-        memcpy(a->res2, res, N * C * sizeof(float)); /* res2 = res + c_proj(atty) */
-        matmul_forward(a->res2, a->atty, tensor(P, m, l, K_ATTPROJW),
-                       tensor(P, m, l, K_ATTPROJB), N, C, C, 1.0f);
+        /* res2 = res + c_proj(atty) */
+        matmul_forward(a->res2, res, a->atty, tensor(P, m, l, K_ATTPROJW),
+                       tensor(P, m, l, K_ATTPROJB), N, C, C);
         layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, tensor(P, m, l, K_LN2W),
                           tensor(P, m, l, K_LN2B), N, C);
-        matmul_forward(a->fch, a->ln2, tensor(P, m, l, K_FCW), tensor(P, m, l, K_FCB), N, C,
-                       4 * C, 0.0f);
+        matmul_forward(a->fch, NULL, a->ln2, tensor(P, m, l, K_FCW), tensor(P, m, l, K_FCB), N,
+                       C, 4 * C);
         gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
-        memcpy(a->res3, a->res2, N * C * sizeof(float)); /* res3 = res2 + mlp */
-        matmul_forward(a->res3, a->fch_gelu, tensor(P, m, l, K_FCPROJW),
-                       tensor(P, m, l, K_FCPROJB), N, 4 * C, C, 1.0f);
+        /* res3 = res2 + mlp */
+        matmul_forward(a->res3, a->res2, a->fch_gelu, tensor(P, m, l, K_FCPROJW),
+                       tensor(P, m, l, K_FCPROJB), N, 4 * C, C);
         res = a->res3;
     }
     const float *lnf_w = m->params + group_offset(m, L + 2);
     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, lnf_w, lnf_w + C, N, C);
     /* logits [N, V] = lnf [N, C] wte[V, C]^T: the head is tied to the token embedding */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)V, (int)C, 1.0f, m->lnf,
-                (int)C, wte, (int)C, 0.0f, m->probs, (int)V);
+    gemm(0, 1, N, V, C, m->lnf, C, wte, C, 0.0f, m->probs, V);
     softmax_xent_forward(m->probs, m->losses, targets ? m->targets : NULL, N, V);
     double sum = 0.0;
     if (targets)
@@ -708,19 +995,12 @@ int zr_model_backward(zr_model *m, float scale)
     float k = scale / (float)N;
     for (size_t r0 = 0; r0 < N; r0 += m->dlogits_rows) {
         size_t rows = N - r0 < m->dlogits_rows ? N - r0 : m->dlogits_rows;
-        for (size_t r = 0; r < rows; r++) {
-            const float *p = m->probs + (r0 + r) * V;
-            float *dl = m->dlogits + r * V;
-            for (size_t v = 0; v < V; v++)
-                dl[v] = k * p[v];
-            dl[m->targets[r0 + r]] -= k;
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)C, (int)V, 1.0f,
-                    m->dlogits, (int)V, wte, (int)C, 0.0f, m->dC + r0 * C, (int)C);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)V, (int)C, (int)rows, 1.0f,
-                    m->dlogits, (int)V, m->lnf + r0 * C, (int)C, 1.0f, dwte, (int)C);
+        dlogits_args da = {m->dlogits, m->probs + r0 * V, m->targets + r0, V, k};
+        par_for(rows, 1, dlogits_rows, &da);
+        gemm(0, 0, rows, C, V, m->dlogits, V, wte, C, 0.0f, m->dC + r0 * C, C);
+        gemm(1, 0, V, C, rows, m->dlogits, V, m->lnf + r0 * C, C, 1.0f, dwte, C);
     }
-    memset(m->dres, 0, N * C * sizeof(float));
+    par_zero(m->dres, N * C);
     layernorm_backward(m->dres, dlnf_w, dlnf_w + C, m->dC, res_last, m->lnf_mean, m->lnf_rstd,
                        lnf_w, N, C);
 
