@@ -181,6 +181,17 @@ int zfmt__verify_join(zfmt__verify *v)
     return rc;
 }
 
+int zfmt__verify_settle(zfmt__verify *v, int rc)
+{
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", zr_err_msg());
+    int vrc = zfmt__verify_join(v);
+    if (vrc)
+        return vrc;
+    zr_err_set(rc, "%s", keep);
+    return rc;
+}
+
 #define PROG_EVERY ((uint64_t)4 << 20)
 
 void zfmt__prog_init(zfmt__prog *pr, const zck_progress *p, const char *what, uint64_t total)

@@ -34,6 +34,9 @@ void zfmt__out_free(zfmt__out *o);
 typedef struct zfmt__verify zfmt__verify;
 int zfmt__open_verifying(zck_reader **out, zfmt__verify **v, const char *ckpt);
 int zfmt__verify_join(zfmt__verify *v);
+/* Join after the export failed with rc (< 0): damage the verification found (a missing
+ * shard, say) explains the failure best, so its error wins; otherwise rc and its message stay. */
+int zfmt__verify_settle(zfmt__verify *v, int rc);
 
 /* Progress in bytes, reported to progress->fn at most every few MiB and once at the end. */
 typedef struct {

@@ -189,16 +189,8 @@ int zfmt_llmc_export(const char *ckpt, const char *out_file, const zck_progress 
     free(grp);
     free(ti);
 out:
-    if (v) { /* joined on every path; damage the verification found explains the failure
-                best (a missing shard), so its message wins */
-        char keep[1024];
-        snprintf(keep, sizeof keep, "%s", zr_err_msg());
-        int vrc = zfmt__verify_join(v);
-        if (vrc)
-            rc = vrc;
-        else
-            zr_err_set(rc, "%s", keep);
-    }
+    if (v) /* a failed export still joins the verification, whose finding explains it best */
+        rc = zfmt__verify_settle(v, rc);
     zfmt__out_free(x.f);
     free(x.sbuf);
     free(x.fbuf);

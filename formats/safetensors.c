@@ -273,16 +273,8 @@ int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_s
         goto out;
     ZR_TRY_GOTO(zfmt__out_commit(f), rc, out);
 out:
-    if (v) { /* joined on every path; damage the verification found explains the failure
-                best (a missing shard), so its message wins */
-        char keep[1024];
-        snprintf(keep, sizeof keep, "%s", zr_err_msg());
-        int vrc = zfmt__verify_join(v);
-        if (vrc)
-            rc = vrc;
-        else
-            zr_err_set(rc, "%s", keep);
-    }
+    if (v) /* a failed export still joins the verification, whose finding explains it best */
+        rc = zfmt__verify_settle(v, rc);
     zfmt__out_free(f); /* removes the temporary file unless committed */
     free(sbuf);
     free(dbuf);
