@@ -3,8 +3,9 @@
  * L pre-LN blocks (ln_1 -> c_attn -> causal self-attention -> c_proj -> residual; ln_2 -> c_fc
  * -> GELU (tanh) -> c_proj -> residual), ln_f, logits through the tied token embedding, softmax
  * and mean cross-entropy. Each layer is a <layer>_forward / <layer>_backward pair; matmuls go to
- * cblas_sgemm, every other loop is plain C for the compiler to vectorize, run through par_for
- * (par.h) on the same zr_set_threads count as BLAS, split so that the bits do not depend on it.
+ * cblas_sgemm, every other loop is plain C for the compiler to vectorize. Both run on the
+ * zr_set_threads threads through par_for (par.h): matmuls as single-threaded sgemm calls on
+ * blocks of the output, the other loops split so that their bits do not depend on the count.
  *
  * Memory: one parameter arena and one gradient arena holding the groups of the checkpoint
  * layout (formats/zfmt.h: wte, wpe, h.0 ... h.<L-1>, ln_f) end to end, tensors in layout order,
@@ -323,8 +324,9 @@ void zr_model_bytes(const zr_model *m, uint64_t *params, uint64_t *grads, uint64
         *acts = m->acts_bytes;
 }
 
-/* BLAS and the par_for pool (par.h) get the same count; they never run at once (BLAS calls
- * come between parallel regions). */
+/* The par_for pool (par.h) gets the n threads; OpenBLAS stays at one (gemm splits matmuls over
+ * the pool), so no BLAS worker spins between calls on a core the pool needs. Without a call,
+ * OpenBLAS keeps its own default and everything else runs on the calling thread. */
 void zr_set_threads(int n)
 {
     if (n >= 1) {
@@ -392,12 +394,12 @@ void zr_model_init_weights(zr_model *m, uint64_t seed)
 /* ---------------------------------------------------------------- layers */
 
 /*
- * Every loop below runs through par_for (par.h) on the zr_set_threads threads. Each output
- * element is computed by exactly one chunk, in the same order as a single thread would, so the
- * results are the same bits whatever the thread count: per-row kernels split rows; reductions
- * over rows (bias gradients, LayerNorm dweight/dbias, the embedding gradients) split the
- * reduced outputs into blocks of COLS_BLOCK channels and each block sums all rows in order;
- * attention splits (b, h) pairs.
+ * Every loop below runs through par_for (par.h) on the zr_set_threads threads. Except in the
+ * matmuls (gemm), each output element is computed by exactly one chunk, in the same order as a
+ * single thread would, so those results are the same bits whatever the thread count: per-row
+ * kernels split rows; reductions over rows (bias gradients, LayerNorm dweight/dbias, the
+ * embedding gradients) split the reduced outputs into blocks of COLS_BLOCK channels and each
+ * block sums all rows in order; attention splits (b, h) pairs.
  */
 #define ROWS_GRAIN 8       /* rows per chunk at least (rows of C floats) */
 #define ELEMS_GRAIN 4096   /* elements per chunk at least (elementwise loops) */

@@ -268,3 +268,22 @@ ZT_TEST(train_resumes_from_a_commit_interrupted_before_latest)
     b = small_opts("broken", 30);
     ZT_ERR(zr_train(&r, &b), ZR_ECORRUPT, "none complete");
 }
+
+ZT_TEST(train_resume_is_bit_exact_with_two_threads)
+{
+    /* the model's thread pool (matmuls split by blocks, attention by (b, h), reductions by
+     * output element) gives the same bits at a fixed thread count */
+    zr_train_opts a = small_opts("straight", 16);
+    a.threads = 2;
+    zr_train_result ra, rb;
+    ZT_OK(zr_train(&ra, &a));
+    zr_train_opts b = small_opts("resumed", 16);
+    b.threads = 2;
+    b.stop_after = 7;
+    ZT_OK(zr_train(&rb, &b));
+    b.stop_after = 0;
+    ZT_OK(zr_train(&rb, &b));
+    ZT_CHECK_EQ(rb.start_step, 7);
+    ZT_CHECK(ra.loss == rb.loss);
+    expect_same_final("straight", "resumed");
+}
