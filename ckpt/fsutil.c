@@ -133,6 +133,8 @@ int zck__rmtree(const char *path)
     return rc;
 }
 
+int zck_remove_tree(const char *path) { return zck__rmtree(path); }
+
 int zck__write_small(const char *path, const void *data, size_t len)
 {
     int e = zck__fault(ZCK_OP_OPEN, path);

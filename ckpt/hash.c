@@ -51,7 +51,6 @@ void zck__sha_hex(zck__sha *h, char out[65])
     out[64] = 0;
 }
 
-void zck__sha_reset(zck__sha *h) { EVP_DigestInit_ex(h->c, EVP_sha256(), NULL); }
 
 void zck__sha_free(zck__sha *h)
 {

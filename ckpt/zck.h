@@ -262,6 +262,10 @@ typedef struct {
 int zck_commit(char **out, const char *run_dir, const char *staging_dir, const zck_layout *L,
                zck_shard *const *shards, size_t n_shards, const zck_commit_opts *opts);
 
+/* Remove a directory tree (a run or checkpoint directory; symlinks are removed, not
+ * followed). The error names the entry that could not be removed. */
+int zck_remove_tree(const char *path);
+
 /* Point run_dir/latest at step-<step> atomically (write temp, fsync, rename, fsync run_dir).
  * ZR_ENOTFOUND when that checkpoint directory does not exist. */
 int zck_latest_set(const char *run_dir, uint64_t step);

@@ -124,8 +124,7 @@ int zck__fault(zck_op op, const char *path);
 typedef struct zck__sha zck__sha;
 int zck__sha_new(zck__sha **out);
 void zck__sha_update(zck__sha *h, const void *p, size_t n);
-void zck__sha_hex(zck__sha *h, char out[65]);  /* finalizes; the context can be reset */
-void zck__sha_reset(zck__sha *h);
+void zck__sha_hex(zck__sha *h, char out[65]);  /* finalizes: call once */
 void zck__sha_free(zck__sha *h);
 
 /* Progress of work spread over threads: bytes done, reported by the owner thread only. */

@@ -351,10 +351,8 @@ static int into_place(const char *out, bool force, int (*fn)(const char *tmp, vo
     snprintf(old, sizeof old, "%s.old-%ld", out, (long)getpid());
     if (fn(tmp, ctx) < 0) {
         int rc = zcli_fail_lib(PROG, NULL);
-        char cmd[8300];
-        snprintf(cmd, sizeof cmd, "rm -rf -- '%s'", tmp);
-        if (!strchr(tmp, '\'') && system(cmd) != 0)
-            fprintf(stderr, PROG ": warning: could not remove %s\n", tmp);
+        if (exists(tmp) && zck_remove_tree(tmp) < 0)
+            fprintf(stderr, PROG ": warning: %s\n", zr_err_msg());
         return rc;
     }
     bool had = exists(out);
@@ -364,12 +362,8 @@ static int into_place(const char *out, bool force, int (*fn)(const char *tmp, vo
     if (rename(tmp, out) < 0)
         return zcli_fail(PROG, NULL, "rename %s -> %s: %s (the old one is in %s)", tmp, out,
                          strerror(errno), had ? old : "nowhere");
-    if (had) {
-        char cmd[8300];
-        snprintf(cmd, sizeof cmd, "rm -rf -- '%s'", old);
-        if (strchr(old, '\'') || system(cmd) != 0)
-            fprintf(stderr, PROG ": warning: could not remove the old %s\n", old);
-    }
+    if (had && zck_remove_tree(old) < 0)
+        fprintf(stderr, PROG ": warning: the old output stays in %s: %s\n", old, zr_err_msg());
     return ZCLI_OK;
 }
 
@@ -624,7 +618,10 @@ static int two_paths(int argc, char **argv, const char **src, const char **out)
     return ZCLI_OK;
 }
 
-static int cmd_pack(int argc, char **argv)
+/* pack and unpack: input, -o output, one library call that streams with progress */
+static int archive_cmd(int argc, char **argv,
+                       int (*fn)(const char *, const char *, const zck_progress *),
+                       const char *done)
 {
     const char *src = NULL, *out = NULL;
     int rc = two_paths(argc, argv, &src, &out);
@@ -632,28 +629,22 @@ static int cmd_pack(int argc, char **argv)
         return rc;
     zcli_bar bar;
     zck_progress p = zcli_progress_init(&bar);
-    rc = zfmt_pack(src, out, &p);
+    rc = fn(src, out, &p);
     zcli_progress_end(&bar);
     if (rc < 0)
         return zcli_fail_lib(PROG, NULL);
-    printf("%s: archive of %s\n", out, src);
+    printf("%s: %s %s\n", out, done, src);
     return ZCLI_OK;
+}
+
+static int cmd_pack(int argc, char **argv)
+{
+    return archive_cmd(argc, argv, zfmt_pack, "archive of");
 }
 
 static int cmd_unpack(int argc, char **argv)
 {
-    const char *src = NULL, *out = NULL;
-    int rc = two_paths(argc, argv, &src, &out);
-    if (rc)
-        return rc;
-    zcli_bar bar;
-    zck_progress p = zcli_progress_init(&bar);
-    rc = zfmt_unpack(src, out, &p);
-    zcli_progress_end(&bar);
-    if (rc < 0)
-        return zcli_fail_lib(PROG, NULL);
-    printf("%s: unpacked and verified %s\n", out, src);
-    return ZCLI_OK;
+    return archive_cmd(argc, argv, zfmt_unpack, "unpacked and verified");
 }
 
 /* ------------------------------------------------------------------ diff */

@@ -98,7 +98,6 @@ int main(int argc, char **argv)
     const char *device = "auto";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
-        uint64_t x;
         uint32_t u;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(usage_text, stdout);
@@ -183,7 +182,6 @@ int main(int argc, char **argv)
                                  "%s %s: not supported in this version", a, v);
         } else
             return usage_error("unknown option ", a);
-        (void)x;
     }
     if (nproc != 1)
         return zcli_fail(PROG, "run with --nproc 1 for now",
