@@ -9,8 +9,8 @@
  *
  * Memory: one parameter arena and one gradient arena holding the groups of the checkpoint
  * layout (formats/zfmt.h: wte, wpe, h.0 ... h.<L-1>, ln_f) end to end, tensors in layout order,
- * weights [out, in]; one activation arena sized for max_B x ctx at creation and reused by every
- * step. Offsets are computed here from the config (the same arithmetic as zfmt_gpt2_layout;
+ * weights [out, in] (or, with hooks, whatever buffers the trainer lends group by group: ZeRO);
+ * one activation arena sized for max_B x max_T at creation and reused by every step. Offsets are computed here from the config (the same arithmetic as zfmt_gpt2_layout;
  * tests/test_model.c checks that they agree).
  *
  * Shapes in comments: B batch, T sequence, C channels, NH heads, hs = C / NH, V vocabulary,
@@ -47,7 +47,7 @@ static const struct {
     {1, 0}, {1, 0}, {4, 1}, {4, 0}, {1, 4}, {1, 0},
 };
 
-/* What one block keeps from forward for backward; each buffer sized for max_B x ctx. */
+/* What one block keeps from forward for backward; each buffer sized for max_B x max_T. */
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd; /* [N, C], [N], [N] */
     float *qkv;                       /* [N, 3C] */
@@ -61,12 +61,13 @@ typedef struct {
 
 struct zr_model {
     zr_gpt2_config c;
-    size_t max_B;
+    size_t max_B, max_T;            /* activations sized for max_B sequences of max_T */
+    zr_model_hooks h;               /* where parameters and gradients live (zr.h) */
     uint64_t numel;                 /* all groups */
     uint64_t layer_numel;           /* one h.<l> group */
     uint64_t kind_off[K_COUNT + 1]; /* tensor offsets inside a block group */
-    float *params, *grads;          /* arenas of numel floats */
-    size_t arena_bytes;             /* allocated size of each of the two (2 MiB multiple) */
+    float *params, *grads;          /* own arenas of numel floats, or NULL (hooks) */
+    size_t pbytes, gbytes;          /* allocated size of each (2 MiB multiple, 0 if none) */
 
     unsigned char *acts_mem;
     size_t acts_bytes;                /* allocated size (2 MiB multiple) */
@@ -82,7 +83,7 @@ struct zr_model {
     float *dqkv;    /* [N, 3C] */
     float *d4C;     /* [N, 4C]: gradient of fch_gelu, then of fch (in place) */
     float *dlogits; /* [dlogits_rows, V] */
-    float *drow;    /* [max_B NH, ctx]: one attention row's datt and dpreatt per (b, h) */
+    float *drow;    /* [max_B NH, max_T]: one attention row's datt and dpreatt per (b, h) */
     size_t dlogits_rows;
 
     size_t B, T;     /* of the last forward */
@@ -103,10 +104,8 @@ static uint64_t group_offset(const zr_model *m, size_t g)
     return off + (g - 2) * m->layer_numel; /* h.<g-2>, or ln_f after the last block */
 }
 
-static float *tensor(float *arena, const zr_model *m, size_t l, int kind)
-{
-    return arena + group_offset(m, 2 + l) + m->kind_off[kind];
-}
+/* tensor `kind` of a block group whose parameters (or gradients) start at g */
+#define TENSOR(g, kind) ((g) + m->kind_off[kind])
 
 /* ---------------------------------------------------------------- memory */
 
@@ -139,7 +138,7 @@ static void *carve(unsigned char *base, size_t *off, double *total, size_t numel
  * caller reject configs whose size_t products would overflow. */
 static size_t acts_layout(zr_model *m, unsigned char *base, double *total)
 {
-    size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, T = m->c.ctx;
+    size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, T = m->max_T;
     size_t N = m->max_B * T, off = 0;
     *total = 0;
     m->encoded = carve(base, &off, total, N * C);
@@ -183,6 +182,12 @@ static size_t acts_layout(zr_model *m, unsigned char *base, double *total)
 
 int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B)
 {
+    return zr_model_new_ext(out, c, max_B, c ? c->ctx : 0, NULL);
+}
+
+int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size_t max_T,
+                     const zr_model_hooks *hooks)
+{
     assert(out && c);
     *out = NULL;
     const struct {
@@ -198,16 +203,25 @@ int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B)
                           c->heads);
     if (max_B == 0)
         return zr_err_set(ZR_EINVAL, "model: max batch 0 (expected >= 1)");
-    /* BLAS takes int dimensions: N = max_B ctx rows, V and 4C columns */
-    if ((double)max_B * c->ctx > INT_MAX || c->vocab > INT_MAX || c->dim > INT_MAX / 4)
-        return zr_err_set(ZR_EINVAL, "model: batch %zu x ctx %u, vocab %u or 4 x dim %u "
-                          "exceeds the BLAS int range", max_B, c->ctx, c->vocab, c->dim);
+    if (max_T == 0 || max_T > c->ctx)
+        return zr_err_set(ZR_EINVAL, "model: max sequence length %zu (expected 1..ctx %u)",
+                          max_T, c->ctx);
+    if (hooks && (!hooks->params != !hooks->params_done || !hooks->grads != !hooks->grads_done))
+        return zr_err_set(ZR_EINVAL, "model: hooks come in pairs (params with params_done, "
+                          "grads with grads_done)");
+    /* BLAS takes int dimensions: N = max_B max_T rows, V and 4C columns */
+    if ((double)max_B * max_T > INT_MAX || c->vocab > INT_MAX || c->dim > INT_MAX / 4)
+        return zr_err_set(ZR_EINVAL, "model: batch %zu x seq %zu, vocab %u or 4 x dim %u "
+                          "exceeds the BLAS int range", max_B, max_T, c->vocab, c->dim);
 
     zr_model *m = calloc(1, sizeof *m);
     if (!m)
         return zr_err_set(ZR_ENOMEM, "model: out of memory");
     m->c = *c;
     m->max_B = max_B;
+    m->max_T = max_T;
+    if (hooks)
+        m->h = *hooks;
     m->fwd_targets = -1;
     uint64_t C = c->dim;
     m->kind_off[0] = 0;
@@ -215,7 +229,7 @@ int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B)
         m->kind_off[k + 1] = m->kind_off[k] +
             kind_shape[k].out_mul * C * (kind_shape[k].in_mul ? kind_shape[k].in_mul * C : 1);
     m->layer_numel = m->kind_off[K_COUNT];
-    size_t N = max_B * c->ctx;
+    size_t N = max_B * max_T;
     m->dlogits_rows = DLOGITS_MAX_NUMEL / c->vocab;
     if (m->dlogits_rows < 1)
         m->dlogits_rows = 1;
@@ -231,19 +245,24 @@ int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B)
                           "(batch %zu): too large", numel_d, acts_d, max_B);
     }
     m->numel = ((uint64_t)c->vocab + c->ctx + 2) * C + c->layers * m->layer_numel;
-    size_t pbytes = m->numel * sizeof(float), gbytes = pbytes;
+    size_t pbytes = m->h.params ? 0 : m->numel * sizeof(float);
+    size_t gbytes = m->h.grads ? 0 : m->numel * sizeof(float);
     uint64_t want = (uint64_t)pbytes + gbytes + abytes;
-    m->layer = calloc(c->layers, sizeof *m->layer);
-    m->params = m->layer ? arena_alloc(&pbytes) : NULL;
-    m->grads = m->params ? arena_alloc(&gbytes) : NULL;
-    m->acts_mem = m->grads ? arena_alloc(&abytes) : NULL;
-    if (!m->acts_mem) {
+    int ok = (m->layer = calloc(c->layers, sizeof *m->layer)) != NULL;
+    if (ok && pbytes)
+        ok = (m->params = arena_alloc(&pbytes)) != NULL;
+    if (ok && gbytes)
+        ok = (m->grads = arena_alloc(&gbytes)) != NULL;
+    if (ok)
+        ok = (m->acts_mem = arena_alloc(&abytes)) != NULL;
+    if (!ok) {
         zr_model_free(m);
         return zr_err_set(ZR_ENOMEM, "model: out of memory for %.1f MiB of parameters, "
-                          "gradients and activations (batch %zu x ctx %u)",
-                          (double)want / (1 << 20), max_B, c->ctx);
+                          "gradients and activations (batch %zu x seq %zu)",
+                          (double)want / (1 << 20), max_B, max_T);
     }
-    m->arena_bytes = pbytes;
+    m->pbytes = pbytes;
+    m->gbytes = gbytes;
     m->acts_bytes = abytes;
     acts_layout(m, m->acts_mem, &acts_d);
     *out = m;
@@ -281,13 +300,66 @@ uint64_t zr_model_group_numel(const zr_model *m, size_t g)
 float *zr_model_param(zr_model *m, size_t g)
 {
     assert(g < zr_model_n_groups(m));
-    return m->params + group_offset(m, g);
+    return m->params ? m->params + group_offset(m, g) : NULL;
 }
 
 float *zr_model_grad(zr_model *m, size_t g)
 {
     assert(g < zr_model_n_groups(m));
-    return m->grads + group_offset(m, g);
+    return m->grads ? m->grads + group_offset(m, g) : NULL;
+}
+
+size_t zr_model_fetch_order(const zr_model *m, int backward, size_t *order)
+{
+    size_t L = m->c.layers, n = 0;
+    if (!backward) { /* wte and wpe (embedding), the blocks, ln_f, wte again (the head) */
+        for (size_t g = 0; g < L + 3; g++)
+            order[n++] = g;
+        order[n++] = 0;
+    } else { /* the head (wte), ln_f, the blocks last to first; the embedding reads none */
+        order[n++] = 0;
+        for (size_t g = L + 3; g-- > 2;)
+            order[n++] = g;
+    }
+    return n;
+}
+
+/* Group g's parameters and gradient buffer: the own arenas, or what the hooks lend. */
+static int params_get(zr_model *m, size_t g, const float **out)
+{
+    if (!m->h.params) {
+        *out = m->params + group_offset(m, g);
+        return 0;
+    }
+    *out = NULL;
+    int rc = m->h.params(m->h.ctx, g, out);
+    if (!rc && !*out)
+        rc = zr_err_set(ZR_EINVAL, "model: the params hook lent no buffer for group %zu", g);
+    return rc;
+}
+
+static void params_put(zr_model *m, size_t g)
+{
+    if (m->h.params_done)
+        m->h.params_done(m->h.ctx, g);
+}
+
+static int grads_get(zr_model *m, size_t g, float **out)
+{
+    if (!m->h.grads) {
+        *out = m->grads + group_offset(m, g);
+        return 0;
+    }
+    *out = NULL;
+    int rc = m->h.grads(m->h.ctx, g, out);
+    if (!rc && !*out)
+        rc = zr_err_set(ZR_EINVAL, "model: the grads hook lent no buffer for group %zu", g);
+    return rc;
+}
+
+static int grads_put(zr_model *m, size_t g)
+{
+    return m->h.grads_done ? m->h.grads_done(m->h.ctx, g) : 0;
 }
 
 /* x[0, n) = 0 on the par_for threads, in blocks of ZERO_BLOCK floats (64 KiB) */
@@ -310,16 +382,20 @@ static void par_zero(float *x, size_t n)
     par_for((n + ZERO_BLOCK - 1) / ZERO_BLOCK, 4, zero_blocks, &a);
 }
 
-void zr_model_zero_grad(zr_model *m) { par_zero(m->grads, m->numel); }
+void zr_model_zero_grad(zr_model *m)
+{
+    if (m->grads)
+        par_zero(m->grads, m->numel);
+}
 
 const float *zr_model_probs(const zr_model *m) { return m->probs; }
 
 void zr_model_bytes(const zr_model *m, uint64_t *params, uint64_t *grads, uint64_t *acts)
 {
     if (params)
-        *params = m->arena_bytes;
+        *params = m->pbytes;
     if (grads)
-        *grads = m->arena_bytes;
+        *grads = m->gbytes;
     if (acts)
         *acts = m->acts_bytes;
 }
@@ -368,27 +444,44 @@ static void fill_const(float *x, uint64_t n, float v)
 }
 
 /* Each weight element is a function of (seed, its index in the arena) alone, so the bits do
- * not depend on the order or the part of the arena filled. */
+ * not depend on the order or the part of the arena filled: a ZeRO rank initializes just its
+ * partition. */
+void zr_model_init_range(const zr_model *m, uint64_t seed, size_t g, uint64_t off, uint64_t n,
+                         float *dst)
+{
+    assert(g < zr_model_n_groups(m) && off + n <= zr_model_group_numel(m, g));
+    uint64_t key = mix64(seed ^ 0x7a65726f2d677074ull); /* "zero-gpt" */
+    uint64_t base = group_offset(m, g), C = m->c.dim;
+    float std = 0.02f, std_res = 0.02f / sqrtf(2.0f * (float)m->c.layers);
+    if (g < 2) { /* wte, wpe */
+        fill_normal(dst, base + off, n, key, std);
+        return;
+    }
+    if (g == (size_t)m->c.layers + 2) { /* ln_f: weight 1, bias 0 */
+        for (uint64_t i = 0; i < n; i++)
+            dst[i] = off + i < C ? 1.0f : 0.0f;
+        return;
+    }
+    for (int k = 0; k < K_COUNT; k++) {
+        uint64_t lo = off > m->kind_off[k] ? off : m->kind_off[k];
+        uint64_t hi = off + n < m->kind_off[k + 1] ? off + n : m->kind_off[k + 1];
+        if (lo >= hi)
+            continue;
+        if (kind_shape[k].in_mul)
+            fill_normal(dst + (lo - off), base + lo, hi - lo, key,
+                        k == K_ATTPROJW || k == K_FCPROJW ? std_res : std);
+        else
+            fill_const(dst + (lo - off), hi - lo, k == K_LN1W || k == K_LN2W ? 1.0f : 0.0f);
+    }
+}
+
 void zr_model_init_weights(zr_model *m, uint64_t seed)
 {
-    uint64_t key = mix64(seed ^ 0x7a65726f2d677074ull); /* "zero-gpt" */
-    uint64_t V = m->c.vocab, T = m->c.ctx, C = m->c.dim;
-    float std = 0.02f, std_res = 0.02f / sqrtf(2.0f * (float)m->c.layers);
-    fill_normal(m->params, 0, V * C, key, std);
-    fill_normal(m->params + V * C, V * C, T * C, key, std);
-    for (size_t l = 0; l < m->c.layers; l++)
-        for (int k = 0; k < K_COUNT; k++) {
-            float *p = tensor(m->params, m, l, k);
-            uint64_t n = m->kind_off[k + 1] - m->kind_off[k];
-            if (kind_shape[k].in_mul)
-                fill_normal(p, (uint64_t)(p - m->params), n, key,
-                            k == K_ATTPROJW || k == K_FCPROJW ? std_res : std);
-            else
-                fill_const(p, n, k == K_LN1W || k == K_LN2W ? 1.0f : 0.0f);
-        }
-    float *lnf = m->params + group_offset(m, (size_t)m->c.layers + 2);
-    fill_const(lnf, C, 1.0f);
-    fill_const(lnf + C, C, 0.0f);
+    if (!m->params)
+        return;
+    for (size_t g = 0; g < zr_model_n_groups(m); g++)
+        zr_model_init_range(m, seed, g, 0, zr_model_group_numel(m, g),
+                            m->params + group_offset(m, g));
 }
 
 /* ---------------------------------------------------------------- layers */
@@ -928,53 +1021,60 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
     if (B < 1 || B > m->max_B)
         return zr_err_set(ZR_EINVAL, "forward: batch B = %zu out of range (expected 1..%zu)",
                           B, m->max_B);
-    if (T < 1 || T > m->c.ctx)
+    if (T < 1 || T > m->max_T)
         return zr_err_set(ZR_EINVAL, "forward: sequence length T = %zu out of range "
-                          "(expected 1..%u, the model's ctx)", T, m->c.ctx);
+                          "(expected 1..%zu)", T, m->max_T);
     ZR_TRY(check_tokens(inputs, N, m->c.vocab, "inputs"));
     if (targets)
         ZR_TRY(check_tokens(targets, N, m->c.vocab, "targets"));
 
     m->B = B;
     m->T = T;
-    m->fwd_targets = targets != NULL;
+    m->fwd_targets = -1; /* until this forward completes */
     memcpy(m->inputs, inputs, N * sizeof *inputs);
     if (targets)
         memcpy(m->targets, targets, N * sizeof *targets);
-    const float *wte = m->params, *wpe = m->params + group_offset(m, 1);
+    const float *wte, *wpe, *P;
+    ZR_TRY(params_get(m, 0, &wte));
+    ZR_TRY(params_get(m, 1, &wpe));
     encoder_forward(m->encoded, m->inputs, wte, wpe, B, T, C);
+    params_put(m, 1);
+    params_put(m, 0);
     const float *res = m->encoded;
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &m->layer[l];
-        float *P = m->params;
-        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, tensor(P, m, l, K_LN1W),
-                          tensor(P, m, l, K_LN1B), N, C);
-        matmul_forward(a->qkv, NULL, a->ln1, tensor(P, m, l, K_QKVW), tensor(P, m, l, K_QKVB),
-                       N, C, 3 * C);
+        ZR_TRY(params_get(m, l + 2, &P));
+        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, TENSOR(P, K_LN1W),
+                          TENSOR(P, K_LN1B), N, C);
+        matmul_forward(a->qkv, NULL, a->ln1, TENSOR(P, K_QKVW), TENSOR(P, K_QKVB), N, C, 3 * C);
         attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
         /* res2 = res + c_proj(atty) */
-        matmul_forward(a->res2, res, a->atty, tensor(P, m, l, K_ATTPROJW),
-                       tensor(P, m, l, K_ATTPROJB), N, C, C);
-        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, tensor(P, m, l, K_LN2W),
-                          tensor(P, m, l, K_LN2B), N, C);
-        matmul_forward(a->fch, NULL, a->ln2, tensor(P, m, l, K_FCW), tensor(P, m, l, K_FCB), N,
-                       C, 4 * C);
+        matmul_forward(a->res2, res, a->atty, TENSOR(P, K_ATTPROJW), TENSOR(P, K_ATTPROJB), N,
+                       C, C);
+        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, TENSOR(P, K_LN2W),
+                          TENSOR(P, K_LN2B), N, C);
+        matmul_forward(a->fch, NULL, a->ln2, TENSOR(P, K_FCW), TENSOR(P, K_FCB), N, C, 4 * C);
         gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
         /* res3 = res2 + mlp */
-        matmul_forward(a->res3, a->res2, a->fch_gelu, tensor(P, m, l, K_FCPROJW),
-                       tensor(P, m, l, K_FCPROJB), N, 4 * C, C);
+        matmul_forward(a->res3, a->res2, a->fch_gelu, TENSOR(P, K_FCPROJW), TENSOR(P, K_FCPROJB),
+                       N, 4 * C, C);
+        params_put(m, l + 2);
         res = a->res3;
     }
-    const float *lnf_w = m->params + group_offset(m, L + 2);
-    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, lnf_w, lnf_w + C, N, C);
+    ZR_TRY(params_get(m, L + 2, &P));
+    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P, P + C, N, C);
+    params_put(m, L + 2);
     /* logits [N, V] = lnf [N, C] wte[V, C]^T: the head is tied to the token embedding */
+    ZR_TRY(params_get(m, 0, &wte));
     gemm(0, 1, N, V, C, m->lnf, C, wte, C, 0.0f, m->probs, V);
+    params_put(m, 0);
     softmax_xent_forward(m->probs, m->losses, targets ? m->targets : NULL, N, V);
     double sum = 0.0;
     if (targets)
         for (size_t n = 0; n < N; n++)
             sum += m->losses[n];
     *loss = (float)(sum / (double)N);
+    m->fwd_targets = targets != NULL;
     return 0;
 }
 
@@ -987,13 +1087,15 @@ int zr_model_backward(zr_model *m, float scale)
         return zr_err_set(ZR_EINVAL, "backward: the last forward had no targets (no loss)");
     size_t B = m->B, T = m->T, N = B * T, L = m->c.layers, C = m->c.dim, NH = m->c.heads;
     size_t V = m->c.vocab;
-    const float *wte = m->params, *lnf_w = m->params + group_offset(m, L + 2);
-    float *dwte = m->grads, *dwpe = m->grads + group_offset(m, 1);
-    float *dlnf_w = m->grads + group_offset(m, L + 2);
     const float *res_last = L ? m->layer[L - 1].res3 : m->encoded;
+    const float *wte, *P;
+    float *dwte, *dwpe, *G;
 
     /* head, in chunks of rows: dlogits = scale (probs - onehot) / N; dlnf = dlogits wte
-     * (into dC); dwte += dlogits^T lnf */
+     * (into dC); dwte += dlogits^T lnf. wte's gradient buffer stays until the embedding's
+     * backward adds its second contribution. */
+    ZR_TRY(params_get(m, 0, &wte));
+    ZR_TRY(grads_get(m, 0, &dwte));
     float k = scale / (float)N;
     for (size_t r0 = 0; r0 < N; r0 += m->dlogits_rows) {
         size_t rows = N - r0 < m->dlogits_rows ? N - r0 : m->dlogits_rows;
@@ -1002,32 +1104,42 @@ int zr_model_backward(zr_model *m, float scale)
         gemm(0, 0, rows, C, V, m->dlogits, V, wte, C, 0.0f, m->dC + r0 * C, C);
         gemm(1, 0, V, C, rows, m->dlogits, V, m->lnf + r0 * C, C, 1.0f, dwte, C);
     }
+    params_put(m, 0);
     par_zero(m->dres, N * C);
-    layernorm_backward(m->dres, dlnf_w, dlnf_w + C, m->dC, res_last, m->lnf_mean, m->lnf_rstd,
-                       lnf_w, N, C);
+    ZR_TRY(params_get(m, L + 2, &P));
+    ZR_TRY(grads_get(m, L + 2, &G));
+    layernorm_backward(m->dres, G, G + C, m->dC, res_last, m->lnf_mean, m->lnf_rstd, P, N, C);
+    params_put(m, L + 2);
+    ZR_TRY(grads_put(m, L + 2));
 
     /* blocks, last to first; dres holds the gradient of the block's output, then of its input */
     for (size_t l = L; l-- > 0;) {
         layer_acts *a = &m->layer[l];
         const float *res = l ? m->layer[l - 1].res3 : m->encoded;
-        float *P = m->params, *G = m->grads;
+        ZR_TRY(params_get(m, l + 2, &P));
+        ZR_TRY(grads_get(m, l + 2, &G));
         /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
-        matmul_backward(m->d4C, tensor(G, m, l, K_FCPROJW), tensor(G, m, l, K_FCPROJB), m->dres,
-                        a->fch_gelu, tensor(P, m, l, K_FCPROJW), N, 4 * C, C);
+        matmul_backward(m->d4C, TENSOR(G, K_FCPROJW), TENSOR(G, K_FCPROJB), m->dres,
+                        a->fch_gelu, TENSOR(P, K_FCPROJW), N, 4 * C, C);
         gelu_backward(m->d4C, a->fch, N * 4 * C);
-        matmul_backward(m->dC, tensor(G, m, l, K_FCW), tensor(G, m, l, K_FCB), m->d4C, a->ln2,
-                        tensor(P, m, l, K_FCW), N, C, 4 * C);
-        layernorm_backward(m->dres, tensor(G, m, l, K_LN2W), tensor(G, m, l, K_LN2B), m->dC,
-                           a->res2, a->ln2_mean, a->ln2_rstd, tensor(P, m, l, K_LN2W), N, C);
+        matmul_backward(m->dC, TENSOR(G, K_FCW), TENSOR(G, K_FCB), m->d4C, a->ln2,
+                        TENSOR(P, K_FCW), N, C, 4 * C);
+        layernorm_backward(m->dres, TENSOR(G, K_LN2W), TENSOR(G, K_LN2B), m->dC, a->res2,
+                           a->ln2_mean, a->ln2_rstd, TENSOR(P, K_LN2W), N, C);
         /* attention: res2 = res + c_proj(attn(c_attn(ln_1(res)))) */
-        matmul_backward(m->dC, tensor(G, m, l, K_ATTPROJW), tensor(G, m, l, K_ATTPROJB),
-                        m->dres, a->atty, tensor(P, m, l, K_ATTPROJW), N, C, C);
+        matmul_backward(m->dC, TENSOR(G, K_ATTPROJW), TENSOR(G, K_ATTPROJB), m->dres, a->atty,
+                        TENSOR(P, K_ATTPROJW), N, C, C);
         attention_backward(m->dqkv, m->drow, m->dC, a->qkv, a->att, B, T, C, NH);
-        matmul_backward(m->dC, tensor(G, m, l, K_QKVW), tensor(G, m, l, K_QKVB), m->dqkv, a->ln1,
-                        tensor(P, m, l, K_QKVW), N, C, 3 * C);
-        layernorm_backward(m->dres, tensor(G, m, l, K_LN1W), tensor(G, m, l, K_LN1B), m->dC, res,
-                           a->ln1_mean, a->ln1_rstd, tensor(P, m, l, K_LN1W), N, C);
+        matmul_backward(m->dC, TENSOR(G, K_QKVW), TENSOR(G, K_QKVB), m->dqkv, a->ln1,
+                        TENSOR(P, K_QKVW), N, C, 3 * C);
+        layernorm_backward(m->dres, TENSOR(G, K_LN1W), TENSOR(G, K_LN1B), m->dC, res,
+                           a->ln1_mean, a->ln1_rstd, TENSOR(P, K_LN1W), N, C);
+        params_put(m, l + 2);
+        ZR_TRY(grads_put(m, l + 2));
     }
+    ZR_TRY(grads_get(m, 1, &dwpe));
     encoder_backward(dwte, dwpe, m->dres, m->inputs, B, T, C);
+    ZR_TRY(grads_put(m, 1));
+    ZR_TRY(grads_put(m, 0));
     return 0;
 }

@@ -50,6 +50,34 @@ int zr_gpt2_layout(zck_layout **out, const zr_gpt2_config *c);
  */
 typedef struct zr_model zr_model;
 int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B);
+
+/*
+ * Hooks (ZeRO): where the model finds a group's parameters and where it adds a group's
+ * gradient, one group at a time, instead of its own arenas. params lends group g's whole
+ * parameters (layout order, as in the arena) before the model reads them; params_done says they
+ * are no longer read. The model asks in the order zr_model_fetch_order gives, at most two groups
+ * at once (wte and wpe for the embedding). grads lends a buffer of group g's size that the
+ * model adds scale x the gradient into (accumulation is the lender's business: a zeroed buffer
+ * or the previous micro-batch's sums); grads_done says group g's gradient of this backward is
+ * complete (wte's comes last: the head and the embedding both add to it). A hook returns 0 or
+ * a ZR_E* code with the error set, which the forward or backward returns. Either pair may be
+ * NULL: then that side lives in the model's own arena (zr_model_param/grad return NULL for a
+ * side that is lent).
+ */
+typedef struct {
+    void *ctx;
+    int (*params)(void *ctx, size_t g, const float **out);
+    void (*params_done)(void *ctx, size_t g);
+    int (*grads)(void *ctx, size_t g, float **out);
+    int (*grads_done)(void *ctx, size_t g);
+} zr_model_hooks;
+/* As zr_model_new, activations sized for max_T <= ctx tokens per sequence, with hooks (or
+ * NULL). */
+int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size_t max_T,
+                     const zr_model_hooks *hooks);
+/* The groups a forward (backward 0) or backward (1) asks for, in order, into order[] (room for
+ * layers + 4); returns the count. A group may appear twice (wte: embedding and head). */
+size_t zr_model_fetch_order(const zr_model *m, int backward, size_t *order);
 void zr_model_free(zr_model *m);
 const zr_gpt2_config *zr_model_config(const zr_model *m);
 size_t zr_model_n_groups(const zr_model *m);
@@ -59,8 +87,12 @@ float *zr_model_param(zr_model *m, size_t g);     /* borrowed; arena + group off
 float *zr_model_grad(zr_model *m, size_t g);
 /* GPT-2 initialization from seed alone: weights N(0, 0.02), the two residual projections
  * (attn.c_proj.weight, mlp.c_proj.weight) N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1
- * and biases 0. Deterministic: same seed, same bits. */
+ * and biases 0. Deterministic: same seed, same bits, and each element depends only on (seed,
+ * its index), so init_range of any part of a group gives the bits init_weights puts there.
+ * init_weights fills the own parameter arena (nothing when parameters are lent). */
 void zr_model_init_weights(zr_model *m, uint64_t seed);
+void zr_model_init_range(const zr_model *m, uint64_t seed, size_t g, uint64_t off, uint64_t n,
+                         float *dst);
 /* Forward B sequences of T tokens (B <= max_B, T <= ctx): inputs [B*T] token ids < V; with
  * targets [B*T], *loss is the mean cross-entropy over the B*T positions (else *loss is 0 and
  * only logits are computed). ZR_EINVAL on sizes or token ids out of range. */
@@ -73,7 +105,7 @@ void zr_model_zero_grad(zr_model *m);
  * The trainer passes scale = 1 / micro-batches so accumulated grads are those of the mean
  * loss over the whole global batch. */
 int zr_model_backward(zr_model *m, float scale);
-/* Bytes held: parameters, gradients, activations (for the memory report). */
+/* Bytes held: parameters, gradients (0 for a lent side), activations (the memory report). */
 void zr_model_bytes(const zr_model *m, uint64_t *params, uint64_t *grads, uint64_t *acts);
 /* BLAS threads (and any other threads the model uses). */
 void zr_set_threads(int n);
