@@ -1,8 +1,9 @@
 /*
  * zrun.c: the training launcher. Parses the options into zr_train_opts and runs the training
- * loop of core/ (one rank in this version: --nproc above 1, other devices and offload are
- * refused with a clear message). SIGINT/SIGTERM finish the current step, save a checkpoint and
- * exit 0 saying where.
+ * loop of core/. With --nproc N > 1 it starts N ranks of itself through zr_launch (the
+ * environment tells each one its rank) and waits for them; a rank runs zr_train. Other devices
+ * and offload are refused with a clear message. SIGINT/SIGTERM/SIGUSR1 finish the current step,
+ * save a checkpoint and exit 0 saying where.
  */
 #include "common.h"
 #include "zr.h"
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define PROG "zrun"
 
@@ -54,14 +56,24 @@ static const char *usage_text =
     "  --threads N         BLAS threads (2)\n"
     "  --log-json FILE     append one JSON object per step (step, loss, lr, grad_norm,\n"
     "                      tokens_per_s, step_ms, mem)\n"
-    "  --nproc N           ranks (1; multi-rank ZeRO training is not built yet)\n"
-    "  --zero S            ZeRO stage 0-3, recorded in checkpoints (identical at one rank)\n"
+    "  --nproc N           data-parallel CPU ranks on this node, one process each (1)\n"
+    "  --zero S            ZeRO stage (0): 0 everything replicated, gradients all-reduced;\n"
+    "                      1 optimizer states partitioned; 2 also gradients; 3 also\n"
+    "                      parameters, gathered group by group just before use\n"
+    "  --prefetch N        stage 3: group gathers in flight ahead of use (2)\n"
+    "  --log-ranks R       0 (default: rank 0's output) or all (every rank's, prefixed)\n"
+    "  --dry-run           print the memory each rank would hold (params, grads, optimizer\n"
+    "                      states, buffers, activations) against the ZeRO formula; no training\n"
     "  --device D          cpu or auto (default auto = cpu in this version)\n"
     "  --offload-optimizer none, --offload-params none\n"
     "                      (offload to CPU memory or NVMe is not built yet)\n"
     "\n"
-    "SIGINT or SIGTERM: the current step finishes, a checkpoint is saved, zrun exits 0.\n"
-    "Exit status: 0 done or stopped cleanly, 2 any error.\n";
+    "The global batch is split evenly over the ranks; --micro-batch is per rank. Checkpoints\n"
+    "resume at any --nproc and --zero.\n"
+    "SIGINT, SIGTERM or SIGUSR1: the current step finishes, a checkpoint is saved, zrun exits 0.\n"
+    "Exit status: 0 done or stopped cleanly, 2 any error; with --nproc > 1, when a rank fails,\n"
+    "the others are stopped and zrun exits with the failing rank's status (128 + N for a\n"
+    "signal N), naming the rank.\n";
 
 static int usage_error(const char *what, const char *arg)
 {
@@ -96,12 +108,17 @@ int main(int argc, char **argv)
     zr_train_opts o = ZR_TRAIN_OPTS_INIT;
     uint32_t nproc = 1;
     const char *device = "auto";
+    int dry_run = 0, log_all = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         uint32_t u;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(usage_text, stdout);
             return ZCLI_OK;
+        }
+        if (!strcmp(a, "--dry-run")) {
+            dry_run = 1;
+            continue;
         }
         if (strncmp(a, "--", 2))
             return usage_error("unexpected argument ", a);
@@ -174,6 +191,14 @@ int main(int argc, char **argv)
             if (!zcli_parse_u32(PROG, a, v, 0, 3, &u))
                 return ZCLI_ERROR;
             o.zero_stage = (int)u;
+        } else if (!strcmp(a, "--prefetch")) {
+            if (!zcli_parse_u32(PROG, a, v, 0, 64, &u))
+                return ZCLI_ERROR;
+            o.prefetch = u;
+        } else if (!strcmp(a, "--log-ranks")) {
+            if (strcmp(v, "0") && strcmp(v, "all"))
+                return zcli_fail(PROG, NULL, "--log-ranks '%s': expected 0 or all", v);
+            log_all = !strcmp(v, "all");
         } else if (!strcmp(a, "--device"))
             device = v;
         else if (!strcmp(a, "--offload-optimizer") || !strcmp(a, "--offload-params")) {
@@ -183,20 +208,41 @@ int main(int argc, char **argv)
         } else
             return usage_error("unknown option ", a);
     }
-    if (nproc != 1)
-        return zcli_fail(PROG, "run with --nproc 1 for now",
-                         "--nproc %u: multi-rank ZeRO training is not built yet in this version",
-                         nproc);
     if (!strcmp(device, "cuda"))
         return zcli_fail(PROG, "train on the CPU (--device cpu) for now",
                          "--device cuda: GPU training is not built yet in this version");
     if (strcmp(device, "cpu") && strcmp(device, "auto"))
         return zcli_fail(PROG, NULL, "--device '%s': expected cpu, cuda or auto", device);
+    if (dry_run) {
+        if (zr_train_dry_run(&o, (int)nproc, stdout) < 0)
+            return zcli_fail_lib(PROG, NULL);
+        return ZCLI_OK;
+    }
+    const char *world_env = getenv("ZR_WORLD");
+    if (!world_env && nproc > 1) { /* the launcher: nproc ranks of this very program */
+        char self[4096];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n <= 0)
+            return zcli_fail(PROG, NULL, "cannot find this program's path (/proc/self/exe)");
+        self[n] = 0;
+        argv[0] = self;
+        zr_launch_opts lo = ZR_LAUNCH_OPTS_INIT;
+        lo.nproc = (int)nproc;
+        lo.log_all_ranks = log_all;
+        int code = 0;
+        if (zr_launch(&code, &lo, argv) < 0)
+            return zcli_fail_lib(PROG, NULL);
+        return code;
+    }
+    if (world_env && strtoul(world_env, NULL, 10) != nproc)
+        return zcli_fail(PROG, "leave ZR_WORLD to the launcher", "ZR_WORLD=%s in the "
+                         "environment but --nproc %u", world_env, nproc);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
     o.stop = &stop_flag;
     o.log = stdout;
     setvbuf(stdout, NULL, _IOLBF, 0);

@@ -269,6 +269,24 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
     return 0;
 }
 
+uint64_t zr_model_activation_bytes(const zr_gpt2_config *c, size_t max_B, size_t max_T)
+{
+    zr_model m;
+    memset(&m, 0, sizeof m);
+    m.c = *c;
+    m.max_B = max_B;
+    m.max_T = max_T;
+    size_t N = max_B * max_T;
+    m.dlogits_rows = c->vocab ? DLOGITS_MAX_NUMEL / c->vocab : 1;
+    if (m.dlogits_rows < 1)
+        m.dlogits_rows = 1;
+    if (m.dlogits_rows > N)
+        m.dlogits_rows = N;
+    double total;
+    size_t b = acts_layout(&m, NULL, &total);
+    return (b + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+}
+
 void zr_model_free(zr_model *m)
 {
     if (!m)

@@ -1,13 +1,17 @@
 /*
- * train.c: the training loop at world 1. Parameters, gradients and AdamW states live in flat
- * group arenas (the layout of zr_gpt2_layout), so that ZeRO partitioning later changes which
- * range of a group a rank owns, not the code that does the math. Each optimizer step runs
- * micro-batches of samples drawn by global sample index, clips by the global gradient norm and
- * updates every tensor with AdamW (weight decay on matrices only). Checkpoints go through ckpt/
- * only: params, exp_avg, exp_avg_sq per group, the model config and the training state (step,
- * schedule, data position; the run has no other randomness) in the manifest sections. A resume
- * restores all of it, so training continues as if it had never stopped.
+ * train.c: the training loop, at any world size and ZeRO stage (zero.h keeps the states where
+ * the stage says and moves them; comm.h connects the ranks). Each optimizer step runs
+ * micro-batches of samples drawn by global sample index (rank r takes its slice of each
+ * micro-batch), reduces the gradients, clips by the global gradient norm and updates this
+ * rank's range of every tensor with AdamW (weight decay on matrices only). Checkpoints go
+ * through ckpt/ only: every rank writes its partition of params, exp_avg and exp_avg_sq of
+ * every group, rank 0 commits with the model config and the training state (step, schedule,
+ * data position; the run has no other randomness). A resume, at any world size and stage,
+ * verifies the whole checkpoint first (each file hashed once, by one rank; every rank agrees
+ * on the verdict), then reads the ranges this rank now owns straight from the old shards.
  */
+#include "comm.h"
+#include "zero.h"
 #include "zr.h"
 
 #include <errno.h>
@@ -31,16 +35,18 @@ typedef struct {
     zr_gpt2_config cfg;
     zr_model *model;
     zck_layout *L;
-    float *m, *v;           /* AdamW states, all groups end to end (same offsets as params) */
-    uint64_t *goff;         /* group offsets into m and v */
+    zr_comm *comm;
+    zr_zero *zero;
+    int rank, W;
     size_t ng;
     span *spans;
     size_t nspans;
-    uint32_t T, mb, n_micro;
+    uint32_t T, mb, n_micro; /* mb: sequences per forward on this rank */
     uint64_t step, next_sample;
     int32_t *tokens, *inputs, *targets;
     zr_data *data;
-    FILE *jlog;
+    FILE *jlog, *log;        /* log: o->log on rank 0, else NULL */
+    double save_s;           /* the last save's duration */
 } run;
 
 static double now_s(void)
@@ -48,17 +54,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static float *arena(size_t n_floats)
-{
-    size_t align = (size_t)2 << 20, bytes = (n_floats * sizeof(float) + align - 1) / align * align;
-    void *p = NULL;
-    if (posix_memalign(&p, align, bytes ? bytes : align))
-        return NULL;
-    madvise(p, bytes, MADV_HUGEPAGE);
-    memset(p, 0, bytes);
-    return p;
 }
 
 /* ---------------------------------------------------------------- checkpoints */
@@ -83,41 +78,175 @@ static int training_json(char **out, const run *r, float loss)
     return 0;
 }
 
-static int save(run *r, float loss, char *path_out, size_t cap)
+/* Pointer to element `lo` of group g's partition in an opt-range array `base`. */
+static float *part_ptr(run *r, size_t g, float *base)
 {
-    const zr_train_opts *o = r->o;
-    char *staging = NULL, *model = NULL, *train = NULL, *final = NULL;
+    uint64_t olo, on, plo, pn;
+    zr_zero_opt_range(r->zero, g, &olo, &on);
+    zr_zero_part_range(r->zero, g, &plo, &pn);
+    return base + (plo - olo);
+}
+
+/* This rank's shard of the checkpoint into staging; *json describes it. */
+static int write_shard(run *r, const char *staging, char **json)
+{
     zck_writer *w = NULL;
     zck_shard *sh = NULL;
-    uint64_t nonce = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_s() * 1e6);
     int rc = 0;
-    ZR_TRY_GOTO(zck_staging_create(&staging, o->ckpt_dir, r->step, nonce), rc, out);
-    ZR_TRY_GOTO(zck_writer_open(&w, staging, r->L, 1, 0, NULL), rc, out);
+    ZR_TRY_GOTO(zck_writer_open(&w, staging, r->L, (uint32_t)r->W, (uint32_t)r->rank, NULL), rc,
+                out);
     for (size_t g = 0; g < r->ng; g++) {
-        uint64_t n = zr_model_group_numel(r->model, g);
-        ZR_TRY_GOTO(zck_writer_put(w, g, 0, 0, n, zr_model_param(r->model, g)), rc, out);
-        ZR_TRY_GOTO(zck_writer_put(w, g, 1, 0, n, r->m + r->goff[g]), rc, out);
-        ZR_TRY_GOTO(zck_writer_put(w, g, 2, 0, n, r->v + r->goff[g]), rc, out);
+        uint64_t lo, n;
+        zr_zero_part_range(r->zero, g, &lo, &n);
+        if (!n)
+            continue;
+        ZR_TRY_GOTO(zck_writer_put(w, g, 0, lo, n, part_ptr(r, g, zr_zero_param(r->zero, g))),
+                    rc, out);
+        ZR_TRY_GOTO(zck_writer_put(w, g, 1, lo, n, part_ptr(r, g, zr_zero_exp_avg(r->zero, g))),
+                    rc, out);
+        ZR_TRY_GOTO(zck_writer_put(w, g, 2, lo, n,
+                                   part_ptr(r, g, zr_zero_exp_avg_sq(r->zero, g))), rc, out);
     }
     ZR_TRY_GOTO(zck_writer_finish(w, &sh), rc, out);
-    ZR_TRY_GOTO(zr_gpt2_config_to_json(&model, &r->cfg), rc, out);
-    ZR_TRY_GOTO(training_json(&train, r, loss), rc, out);
-    zck_commit_opts co = ZCK_COMMIT_OPTS_INIT;
-    co.step = r->step;
-    co.world = 1;
-    co.zero_stage = o->zero_stage;
-    co.model_json = model;
-    co.training_json = train;
-    co.keep_last = o->keep_last;
-    ZR_TRY_GOTO(zck_commit(&final, o->ckpt_dir, staging, r->L, &sh, 1, &co), rc, out);
-    snprintf(path_out, cap, "%s", final);
+    ZR_TRY_GOTO(zck_shard_to_json(json, sh), rc, out);
 out:
     zck_writer_free(w);
     zck_shard_free(sh);
+    return rc;
+}
+
+/*
+ * A message that one rank sends to all: status (0 or a ZR_E* code) and text (a path, a shard
+ * description or an error message). Every rank calls it with the same root; *text_out is the
+ * root's text (malloc'ed). Returns the root's status, with its message set as the error.
+ */
+/* Collectives of the trainer: through the ZeRO comm thread once it runs (ordered with the
+ * stage's own), on the communicator directly before. */
+static int bcast(run *r, void *buf, size_t bytes, int root)
+{
+    return r->zero ? zr_zero_broadcast(r->zero, buf, bytes, root)
+                   : zr_comm_broadcast(r->comm, buf, bytes, root);
+}
+
+static int gather_f64(run *r, const double *mine, size_t n, double *all)
+{
+    return r->zero ? zr_zero_gather_f64(r->zero, mine, n, all)
+                   : zr_comm_all_gather(r->comm, mine, all, n, sizeof(double));
+}
+
+static int share_text(run *r, int root, int status, const char *text, char **text_out)
+{
+    double hdr[2] = {(double)status, text ? (double)strlen(text) : 0};
+    int rc = bcast(r, hdr, sizeof hdr, root);
+    if (rc)
+        return rc;
+    size_t len = (size_t)hdr[1];
+    char *buf = malloc(len + 1);
+    if (!buf)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    if (r->rank == root)
+        memcpy(buf, text, len);
+    buf[len] = 0;
+    if (len && (rc = bcast(r, buf, len, root))) {
+        free(buf);
+        return rc;
+    }
+    if ((int)hdr[0]) {
+        rc = zr_err_set((int)hdr[0], "%s", buf);
+        free(buf);
+        return rc;
+    }
+    if (text_out)
+        *text_out = buf;
+    else
+        free(buf);
+    return 0;
+}
+
+/* A rank's local result, agreed: every rank learns the first failing rank's error. */
+static int agree(run *r, int rc)
+{
+    double mine = rc, *all = calloc((size_t)r->W, sizeof *all);
+    if (!all)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    char *msg = rc ? strdup(zr_err_msg()) : NULL;
+    int crc = gather_f64(r, &mine, 1, all);
+    int first = -1;
+    for (int q = 0; !crc && q < r->W && first < 0; q++)
+        if (all[q] != 0)
+            first = q;
+    free(all);
+    if (!crc && first >= 0) {
+        crc = share_text(r, first, rc ? rc : ZR_ERROR, msg ? msg : "", NULL);
+        if (crc && r->W > 1 && first != r->rank)
+            zr_err_prefix("rank %d: ", first);
+    }
+    free(msg);
+    return crc;
+}
+
+static int save(run *r, float loss, char *path_out, size_t cap)
+{
+    const zr_train_opts *o = r->o;
+    char *staging = NULL, *model = NULL, *train = NULL, *final = NULL, *json = NULL;
+    char **jsons = NULL;
+    zck_shard **sh = NULL;
+    double t0 = now_s();
+    uint64_t nonce = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_s() * 1e6);
+    int rc = 0, lrc = 0;
+    /* rank 0 makes the staging directory and tells the others */
+    if (r->rank == 0)
+        lrc = zck_staging_create(&staging, o->ckpt_dir, r->step, nonce);
+    ZR_TRY_GOTO(share_text(r, 0, lrc, lrc ? zr_err_msg() : staging, &json), rc, out);
+    free(staging);
+    staging = json;
+    json = NULL;
+    /* every rank writes its shard; rank 0 collects the descriptions and commits */
+    lrc = write_shard(r, staging, &json);
+    ZR_TRY_GOTO(agree(r, lrc), rc, out);
+    if (!(jsons = calloc((size_t)r->W, sizeof *jsons)) ||
+        !(sh = calloc((size_t)r->W, sizeof *sh))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int q = 0; q < r->W; q++)
+        ZR_TRY_GOTO(share_text(r, q, 0, json, &jsons[q]), rc, out);
+    lrc = 0;
+    if (r->rank == 0) {
+        for (int q = 0; q < r->W && !lrc; q++)
+            lrc = zck_shard_from_json(&sh[q], jsons[q], strlen(jsons[q]));
+        if (!lrc)
+            lrc = zr_gpt2_config_to_json(&model, &r->cfg);
+        if (!lrc)
+            lrc = training_json(&train, r, loss);
+        if (!lrc) {
+            zck_commit_opts co = ZCK_COMMIT_OPTS_INIT;
+            co.step = r->step;
+            co.world = (uint32_t)r->W;
+            co.zero_stage = o->zero_stage;
+            co.model_json = model;
+            co.training_json = train;
+            co.keep_last = o->keep_last;
+            lrc = zck_commit(&final, o->ckpt_dir, staging, r->L, sh, (size_t)r->W, &co);
+        }
+    }
+    free(json);
+    json = NULL;
+    ZR_TRY_GOTO(share_text(r, 0, lrc, lrc ? zr_err_msg() : final, &json), rc, out);
+    snprintf(path_out, cap, "%s", json);
+    r->save_s = now_s() - t0;
+out:
+    for (int q = 0; jsons && q < r->W; q++)
+        free(jsons[q]);
+    for (int q = 0; sh && q < r->W; q++)
+        zck_shard_free(sh[q]);
+    free(jsons);
+    free(sh);
     free(staging);
     free(model);
     free(train);
     free(final);
+    free(json);
     return rc;
 }
 
@@ -171,7 +300,7 @@ static int check_layout(const zck_layout *ck, const zck_layout *want, const char
 }
 
 /* Find what to resume from: NULL path when starting fresh. */
-static int resume_path(char **out, const zr_train_opts *o)
+static int resume_path(char **out, const zr_train_opts *o, FILE *log)
 {
     *out = NULL;
     if (!o->resume || !strcmp(o->resume, "never")) {
@@ -197,8 +326,8 @@ static int resume_path(char **out, const zr_train_opts *o)
             *out = NULL;
             return 0;
         }
-        if (!rc && !is_latest && o->log)
-            fprintf(o->log, "note: %s is complete and newer than what %s/latest names (its "
+        if (!rc && !is_latest && log)
+            fprintf(log, "note: %s is complete and newer than what %s/latest names (its "
                             "commit was interrupted): resuming from it\n", *out, o->ckpt_dir);
         if (rc)
             zr_err_prefix("--resume auto: ");
@@ -207,6 +336,34 @@ static int resume_path(char **out, const zr_train_opts *o)
     if (!(*out = strdup(o->resume)))
         return zr_err_set(ZR_ENOMEM, "out of memory");
     return 0;
+}
+
+/* Every shard file of the checkpoint hashed once, file i by rank i mod W, the verdict agreed
+ * by all ranks (the first damaged file's rank reports it to all). */
+static int verify_shared(run *r, zck_reader *rd)
+{
+    int lrc = 0;
+    for (size_t i = (size_t)r->rank; i < zck_reader_n_shards(rd) && !lrc; i += (size_t)r->W) {
+        const zck_shard *sh = zck_reader_shard(rd, i);
+        char *path = NULL, hex[65];
+        if (asprintf(&path, "%s/%s", zck_reader_path(rd), zck_shard_file(sh)) < 0) {
+            lrc = zr_err_set(ZR_ENOMEM, "out of memory");
+            break;
+        }
+        struct stat st;
+        if (stat(path, &st))
+            lrc = zr_err_sys(errno, "%s", path);
+        else if ((uint64_t)st.st_size != zck_shard_bytes(sh))
+            lrc = zr_err_set(ZR_ECORRUPT, "%s: %llu bytes, the manifest lists %llu", path,
+                             (unsigned long long)st.st_size,
+                             (unsigned long long)zck_shard_bytes(sh));
+        else if (!(lrc = zck_sha256_file(hex, path, NULL)) &&
+                 strcmp(hex, zck_shard_sha256(sh)))
+            lrc = zr_err_set(ZR_ECORRUPT, "%s: sha256 %s, the manifest lists %s", path, hex,
+                             zck_shard_sha256(sh));
+        free(path);
+    }
+    return agree(r, lrc);
 }
 
 static int load(run *r, zck_reader *rd)
@@ -220,15 +377,29 @@ static int load(run *r, zck_reader *rd)
     zck_read_req *q = calloc(3 * r->ng, sizeof *q);
     if (!q)
         return zr_err_set(ZR_ENOMEM, "out of memory");
+    size_t nq = 0;
     for (size_t g = 0; g < r->ng; g++) {
-        uint64_t n = zr_model_group_numel(r->model, g);
-        q[3 * g] = (zck_read_req){g, sp, 0, n, zr_model_param(r->model, g)};
-        q[3 * g + 1] = (zck_read_req){g, sm, 0, n, r->m + r->goff[g]};
-        q[3 * g + 2] = (zck_read_req){g, sv, 0, n, r->v + r->goff[g]};
+        uint64_t lo, n;
+        float *full = zr_zero_full_params(r->zero, g);
+        if (full) /* stages 0-2 hold every parameter */
+            q[nq++] = (zck_read_req){g, sp, 0, zck_layout_group_numel(r->L, g), full};
+        zr_zero_opt_range(r->zero, g, &lo, &n);
+        if (!n)
+            continue;
+        if (!full)
+            q[nq++] = (zck_read_req){g, sp, lo, n, zr_zero_param(r->zero, g)};
+        q[nq++] = (zck_read_req){g, sm, lo, n, zr_zero_exp_avg(r->zero, g)};
+        q[nq++] = (zck_read_req){g, sv, lo, n, zr_zero_exp_avg_sq(r->zero, g)};
     }
-    zck_read_opts ro = ZCK_READ_OPTS_INIT; /* every file hashed while it is read */
+    zck_read_opts ro = ZCK_READ_OPTS_INIT;
     ro.jobs = r->o->threads > 0 ? (unsigned)r->o->threads : 1;
-    int rc = zck_reader_read(rd, q, 3 * r->ng, &ro);
+    int rc = 0;
+    if (r->W == 1) /* one pass: every touched file hashed while it is read */
+        rc = zck_reader_read(rd, q, nq, &ro);
+    else if (!(rc = verify_shared(r, rd))) {
+        ro.verify = 0; /* verified just above, by the ranks together */
+        rc = zck_reader_read(rd, q, nq, &ro);
+    }
     free(q);
     if (rc)
         return rc;
@@ -244,12 +415,12 @@ static int load(run *r, zck_reader *rd)
     uint64_t seed = r->o->seed, batch = r->o->batch, seq = r->T;
     json_t *dv = json_object_get(t, "data");
     if (!rc && !json_u64(t, "seed", &seed) && !json_u64(t, "batch", &batch) &&
-        !json_u64(t, "seq", &seq) && r->o->log &&
+        !json_u64(t, "seq", &seq) && r->log &&
         (seed != r->o->seed || batch != r->o->batch || seq != r->T ||
          (json_is_string(dv) && strcmp(json_string_value(dv), r->o->data))))
-        fprintf(r->o->log, "note: the checkpoint was trained with seed %llu, batch %llu, seq "
-                           "%llu, data %s; this run uses seed %llu, batch %u, seq %u, data %s: "
-                           "the sample order continues differently\n",
+        fprintf(r->log, "note: the checkpoint was trained with seed %llu, batch %llu, seq "
+                        "%llu, data %s; this run uses seed %llu, batch %u, seq %u, data %s: "
+                        "the sample order continues differently\n",
                 (unsigned long long)seed, (unsigned long long)batch, (unsigned long long)seq,
                 json_is_string(dv) ? json_string_value(dv) : "?",
                 (unsigned long long)r->o->seed, r->o->batch, r->T, r->o->data);
@@ -277,44 +448,70 @@ static int build_spans(run *r)
     return 0;
 }
 
-/* One optimizer step; *loss is the mean loss of the global batch before the update. */
-static int train_step(run *r, float *loss, float *lr_out, float *norm_out)
+/* One optimizer step; *loss is the mean loss of the global batch before the update.
+ * *stop: whether any rank wants to stop after this step (want_stop is this rank's wish). */
+static int train_step(run *r, int want_stop, int *stop, float *loss, float *lr_out,
+                      float *norm_out)
 {
     const zr_train_opts *o = r->o;
-    zr_model_zero_grad(r->model);
+    ZR_TRY(zr_zero_begin_step(r->zero));
     double sum = 0;
     const uint32_t T = r->T;
+    const float scale = 1.0f / (float)((uint64_t)r->n_micro * (uint64_t)r->W);
     for (uint32_t k = 0; k < r->n_micro; k++) {
         for (uint32_t b = 0; b < r->mb; b++) {
-            uint64_t idx = r->next_sample + (uint64_t)k * r->mb + b;
+            /* micro-batch k is samples [k W mb, (k+1) W mb) of the step; rank r takes its
+             * mb of them */
+            uint64_t idx = r->next_sample + ((uint64_t)k * r->W + r->rank) * r->mb + b;
             zr_data_sample(r->data, idx, r->tokens);
             memcpy(r->inputs + (size_t)b * T, r->tokens, T * sizeof *r->tokens);
             memcpy(r->targets + (size_t)b * T, r->tokens + 1, T * sizeof *r->tokens);
         }
         float l;
         ZR_TRY(zr_model_forward(r->model, r->inputs, r->targets, r->mb, T, &l));
-        ZR_TRY(zr_model_backward(r->model, 1.0f / (float)r->n_micro));
+        ZR_TRY(zr_model_backward(r->model, scale));
         sum += l;
     }
-    *loss = (float)(sum / r->n_micro);
-    /* global gradient norm, then clip by scaling the gradients inside the update */
-    double sq = 0;
-    for (size_t g = 0; g < r->ng; g++)
-        sq += zr_sumsq(zr_model_grad(r->model, g), zr_model_group_numel(r->model, g));
+    ZR_TRY(zr_zero_reduce(r->zero));
+    /* the global gradient norm (the same bits on every rank), the batch's mean loss and the
+     * stop wish, agreed */
+    double sq, mine[2] = {sum, want_stop ? 1.0 : 0.0};
+    ZR_TRY(zr_zero_sumsq(r->zero, &sq));
+    double *all = calloc(2 * (size_t)r->W, sizeof *all);
+    if (!all)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    int rc = gather_f64(r, mine, 2, all);
+    double total = 0;
+    *stop = 0;
+    for (int q = 0; q < r->W; q++) {
+        total += all[2 * q];
+        *stop |= all[2 * q + 1] != 0;
+    }
+    free(all);
+    if (rc)
+        return rc;
+    *loss = (float)(total / ((double)r->n_micro * r->W));
     float norm = (float)sqrt(sq);
-    float scale = 1.0f;
+    float clip = 1.0f;
     if (o->grad_clip > 0 && norm > o->grad_clip)
-        scale = o->grad_clip / (norm + 1e-6f);
+        clip = o->grad_clip / (norm + 1e-6f);
     float lr = zr_lr_at(r->step, o->warmup, o->steps, o->lr, o->min_lr_ratio);
     zr_adamw_hp hp = ZR_ADAMW_HP_INIT;
     hp.weight_decay = o->weight_decay;
-    for (size_t k = 0; k < r->nspans; k++) {
+    for (size_t k = 0; k < r->nspans; k++) { /* each tensor's part inside this rank's range */
         const span *sp = &r->spans[k];
-        uint64_t at = r->goff[sp->group] + sp->offset;
-        zr_adamw_update(zr_model_param(r->model, sp->group) + sp->offset,
-                        zr_model_grad(r->model, sp->group) + sp->offset, r->m + at, r->v + at,
-                        sp->numel, r->step + 1, lr, scale, sp->decay, &hp);
+        uint64_t lo, n;
+        zr_zero_opt_range(r->zero, sp->group, &lo, &n);
+        uint64_t a = sp->offset > lo ? sp->offset : lo;
+        uint64_t b = sp->offset + sp->numel < lo + n ? sp->offset + sp->numel : lo + n;
+        if (a >= b)
+            continue;
+        size_t at = (size_t)(a - lo), g = sp->group;
+        zr_adamw_update(zr_zero_param(r->zero, g) + at, zr_zero_grad(r->zero, g) + at,
+                        zr_zero_exp_avg(r->zero, g) + at, zr_zero_exp_avg_sq(r->zero, g) + at,
+                        (size_t)(b - a), r->step + 1, lr, clip, sp->decay, &hp);
     }
+    ZR_TRY(zr_zero_publish(r->zero));
     r->step++;
     r->next_sample += o->batch;
     *lr_out = lr;
@@ -326,18 +523,25 @@ static void log_step(run *r, float loss, float lr, float norm, double dt)
 {
     const zr_train_opts *o = r->o;
     double tps = (double)o->batch * r->T / (dt > 0 ? dt : 1e-9);
-    if (o->log)
-        fprintf(o->log, "step %6llu/%llu | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | "
-                        "%.1f ms\n", (unsigned long long)r->step, (unsigned long long)o->steps,
-                loss, lr, norm, tps, dt * 1e3);
+    zr_zero_bytes zb;
+    zr_zero_mem(r->zero, &zb);
+    uint64_t ab;
+    zr_model_bytes(r->model, NULL, NULL, &ab);
+    double mib = 1.0 / (1 << 20);
+    if (r->log)
+        fprintf(r->log, "step %6llu/%llu | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | "
+                        "%.1f ms | mem/rank MiB p %.1f g %.1f o %.1f b %.1f a %.1f\n",
+                (unsigned long long)r->step, (unsigned long long)o->steps, loss, lr, norm, tps,
+                dt * 1e3, zb.params * mib, zb.grads * mib, zb.optimizer * mib,
+                zb.buffers * mib, ab * mib);
     if (r->jlog) {
-        uint64_t pb, gb, ab;
-        zr_model_bytes(r->model, &pb, &gb, &ab);
         fprintf(r->jlog, "{\"step\":%llu,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
-                         "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"mem\":{\"params\":%llu,"
-                         "\"grads\":%llu,\"optimizer\":%llu,\"activations\":%llu}}\n",
-                (unsigned long long)r->step, loss, lr, norm, tps, dt * 1e3,
-                (unsigned long long)pb, (unsigned long long)gb, (unsigned long long)(2 * pb),
+                         "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"world\":%d,\"zero\":%d,"
+                         "\"mem\":{\"params\":%llu,\"grads\":%llu,\"optimizer\":%llu,"
+                         "\"buffers\":%llu,\"activations\":%llu}}\n",
+                (unsigned long long)r->step, loss, lr, norm, tps, dt * 1e3, r->W,
+                o->zero_stage, (unsigned long long)zb.params, (unsigned long long)zb.grads,
+                (unsigned long long)zb.optimizer, (unsigned long long)zb.buffers,
                 (unsigned long long)ab);
         fflush(r->jlog);
     }
@@ -358,13 +562,18 @@ static void make_parent_dirs(const char *path)
     free(p);
 }
 
-static int check_opts(const zr_train_opts *o)
+static int check_opts(const zr_train_opts *o, int W)
 {
     if (o->batch < 1)
         return zr_err_set(ZR_EINVAL, "--batch %u: at least 1", o->batch);
-    if (o->micro_batch && o->batch % o->micro_batch)
-        return zr_err_set(ZR_EINVAL, "--batch %u is not a multiple of --micro-batch %u",
-                          o->batch, o->micro_batch);
+    if (o->batch % (uint32_t)W)
+        return zr_err_set(ZR_EINVAL, "--batch %u is not a multiple of the world size %d (each "
+                          "rank takes an equal share of the global batch)", o->batch, W);
+    uint32_t per_rank = o->batch / (uint32_t)W;
+    if (o->micro_batch && per_rank % o->micro_batch)
+        return zr_err_set(ZR_EINVAL, "--micro-batch %u does not divide the %u sequences per "
+                          "rank (--batch %u over %d rank%s)", o->micro_batch, per_rank,
+                          o->batch, W, W == 1 ? "" : "s");
     if (o->steps < 1)
         return zr_err_set(ZR_EINVAL, "--steps must be at least 1");
     if (!(o->lr > 0) || !(o->min_lr_ratio >= 0 && o->min_lr_ratio <= 1))
@@ -381,10 +590,9 @@ static int check_opts(const zr_train_opts *o)
 static void free_run(run *r)
 {
     zr_model_free(r->model);
+    zr_zero_free(r->zero); /* after the model: its comm thread may still hold lent buffers */
+    zr_comm_close(r->comm);
     zck_layout_free(r->L);
-    free(r->m);
-    free(r->v);
-    free(r->goff);
     free(r->spans);
     free(r->tokens);
     free(r->inputs);
@@ -394,117 +602,230 @@ static void free_run(run *r)
         fclose(r->jlog);
 }
 
+/* The model config: --model, else the checkpoint's, else tiny; a checkpoint of another shape
+ * than --model says is refused. */
+static int pick_config(zr_gpt2_config *cfg, const zr_train_opts *o, zck_reader *rd)
+{
+    if (o->model) {
+        ZR_TRY(zr_gpt2_config_parse(cfg, o->model));
+        zr_gpt2_config ck;
+        if (rd && zr_gpt2_config_from_json(&ck, zck_reader_model_json(rd)) == 0 &&
+            memcmp(&ck, cfg, sizeof ck))
+            return zr_err_set(ZR_EINVAL, "%s: checkpoint of another model shape (layers %u "
+                              "heads %u dim %u ctx %u vocab %u; --model says %u %u %u %u %u)",
+                              zck_reader_path(rd), ck.layers, ck.heads, ck.dim, ck.ctx,
+                              ck.vocab, cfg->layers, cfg->heads, cfg->dim, cfg->ctx,
+                              cfg->vocab);
+        zr_err_clear();
+        return 0;
+    }
+    if (rd) {
+        int rc = zr_gpt2_config_from_json(cfg, zck_reader_model_json(rd));
+        if (rc < 0)
+            zr_err_prefix("%s: model section: ", zck_reader_path(rd));
+        return rc;
+    }
+    return zr_gpt2_config_parse(cfg, "tiny");
+}
+
+int zr_train_dry_run(const zr_train_opts *o, int world, FILE *f)
+{
+    ZR_TRY(check_opts(o, world));
+    char *from = NULL;
+    zck_reader *rd = NULL;
+    zck_layout *L = NULL;
+    zr_gpt2_config cfg;
+    int rc = 0;
+    ZR_TRY_GOTO(resume_path(&from, o, NULL), rc, out);
+    if (from)
+        ZR_TRY_GOTO(zck_reader_open(&rd, from), rc, out);
+    ZR_TRY_GOTO(pick_config(&cfg, o, rd), rc, out);
+    uint32_t T = o->seq ? o->seq : cfg.ctx;
+    if (T > cfg.ctx) {
+        rc = zr_err_set(ZR_EINVAL, "--seq %u is longer than the model's context %u", T,
+                        cfg.ctx);
+        goto out;
+    }
+    uint32_t mb = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)world;
+    ZR_TRY_GOTO(zr_gpt2_layout(&L, &cfg), rc, out);
+    uint64_t numel = 0;
+    for (size_t g = 0; g < zck_layout_n_groups(L); g++)
+        numel += zck_layout_group_numel(L, g);
+    uint64_t acts = zr_model_activation_bytes(&cfg, mb, T);
+    double mib = 1.0 / (1 << 20);
+    static const double per_param[4][2] = {{16, 0}, {8, 8}, {4, 12}, {0, 16}};
+    fprintf(f, "dry run: GPT-2 %u layers, %llu parameters, ZeRO stage %d, world %d, "
+               "micro-batch %u x %u tokens per rank%s%s\n", cfg.layers,
+            (unsigned long long)numel, o->zero_stage, world, mb, T,
+            from ? "; resuming from " : "", from ? from : "");
+    fprintf(f, "expected bytes per rank (MiB): formula %g + %g/W bytes per parameter for "
+               "params, grads and AdamW states\n", per_param[o->zero_stage][0],
+            per_param[o->zero_stage][1]);
+    fprintf(f, "  rank      params       grads   optimizer     buffers  activations  "
+               "     total   formula\n");
+    zr_zero_opts zo = {o->zero_stage, o->prefetch};
+    for (int q = 0; q < world; q++) {
+        zr_zero_bytes b;
+        ZR_TRY_GOTO(zr_zero_plan(&b, L, world, q, &zo), rc, out);
+        double formula = (per_param[o->zero_stage][0] + per_param[o->zero_stage][1] / world) *
+                         (double)numel;
+        fprintf(f, "  %4d %11.1f %11.1f %11.1f %11.1f %12.1f %11.1f %9.1f\n", q,
+                b.params * mib, b.grads * mib, b.optimizer * mib, b.buffers * mib, acts * mib,
+                (double)(b.params + b.grads + b.optimizer + b.buffers + acts) * mib,
+                formula * mib);
+    }
+out:
+    zck_reader_free(rd);
+    zck_layout_free(L);
+    free(from);
+    return rc;
+}
+
 int zr_train(zr_train_result *out, const zr_train_opts *o)
 {
     memset(out, 0, sizeof *out);
-    ZR_TRY(check_opts(o));
     run r;
     memset(&r, 0, sizeof r);
     r.o = o;
     zck_reader *rd = NULL;
     char *from = NULL;
-    int rc = 0;
+    int rc = 0, lrc = 0;
+    ZR_TRY(zr_comm_open_env(&r.comm));
+    r.rank = zr_comm_rank(r.comm);
+    r.W = zr_comm_world(r.comm);
+    r.log = r.rank == 0 ? o->log : NULL;
+    ZR_TRY_GOTO(check_opts(o, r.W), rc, out);
     zr_set_threads(o->threads > 0 ? o->threads : 1);
 
-    /* what to resume from, and the model: the checkpoint's unless --model says (and agrees) */
-    ZR_TRY_GOTO(resume_path(&from, o), rc, out);
-    if (from)
-        ZR_TRY_GOTO(zck_reader_open(&rd, from), rc, out);
-    if (o->model) {
-        ZR_TRY_GOTO(zr_gpt2_config_parse(&r.cfg, o->model), rc, out);
-        zr_gpt2_config ck;
-        if (rd && zr_gpt2_config_from_json(&ck, zck_reader_model_json(rd)) == 0 &&
-            memcmp(&ck, &r.cfg, sizeof ck)) {
-            rc = zr_err_set(ZR_EINVAL, "%s: checkpoint of another model shape (layers %u heads "
-                            "%u dim %u ctx %u vocab %u; --model says %u %u %u %u %u)",
-                            zck_reader_path(rd), ck.layers, ck.heads, ck.dim, ck.ctx, ck.vocab,
-                            r.cfg.layers, r.cfg.heads, r.cfg.dim, r.cfg.ctx, r.cfg.vocab);
-            goto out;
-        }
-        zr_err_clear();
-    } else if (rd) {
-        if ((rc = zr_gpt2_config_from_json(&r.cfg, zck_reader_model_json(rd))) < 0) {
-            zr_err_prefix("%s: model section: ", zck_reader_path(rd));
-            goto out;
-        }
-    } else
-        ZR_TRY_GOTO(zr_gpt2_config_parse(&r.cfg, "tiny"), rc, out);
+    /* what to resume from (rank 0 decides for all), and the model */
+    if (r.rank == 0)
+        lrc = resume_path(&from, o, r.log);
+    {
+        char *shared = NULL;
+        ZR_TRY_GOTO(share_text(&r, 0, lrc, lrc ? zr_err_msg() : (from ? from : ""), &shared),
+                    rc, out);
+        free(from);
+        from = shared[0] ? shared : NULL;
+        if (!from)
+            free(shared);
+    }
+    lrc = from ? zck_reader_open(&rd, from) : 0;
+    if (!lrc)
+        lrc = pick_config(&r.cfg, o, rd);
     r.T = o->seq ? o->seq : r.cfg.ctx;
-    if (r.T > r.cfg.ctx) {
-        rc = zr_err_set(ZR_EINVAL, "--seq %u is longer than the model's context %u", r.T,
-                        r.cfg.ctx);
-        goto out;
+    if (!lrc && r.T > r.cfg.ctx)
+        lrc = zr_err_set(ZR_EINVAL, "--seq %u is longer than the model's context %u", r.T,
+                         r.cfg.ctx);
+    r.mb = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)r.W;
+    r.n_micro = o->batch / (uint32_t)r.W / r.mb;
+    if (!lrc)
+        lrc = zr_data_open(&r.data, o->data, r.cfg.vocab, r.T, o->seed);
+    if (!lrc)
+        lrc = zr_gpt2_layout(&r.L, &r.cfg);
+    if (!lrc) {
+        zr_zero_opts zo = {o->zero_stage, o->prefetch};
+        lrc = zr_zero_new(&r.zero, r.comm, r.L, &zo);
     }
-    r.mb = o->micro_batch ? o->micro_batch : o->batch;
-    r.n_micro = o->batch / r.mb;
-    ZR_TRY_GOTO(zr_data_open(&r.data, o->data, r.cfg.vocab, r.T, o->seed), rc, out);
-    ZR_TRY_GOTO(zr_gpt2_layout(&r.L, &r.cfg), rc, out);
-    ZR_TRY_GOTO(zr_model_new(&r.model, &r.cfg, r.mb), rc, out);
-    r.ng = zr_model_n_groups(r.model);
+    if (!lrc) {
+        zr_model_hooks h;
+        zr_zero_hooks(r.zero, &h);
+        lrc = zr_model_new_ext(&r.model, &r.cfg, r.mb, r.T, &h);
+    }
+    if (!lrc) {
+        zr_zero_attach(r.zero, r.model, r.n_micro);
+        r.ng = zr_model_n_groups(r.model);
+        if (!(r.tokens = malloc((r.T + 1) * sizeof *r.tokens)) ||
+            !(r.inputs = malloc((size_t)r.mb * r.T * sizeof *r.inputs)) ||
+            !(r.targets = malloc((size_t)r.mb * r.T * sizeof *r.targets)))
+            lrc = zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    if (!lrc)
+        lrc = build_spans(&r);
+    ZR_TRY_GOTO(agree(&r, lrc), rc, out);
     uint64_t total = zr_model_numel(r.model);
-    if (!(r.goff = calloc(r.ng, sizeof *r.goff)) || !(r.m = arena(total)) ||
-        !(r.v = arena(total)) || !(r.tokens = malloc((r.T + 1) * sizeof *r.tokens)) ||
-        !(r.inputs = malloc((size_t)r.mb * r.T * sizeof *r.inputs)) ||
-        !(r.targets = malloc((size_t)r.mb * r.T * sizeof *r.targets))) {
-        rc = zr_err_set(ZR_ENOMEM, "out of memory for a model of %llu parameters",
-                        (unsigned long long)total);
-        goto out;
-    }
-    for (size_t g = 1; g < r.ng; g++)
-        r.goff[g] = r.goff[g - 1] + zr_model_group_numel(r.model, g - 1);
-    ZR_TRY_GOTO(build_spans(&r), rc, out);
     if (rd) {
         double t0 = now_s();
-        ZR_TRY_GOTO(load(&r, rd), rc, out);
-        if (o->log)
-            fprintf(o->log, "resumed from %s (verified, %.2f s): step %llu, next sample %llu\n",
-                    zck_reader_path(rd), now_s() - t0, (unsigned long long)r.step,
+        ZR_TRY_GOTO(agree(&r, load(&r, rd)), rc, out);
+        if (r.log)
+            fprintf(r.log, "resumed from %s (world %u, ZeRO %d; verified, %.2f s) at world %d, "
+                           "ZeRO %d: step %llu, next sample %llu\n", zck_reader_path(rd),
+                    zck_reader_world(rd), zck_reader_zero_stage(rd), now_s() - t0, r.W,
+                    o->zero_stage, (unsigned long long)r.step,
                     (unsigned long long)r.next_sample);
     } else
-        zr_model_init_weights(r.model, o->seed);
-    if (o->log_json)
+        for (size_t g = 0; g < r.ng; g++) { /* each rank initializes what it holds */
+            uint64_t lo, n;
+            float *full = zr_zero_full_params(r.zero, g);
+            if (full)
+                zr_model_init_range(r.model, o->seed, g, 0, zck_layout_group_numel(r.L, g),
+                                    full);
+            else if (zr_zero_opt_range(r.zero, g, &lo, &n), n)
+                zr_model_init_range(r.model, o->seed, g, lo, n, zr_zero_param(r.zero, g));
+        }
+    lrc = 0;
+    if (o->log_json && r.rank == 0) {
         make_parent_dirs(o->log_json); /* fopen says what is wrong if this was not enough */
-    if (o->log_json && !(r.jlog = fopen(o->log_json, "a"))) {
-        rc = zr_err_sys(errno, "%s: open for appending", o->log_json);
-        goto out;
+        if (!(r.jlog = fopen(o->log_json, "a")))
+            lrc = zr_err_sys(errno, "%s: open for appending", o->log_json);
     }
-    if (o->log && !rd)
-        fprintf(o->log, "training a %u-layer GPT-2 (%llu parameters) on %s, %llu steps, batch "
-                        "%u x %u tokens\n", r.cfg.layers, (unsigned long long)total,
-                zr_data_describe(r.data), (unsigned long long)o->steps, o->batch, r.T);
+    ZR_TRY_GOTO(agree(&r, lrc), rc, out);
+    if (r.log && !rd)
+        fprintf(r.log, "training a %u-layer GPT-2 (%llu parameters) on %s, %llu steps, batch "
+                       "%u x %u tokens, %d rank%s, ZeRO stage %d\n", r.cfg.layers,
+                (unsigned long long)total, zr_data_describe(r.data),
+                (unsigned long long)o->steps, o->batch, r.T, r.W, r.W == 1 ? "" : "s",
+                o->zero_stage);
 
     out->start_step = r.step;
     double t_start = now_s(), slowest = 0;
     float loss = 0;
     uint64_t done_here = 0;
+    int saved_now = 0;
     while (r.step < o->steps) {
-        if ((o->stop && *o->stop) || (o->stop_after && done_here >= o->stop_after) ||
-            (o->time_limit > 0 && now_s() - t_start + 2 * slowest + 1.0 > o->time_limit)) {
+        if (o->stop_after && done_here >= o->stop_after) {
             out->stopped = 1;
             break;
         }
-        double t0 = now_s();
-        float lr, norm;
-        ZR_TRY_GOTO(train_step(&r, &loss, &lr, &norm), rc, out);
+        /* a signal, or no time for another step after this one */
+        double t0 = now_s(), el = t0 - t_start;
+        int sig = o->stop && *o->stop, tl = o->time_limit > 0;
+        if (r.W == 1 && (sig || (tl && el + 2 * slowest + 1.0 > o->time_limit))) {
+            out->stopped = 1; /* nothing to agree on: stop before the step */
+            out->stopped = 1;
+            break;
+        }
+        int wish = sig || (tl && el + 3 * slowest + 1.0 > o->time_limit);
+        float lr = 0, norm = 0;
+        int stop = 0;
+        ZR_TRY_GOTO(train_step(&r, wish, &stop, &loss, &lr, &norm), rc, out);
         double dt = now_s() - t0;
         if (dt > slowest)
             slowest = dt;
         done_here++;
         log_step(&r, loss, lr, norm, dt);
-        if (o->save_every && r.step % o->save_every == 0 && r.step < o->steps)
+        saved_now = 0;
+        if (o->save_every && r.step % o->save_every == 0 && r.step < o->steps) {
             ZR_TRY_GOTO(save(&r, loss, out->ckpt, sizeof out->ckpt), rc, out);
+            saved_now = 1;
+            if (r.log)
+                fprintf(r.log, "saved %s (%.2f s)\n", out->ckpt, r.save_s);
+        }
+        if (stop && r.step < o->steps) {
+            out->stopped = 1;
+            break;
+        }
     }
     /* the final (or stopping) checkpoint, unless this exact step was just saved */
-    if (done_here && !(o->save_every && r.step % o->save_every == 0 && r.step < o->steps))
+    if (done_here && !saved_now)
         ZR_TRY_GOTO(save(&r, loss, out->ckpt, sizeof out->ckpt), rc, out);
     out->step = r.step;
     out->loss = loss;
-    if (o->log && !done_here)
-        fprintf(o->log, "nothing to do: %llu of %llu steps already done%s%s\n",
+    if (r.log && !done_here)
+        fprintf(r.log, "nothing to do: %llu of %llu steps already done%s%s\n",
                 (unsigned long long)r.step, (unsigned long long)o->steps,
                 from ? "; newest checkpoint " : "", from ? from : "");
-    else if (o->log)
-        fprintf(o->log, "%s at step %llu/%llu, loss %.4f%s%s\n",
+    else if (r.log)
+        fprintf(r.log, "%s at step %llu/%llu, loss %.4f%s%s\n",
                 out->stopped ? "stopped" : "done", (unsigned long long)r.step,
                 (unsigned long long)o->steps, loss, out->ckpt[0] ? "; checkpoint " : "",
                 out->ckpt);

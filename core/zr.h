@@ -106,6 +106,8 @@ void zr_model_zero_grad(zr_model *m);
  * loss over the whole global batch. */
 int zr_model_backward(zr_model *m, float scale);
 /* Bytes held: parameters, gradients (0 for a lent side), activations (the memory report). */
+/* The activation bytes a model would allocate for max_B x max_T, without allocating. */
+uint64_t zr_model_activation_bytes(const zr_gpt2_config *c, size_t max_B, size_t max_T);
 void zr_model_bytes(const zr_model *m, uint64_t *params, uint64_t *grads, uint64_t *acts);
 /* BLAS threads (and any other threads the model uses). */
 void zr_set_threads(int n);
@@ -154,7 +156,8 @@ typedef struct {
                                 else "tiny" */
     const char *data;        /* "synthetic" (default) or a file */
     uint32_t batch;          /* global batch, sequences per optimizer step */
-    uint32_t micro_batch;    /* sequences per forward; 0: the whole batch */
+    uint32_t micro_batch;    /* sequences per forward on each rank; 0: the rank's whole share
+                                (batch / world) */
     uint32_t seq;            /* tokens per sequence; 0: the model's ctx */
     uint64_t steps;          /* optimizer steps of the whole run: the LR schedule's horizon */
     float lr, min_lr_ratio;
@@ -169,13 +172,14 @@ typedef struct {
     int threads;
     uint64_t stop_after;     /* end this invocation after this many more steps (0: no limit) */
     double time_limit;       /* seconds: save and stop before this wall-clock budget (0: none) */
-    int zero_stage;          /* recorded in the checkpoint; every stage is the same at world 1 */
+    int zero_stage;          /* 0-3: what each rank holds (see docs/ARCHITECTURE.md) */
     FILE *log;               /* a line per step and a summary, or NULL */
     volatile int *stop;      /* set asynchronously (signal): finish the step, save, return */
+    unsigned prefetch;       /* ZeRO-3: group gathers in flight ahead of use */
 } zr_train_opts;
 #define ZR_TRAIN_OPTS_INIT                                                                     \
     {NULL, "synthetic", 8, 0, 0, 200, 1e-3f, 0.1f, 20, 0.1f, 1.0f, 1337, "runs/default", 0, 3, \
-     "auto", NULL, 2, 0, 0.0, 0, NULL, NULL}
+     "auto", NULL, 2, 0, 0.0, 0, NULL, NULL, 2}
 
 typedef struct {
     uint64_t step;           /* optimizer steps completed */
@@ -187,8 +191,57 @@ typedef struct {
 
 /* Train (resuming per opts->resume), save every save_every steps and at the end or when
  * stopped. A bad config, missing data, a checkpoint of another model shape, or a corrupt
- * checkpoint fails before any step, naming what and where. */
+ * checkpoint fails before any step, naming what and where. The world is the launcher's
+ * (ZR_RANK / ZR_WORLD / ZR_COMM_SHM in the environment, see zr_launch), else one rank; every
+ * rank calls zr_train with the same options, and rank 0 alone logs and commits. A rank's
+ * failure is every rank's: each returns an error naming the rank that failed first. */
 int zr_train(zr_train_result *out, const zr_train_opts *opts);
+/* Print the per-rank memory a run of these options would hold at this world size (params,
+ * grads, optimizer states, buffers, activations, against the ZeRO formula), allocating
+ * nothing. */
+int zr_train_dry_run(const zr_train_opts *opts, int world, FILE *out);
+
+/* ---------------------------------------------------------------- launcher */
+
+/*
+ * Run nproc ranks of a program on this node (CPU ranks, shm communicator) and wait for them.
+ * zr_launch creates the communicator segment (nproc > 1), then starts nproc children that
+ * execve(argv[0], argv) (a path: no PATH search) with ZR_RANK=r, ZR_WORLD=nproc and
+ * ZR_COMM_SHM=<segment name> in their environment (ZR_COMM_SHM absent at nproc 1), stdin on
+ * /dev/null, each in a process group of its own (so a terminal's Ctrl-C reaches the launcher
+ * alone, which forwards it once), and a parent-death signal of SIGTERM.
+ *
+ * Output (nproc > 1): each rank's stdout and stderr come through pipes and are copied line by
+ * line to the launcher's stdout and stderr, each line prefixed "[rank r] "; stderr of every
+ * rank is shown, stdout of rank 0 only unless log_all_ranks. A partial last line is completed
+ * with a newline at EOF; a line longer than 64 KiB is cut into lines of 64 KiB. At nproc 1 the
+ * child writes to the launcher's stdout and stderr directly (no prefix, no pipes).
+ *
+ * Signals: SIGINT, SIGTERM and SIGUSR1 received by the launcher while it runs are forwarded to
+ * every rank's process group (zr_launch installs handlers for them and SIGCHLD and restores the
+ * previous ones before it returns; one zr_launch at a time per process).
+ *
+ * Failure: when a rank exits non-zero or is killed while others run, the launcher marks the
+ * segment aborted (the others' collectives fail at once naming that rank), prints
+ * "zrun: rank R exited with status S" or "zrun: rank R was killed by signal N (SIGKILL)" to
+ * stderr (nproc > 1; the first failing rank only), sends SIGTERM to every rank's process group,
+ * and SIGKILL to what is left after kill_grace_s seconds (at once when kill_grace_s <= 0).
+ *
+ * *exit_code: 0 when every rank exited 0; otherwise the first failing rank's status as a shell
+ * reports it: its exit status, or 128 + N when killed by signal N. The segment is unlinked
+ * before zr_launch returns, in every case. Returns 0 when the ranks ran (whatever they
+ * returned), or ZR_EINVAL / ZR_EIO / ZR_ENOMEM when the launch itself failed (options, shared
+ * memory, pipes, fork); ranks already started are then killed and reaped. A rank whose execve
+ * fails prints why and exits 127.
+ */
+typedef struct {
+    int nproc;           /* ranks, >= 1 */
+    int log_all_ranks;   /* show every rank's stdout, not only rank 0's */
+    double kill_grace_s; /* SIGTERM to SIGKILL, after a failure */
+} zr_launch_opts;
+#define ZR_LAUNCH_OPTS_INIT {1, 0, 5.0}
+
+int zr_launch(int *exit_code, const zr_launch_opts *o, char *const argv[]);
 
 #ifdef __cplusplus
 }

@@ -199,7 +199,7 @@ ZT_TEST(train_refuses_bad_inputs_before_any_step)
     o = small_opts("run2", 8);
     o.batch = 6;
     o.micro_batch = 4;
-    ZT_ERR(zr_train(&r, &o), ZR_EINVAL, "not a multiple");
+    ZT_ERR(zr_train(&r, &o), ZR_EINVAL, "does not divide the 6 sequences per rank");
 }
 
 ZT_TEST(train_resumes_an_imported_model)

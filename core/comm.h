@@ -1,0 +1,72 @@
+/*
+ * comm.h: core-internal communicator on flat buffers (not part of zr.h; the trainer and the
+ * tests use it). One interface, backends behind it: `shm` (CPU ranks of one node, POSIX shared
+ * memory) now, `nccl` later with the same calls (device pointers, one op at a time per
+ * communicator, in-place forms as NCCL defines them).
+ *
+ * Conventions (ckpt's): 0 or a negative ZR_E* code with a one-line message (zr_err_msg()).
+ * Every rank must call the same collectives in the same order with the same sizes. A peer that
+ * dies or fails (its process exits, the launcher marks the job aborted) makes every pending and
+ * later call on the other ranks return ZR_EIO within seconds with a message naming the rank;
+ * no call hangs. After such an error the communicator may only be closed.
+ *
+ * Reductions are sums. Determinism: element i of a reduction is computed as
+ * ((x_0 + x_1) + x_2) + ... + x_{W-1} in rank order, by one rank, and the same bits reach every
+ * rank; so all_reduce(x) has exactly the bits of reduce_scatter(x) followed by all_gather, and a
+ * result never depends on timing or chunking.
+ *
+ * Sizes are counts of elements (dtype) except for broadcast/gather (bytes). Any size streams
+ * through the bounded shared segment in chunks; a count of 0 is a no-op that still
+ * synchronizes nothing (returns 0 at once).
+ */
+#ifndef ZR_COMM_H
+#define ZR_COMM_H
+
+#include "zr.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { ZR_COMM_F32 = 0, ZR_COMM_F64 = 1 } zr_comm_dtype;
+
+typedef struct zr_comm zr_comm;
+
+/*
+ * The communicator of this process. With ZR_WORLD unset (or 1) in the environment: a world of
+ * one (every collective is a copy or a no-op). Otherwise the launcher's rendezvous:
+ * ZR_RANK (0..W-1), ZR_WORLD (W) and ZR_COMM_SHM (the name of the shared segment created by
+ * zr_comm_shm_create). ZR_EINVAL naming the variable when one is missing or malformed;
+ * ZR_EIO when the segment cannot be opened or does not match (world, version).
+ */
+int zr_comm_open_env(zr_comm **out);
+void zr_comm_close(zr_comm *c);
+int zr_comm_rank(const zr_comm *c);
+int zr_comm_world(const zr_comm *c);
+
+/* recv[i] = sum over ranks of send[i], on every rank, n elements; send == recv (in place) ok. */
+int zr_comm_all_reduce(zr_comm *c, const void *send, void *recv, size_t n, zr_comm_dtype dt);
+/* recv[0, n) on rank r = sum over ranks of send[r n, (r+1) n); send holds W n elements.
+ * In place: recv == (char *)send + r n elements. */
+int zr_comm_reduce_scatter(zr_comm *c, const void *send, void *recv, size_t n,
+                           zr_comm_dtype dt);
+/* recv[q n, (q+1) n) = send of rank q, for every q; n elements of elem_bytes each.
+ * In place: send == (char *)recv + r n elements. */
+int zr_comm_all_gather(zr_comm *c, const void *send, void *recv, size_t n, size_t elem_bytes);
+/* buf (bytes) of rank root reaches every rank's buf. */
+int zr_comm_broadcast(zr_comm *c, void *buf, size_t bytes, int root);
+/* Small records: recv[q bytes, (q+1) bytes) at root = send of rank q (recv used at root only). */
+int zr_comm_gather(zr_comm *c, const void *send, void *recv, size_t bytes, int root);
+int zr_comm_barrier(zr_comm *c);
+
+/*
+ * For the launcher (zr_launch) and tests that start ranks themselves: create a fresh segment
+ * for `world` ranks with a data area of seg_bytes per rank (0: the default, 4 MiB), named
+ * *name_out (caller frees), and unlink it when done with zr_comm_shm_unlink. The creator may
+ * mark the job aborted (a rank died with `status` as wait() reports it): every rank's pending
+ * and later calls then fail naming `rank`.
+ */
+int zr_comm_shm_create(char **name_out, int world, size_t seg_bytes);
+void zr_comm_shm_abort(const char *name, int rank, int status);
+void zr_comm_shm_unlink(const char *name);
+
+#endif

@@ -1,0 +1,746 @@
+/*
+ * zero.c: the ZeRO stages (zero.h): storage by stage, the model's hooks, and the comm thread
+ * that runs every collective in issue order (stage 2's reduce-scatters and stage 3's gathers
+ * in the background, the rest waited for at once).
+ */
+#include "zero.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define QCAP 256           /* comm ops queued at most (the issuer waits for room) */
+#define GRAD_SLOTS 3       /* stage 2-3: gradient buffers of ordinary groups */
+#define BIG_ARRAY (4u << 20) /* arrays from this many bytes up are 2 MiB aligned, THP advised */
+
+typedef struct {
+    uint64_t numel, P, full; /* full = W P */
+    uint64_t lo, n;          /* this rank's partition */
+    uint64_t foff, ooff;     /* offsets in the full and the own (P per group) arenas */
+    int big;                 /* larger than a slot: buffers of its own */
+    float *pbig, *gbig;      /* those buffers (stage 3 params, stage 2-3 grads) */
+    int pbig_busy, gbig_busy;
+    float *plent, *glent;    /* what the model holds now */
+} grp;
+
+enum { OP_GATHER, OP_RS_GRAD, OP_ALLREDUCE, OP_RS_INPLACE, OP_AG_INPLACE, OP_GATHER_F64,
+       OP_BCAST };
+
+typedef struct {
+    int kind;
+    size_t g;
+    float *buf;
+    const void *send;
+    void *recv;
+    size_t n;
+    int root;
+    uint64_t seq;
+} op;
+
+typedef struct {
+    size_t g;
+    float *buf;
+    uint64_t seq; /* 0: not issued */
+} entry;
+
+struct zr_zero {
+    zr_comm *comm;
+    int rank, W, stage;
+    unsigned prefetch;
+    size_t ng;
+    grp *G;
+    uint64_t sum_full, sum_P, slot; /* slot: elements of an ordinary gather/grad buffer */
+    float *fullp, *fullg, *ownp, *owng, *m, *v;
+    size_t bytes_fullp, bytes_fullg, bytes_ownp, bytes_owng, bytes_mv;
+    float **pslots, **gslots; /* free lists (stack) */
+    size_t n_pslots, n_gslots, pfree, gfree;
+    float *slot_mem;
+    size_t bytes_slots, bytes_big;
+    /* stage 3 schedule */
+    entry *sched;
+    size_t n_sched, cursor, issued;
+    /* comm thread */
+    pthread_t th;
+    int th_started, quit;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    op q[QCAP];
+    size_t qhead, qlen;
+    uint64_t next_seq, done_seq;
+    int err;          /* sticky: the first failed collective */
+    char errmsg[512];
+};
+
+/* ---------------------------------------------------------------- sizes */
+
+static void *alloc_array(size_t *bytes)
+{
+    size_t n = *bytes ? *bytes : 64;
+    void *p = NULL;
+    if (n >= BIG_ARRAY) {
+        n = (n + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+        if (posix_memalign(&p, (size_t)2 << 20, n))
+            return NULL;
+#ifdef MADV_HUGEPAGE
+        madvise(p, n, MADV_HUGEPAGE);
+#endif
+    } else {
+        n = (n + 63) & ~(size_t)63;
+        if (posix_memalign(&p, 64, n))
+            return NULL;
+    }
+    memset(p, 0, n);
+    *bytes = n;
+    return p;
+}
+
+/* Partition every group; sum_full, sum_P, slot and each group's offsets. */
+static int size_groups(zr_zero *z, const zck_layout *L)
+{
+    z->ng = zck_layout_n_groups(L);
+    if (!(z->G = calloc(z->ng ? z->ng : 1, sizeof *z->G)))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    for (size_t g = 0; g < z->ng; g++) {
+        grp *p = &z->G[g];
+        p->numel = zck_layout_group_numel(L, g);
+        uint64_t s0, c0;
+        zck_partition(p->numel, (uint32_t)z->W, 0, ZR_ZERO_ALIGN, &s0, &c0);
+        p->P = c0 ? c0 : ZR_ZERO_ALIGN;
+        p->full = (uint64_t)z->W * p->P;
+        zck_partition(p->numel, (uint32_t)z->W, (uint32_t)z->rank, ZR_ZERO_ALIGN, &p->lo,
+                      &p->n);
+        p->foff = z->sum_full;
+        p->ooff = z->sum_P;
+        z->sum_full += p->full;
+        z->sum_P += p->P;
+    }
+    /* ordinary buffers hold the largest group past the embeddings; bigger groups (GPT-2's
+     * token embedding) get buffers of their own */
+    for (size_t g = z->ng > 2 ? 2 : 0; g < z->ng; g++)
+        if (z->G[g].full > z->slot)
+            z->slot = z->G[g].full;
+    for (size_t g = 0; g < z->ng; g++)
+        z->G[g].big = z->G[g].full > z->slot;
+    return 0;
+}
+
+static size_t round_bytes(uint64_t floats)
+{
+    size_t b = (size_t)floats * sizeof(float);
+    if (!b)
+        b = 64;
+    return b >= BIG_ARRAY ? (b + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1)
+                          : (b + 63) & ~(size_t)63;
+}
+
+static void account(const zr_zero *z, zr_zero_bytes *out)
+{
+    memset(out, 0, sizeof *out);
+    int s = z->stage;
+    out->params = s < 3 ? round_bytes(z->sum_full) : round_bytes(z->sum_P);
+    out->grads = s < 2 ? round_bytes(z->sum_full) : round_bytes(z->sum_P);
+    out->optimizer = 2 * (s == 0 ? round_bytes(z->sum_full) : round_bytes(z->sum_P));
+    uint64_t slots = 0, big = 0;
+    if (s >= 2)
+        slots += (uint64_t)GRAD_SLOTS * z->slot;
+    if (s == 3)
+        slots += (uint64_t)(z->prefetch + 2) * z->slot;
+    for (size_t g = 0; g < z->ng; g++)
+        if (z->G[g].big)
+            big += (s >= 2 ? z->G[g].full : 0) + (s == 3 ? z->G[g].full : 0);
+    out->buffers = (slots ? round_bytes(slots) : 0) + big * sizeof(float);
+}
+
+int zr_zero_plan(zr_zero_bytes *out, const zck_layout *L, int world, int rank,
+                 const zr_zero_opts *o)
+{
+    zr_zero z;
+    memset(&z, 0, sizeof z);
+    z.W = world;
+    z.rank = rank;
+    z.stage = o->stage;
+    z.prefetch = o->prefetch;
+    ZR_TRY(size_groups(&z, L));
+    account(&z, out);
+    free(z.G);
+    return 0;
+}
+
+void zr_zero_mem(const zr_zero *z, zr_zero_bytes *out)
+{
+    memset(out, 0, sizeof *out);
+    int s = z->stage;
+    out->params = s < 3 ? z->bytes_fullp : z->bytes_ownp;
+    out->grads = s < 2 ? z->bytes_fullg : z->bytes_owng;
+    out->optimizer = z->bytes_mv;
+    out->buffers = z->bytes_slots + z->bytes_big;
+}
+
+/* ---------------------------------------------------------------- the comm thread */
+
+static int run_op(zr_zero *z, op *o)
+{
+    zr_comm *c = z->comm;
+    int rc = 0;
+    switch (o->kind) {
+    case OP_GATHER: {
+        const grp *p = &z->G[o->g];
+        rc = zr_comm_all_gather(c, z->ownp + p->ooff, o->buf, p->P, sizeof(float));
+        break;
+    }
+    case OP_RS_GRAD: {
+        grp *p = &z->G[o->g];
+        float *mine = o->buf + (size_t)z->rank * p->P;
+        rc = zr_comm_reduce_scatter(c, o->buf, mine, p->P, ZR_COMM_F32);
+        if (!rc) {
+            float *restrict acc = z->owng + p->ooff;
+            const float *restrict x = mine;
+            for (uint64_t i = 0; i < p->P; i++)
+                acc[i] += x[i];
+        }
+        break;
+    }
+    case OP_ALLREDUCE:
+        rc = zr_comm_all_reduce(c, o->send, o->recv, o->n, ZR_COMM_F32);
+        break;
+    case OP_RS_INPLACE:
+        rc = zr_comm_reduce_scatter(c, o->buf, o->buf + (size_t)z->rank * o->n, o->n,
+                                    ZR_COMM_F32);
+        break;
+    case OP_AG_INPLACE:
+        rc = zr_comm_all_gather(c, o->buf + (size_t)z->rank * o->n, o->buf, o->n,
+                                sizeof(float));
+        break;
+    case OP_GATHER_F64:
+        rc = zr_comm_all_gather(c, o->send, o->recv, o->n, sizeof(double));
+        break;
+    case OP_BCAST:
+        rc = zr_comm_broadcast(c, o->recv, o->n, o->root);
+        break;
+    }
+    return rc;
+}
+
+/* a buffer back to its free list (mutex held) */
+static void release_grad_buf(zr_zero *z, size_t g, float *buf)
+{
+    grp *p = &z->G[g];
+    if (p->big)
+        p->gbig_busy = 0;
+    else
+        z->gslots[z->gfree++] = buf;
+}
+
+static void *comm_main(void *arg)
+{
+    zr_zero *z = arg;
+    pthread_mutex_lock(&z->mu);
+    for (;;) {
+        while (!z->qlen && !z->quit)
+            pthread_cond_wait(&z->cv, &z->mu);
+        if (!z->qlen && z->quit)
+            break;
+        op o = z->q[z->qhead];
+        int failed = z->err != 0;
+        pthread_mutex_unlock(&z->mu);
+        int rc = failed ? 0 : run_op(z, &o);
+        char msg[sizeof z->errmsg];
+        if (rc)
+            snprintf(msg, sizeof msg, "%s", zr_err_msg());
+        pthread_mutex_lock(&z->mu);
+        if (rc && !z->err) {
+            z->err = rc;
+            snprintf(z->errmsg, sizeof z->errmsg, "%s", msg);
+        }
+        if (o.kind == OP_RS_GRAD)
+            release_grad_buf(z, o.g, o.buf);
+        z->qhead = (z->qhead + 1) % QCAP;
+        z->qlen--;
+        z->done_seq = o.seq;
+        pthread_cond_broadcast(&z->cv);
+    }
+    pthread_mutex_unlock(&z->mu);
+    return NULL;
+}
+
+/* The sticky error as this thread's error (mutex held). */
+static int sticky(zr_zero *z)
+{
+    return zr_err_set(z->err, "%s", z->errmsg);
+}
+
+/* Queue an op (mutex held); its sequence number. */
+static int submit_locked(zr_zero *z, op o, uint64_t *seq)
+{
+    while (z->qlen == QCAP && !z->err)
+        pthread_cond_wait(&z->cv, &z->mu);
+    if (z->err)
+        return sticky(z);
+    o.seq = ++z->next_seq;
+    z->q[(z->qhead + z->qlen) % QCAP] = o;
+    z->qlen++;
+    pthread_cond_broadcast(&z->cv);
+    if (seq)
+        *seq = o.seq;
+    return 0;
+}
+
+static int wait_locked(zr_zero *z, uint64_t seq)
+{
+    while (z->done_seq < seq && !z->err)
+        pthread_cond_wait(&z->cv, &z->mu);
+    return z->err ? sticky(z) : 0;
+}
+
+/* Run an op and wait for it (and everything before it). */
+static int run_sync(zr_zero *z, op o)
+{
+    pthread_mutex_lock(&z->mu);
+    uint64_t seq = 0;
+    int rc = submit_locked(z, o, &seq);
+    if (!rc)
+        rc = wait_locked(z, seq);
+    pthread_mutex_unlock(&z->mu);
+    return rc;
+}
+
+static int drain(zr_zero *z)
+{
+    pthread_mutex_lock(&z->mu);
+    int rc = wait_locked(z, z->next_seq);
+    pthread_mutex_unlock(&z->mu);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- construction */
+
+int zr_zero_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts *o)
+{
+    *out = NULL;
+    if (o->stage < 0 || o->stage > 3)
+        return zr_err_set(ZR_EINVAL, "--zero %d: expected 0..3", o->stage);
+    zr_zero *z = calloc(1, sizeof *z);
+    if (!z)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    z->comm = comm;
+    z->rank = zr_comm_rank(comm);
+    z->W = zr_comm_world(comm);
+    z->stage = o->stage;
+    z->prefetch = o->stage == 3 ? o->prefetch : 0;
+    pthread_mutex_init(&z->mu, NULL);
+    pthread_cond_init(&z->cv, NULL);
+    int rc = size_groups(z, L);
+    if (rc) {
+        zr_zero_free(z);
+        return rc;
+    }
+    int s = z->stage, ok = 1;
+#define ARR(ptr, floats, bytesvar)                                                             \
+    do {                                                                                       \
+        z->bytesvar = (size_t)(floats) * sizeof(float);                                        \
+        ok = ok && (z->ptr = alloc_array(&z->bytesvar)) != NULL;                               \
+    } while (0)
+    if (s < 3)
+        ARR(fullp, z->sum_full, bytes_fullp);
+    else
+        ARR(ownp, z->sum_P, bytes_ownp);
+    if (s < 2)
+        ARR(fullg, z->sum_full, bytes_fullg);
+    else
+        ARR(owng, z->sum_P, bytes_owng);
+    size_t mvb = 0;
+    ARR(m, s == 0 ? z->sum_full : z->sum_P, bytes_mv);
+    mvb = z->bytes_mv;
+    ARR(v, s == 0 ? z->sum_full : z->sum_P, bytes_mv);
+    z->bytes_mv += mvb;
+#undef ARR
+    if (ok && s >= 2) {
+        z->n_gslots = GRAD_SLOTS;
+        z->n_pslots = s == 3 ? z->prefetch + 2 : 0;
+        size_t n = z->n_gslots + z->n_pslots;
+        z->bytes_slots = (size_t)z->slot * n * sizeof(float);
+        ok = (z->slot_mem = alloc_array(&z->bytes_slots)) != NULL &&
+             (z->gslots = calloc(n, sizeof *z->gslots)) != NULL &&
+             (z->pslots = calloc(n, sizeof *z->pslots)) != NULL;
+        for (size_t i = 0; ok && i < n; i++) {
+            float *b = z->slot_mem + (size_t)i * z->slot;
+            if (i < z->n_gslots)
+                z->gslots[z->gfree++] = b;
+            else
+                z->pslots[z->pfree++] = b;
+        }
+        for (size_t g = 0; ok && g < z->ng; g++) {
+            grp *p = &z->G[g];
+            if (!p->big)
+                continue;
+            size_t b = (size_t)p->full * sizeof(float);
+            ok = (p->gbig = alloc_array(&b)) != NULL;
+            z->bytes_big += b;
+            if (ok && s == 3) {
+                b = (size_t)p->full * sizeof(float);
+                ok = (p->pbig = alloc_array(&b)) != NULL;
+                z->bytes_big += b;
+            }
+        }
+    }
+    if (!ok) {
+        zr_zero_free(z);
+        return zr_err_set(ZR_ENOMEM, "out of memory for the ZeRO stage %d states of %llu "
+                          "parameters on rank %d of %d", s, (unsigned long long)z->sum_full,
+                          z->rank, z->W);
+    }
+    if ((rc = pthread_create(&z->th, NULL, comm_main, z))) {
+        zr_zero_free(z);
+        return zr_err_sys(rc, "starting the comm thread");
+    }
+    z->th_started = 1;
+    *out = z;
+    return 0;
+}
+
+void zr_zero_free(zr_zero *z)
+{
+    if (!z)
+        return;
+    if (z->th_started) {
+        pthread_mutex_lock(&z->mu);
+        z->quit = 1;
+        pthread_cond_broadcast(&z->cv);
+        pthread_mutex_unlock(&z->mu);
+        pthread_join(z->th, NULL);
+    }
+    for (size_t g = 0; z->G && g < z->ng; g++) {
+        free(z->G[g].pbig);
+        free(z->G[g].gbig);
+    }
+    free(z->G);
+    free(z->fullp);
+    free(z->fullg);
+    free(z->ownp);
+    free(z->owng);
+    free(z->m);
+    free(z->v);
+    free(z->slot_mem);
+    free(z->pslots);
+    free(z->gslots);
+    free(z->sched);
+    pthread_mutex_destroy(&z->mu);
+    pthread_cond_destroy(&z->cv);
+    free(z);
+}
+
+void zr_zero_attach(zr_zero *z, const zr_model *m, unsigned n_micro)
+{
+    if (z->stage != 3)
+        return;
+    size_t fwd[1024], bwd[1024];
+    size_t L = zr_model_config(m)->layers;
+    assert(L + 4 <= 1024);
+    size_t nf = zr_model_fetch_order(m, 0, fwd), nb = zr_model_fetch_order(m, 1, bwd);
+    free(z->sched);
+    z->n_sched = (size_t)n_micro * (nf + nb);
+    z->sched = calloc(z->n_sched ? z->n_sched : 1, sizeof *z->sched);
+    if (!z->sched) { /* begin_step reports it */
+        z->n_sched = 0;
+        return;
+    }
+    size_t k = 0;
+    for (unsigned i = 0; i < n_micro; i++) {
+        for (size_t j = 0; j < nf; j++)
+            z->sched[k++].g = fwd[j];
+        for (size_t j = 0; j < nb; j++)
+            z->sched[k++].g = bwd[j];
+    }
+}
+
+/* ---------------------------------------------------------------- ranges */
+
+void zr_zero_part_range(const zr_zero *z, size_t g, uint64_t *lo, uint64_t *n)
+{
+    *lo = z->G[g].lo;
+    *n = z->G[g].n;
+}
+
+void zr_zero_opt_range(const zr_zero *z, size_t g, uint64_t *lo, uint64_t *n)
+{
+    if (z->stage == 0) {
+        *lo = 0;
+        *n = z->G[g].numel;
+    } else
+        zr_zero_part_range(z, g, lo, n);
+}
+
+float *zr_zero_param(zr_zero *z, size_t g)
+{
+    const grp *p = &z->G[g];
+    if (z->stage == 0)
+        return z->fullp + p->foff;
+    return z->stage < 3 ? z->fullp + p->foff + p->lo : z->ownp + p->ooff;
+}
+
+float *zr_zero_grad(zr_zero *z, size_t g)
+{
+    const grp *p = &z->G[g];
+    if (z->stage == 0)
+        return z->fullg + p->foff;
+    return z->stage < 2 ? z->fullg + p->foff + p->lo : z->owng + p->ooff;
+}
+
+float *zr_zero_exp_avg(zr_zero *z, size_t g)
+{
+    return z->m + (z->stage == 0 ? z->G[g].foff : z->G[g].ooff);
+}
+
+float *zr_zero_exp_avg_sq(zr_zero *z, size_t g)
+{
+    return z->v + (z->stage == 0 ? z->G[g].foff : z->G[g].ooff);
+}
+
+float *zr_zero_full_params(zr_zero *z, size_t g)
+{
+    return z->stage < 3 ? z->fullp + z->G[g].foff : NULL;
+}
+
+/* ---------------------------------------------------------------- hooks */
+
+/* Issue the schedule's gathers in order up to cursor + prefetch, while buffers allow (mutex
+ * held). The entry at the cursor is always issuable: the model holds at most two groups. */
+static int issue_more_locked(zr_zero *z, size_t upto)
+{
+    while (z->issued < z->n_sched && z->issued <= upto) {
+        entry *e = &z->sched[z->issued];
+        grp *p = &z->G[e->g];
+        if (p->big) {
+            if (p->pbig_busy)
+                break;
+            p->pbig_busy = 1;
+            e->buf = p->pbig;
+        } else {
+            if (!z->pfree)
+                break;
+            e->buf = z->pslots[--z->pfree];
+        }
+        op o = {.kind = OP_GATHER, .g = e->g, .buf = e->buf};
+        ZR_TRY(submit_locked(z, o, &e->seq));
+        z->issued++;
+    }
+    return 0;
+}
+
+static int hook_params(void *ctx, size_t g, const float **out)
+{
+    zr_zero *z = ctx;
+    if (z->stage < 3) {
+        *out = z->fullp + z->G[g].foff;
+        return 0;
+    }
+    pthread_mutex_lock(&z->mu);
+    int rc = 0;
+    size_t c = z->cursor;
+    if (c >= z->n_sched || z->sched[c].g != g) {
+        rc = zr_err_set(ZR_ERROR, "ZeRO-3: the model asked for group %zu out of the gather "
+                        "schedule (position %zu of %zu)", g, c, z->n_sched);
+        goto out;
+    }
+    if ((rc = issue_more_locked(z, c + z->prefetch)))
+        goto out;
+    if (z->issued <= c) {
+        rc = zr_err_set(ZR_ERROR, "ZeRO-3: no gather buffer free for group %zu", g);
+        goto out;
+    }
+    if ((rc = wait_locked(z, z->sched[c].seq)))
+        goto out;
+    z->G[g].plent = z->sched[c].buf;
+    z->cursor++;
+    *out = z->G[g].plent;
+out:
+    pthread_mutex_unlock(&z->mu);
+    return rc;
+}
+
+static void hook_params_done(void *ctx, size_t g)
+{
+    zr_zero *z = ctx;
+    if (z->stage < 3)
+        return;
+    pthread_mutex_lock(&z->mu);
+    grp *p = &z->G[g];
+    if (p->plent) {
+        if (p->big)
+            p->pbig_busy = 0;
+        else
+            z->pslots[z->pfree++] = p->plent;
+        p->plent = NULL;
+        /* an error here resurfaces at the next fetch or wait */
+        issue_more_locked(z, z->cursor + z->prefetch);
+    }
+    pthread_mutex_unlock(&z->mu);
+}
+
+static int hook_grads(void *ctx, size_t g, float **out)
+{
+    zr_zero *z = ctx;
+    grp *p = &z->G[g];
+    if (z->stage < 2) {
+        *out = z->fullg + p->foff;
+        return 0;
+    }
+    pthread_mutex_lock(&z->mu);
+    int rc = 0;
+    if (p->big) {
+        while (p->gbig_busy && !z->err)
+            pthread_cond_wait(&z->cv, &z->mu);
+        if (!z->err) {
+            p->gbig_busy = 1;
+            p->glent = p->gbig;
+        }
+    } else {
+        while (!z->gfree && !z->err)
+            pthread_cond_wait(&z->cv, &z->mu);
+        if (!z->err)
+            p->glent = z->gslots[--z->gfree];
+    }
+    if (z->err)
+        rc = sticky(z);
+    pthread_mutex_unlock(&z->mu);
+    if (rc)
+        return rc;
+    memset(p->glent, 0, (size_t)p->full * sizeof(float));
+    *out = p->glent;
+    return 0;
+}
+
+static int hook_grads_done(void *ctx, size_t g)
+{
+    zr_zero *z = ctx;
+    grp *p = &z->G[g];
+    if (z->stage < 2)
+        return 0;
+    pthread_mutex_lock(&z->mu);
+    op o = {.kind = OP_RS_GRAD, .g = g, .buf = p->glent};
+    p->glent = NULL;
+    int rc = submit_locked(z, o, NULL);
+    pthread_mutex_unlock(&z->mu);
+    return rc;
+}
+
+void zr_zero_hooks(zr_zero *z, zr_model_hooks *h)
+{
+    memset(h, 0, sizeof *h);
+    h->ctx = z; /* at every stage: the model has no arenas of its own */
+    h->params = hook_params;
+    h->params_done = hook_params_done;
+    h->grads = hook_grads;
+    h->grads_done = hook_grads_done;
+}
+
+/* ---------------------------------------------------------------- the step */
+
+int zr_zero_begin_step(zr_zero *z)
+{
+    ZR_TRY(drain(z));
+    if (z->stage < 2)
+        memset(z->fullg, 0, (size_t)z->sum_full * sizeof(float));
+    else
+        memset(z->owng, 0, (size_t)z->sum_P * sizeof(float));
+    if (z->stage == 3) {
+        if (!z->sched)
+            return zr_err_set(ZR_ENOMEM, "out of memory for the ZeRO-3 schedule");
+        /* the first gathers start now, overlapping the batch's sampling */
+        pthread_mutex_lock(&z->mu);
+        z->cursor = z->issued = 0;
+        int rc = z->prefetch ? issue_more_locked(z, z->prefetch - 1) : 0;
+        pthread_mutex_unlock(&z->mu);
+        return rc;
+    }
+    return 0;
+}
+
+int zr_zero_reduce(zr_zero *z)
+{
+    if (z->stage == 0)
+        return run_sync(z, (op){.kind = OP_ALLREDUCE, .send = z->fullg, .recv = z->fullg,
+                                .n = z->sum_full});
+    if (z->stage == 1) {
+        pthread_mutex_lock(&z->mu);
+        int rc = 0;
+        for (size_t g = 0; g < z->ng && !rc; g++)
+            rc = submit_locked(z, (op){.kind = OP_RS_INPLACE, .buf = z->fullg + z->G[g].foff,
+                                       .n = z->G[g].P}, NULL);
+        pthread_mutex_unlock(&z->mu);
+        if (rc)
+            return rc;
+    }
+    return drain(z);
+}
+
+/* Sum of squares of rank q's partition of every group, in group order. */
+static double part_sumsq(const float *const *base, const zr_zero *z, int q)
+{
+    double s = 0;
+    for (size_t g = 0; g < z->ng; g++) {
+        uint64_t lo, n;
+        zck_partition(z->G[g].numel, (uint32_t)z->W, (uint32_t)q, ZR_ZERO_ALIGN, &lo, &n);
+        if (n)
+            s += zr_sumsq(base[g] + lo, n);
+    }
+    return s;
+}
+
+int zr_zero_sumsq(zr_zero *z, double *out)
+{
+    const float **base = calloc(z->ng ? z->ng : 1, sizeof *base);
+    double *all = calloc((size_t)z->W, sizeof *all);
+    int rc = 0;
+    if (!base || !all) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    double total = 0;
+    if (z->stage == 0) { /* every partition is here: the same sums as the ranks of stage 1+ */
+        for (size_t g = 0; g < z->ng; g++)
+            base[g] = z->fullg + z->G[g].foff;
+        for (int q = 0; q < z->W; q++)
+            total += part_sumsq(base, z, q);
+    } else {
+        for (size_t g = 0; g < z->ng; g++) /* element i of group g at base[g][i] */
+            base[g] = zr_zero_grad(z, g) - z->G[g].lo;
+        double mine = part_sumsq(base, z, z->rank);
+        if ((rc = zr_zero_gather_f64(z, &mine, 1, all)))
+            goto out;
+        for (int q = 0; q < z->W; q++)
+            total += all[q];
+    }
+    *out = total;
+out:
+    free(base);
+    free(all);
+    return rc;
+}
+
+int zr_zero_publish(zr_zero *z)
+{
+    if (z->stage != 1 && z->stage != 2)
+        return 0;
+    pthread_mutex_lock(&z->mu);
+    int rc = 0;
+    for (size_t g = 0; g < z->ng && !rc; g++)
+        rc = submit_locked(z, (op){.kind = OP_AG_INPLACE, .buf = z->fullp + z->G[g].foff,
+                                   .n = z->G[g].P}, NULL);
+    pthread_mutex_unlock(&z->mu);
+    return rc ? rc : drain(z);
+}
+
+int zr_zero_gather_f64(zr_zero *z, const double *mine, size_t n, double *all)
+{
+    return run_sync(z, (op){.kind = OP_GATHER_F64, .send = mine, .recv = all, .n = n});
+}
+
+int zr_zero_broadcast(zr_zero *z, void *buf, size_t bytes, int root)
+{
+    return run_sync(z, (op){.kind = OP_BCAST, .recv = buf, .n = bytes, .root = root});
+}

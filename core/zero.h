@@ -1,0 +1,86 @@
+/*
+ * zero.h: core-internal ZeRO stage logic (not part of zr.h): where a rank keeps the model's
+ * parameters, gradients and AdamW states at each stage, and the collectives that move them.
+ *
+ * Every group g of the layout is cut by the checkpoint's partition rule (zck_partition with
+ * ZR_ZERO_ALIGN): P_g elements per rank, rank r owns [r P_g, min((r+1) P_g, numel_g)). Full
+ * buffers of a group hold W P_g elements (the tail past numel_g is zero padding), so that
+ * reduce-scatter and all-gather work in place on whole groups.
+ *
+ *   stage 0  params, grads and AdamW states whole on every rank; grads all-reduced; every rank
+ *            updates everything (the same bits everywhere).
+ *   stage 1  params and grads whole; grads reduce-scattered per group after the backward; each
+ *            rank updates its partition (states only for it), then params are all-gathered.
+ *   stage 2  as 1, but the model adds each group's gradient into a lent buffer that is
+ *            reduce-scattered (on the comm thread) as soon as the group's backward is done; a
+ *            rank keeps only its partition of the gradients.
+ *   stage 3  as 2, and params exist only as partitions: a group is all-gathered into a lent
+ *            buffer just before the model reads it and released after, the next `prefetch`
+ *            gathers of the schedule (zr_model_fetch_order) in flight on the comm thread.
+ *
+ * All collectives run on one comm thread, in the order they are issued, so every rank issues
+ * the same sequence. Reductions sum in rank order (comm.h), so at one world size stages 0 and
+ * 1 give the same bits, and 2 and 3 too (and all four with one micro-batch per step).
+ */
+#ifndef ZR_ZERO_H
+#define ZR_ZERO_H
+
+#include "comm.h"
+#include "zr.h"
+
+#define ZR_ZERO_ALIGN 64 /* partition granule, elements (the checkpoints' too) */
+
+typedef struct zr_zero zr_zero;
+
+typedef struct {
+    int stage;         /* 0..3 */
+    unsigned prefetch; /* stage 3: gathers in flight ahead of use (0: none) */
+} zr_zero_opts;
+
+/* Storage for the groups of L (its "param" state's sizes) on comm's rank. */
+int zr_zero_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts *o);
+void zr_zero_free(zr_zero *z);
+/* The hooks the model is created with (zr_model_new_ext). */
+void zr_zero_hooks(zr_zero *z, zr_model_hooks *h);
+/* The model, once created: the stage-3 schedule follows its fetch order, for n_micro
+ * forward/backward pairs per step. */
+void zr_zero_attach(zr_zero *z, const zr_model *m, unsigned n_micro);
+
+/* What this rank updates and checkpoints of group g, in the group's element index:
+ * opt [lo, lo+n): the range it steps (stage 0: the whole group; else its partition);
+ * part [lo, lo+n): its partition (written to checkpoints; may be empty). */
+void zr_zero_opt_range(const zr_zero *z, size_t g, uint64_t *lo, uint64_t *n);
+void zr_zero_part_range(const zr_zero *z, size_t g, uint64_t *lo, uint64_t *n);
+/* Pointers to element `lo` of the opt range (of param, grad, exp_avg, exp_avg_sq). At stage 0
+ * the part range lies inside, at offset part_lo - opt_lo = part_lo. */
+float *zr_zero_param(zr_zero *z, size_t g);
+float *zr_zero_grad(zr_zero *z, size_t g);
+float *zr_zero_exp_avg(zr_zero *z, size_t g);
+float *zr_zero_exp_avg_sq(zr_zero *z, size_t g);
+/* Whole parameters of group g at stages 0-2 (NULL at stage 3): loads and init fill them. */
+float *zr_zero_full_params(zr_zero *z, size_t g);
+
+/* Step protocol: begin (zero the gradients, reset the schedule), the micro-batches' forward
+ * and backward through the hooks, reduce (gradients complete and summed over ranks in this
+ * rank's opt range), sumsq (the global squared norm, the same bits on every rank), the
+ * caller's AdamW on the opt ranges, then publish (all-gather updated params at stages 1-2). */
+int zr_zero_begin_step(zr_zero *z);
+int zr_zero_reduce(zr_zero *z);
+int zr_zero_sumsq(zr_zero *z, double *out);
+int zr_zero_publish(zr_zero *z);
+/* Every rank's n doubles, in rank order, into all[W n] (agreement on loss, stop, verdicts). */
+int zr_zero_gather_f64(zr_zero *z, const double *mine, size_t n, double *all);
+/* Rank root's bytes to everyone (through the comm thread, ordered with the rest). */
+int zr_zero_broadcast(zr_zero *z, void *buf, size_t bytes, int root);
+
+/* Bytes this rank holds, by category: model states (params, grads, optimizer) and bounded
+ * buffers (gather / bucket slots). */
+typedef struct {
+    uint64_t params, grads, optimizer, buffers;
+} zr_zero_bytes;
+void zr_zero_mem(const zr_zero *z, zr_zero_bytes *out);
+/* The same figures computed without allocating (zrun --dry-run). */
+int zr_zero_plan(zr_zero_bytes *out, const zck_layout *L, int world, int rank,
+                 const zr_zero_opts *o);
+
+#endif
