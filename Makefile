@@ -103,13 +103,13 @@ $(BUILD)/zckpt: $(BUILD)/cli/zckpt.o $(CLI_COMMON) $(BUILD)/libzfmt.a $(BUILD)/l
 $(BUILD)/zrun: $(BUILD)/cli/zrun.o $(CLI_COMMON) $(BUILD)/libzr.a $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
-# The main job: train the tiny GPT-2 on the built-in corpus with checkpoints (resumes when run
-# again), then list and verify what was saved.
+# The main job: train the tiny GPT-2 on the built-in corpus on 2 CPU ranks with ZeRO stage 3 and
+# checkpoints (resumes when run again), then list and verify what was saved.
 RUN_DIR ?= runs/default
 RUN_STEPS ?= 200
 run: $(BUILD)/zrun $(BUILD)/zckpt
-	$(BUILD)/zrun --ckpt-dir $(RUN_DIR) --steps $(RUN_STEPS) --save-every 50 --keep-last 3 \
-	  --log-json $(RUN_DIR)/train.jsonl
+	$(BUILD)/zrun --nproc 2 --zero 3 --threads 1 --ckpt-dir $(RUN_DIR) --steps $(RUN_STEPS) \
+	  --save-every 50 --keep-last 3 --log-json $(RUN_DIR)/train.jsonl
 	$(BUILD)/zckpt ls $(RUN_DIR)
 	$(BUILD)/zckpt verify $(RUN_DIR)
 

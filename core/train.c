@@ -19,7 +19,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -519,6 +519,13 @@ static int train_step(run *r, int want_stop, int *stop, float *loss, float *lr_o
     return 0;
 }
 
+/* This process's peak resident set, bytes. */
+static uint64_t rss_peak(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) ? 0 : (uint64_t)ru.ru_maxrss * 1024;
+}
+
 static void log_step(run *r, float loss, float lr, float norm, double dt)
 {
     const zr_train_opts *o = r->o;
@@ -538,11 +545,11 @@ static void log_step(run *r, float loss, float lr, float norm, double dt)
         fprintf(r->jlog, "{\"step\":%llu,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
                          "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"world\":%d,\"zero\":%d,"
                          "\"mem\":{\"params\":%llu,\"grads\":%llu,\"optimizer\":%llu,"
-                         "\"buffers\":%llu,\"activations\":%llu}}\n",
+                         "\"buffers\":%llu,\"activations\":%llu},\"rss_peak\":%llu}\n",
                 (unsigned long long)r->step, loss, lr, norm, tps, dt * 1e3, r->W,
                 o->zero_stage, (unsigned long long)zb.params, (unsigned long long)zb.grads,
                 (unsigned long long)zb.optimizer, (unsigned long long)zb.buffers,
-                (unsigned long long)ab);
+                (unsigned long long)ab, (unsigned long long)rss_peak());
         fflush(r->jlog);
     }
 }
@@ -825,10 +832,10 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
                 (unsigned long long)r.step, (unsigned long long)o->steps,
                 from ? "; newest checkpoint " : "", from ? from : "");
     else if (r.log)
-        fprintf(r.log, "%s at step %llu/%llu, loss %.4f%s%s\n",
+        fprintf(r.log, "%s at step %llu/%llu, loss %.4f, peak RSS %.1f MiB (rank 0)%s%s\n",
                 out->stopped ? "stopped" : "done", (unsigned long long)r.step,
-                (unsigned long long)o->steps, loss, out->ckpt[0] ? "; checkpoint " : "",
-                out->ckpt);
+                (unsigned long long)o->steps, loss, rss_peak() / 1048576.0,
+                out->ckpt[0] ? "; checkpoint " : "", out->ckpt);
 out:
     zck_reader_free(rd);
     free(from);

@@ -81,8 +81,8 @@ static void *alloc_array(size_t *bytes)
 {
     size_t n = *bytes ? *bytes : 64;
     void *p = NULL;
-    if (n >= BIG_ARRAY) {
-        n = (n + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+    if (n >= BIG_ARRAY) { /* 2 MiB aligned, whole pages, huge pages advised */
+        n = (n + 4095) & ~(size_t)4095;
         if (posix_memalign(&p, (size_t)2 << 20, n))
             return NULL;
 #ifdef MADV_HUGEPAGE
@@ -133,8 +133,7 @@ static size_t round_bytes(uint64_t floats)
     size_t b = (size_t)floats * sizeof(float);
     if (!b)
         b = 64;
-    return b >= BIG_ARRAY ? (b + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1)
-                          : (b + 63) & ~(size_t)63;
+    return b >= BIG_ARRAY ? (b + 4095) & ~(size_t)4095 : (b + 63) & ~(size_t)63;
 }
 
 static void account(const zr_zero *z, zr_zero_bytes *out)
