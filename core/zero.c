@@ -75,6 +75,8 @@ struct zr_zero {
     char errmsg[512];
 };
 
+static void reset_buffers_locked(zr_zero *z);
+
 /* ---------------------------------------------------------------- sizes */
 
 static void *alloc_array(size_t *bytes)
@@ -365,13 +367,8 @@ int zr_zero_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const zr_zero
         ok = (z->slot_mem = alloc_array(&z->bytes_slots)) != NULL &&
              (z->gslots = calloc(n, sizeof *z->gslots)) != NULL &&
              (z->pslots = calloc(n, sizeof *z->pslots)) != NULL;
-        for (size_t i = 0; ok && i < n; i++) {
-            float *b = z->slot_mem + (size_t)i * z->slot;
-            if (i < z->n_gslots)
-                z->gslots[z->gfree++] = b;
-            else
-                z->pslots[z->pfree++] = b;
-        }
+        if (ok)
+            reset_buffers_locked(z); /* no thread yet */
         for (size_t g = 0; ok && g < z->ng; g++) {
             grp *p = &z->G[g];
             if (!p->big)
@@ -639,9 +636,34 @@ void zr_zero_hooks(zr_zero *z, zr_model_hooks *h)
 
 /* ---------------------------------------------------------------- the step */
 
+/* Every buffer free again: between steps nothing is in flight and the model holds nothing,
+ * even when the last step failed half-way (mutex held). */
+static void reset_buffers_locked(zr_zero *z)
+{
+    size_t n = z->n_gslots + z->n_pslots;
+    z->gfree = z->pfree = 0;
+    for (size_t i = 0; i < n; i++) {
+        float *b = z->slot_mem + (size_t)i * z->slot;
+        if (i < z->n_gslots)
+            z->gslots[z->gfree++] = b;
+        else
+            z->pslots[z->pfree++] = b;
+    }
+    for (size_t g = 0; g < z->ng; g++) {
+        grp *p = &z->G[g];
+        p->pbig_busy = p->gbig_busy = 0;
+        p->plent = p->glent = NULL;
+    }
+}
+
 int zr_zero_begin_step(zr_zero *z)
 {
     ZR_TRY(drain(z));
+    if (z->stage >= 2) {
+        pthread_mutex_lock(&z->mu);
+        reset_buffers_locked(z);
+        pthread_mutex_unlock(&z->mu);
+    }
     if (z->stage < 2)
         memset(z->fullg, 0, (size_t)z->sum_full * sizeof(float));
     else
