@@ -197,9 +197,15 @@ ZT_TEST(zero_memory_follows_the_formulas)
                     want);
         rss[s] = j.rss_peak;
     }
+#if defined(__SANITIZE_ADDRESS__)
+    /* ASan's shadow memory and quarantine swamp the resident set: the byte counts above are
+     * checked, the RSS ordering only in the plain build */
+    (void)rss;
+#else
     /* stage 3 holds a quarter of the states plus bounded buffers */
     ZT_CHECK(rss[3] < rss[0] * 0.7);
     ZT_CHECK(rss[1] < rss[0] && rss[2] < rss[1] && rss[3] < rss[2]);
+#endif
 }
 
 ZT_TEST(zero_elastic_resume)
