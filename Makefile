@@ -147,10 +147,16 @@ $(BUILD)/bench_ckpt: $(BUILD)/tests/bench/bench_ckpt.o $(BUILD)/libzck.a
 $(BUILD)/mkckpt: $(BUILD)/tests/bench/mkckpt.o $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
+# the shm communicator at world 2 against memcpy (256 MiB)
+$(BUILD)/comm_bench: $(BUILD)/tests/bench/comm_bench.o $(BUILD)/libzr.a $(BUILD)/libzck.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+bench: $(BUILD)/comm_bench
+
 bench: $(BUILD)/bench_ckpt $(BUILD)/mkckpt $(BUILD)/zckpt
 	BENCH_BIN=$(BUILD)/bench_ckpt tests/bench/run.sh
 	ZCKPT=$(BUILD)/zckpt MKCKPT=$(BUILD)/mkckpt tests/bench/zckpt_bench.sh
 	tests/bench/train_bench.sh
+	$(BUILD)/comm_bench
 
 clean:
 	rm -rf build build-san

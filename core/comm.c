@@ -5,7 +5,8 @@
  * The segment (created by zr_comm_shm_create, opened by every rank by name):
  *
  *   header page(s)  magic, version, world, sizes, the creator (launcher) pid and start time,
- *                   the abort record, the barrier (arrival counter, generation word, sleepers);
+ *                   the abort record, the death notice, the barrier (arrival counter,
+ *                   generation word, sleepers);
  *                   then one 128-byte record per rank: its pid and start time (written at open)
  *                   and two call descriptors (one per half, below)
  *   data            world areas of seg_bytes each; rank q writes only area q. Each area is two
@@ -14,7 +15,8 @@
  * Every collective streams through the segment in rounds. Round k uses half k % 2 of every area
  * (k counts rounds over the communicator's life, so it continues from one call to the next):
  * each rank copies what the others need into its own area, all ranks meet at a barrier, each
- * rank reads (and reduces) what it needs from the others' areas. One barrier per round is
+ * rank reads (and reduces) what it needs from the others' areas (its own part it reads from its
+ * own buffer: nothing is staged for oneself). One barrier per round is
  * enough: a rank writes half h again in round k + 2 only after passing the barrier of round
  * k + 1, which every rank reaches only after it finished reading round k. all_reduce has a
  * second barrier inside its round (reduced pieces are published for the others to copy out),
@@ -35,14 +37,18 @@
  *
  * Barrier: arrivals fetch_add one 64-bit counter; barrier k (counted per communicator, the same
  * on every rank) is complete when it reaches k * W, and the last arrival stores k in the 32-bit
- * generation word. Waiters spin on that word for up to ~50 us (not at all when the world has
- * more ranks than the node has CPUs), then sleep on it with FUTEX_WAIT (shared futex, 50 ms
- * timeout); the last arrival calls FUTEX_WAKE only when someone sleeps (a sleepers counter,
+ * generation word. Waiters spin on that word for a few microseconds (not when the world has
+ * more ranks than the node has CPUs), then poll it with sched_yield() between checks for up to
+ * 1 ms (a peer that the scheduler put on the same CPU, as futex wake-ups tend to, runs at once
+ * instead of waiting for our time slice to end), then sleep on it with FUTEX_WAIT (shared futex,
+ * 50 ms timeout); the last arrival calls FUTEX_WAKE only when someone sleeps (a sleepers counter,
  * seq_cst on both sides, so no wake-up is lost). Between sleeps a waiter checks the abort record
  * (set by the launcher through zr_comm_shm_abort, which also wakes every sleeper) and, every
  * 50 ms, that each peer and the creator still live: /proc/<pid>/stat gone, a zombie, or a
- * different start time (pid reused) means dead; without /proc, kill(pid, 0) == ESRCH. So a
- * dead peer fails the call with ZR_EIO within about 100 ms, and there is no overall timeout:
+ * different start time (pid reused) means dead; without /proc, kill(pid, 0) == ESRCH. The
+ * first rank to find a death writes it in the segment's death notice (and wakes the sleepers),
+ * so that every rank names that cause, not a rank that exited after noticing. So a dead peer
+ * fails the call with ZR_EIO within about 100 ms, and there is no overall timeout:
  * a long wait for a live, slow peer is legitimate. A peer that died before it opened the
  * communicator (its pid not yet recorded) is noticed through the launcher's abort record only.
  *
@@ -65,6 +71,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -73,9 +80,10 @@
 #define SHM_MAX_WORLD 1024
 #define SHM_DEFAULT_SEG ((size_t)4 << 20)
 #define RANK_REC 128            /* bytes per rank record in the header */
-#define RANK_REC_AT 256         /* first rank record */
+#define RANK_REC_AT 512         /* first rank record */
 #define SLEEP_NS 50000000L      /* futex sleep and liveness check period: 50 ms */
-#define SPIN_NS 50000L          /* spin before sleeping: 50 us */
+#define SPIN_PAUSES 2000u       /* pause first: a few microseconds */
+#define SPIN_NS 1000000L        /* then yield for up to 1 ms before sleeping */
 #define RED_BLK 2048            /* elements summed per block in the stack buffer */
 
 typedef struct {
@@ -97,7 +105,11 @@ typedef struct {
     uint64_t creator_start;
     /* abort record: 0, or 1 << 63 | (rank << 32) | (uint32_t)status */
     _Atomic uint64_t abort_word;
-    char pad2[64];
+    /* death notice: the first rank that finds a peer dead writes why here (0 none, 1 being
+     * written, 2 ready), so every rank names the same cause (not a rank that exited after it
+     * noticed) */
+    _Atomic uint32_t note_state;
+    char note[300];
     /* the barrier, on its own cache line */
     _Atomic uint64_t arrived __attribute__((aligned(64)));
     _Atomic uint32_t gen;
@@ -116,7 +128,7 @@ struct zr_comm {
     size_t seg, half;           /* bytes per area, per half */
     uint64_t bar_seq;           /* barriers passed */
     uint64_t round;             /* rounds done (selects the half) */
-    long spin_ns;
+    unsigned spin_pauses;       /* pause instructions before yielding */
     int dead;                   /* an error left the communicator unusable */
     int dead_code;
     char dead_msg[512];
@@ -319,17 +331,39 @@ static int check_abort(zr_comm *c, const char *op)
     return comm_fail(c, ZR_EIO, op, "rank %d %s (reported by the launcher)", rank, d);
 }
 
+/* publish the first death found, for the other ranks */
+static void publish_note(zr_comm *c, const char *msg)
+{
+    uint32_t expect = 0;
+    if (!atomic_compare_exchange_strong(&c->h->note_state, &expect, 1))
+        return;
+    snprintf(c->h->note, sizeof c->h->note, "%s (noticed by rank %d)", msg, c->rank);
+    atomic_store(&c->h->note_state, 2);
+    futex_wake_all(&c->h->gen);
+}
+
+static int check_note(zr_comm *c, const char *op)
+{
+    if (atomic_load_explicit(&c->h->note_state, memory_order_acquire) != 2)
+        return 0;
+    return comm_fail(c, ZR_EIO, op, "%.300s", c->h->note);
+}
+
 /* ZR_EIO (and the communicator dead) when a peer or the creator is gone */
 static int check_peers(zr_comm *c, const char *op)
 {
-    char why[128];
+    char why[128], msg[256];
+    ZR_TRY(check_note(c, op));
     for (int q = 0; q < c->world; q++) {
         if (q == c->rank)
             continue;
         rank_rec *R = rec(c->h, q);
         int pid = atomic_load(&R->pid);
-        if (pid > 0 && process_dead(pid, R->start, why, sizeof why))
-            return comm_fail(c, ZR_EIO, op, "rank %d (pid %d) died%s", q, pid, why);
+        if (pid > 0 && process_dead(pid, R->start, why, sizeof why)) {
+            snprintf(msg, sizeof msg, "rank %d (pid %d) died%s", q, pid, why);
+            publish_note(c, msg);
+            return comm_fail(c, ZR_EIO, op, "%s", msg);
+        }
     }
     int cp = c->h->creator_pid;
     if (cp > 0 && cp != (int)getpid()) {
@@ -337,8 +371,11 @@ static int check_peers(zr_comm *c, const char *op)
         for (int q = 0; q < c->world; q++)
             if (atomic_load(&rec(c->h, q)->pid) == cp)
                 is_rank = 1;
-        if (!is_rank && process_dead(cp, c->h->creator_start, why, sizeof why))
-            return comm_fail(c, ZR_EIO, op, "the launcher (pid %d) is gone%s", cp, why);
+        if (!is_rank && process_dead(cp, c->h->creator_start, why, sizeof why)) {
+            snprintf(msg, sizeof msg, "the launcher (pid %d) is gone%s", cp, why);
+            publish_note(c, msg);
+            return comm_fail(c, ZR_EIO, op, "%s", msg);
+        }
     }
     return 0;
 }
@@ -358,18 +395,21 @@ static int barrier(zr_comm *c, const char *op)
         return check_abort(c, op);
     }
 #define BAR_DONE() ((int32_t)(atomic_load_explicit(&h->gen, memory_order_acquire) - want) >= 0)
-    if (c->spin_ns > 0) {
-        int64_t t0 = now_ns();
-        for (unsigned i = 1;; i++) {
-            if (BAR_DONE())
-                return check_abort(c, op);
-            if ((i & 255) == 0) {
-                ZR_TRY(check_abort(c, op));
-                if (now_ns() - t0 > c->spin_ns)
-                    break;
-            }
-            cpu_relax();
-        }
+    /* a few microseconds of pause (when every rank can have a CPU) */
+    for (unsigned i = 0; i < c->spin_pauses; i++) {
+        if (BAR_DONE())
+            return check_abort(c, op);
+        cpu_relax();
+    }
+    /* then yield until SPIN_NS: a peer that shares this CPU runs at once */
+    int64_t t0 = now_ns();
+    for (;;) {
+        if (BAR_DONE())
+            return check_abort(c, op);
+        ZR_TRY(check_abort(c, op));
+        if (now_ns() - t0 > SPIN_NS)
+            break;
+        sched_yield();
     }
     int64_t last_check = now_ns();
     for (;;) {
@@ -383,6 +423,7 @@ static int barrier(zr_comm *c, const char *op)
         if (BAR_DONE())
             return check_abort(c, op);
         ZR_TRY(check_abort(c, op));
+        ZR_TRY(check_note(c, op));
         int64_t t = now_ns();
         if (t - last_check >= SLEEP_NS) {
             last_check = t;
@@ -433,7 +474,8 @@ static int enter(zr_comm *c, const char *op)
     if (c->dead)
         return zr_err_set(c->dead_code, "%s: communicator unusable after an earlier error: %s",
                           op, c->dead_msg);
-    return check_abort(c, op);
+    ZR_TRY(check_abort(c, op));
+    return check_note(c, op);
 }
 
 /* ---------------------------------------------------------------- reduction kernels */
@@ -756,7 +798,8 @@ static int open_shm(zr_comm *c, const char *name, int rank, int world)
                                   "ZR_WORLD is %d",
                           name, hd.world, world);
     }
-    if (hd.total_bytes != (uint64_t)st.st_size ||
+    if (hd.total_bytes != (uint64_t)st.st_size || hd.seg_bytes < 256u * (uint64_t)world ||
+        hd.seg_bytes % 4096 || hd.hdr_bytes < RANK_REC_AT + (uint64_t)world * RANK_REC ||
         hd.total_bytes != hd.hdr_bytes + (uint64_t)world * hd.seg_bytes) {
         close(fd);
         return zr_err_set(ZR_EIO, "ZR_COMM_SHM='%s': segment sizes inconsistent", name);
@@ -782,7 +825,7 @@ static int open_shm(zr_comm *c, const char *name, int rank, int world)
                           name, rank, expect);
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    c->spin_ns = cpus > 0 && world > cpus ? 0 : SPIN_NS;
+    c->spin_pauses = cpus > 0 && world > cpus ? 0 : SPIN_PAUSES;
     return 0;
 }
 

@@ -5,10 +5,16 @@
  * communicator, in-place forms as NCCL defines them).
  *
  * Conventions (ckpt's): 0 or a negative ZR_E* code with a one-line message (zr_err_msg()).
- * Every rank must call the same collectives in the same order with the same sizes. A peer that
- * dies or fails (its process exits, the launcher marks the job aborted) makes every pending and
- * later call on the other ranks return ZR_EIO within seconds with a message naming the rank;
- * no call hangs. After such an error the communicator may only be closed.
+ * Every rank must call the same collectives in the same order with the same sizes; a call that
+ * does not match the other ranks' (op, count, dtype or element size, root) fails on every rank
+ * with ZR_ECOMM ("collective mismatch: ..."). A peer that dies or fails (its process exits or
+ * is killed, the launcher marks the job aborted, the launcher itself disappears) makes every
+ * pending and later call on the other ranks return ZR_EIO within seconds with a message naming
+ * the rank ("rank 2 (pid 1234) died (exited with status 7)", "rank 1 exited with status 3
+ * (reported by the launcher)"); no call hangs, and there is no timeout on a live peer. After
+ * such an error the communicator may only be closed. A communicator is used by one thread at a
+ * time (any thread) and is not carried across fork(); argument errors (ZR_EINVAL) are found
+ * before any synchronization and leave it usable.
  *
  * Reductions are sums. Determinism: element i of a reduction is computed as
  * ((x_0 + x_1) + x_2) + ... + x_{W-1} in rank order, by one rank, and the same bits reach every
@@ -16,8 +22,8 @@
  * result never depends on timing or chunking.
  *
  * Sizes are counts of elements (dtype) except for broadcast/gather (bytes). Any size streams
- * through the bounded shared segment in chunks; a count of 0 is a no-op that still
- * synchronizes nothing (returns 0 at once).
+ * through the bounded shared segment in chunks; a count of 0 is a no-op that synchronizes
+ * nothing (returns 0 at once, on every rank). Worlds of up to 1024 ranks.
  */
 #ifndef ZR_COMM_H
 #define ZR_COMM_H
@@ -60,10 +66,13 @@ int zr_comm_barrier(zr_comm *c);
 
 /*
  * For the launcher (zr_launch) and tests that start ranks themselves: create a fresh segment
- * for `world` ranks with a data area of seg_bytes per rank (0: the default, 4 MiB), named
- * *name_out (caller frees), and unlink it when done with zr_comm_shm_unlink. The creator may
- * mark the job aborted (a rank died with `status` as wait() reports it): every rank's pending
- * and later calls then fail naming `rank`.
+ * for `world` ranks with a data area of seg_bytes per rank (0: the default, 4 MiB; at least
+ * 256 bytes per rank of the world, rounded up to whole pages), named *name_out ("/zr-<pid>-<hex>",
+ * caller frees), its memory reserved at once (a full /dev/shm fails here with ZR_EIO, not
+ * later), and unlink it when done with zr_comm_shm_unlink. The creating process counts as the
+ * launcher: ranks fail when it is gone (unless it is one of the ranks). The creator may mark
+ * the job aborted (a rank died with `status` as wait() reports it): waiting ranks wake at once,
+ * and every rank's pending and later calls fail naming `rank`; the first abort stays.
  */
 int zr_comm_shm_create(char **name_out, int world, size_t seg_bytes);
 void zr_comm_shm_abort(const char *name, int rank, int status);

@@ -9,9 +9,11 @@
  * that a child never runs the launcher's handlers; the child puts the dispositions back (SIG_IGN
  * stays ignored, everything else SIG_DFL) and unblocks them before execve.
  *
- * Every descriptor the launcher opens is O_CLOEXEC, so a rank inherits only its own pipe ends
- * (dup2'ed onto 1 and 2) and /dev/null on 0. Environments are built before the forks: the child
- * calls only async-signal-safe functions.
+ * Every descriptor the launcher opens is O_CLOEXEC, and the child closes every descriptor above
+ * 2 before execve (close_range, else a loop up to RLIMIT_NOFILE), so a rank holds exactly
+ * /dev/null on 0 and its own pipe ends on 1 and 2 (at nproc 1: the launcher's 1 and 2), as
+ * Python's subprocess does by default. Environments are built before the forks: the child calls
+ * only async-signal-safe functions.
  *
  * When every rank has exited, pipes that stay open (a grandchild still holds them) are read for
  * 200 ms more, then dropped.
@@ -28,6 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -233,12 +237,30 @@ static void child_exec(int rank, char *const argv[], char *const envp[], int dev
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent)
         _exit(127); /* the launcher died before we got here */
-    if (devnull >= 0)
-        dup2(devnull, 0);
-    if (out_w >= 0)
-        dup2(out_w, 1);
-    if (err_w >= 0)
-        dup2(err_w, 2);
+    /* sources first moved above 2 (a caller with 0, 1 or 2 closed may have had a pipe land
+     * there), then dup2'ed into place, which clears their close-on-exec flag */
+    int src[3] = {devnull, out_w, err_w};
+    for (int i = 0; i < 3; i++)
+        if (src[i] >= 0 && src[i] < 3)
+            src[i] = fcntl(src[i], F_DUPFD_CLOEXEC, 3);
+    for (int i = 0; i < 3; i++)
+        if (src[i] >= 0)
+            dup2(src[i], i);
+    /* nothing else reaches the rank: descriptors the caller left inheritable are closed too */
+    long closed = -1;
+#ifdef SYS_close_range
+    closed = syscall(SYS_close_range, 3u, ~0u, 0u);
+#endif
+    if (closed != 0) {
+        struct rlimit rl;
+        long max = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                       ? (long)rl.rlim_cur
+                       : 65536;
+        if (max > 65536)
+            max = 65536;
+        for (int fd = 3; fd < max; fd++)
+            close(fd);
+    }
     execve(argv[0], argv, envp);
     int e = errno;
     child_write("zrun: rank ");
