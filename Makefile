@@ -147,7 +147,7 @@ $(BUILD)/bench_ckpt: $(BUILD)/tests/bench/bench_ckpt.o $(BUILD)/libzck.a
 $(BUILD)/mkckpt: $(BUILD)/tests/bench/mkckpt.o $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
-# the shm communicator at world 2 against memcpy (256 MiB)
+# the shm communicator at world 2 against memcpy (256 MiB); zero_bench.sh runs it
 $(BUILD)/comm_bench: $(BUILD)/tests/bench/comm_bench.o $(BUILD)/libzr.a $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 bench: $(BUILD)/comm_bench
@@ -156,7 +156,7 @@ bench: $(BUILD)/bench_ckpt $(BUILD)/mkckpt $(BUILD)/zckpt
 	BENCH_BIN=$(BUILD)/bench_ckpt tests/bench/run.sh
 	ZCKPT=$(BUILD)/zckpt MKCKPT=$(BUILD)/mkckpt tests/bench/zckpt_bench.sh
 	tests/bench/train_bench.sh
-	$(BUILD)/comm_bench
+	tests/bench/zero_bench.sh
 
 clean:
 	rm -rf build build-san
