@@ -208,7 +208,7 @@ int zr_train_dry_run(const zr_train_opts *opts, int world, FILE *out);
  * zr_launch creates the communicator segment (nproc > 1), then starts nproc children that
  * execve(argv[0], argv) (a path: no PATH search) with ZR_RANK=r, ZR_WORLD=nproc and
  * ZR_COMM_SHM=<segment name> in their environment (ZR_COMM_SHM absent at nproc 1), stdin on
- * /dev/null, each in a process group of its own (so a terminal's Ctrl-C reaches the launcher
+ * /dev/null, every descriptor above 2 closed, each in a process group of its own (so a terminal's Ctrl-C reaches the launcher
  * alone, which forwards it once), and a parent-death signal of SIGTERM.
  *
  * Output (nproc > 1): each rank's stdout and stderr come through pipes and are copied line by
