@@ -113,7 +113,7 @@ static void ring_put(zck__io *io)
     free(io->mem);
 }
 
-static void warn_buffered(const char *path)
+void zck__warn_buffered(const char *path)
 {
     static int warned;
     if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
@@ -170,7 +170,7 @@ int zck__io_open(zck__io **out, const char *path, int mode, const zck_io_opts *o
         if (io->fd >= 0)
             io->direct = 1;
         else if (errno == EINVAL)
-            warn_buffered(path);
+            zck__warn_buffered(path);
         else {
             rc = zr_err_sys(errno, "%s: open", path);
             goto fail;
@@ -266,7 +266,7 @@ static int submit_to(zck__io *io, size_t b, unsigned char *buf, size_t len, uint
             int fl = fcntl(io->fd, F_GETFL);
             if (fl >= 0 && fcntl(io->fd, F_SETFL, fl & ~O_DIRECT) == 0) {
                 io->direct = 0;
-                warn_buffered(io->path);
+                zck__warn_buffered(io->path);
                 continue;
             }
         }

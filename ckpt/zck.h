@@ -485,6 +485,36 @@ void zck_diff_free(zck_diff *d);
 /* Value of element i of an array of dtype t, as a double. */
 double zck_dtype_get_f64(zck_dtype t, const void *base, size_t i);
 
+/* ---------------------------------------------------------------- swap files (offload) */
+
+/*
+ * A scratch file for offloaded training state (core's NVMe swapper): created fresh at path
+ * (a file already there, a stale swap file, is replaced, never reused), `bytes` long and
+ * allocated at once (a full filesystem fails here, naming the file), opened O_DIRECT where the
+ * filesystem allows it (else buffered, with the library's one-line warning). Reads and writes
+ * go between the file and the caller's buffers through libaio, split into requests of at most
+ * `block` bytes, at most `depth` in flight; buf, len and off must be multiples of
+ * ZCK_FILE_ALIGN. A transfer is queued at once (waiting only for room in the queue) and is
+ * complete when zck_swap_wait covers its ticket; the buffer must stay untouched until then. A
+ * failed or short transfer fails that wait and every later call (ZR_EIO naming the file and the
+ * offset). One thread at a time.
+ */
+typedef struct zck_swap zck_swap;
+int zck_swap_open(zck_swap **out, const char *path, uint64_t bytes, unsigned depth,
+                  size_t block);
+int zck_swap_read(zck_swap *s, void *buf, size_t len, uint64_t off, uint64_t *ticket);
+int zck_swap_write(zck_swap *s, const void *buf, size_t len, uint64_t off, uint64_t *ticket);
+/* Wait for every transfer queued up to and including ticket. */
+int zck_swap_wait(zck_swap *s, uint64_t ticket);
+/* The file is still at its path (same inode) and at its full size: else ZR_EIO, "vanished" or
+ * "truncated", naming it. */
+int zck_swap_check(zck_swap *s);
+int zck_swap_direct(const zck_swap *s);
+uint64_t zck_swap_size(const zck_swap *s);
+const char *zck_swap_path(const zck_swap *s);
+/* Wait for what is in flight, close, and remove the file when remove is set. */
+int zck_swap_close(zck_swap *s, int remove);
+
 /* SHA-256 of a whole file as 64 hex characters (+ NUL) through the library's I/O engine. */
 int zck_sha256_file(char out[65], const char *path, const zck_io_opts *opts);
 

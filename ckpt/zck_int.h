@@ -170,6 +170,8 @@ int zck__io_read_spans(zck__io *io, const zck__span *spans, size_t n, zck__chunk
 int zck__io_size(zck__io *io, uint64_t *out);
 /* Close (and report a close error); always frees. */
 int zck__io_close(zck__io *io);
+/* The one-line warning (once per process) that a filesystem refused O_DIRECT. */
+void zck__warn_buffered(const char *path);
 
 /* Run fn(ctx, i) for i in [0, n) on up to jobs threads. Returns the first failure, with its
  * message re-set in the calling thread. */

@@ -65,8 +65,17 @@ static const char *usage_text =
     "  --dry-run           print the memory each rank would hold (params, grads, optimizer\n"
     "                      states, buffers, activations) against the ZeRO formula; no training\n"
     "  --device D          cpu or auto (default auto = cpu in this version)\n"
-    "  --offload-optimizer none, --offload-params none\n"
-    "                      (offload to CPU memory or NVMe is not built yet)\n"
+    "offload (ZeRO-Infinity):\n"
+    "  --offload-optimizer none|cpu|nvme   AdamW states (none); cpu: host memory, which on the\n"
+    "                      CPU device is where they are anyway; nvme: swap files, streamed\n"
+    "                      chunk by chunk through the optimizer step\n"
+    "  --offload-params none|cpu|nvme      stage 3: the parameter partitions (none); nvme: read\n"
+    "                      ahead of each group's gather\n"
+    "  --nvme-path DIR     swap directory (one zrun-swap-rank<r> per rank inside; removed at the\n"
+    "                      end; a crashed run's is cleaned)\n"
+    "  --aio-block-size B  bytes per I/O request and staging chunk (1048576)\n"
+    "  --aio-queue-depth N requests in flight per swap file (8)\n"
+    "  --offload-buffers N staging sets, >= 2 for double buffering (4)\n"
     "\n"
     "The global batch is split evenly over the ranks; --micro-batch is per rank. Checkpoints\n"
     "resume at any --nproc and --zero.\n"
@@ -202,12 +211,43 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--device"))
             device = v;
         else if (!strcmp(a, "--offload-optimizer") || !strcmp(a, "--offload-params")) {
-            if (strcmp(v, "none"))
-                return zcli_fail(PROG, "offload is not built yet; run without it",
-                                 "%s %s: not supported in this version", a, v);
+            int k = !strcmp(v, "none") ? ZR_OFFLOAD_NONE : !strcmp(v, "cpu") ? ZR_OFFLOAD_CPU
+                    : !strcmp(v, "nvme") ? ZR_OFFLOAD_NVME : -1;
+            if (k < 0)
+                return zcli_fail(PROG, NULL, "%s '%s': expected none, cpu or nvme", a, v);
+            if (!strcmp(a, "--offload-optimizer"))
+                o.offload_optimizer = k;
+            else
+                o.offload_params = k;
+        } else if (!strcmp(a, "--nvme-path"))
+            o.nvme_path = v;
+        else if (!strcmp(a, "--aio-queue-depth")) {
+            if (!zcli_parse_u32(PROG, a, v, 1, 1024, &u))
+                return ZCLI_ERROR;
+            o.aio_depth = u;
+        } else if (!strcmp(a, "--aio-block-size")) {
+            uint64_t b;
+            if (!parse_u64(a, v, 4096, &b))
+                return ZCLI_ERROR;
+            if (b % 4096 || b > ((uint64_t)256 << 20))
+                return zcli_fail(PROG, NULL, "--aio-block-size %s: expected a multiple of 4096 "
+                                 "up to 268435456", v);
+            o.aio_block = (size_t)b;
+        } else if (!strcmp(a, "--offload-buffers")) {
+            if (!zcli_parse_u32(PROG, a, v, 2, 64, &u))
+                return ZCLI_ERROR;
+            o.offload_buffers = u;
         } else
             return usage_error("unknown option ", a);
     }
+    if (o.offload_params != ZR_OFFLOAD_NONE && o.zero_stage != 3)
+        return zcli_fail(PROG, "use --zero 3, or drop --offload-params",
+                         "--offload-params needs ZeRO stage 3 (at stages 0-2 every rank holds "
+                         "all parameters)");
+    if ((o.offload_optimizer == ZR_OFFLOAD_NVME || o.offload_params == ZR_OFFLOAD_NVME) &&
+        !o.nvme_path)
+        return zcli_fail(PROG, "add --nvme-path DIR (a directory on a fast local disk)",
+                         "offload to nvme needs --nvme-path");
     if (!strcmp(device, "cuda"))
         return zcli_fail(PROG, "train on the CPU (--device cpu) for now",
                          "--device cuda: GPU training is not built yet in this version");

@@ -19,16 +19,12 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-typedef struct {
-    size_t group;
-    uint64_t offset, numel; /* elements, within the group */
-    int decay;              /* matrices (ndim >= 2) get weight decay */
-} span;
 
 typedef struct {
     const zr_train_opts *o;
@@ -39,8 +35,7 @@ typedef struct {
     zr_zero *zero;
     int rank, W;
     size_t ng;
-    span *spans;
-    size_t nspans;
+    char *swap_dir;          /* this rank's offload directory (NULL: none) */
     uint32_t T, mb, n_micro; /* mb: sequences per forward on this rank */
     uint64_t step, next_sample;
     int32_t *tokens, *inputs, *targets;
@@ -78,15 +73,6 @@ static int training_json(char **out, const run *r, float loss)
     return 0;
 }
 
-/* Pointer to element `lo` of group g's partition in an opt-range array `base`. */
-static float *part_ptr(run *r, size_t g, float *base)
-{
-    uint64_t olo, on, plo, pn;
-    zr_zero_opt_range(r->zero, g, &olo, &on);
-    zr_zero_part_range(r->zero, g, &plo, &pn);
-    return base + (plo - olo);
-}
-
 /* This rank's shard of the checkpoint into staging; *json describes it. */
 static int write_shard(run *r, const char *staging, char **json)
 {
@@ -95,18 +81,7 @@ static int write_shard(run *r, const char *staging, char **json)
     int rc = 0;
     ZR_TRY_GOTO(zck_writer_open(&w, staging, r->L, (uint32_t)r->W, (uint32_t)r->rank, NULL), rc,
                 out);
-    for (size_t g = 0; g < r->ng; g++) {
-        uint64_t lo, n;
-        zr_zero_part_range(r->zero, g, &lo, &n);
-        if (!n)
-            continue;
-        ZR_TRY_GOTO(zck_writer_put(w, g, 0, lo, n, part_ptr(r, g, zr_zero_param(r->zero, g))),
-                    rc, out);
-        ZR_TRY_GOTO(zck_writer_put(w, g, 1, lo, n, part_ptr(r, g, zr_zero_exp_avg(r->zero, g))),
-                    rc, out);
-        ZR_TRY_GOTO(zck_writer_put(w, g, 2, lo, n,
-                                   part_ptr(r, g, zr_zero_exp_avg_sq(r->zero, g))), rc, out);
-    }
+    ZR_TRY_GOTO(zr_zero_save(r->zero, w), rc, out);
     ZR_TRY_GOTO(zck_writer_finish(w, &sh), rc, out);
     ZR_TRY_GOTO(zck_shard_to_json(json, sh), rc, out);
 out:
@@ -368,39 +343,13 @@ static int verify_shared(run *r, zck_reader *rd)
 
 static int load(run *r, zck_reader *rd)
 {
-    const zck_layout *L = zck_reader_layout(rd);
-    ZR_TRY(check_layout(L, r->L, zck_reader_path(rd)));
-    size_t sp, sm, sv;
-    zck_layout_find_state(L, &sp, "param");
-    zck_layout_find_state(L, &sm, "exp_avg");
-    zck_layout_find_state(L, &sv, "exp_avg_sq");
-    zck_read_req *q = calloc(3 * r->ng, sizeof *q);
-    if (!q)
-        return zr_err_set(ZR_ENOMEM, "out of memory");
-    size_t nq = 0;
-    for (size_t g = 0; g < r->ng; g++) {
-        uint64_t lo, n;
-        float *full = zr_zero_full_params(r->zero, g);
-        if (full) /* stages 0-2 hold every parameter */
-            q[nq++] = (zck_read_req){g, sp, 0, zck_layout_group_numel(r->L, g), full};
-        zr_zero_opt_range(r->zero, g, &lo, &n);
-        if (!n)
-            continue;
-        if (!full)
-            q[nq++] = (zck_read_req){g, sp, lo, n, zr_zero_param(r->zero, g)};
-        q[nq++] = (zck_read_req){g, sm, lo, n, zr_zero_exp_avg(r->zero, g)};
-        q[nq++] = (zck_read_req){g, sv, lo, n, zr_zero_exp_avg_sq(r->zero, g)};
-    }
-    zck_read_opts ro = ZCK_READ_OPTS_INIT;
-    ro.jobs = r->o->threads > 0 ? (unsigned)r->o->threads : 1;
-    int rc = 0;
-    if (r->W == 1) /* one pass: every touched file hashed while it is read */
-        rc = zck_reader_read(rd, q, nq, &ro);
-    else if (!(rc = verify_shared(r, rd))) {
-        ro.verify = 0; /* verified just above, by the ranks together */
-        rc = zck_reader_read(rd, q, nq, &ro);
-    }
-    free(q);
+    ZR_TRY(check_layout(zck_reader_layout(rd), r->L, zck_reader_path(rd)));
+    unsigned jobs = r->o->threads > 0 ? (unsigned)r->o->threads : 1;
+    int rc;
+    if (r->W == 1 && !zr_zero_offloaded(r->zero)) /* one pass: files hashed while read */
+        rc = zr_zero_load(r->zero, rd, 1, jobs);
+    else if (!(rc = verify_shared(r, rd))) /* every file hashed once, verdict agreed */
+        rc = zr_zero_load(r->zero, rd, 0, jobs);
     if (rc)
         return rc;
     json_error_t je;
@@ -432,28 +381,13 @@ static int load(run *r, zck_reader *rd)
 
 /* ---------------------------------------------------------------- the loop */
 
-static int build_spans(run *r)
-{
-    for (size_t g = 0; g < r->ng; g++)
-        r->nspans += zck_layout_group_n_tensors(r->L, g);
-    if (!(r->spans = calloc(r->nspans, sizeof *r->spans)))
-        return zr_err_set(ZR_ENOMEM, "out of memory");
-    size_t k = 0;
-    for (size_t g = 0; g < r->ng; g++)
-        for (size_t t = 0; t < zck_layout_group_n_tensors(r->L, g); t++) {
-            zck_tensor_info ti;
-            zck_layout_tensor(r->L, g, t, &ti);
-            r->spans[k++] = (span){g, ti.offset, ti.numel, ti.ndim >= 2};
-        }
-    return 0;
-}
-
 /* One optimizer step; *loss is the mean loss of the global batch before the update.
  * *stop: whether any rank wants to stop after this step (want_stop is this rank's wish). */
 static int train_step(run *r, int want_stop, int *stop, float *loss, float *lr_out,
                       float *norm_out)
 {
     const zr_train_opts *o = r->o;
+    ZR_TRY(zr_zero_check_swap(r->zero)); /* a vanished or truncated swap file stops here */
     ZR_TRY(zr_zero_begin_step(r->zero));
     double sum = 0;
     const uint32_t T = r->T;
@@ -498,19 +432,7 @@ static int train_step(run *r, int want_stop, int *stop, float *loss, float *lr_o
     float lr = zr_lr_at(r->step, o->warmup, o->steps, o->lr, o->min_lr_ratio);
     zr_adamw_hp hp = ZR_ADAMW_HP_INIT;
     hp.weight_decay = o->weight_decay;
-    for (size_t k = 0; k < r->nspans; k++) { /* each tensor's part inside this rank's range */
-        const span *sp = &r->spans[k];
-        uint64_t lo, n;
-        zr_zero_opt_range(r->zero, sp->group, &lo, &n);
-        uint64_t a = sp->offset > lo ? sp->offset : lo;
-        uint64_t b = sp->offset + sp->numel < lo + n ? sp->offset + sp->numel : lo + n;
-        if (a >= b)
-            continue;
-        size_t at = (size_t)(a - lo), g = sp->group;
-        zr_adamw_update(zr_zero_param(r->zero, g) + at, zr_zero_grad(r->zero, g) + at,
-                        zr_zero_exp_avg(r->zero, g) + at, zr_zero_exp_avg_sq(r->zero, g) + at,
-                        (size_t)(b - a), r->step + 1, lr, clip, sp->decay, &hp);
-    }
+    ZR_TRY(zr_zero_adamw(r->zero, r->step + 1, lr, clip, &hp));
     ZR_TRY(zr_zero_publish(r->zero));
     r->step++;
     r->next_sample += o->batch;
@@ -535,21 +457,26 @@ static void log_step(run *r, float loss, float lr, float norm, double dt)
     uint64_t ab;
     zr_model_bytes(r->model, NULL, NULL, &ab);
     double mib = 1.0 / (1 << 20);
+    char nvme[48] = "";
+    if (zb.nvme)
+        snprintf(nvme, sizeof nvme, " | nvme %.1f", zb.nvme * mib);
     if (r->log)
         fprintf(r->log, "step %6llu/%llu | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | "
-                        "%.1f ms | mem/rank MiB p %.1f g %.1f o %.1f b %.1f a %.1f\n",
+                        "%.1f ms | mem/rank MiB p %.1f g %.1f o %.1f b %.1f a %.1f%s\n",
                 (unsigned long long)r->step, (unsigned long long)o->steps, loss, lr, norm, tps,
                 dt * 1e3, zb.params * mib, zb.grads * mib, zb.optimizer * mib,
-                zb.buffers * mib, ab * mib);
+                zb.buffers * mib, ab * mib, nvme);
     if (r->jlog) {
         fprintf(r->jlog, "{\"step\":%llu,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
                          "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"world\":%d,\"zero\":%d,"
                          "\"mem\":{\"params\":%llu,\"grads\":%llu,\"optimizer\":%llu,"
-                         "\"buffers\":%llu,\"activations\":%llu},\"rss_peak\":%llu}\n",
+                         "\"buffers\":%llu,\"activations\":%llu,\"nvme\":%llu},"
+                         "\"rss_peak\":%llu}\n",
                 (unsigned long long)r->step, loss, lr, norm, tps, dt * 1e3, r->W,
                 o->zero_stage, (unsigned long long)zb.params, (unsigned long long)zb.grads,
                 (unsigned long long)zb.optimizer, (unsigned long long)zb.buffers,
-                (unsigned long long)ab, (unsigned long long)rss_peak());
+                (unsigned long long)ab, (unsigned long long)zb.nvme,
+                (unsigned long long)rss_peak());
         fflush(r->jlog);
     }
 }
@@ -594,13 +521,101 @@ static int check_opts(const zr_train_opts *o, int W)
     return 0;
 }
 
+typedef struct {
+    const zr_model *m;
+    uint64_t seed;
+} init_ctx;
+
+static void init_fill(void *ctx, size_t g, uint64_t off, uint64_t n, float *dst)
+{
+    const init_ctx *c = ctx;
+    zr_model_init_range(c->m, c->seed, g, off, n, dst);
+}
+
+static zr_zero_opts zero_opts(const zr_train_opts *o)
+{
+    zr_zero_opts zo = ZR_ZERO_OPTS_INIT;
+    zo.stage = o->zero_stage;
+    zo.prefetch = o->prefetch;
+    zo.offload_optimizer = o->offload_optimizer == ZR_OFFLOAD_NVME;
+    zo.offload_params = o->offload_params == ZR_OFFLOAD_NVME;
+    zo.swap_dir = o->nvme_path;
+    zo.aio_depth = o->aio_depth;
+    zo.aio_block = o->aio_block;
+    zo.buffers = o->offload_buffers;
+    return zo;
+}
+
+/* Remove the regular files of a swap directory (ours, or a crashed run's). */
+static void swap_dir_clean(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            unlinkat(dirfd(d), e->d_name, 0);
+    closedir(d);
+}
+
+/*
+ * This rank's swap directory, <nvme_path>/zrun-swap-rank<r>: created, or taken over from a
+ * crashed run (the pid in its `owner` file is gone: its files are removed, never mixed with
+ * new state, and the log says so); refused while a live process owns it.
+ */
+static int swap_dir_claim(run *r)
+{
+    const char *base = r->o->nvme_path;
+    if (!base || !base[0])
+        return zr_err_set(ZR_EINVAL, "offload to nvme needs --nvme-path DIR");
+    if (mkdir(base, 0777) < 0 && errno != EEXIST)
+        return zr_err_sys(errno, "--nvme-path %s: create", base);
+    if (asprintf(&r->swap_dir, "%s/zrun-swap-rank%d", base, r->rank) < 0) {
+        r->swap_dir = NULL;
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    char owner[4200];
+    snprintf(owner, sizeof owner, "%s/owner", r->swap_dir);
+    if (mkdir(r->swap_dir, 0700) < 0) {
+        if (errno != EEXIST)
+            return zr_err_sys(errno, "%s: create", r->swap_dir);
+        long pid = 0;
+        FILE *f = fopen(owner, "r");
+        if (f) {
+            if (fscanf(f, "%ld", &pid) != 1)
+                pid = 0;
+            fclose(f);
+        }
+        if (pid > 0 && pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno == EPERM))
+            return zr_err_set(ZR_EEXIST, "%s is in use by a running process (pid %ld); give "
+                              "this run another --nvme-path", r->swap_dir, pid);
+        zr_log(ZR_LOG_WARN, "%s: stale swap directory of a run that did not finish%s%.0ld%s: "
+               "its files are removed", r->swap_dir, pid ? " (pid " : "", pid, pid ? ")" : "");
+        swap_dir_clean(r->swap_dir);
+    }
+    FILE *f = fopen(owner, "w");
+    if (!f || fprintf(f, "%ld\n", (long)getpid()) < 0 || fclose(f) != 0)
+        return zr_err_sys(errno, "%s: write", owner);
+    return 0;
+}
+
+static void swap_dir_release(run *r)
+{
+    if (!r->swap_dir)
+        return;
+    swap_dir_clean(r->swap_dir); /* scratch: the swap files went with the ZeRO state */
+    rmdir(r->swap_dir);
+    free(r->swap_dir);
+}
+
 static void free_run(run *r)
 {
     zr_model_free(r->model);
     zr_zero_free(r->zero); /* after the model: its comm thread may still hold lent buffers */
+    swap_dir_release(r);
     zr_comm_close(r->comm);
     zck_layout_free(r->L);
-    free(r->spans);
     free(r->tokens);
     free(r->inputs);
     free(r->targets);
@@ -670,7 +685,8 @@ int zr_train_dry_run(const zr_train_opts *o, int world, FILE *f)
             per_param[o->zero_stage][1]);
     fprintf(f, "  rank      params       grads   optimizer     buffers  activations  "
                "     total   formula\n");
-    zr_zero_opts zo = {o->zero_stage, o->prefetch};
+    zr_zero_opts zo = zero_opts(o);
+    zo.swap_dir = "(dry run)";
     for (int q = 0; q < world; q++) {
         zr_zero_bytes b;
         ZR_TRY_GOTO(zr_zero_plan(&b, L, world, q, &zo), rc, out);
@@ -729,8 +745,12 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
         lrc = zr_data_open(&r.data, o->data, r.cfg.vocab, r.T, o->seed);
     if (!lrc)
         lrc = zr_gpt2_layout(&r.L, &r.cfg);
+    if (!lrc && (o->offload_optimizer == ZR_OFFLOAD_NVME ||
+                 o->offload_params == ZR_OFFLOAD_NVME))
+        lrc = swap_dir_claim(&r);
     if (!lrc) {
-        zr_zero_opts zo = {o->zero_stage, o->prefetch};
+        zr_zero_opts zo = zero_opts(o);
+        zo.swap_dir = r.swap_dir;
         lrc = zr_zero_new(&r.zero, r.comm, r.L, &zo);
     }
     if (!lrc) {
@@ -746,8 +766,6 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
             !(r.targets = malloc((size_t)r.mb * r.T * sizeof *r.targets)))
             lrc = zr_err_set(ZR_ENOMEM, "out of memory");
     }
-    if (!lrc)
-        lrc = build_spans(&r);
     ZR_TRY_GOTO(agree(&r, lrc), rc, out);
     uint64_t total = zr_model_numel(r.model);
     if (rd) {
@@ -759,16 +777,10 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
                     zck_reader_world(rd), zck_reader_zero_stage(rd), now_s() - t0, r.W,
                     o->zero_stage, (unsigned long long)r.step,
                     (unsigned long long)r.next_sample);
-    } else
-        for (size_t g = 0; g < r.ng; g++) { /* each rank initializes what it holds */
-            uint64_t lo, n;
-            float *full = zr_zero_full_params(r.zero, g);
-            if (full)
-                zr_model_init_range(r.model, o->seed, g, 0, zck_layout_group_numel(r.L, g),
-                                    full);
-            else if (zr_zero_opt_range(r.zero, g, &lo, &n), n)
-                zr_model_init_range(r.model, o->seed, g, lo, n, zr_zero_param(r.zero, g));
-        }
+    } else { /* each rank initializes what it holds */
+        init_ctx ic = {r.model, o->seed};
+        ZR_TRY_GOTO(agree(&r, zr_zero_init_params(r.zero, init_fill, &ic)), rc, out);
+    }
     lrc = 0;
     if (o->log_json && r.rank == 0) {
         make_parent_dirs(o->log_json); /* fopen says what is wrong if this was not enough */

@@ -16,6 +16,12 @@
 #define QCAP 256           /* comm ops queued at most (the issuer waits for room) */
 #define GRAD_SLOTS 3       /* stage 2-3: gradient buffers of ordinary groups */
 #define BIG_ARRAY (4u << 20) /* arrays from this many bytes up are 2 MiB aligned, THP advised */
+#define SWAP_GRAIN 1024u     /* floats: 4 KiB, the swap files' alignment */
+
+static uint64_t grain_up(uint64_t floats)
+{
+    return (floats + SWAP_GRAIN - 1) / SWAP_GRAIN * SWAP_GRAIN;
+}
 
 typedef struct {
     uint64_t numel, P, full; /* full = W P */
@@ -54,7 +60,17 @@ struct zr_zero {
     size_t ng;
     grp *G;
     uint64_t sum_full, sum_P, slot; /* slot: elements of an ordinary gather/grad buffer */
+    const zck_layout *L;
     float *fullp, *fullg, *ownp, *owng, *m, *v;
+    /* offload to NVMe */
+    int off_opt, off_par;
+    zck_swap *osw, *psw;      /* exp_avg region then exp_avg_sq region; param partitions */
+    uint64_t *soff, *poff;    /* per group, float offsets inside a region */
+    uint64_t oreg, preg;      /* floats per region */
+    size_t chunk;             /* floats per staging chunk (multiple of SWAP_GRAIN) */
+    unsigned nbufs, aio_depth;
+    float *cbuf, *gstage;     /* nbufs x 3 chunks; one partition for offloaded gathers */
+    size_t bytes_cbuf, bytes_gstage;
     size_t bytes_fullp, bytes_fullg, bytes_ownp, bytes_owng, bytes_mv;
     float **pslots, **gslots; /* free lists (stack) */
     size_t n_pslots, n_gslots, pfree, gfree;
@@ -90,9 +106,9 @@ static void *alloc_array(size_t *bytes)
 #ifdef MADV_HUGEPAGE
         madvise(p, n, MADV_HUGEPAGE);
 #endif
-    } else {
+    } else { /* 4 KiB aligned: staging chunks go straight to O_DIRECT swap files */
         n = (n + 63) & ~(size_t)63;
-        if (posix_memalign(&p, 64, n))
+        if (posix_memalign(&p, 4096, n))
             return NULL;
     }
     memset(p, 0, n);
@@ -127,6 +143,19 @@ static int size_groups(zr_zero *z, const zck_layout *L)
             z->slot = z->G[g].full;
     for (size_t g = 0; g < z->ng; g++)
         z->G[g].big = z->G[g].full > z->slot;
+    /* swap regions: each group's opt range (param partition) from a 4 KiB boundary */
+    if (z->off_opt || z->off_par) {
+        if (!(z->soff = calloc(z->ng + 1, sizeof *z->soff)) ||
+            !(z->poff = calloc(z->ng + 1, sizeof *z->poff)))
+            return zr_err_set(ZR_ENOMEM, "out of memory");
+        for (size_t g = 0; g < z->ng; g++) {
+            const grp *p = &z->G[g];
+            z->soff[g + 1] = z->soff[g] + grain_up(z->stage == 0 ? p->numel : p->P);
+            z->poff[g + 1] = z->poff[g] + grain_up(p->P);
+        }
+        z->oreg = z->soff[z->ng];
+        z->preg = z->poff[z->ng];
+    }
     return 0;
 }
 
@@ -154,6 +183,46 @@ static void account(const zr_zero *z, zr_zero_bytes *out)
         if (z->G[g].big)
             big += (s >= 2 ? z->G[g].full : 0) + (s == 3 ? z->G[g].full : 0);
     out->buffers = (slots ? round_bytes(slots) : 0) + big * sizeof(float);
+    if (z->off_opt) {
+        out->optimizer = 0;
+        out->nvme += 2 * z->oreg * sizeof(float);
+    }
+    if (z->off_par) {
+        out->params = 0;
+        out->nvme += z->preg * sizeof(float);
+        uint64_t maxP = 0;
+        for (size_t g = 0; g < z->ng; g++)
+            maxP = z->G[g].P > maxP ? z->G[g].P : maxP;
+        out->buffers += round_bytes(grain_up(maxP));
+    }
+    if (z->off_opt || z->off_par)
+        out->buffers += round_bytes((uint64_t)z->nbufs * 3 * z->chunk);
+}
+
+/* The offload settings into z (before sizing). */
+static int offload_setup(zr_zero *z, const zr_zero_opts *o)
+{
+    z->off_opt = o->offload_optimizer;
+    z->off_par = o->offload_params;
+    if (z->off_par && o->stage != 3)
+        return zr_err_set(ZR_EINVAL, "--offload-params nvme needs --zero 3 (at stages 0-2 "
+                          "every rank holds all parameters)");
+    if (!z->off_opt && !z->off_par)
+        return 0;
+    if (!o->swap_dir || !o->swap_dir[0])
+        return zr_err_set(ZR_EINVAL, "offload to nvme needs --nvme-path DIR");
+    if (o->aio_block < 4096 || o->aio_block % 4096 || o->aio_block > ((size_t)256 << 20))
+        return zr_err_set(ZR_EINVAL, "--aio-block-size %zu: expected a multiple of 4096 up to "
+                          "256 MiB", o->aio_block);
+    if (o->aio_depth < 1 || o->aio_depth > 1024)
+        return zr_err_set(ZR_EINVAL, "--aio-queue-depth %u: expected 1..1024", o->aio_depth);
+    if (o->buffers < 2 || o->buffers > 64)
+        return zr_err_set(ZR_EINVAL, "--offload-buffers %u: expected 2..64 (double buffering "
+                          "at least)", o->buffers);
+    z->chunk = o->aio_block / sizeof(float);
+    z->nbufs = o->buffers;
+    z->aio_depth = o->aio_depth;
+    return 0;
 }
 
 int zr_zero_plan(zr_zero_bytes *out, const zck_layout *L, int world, int rank,
@@ -164,11 +233,16 @@ int zr_zero_plan(zr_zero_bytes *out, const zck_layout *L, int world, int rank,
     z.W = world;
     z.rank = rank;
     z.stage = o->stage;
-    z.prefetch = o->prefetch;
-    ZR_TRY(size_groups(&z, L));
-    account(&z, out);
+    z.prefetch = o->stage == 3 ? o->prefetch : 0;
+    int rc = offload_setup(&z, o);
+    if (!rc)
+        rc = size_groups(&z, L);
+    if (!rc)
+        account(&z, out);
     free(z.G);
-    return 0;
+    free(z.soff);
+    free(z.poff);
+    return rc;
 }
 
 void zr_zero_mem(const zr_zero *z, zr_zero_bytes *out)
@@ -178,7 +252,11 @@ void zr_zero_mem(const zr_zero *z, zr_zero_bytes *out)
     out->params = s < 3 ? z->bytes_fullp : z->bytes_ownp;
     out->grads = s < 2 ? z->bytes_fullg : z->bytes_owng;
     out->optimizer = z->bytes_mv;
-    out->buffers = z->bytes_slots + z->bytes_big;
+    out->buffers = z->bytes_slots + z->bytes_big + z->bytes_cbuf + z->bytes_gstage;
+    if (z->osw)
+        out->nvme += zck_swap_size(z->osw);
+    if (z->psw)
+        out->nvme += zck_swap_size(z->psw);
 }
 
 /* ---------------------------------------------------------------- the comm thread */
@@ -190,7 +268,15 @@ static int run_op(zr_zero *z, op *o)
     switch (o->kind) {
     case OP_GATHER: {
         const grp *p = &z->G[o->g];
-        rc = zr_comm_all_gather(c, z->ownp + p->ooff, o->buf, p->P, sizeof(float));
+        const float *mine = z->ownp ? z->ownp + p->ooff : z->gstage;
+        uint64_t t;
+        if (!z->ownp) /* offloaded: the partition comes from its swap file first */
+            rc = zck_swap_read(z->psw, z->gstage, grain_up(p->P) * sizeof(float),
+                               z->poff[o->g] * sizeof(float), &t);
+        if (!rc && !z->ownp)
+            rc = zck_swap_wait(z->psw, t);
+        if (!rc)
+            rc = zr_comm_all_gather(c, mine, o->buf, p->P, sizeof(float));
         break;
     }
     case OP_RS_GRAD: {
@@ -319,6 +405,22 @@ static int drain(zr_zero *z)
 
 /* ---------------------------------------------------------------- construction */
 
+static int open_swaps(zr_zero *z, const char *dir)
+{
+    char path[4096];
+    if (z->off_opt) {
+        snprintf(path, sizeof path, "%s/optimizer.swap", dir);
+        ZR_TRY(zck_swap_open(&z->osw, path, 2 * z->oreg * sizeof(float), z->aio_depth,
+                             z->chunk * sizeof(float)));
+    }
+    if (z->off_par) {
+        snprintf(path, sizeof path, "%s/params.swap", dir);
+        ZR_TRY(zck_swap_open(&z->psw, path, z->preg * sizeof(float), z->aio_depth,
+                             z->chunk * sizeof(float)));
+    }
+    return 0;
+}
+
 int zr_zero_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts *o)
 {
     *out = NULL;
@@ -331,10 +433,13 @@ int zr_zero_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const zr_zero
     z->rank = zr_comm_rank(comm);
     z->W = zr_comm_world(comm);
     z->stage = o->stage;
+    z->L = L;
     z->prefetch = o->stage == 3 ? o->prefetch : 0;
     pthread_mutex_init(&z->mu, NULL);
     pthread_cond_init(&z->cv, NULL);
-    int rc = size_groups(z, L);
+    int rc = offload_setup(z, o);
+    if (!rc)
+        rc = size_groups(z, L);
     if (rc) {
         zr_zero_free(z);
         return rc;
@@ -347,17 +452,27 @@ int zr_zero_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const zr_zero
     } while (0)
     if (s < 3)
         ARR(fullp, z->sum_full, bytes_fullp);
-    else
+    else if (!z->off_par)
         ARR(ownp, z->sum_P, bytes_ownp);
     if (s < 2)
         ARR(fullg, z->sum_full, bytes_fullg);
     else
         ARR(owng, z->sum_P, bytes_owng);
-    size_t mvb = 0;
-    ARR(m, s == 0 ? z->sum_full : z->sum_P, bytes_mv);
-    mvb = z->bytes_mv;
-    ARR(v, s == 0 ? z->sum_full : z->sum_P, bytes_mv);
-    z->bytes_mv += mvb;
+    if (!z->off_opt) {
+        size_t mvb = 0;
+        ARR(m, s == 0 ? z->sum_full : z->sum_P, bytes_mv);
+        mvb = z->bytes_mv;
+        ARR(v, s == 0 ? z->sum_full : z->sum_P, bytes_mv);
+        z->bytes_mv += mvb;
+    }
+    if (z->off_opt || z->off_par)
+        ARR(cbuf, (size_t)z->nbufs * 3 * z->chunk, bytes_cbuf);
+    if (z->off_par) {
+        uint64_t maxP = 0;
+        for (size_t g = 0; g < z->ng; g++)
+            maxP = z->G[g].P > maxP ? z->G[g].P : maxP;
+        ARR(gstage, grain_up(maxP), bytes_gstage);
+    }
 #undef ARR
     if (ok && s >= 2) {
         z->n_gslots = GRAD_SLOTS;
@@ -388,6 +503,10 @@ int zr_zero_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const zr_zero
         return zr_err_set(ZR_ENOMEM, "out of memory for the ZeRO stage %d states of %llu "
                           "parameters on rank %d of %d", s, (unsigned long long)z->sum_full,
                           z->rank, z->W);
+    }
+    if ((rc = open_swaps(z, o->swap_dir))) {
+        zr_zero_free(z);
+        return rc;
     }
     if ((rc = pthread_create(&z->th, NULL, comm_main, z))) {
         zr_zero_free(z);
@@ -424,6 +543,12 @@ void zr_zero_free(zr_zero *z)
     free(z->pslots);
     free(z->gslots);
     free(z->sched);
+    zck_swap_close(z->osw, 1); /* scratch: removed */
+    zck_swap_close(z->psw, 1);
+    free(z->soff);
+    free(z->poff);
+    free(z->cbuf);
+    free(z->gstage);
     pthread_mutex_destroy(&z->mu);
     pthread_cond_destroy(&z->cv);
     free(z);
@@ -473,6 +598,8 @@ void zr_zero_opt_range(const zr_zero *z, size_t g, uint64_t *lo, uint64_t *n)
 float *zr_zero_param(zr_zero *z, size_t g)
 {
     const grp *p = &z->G[g];
+    if (z->off_par)
+        return NULL;
     if (z->stage == 0)
         return z->fullp + p->foff;
     return z->stage < 3 ? z->fullp + p->foff + p->lo : z->ownp + p->ooff;
@@ -488,11 +615,15 @@ float *zr_zero_grad(zr_zero *z, size_t g)
 
 float *zr_zero_exp_avg(zr_zero *z, size_t g)
 {
+    if (z->off_opt)
+        return NULL;
     return z->m + (z->stage == 0 ? z->G[g].foff : z->G[g].ooff);
 }
 
 float *zr_zero_exp_avg_sq(zr_zero *z, size_t g)
 {
+    if (z->off_opt)
+        return NULL;
     return z->v + (z->stage == 0 ? z->G[g].foff : z->G[g].ooff);
 }
 
@@ -764,4 +895,294 @@ int zr_zero_gather_f64(zr_zero *z, const double *mine, size_t n, double *all)
 int zr_zero_broadcast(zr_zero *z, void *buf, size_t bytes, int root)
 {
     return run_sync(z, (op){.kind = OP_BCAST, .recv = buf, .n = bytes, .root = root});
+}
+
+/* ---------------------------------------------------------------- states, offloaded or not */
+
+int zr_zero_offloaded(const zr_zero *z) { return z->off_opt || z->off_par; }
+
+int zr_zero_check_swap(zr_zero *z)
+{
+    if (z->osw)
+        ZR_TRY(zck_swap_check(z->osw));
+    if (z->psw)
+        ZR_TRY(zck_swap_check(z->psw));
+    return 0;
+}
+
+/* Where state s (0 param, 1 exp_avg, 2 exp_avg_sq) of group g lives: in memory (element `lo`
+ * of the opt range at *mem), or in a swap file (element lo at float *off of *sw). */
+static void locate(zr_zero *z, size_t g, int s, float **mem, zck_swap **sw, uint64_t *off)
+{
+    *mem = NULL;
+    *sw = NULL;
+    *off = 0;
+    if (s == 0 && z->off_par) {
+        *sw = z->psw;
+        *off = z->poff[g];
+    } else if (s > 0 && z->off_opt) {
+        *sw = z->osw;
+        *off = (s == 2 ? z->oreg : 0) + z->soff[g];
+    } else
+        *mem = s == 0 ? zr_zero_param(z, g) : s == 1 ? zr_zero_exp_avg(z, g)
+                                                     : zr_zero_exp_avg_sq(z, g);
+}
+
+int zr_zero_init_params(zr_zero *z, zr_zero_fill_fn fill, void *ctx)
+{
+    for (size_t g = 0; g < z->ng; g++) {
+        uint64_t lo, n;
+        float *full = zr_zero_full_params(z, g);
+        if (full) {
+            fill(ctx, g, 0, z->G[g].numel, full);
+            continue;
+        }
+        zr_zero_opt_range(z, g, &lo, &n);
+        if (!z->off_par) {
+            if (n)
+                fill(ctx, g, lo, n, zr_zero_param(z, g));
+            continue;
+        }
+        /* chunk by chunk into the swap file, two staging chunks in turn */
+        uint64_t t[2] = {0, 0};
+        for (uint64_t off = 0, k = 0; off < n; off += z->chunk, k++) {
+            float *b = z->cbuf + (k % 2) * z->chunk;
+            uint64_t cnt = n - off < z->chunk ? n - off : z->chunk;
+            ZR_TRY(zck_swap_wait(z->psw, t[k % 2]));
+            memset(b, 0, grain_up(cnt) * sizeof(float));
+            fill(ctx, g, lo + off, cnt, b);
+            ZR_TRY(zck_swap_write(z->psw, b, grain_up(cnt) * sizeof(float),
+                                  (z->poff[g] + off) * sizeof(float), &t[k % 2]));
+        }
+        ZR_TRY(zck_swap_wait(z->psw, t[0] > t[1] ? t[0] : t[1]));
+    }
+    return 0;
+}
+
+int zr_zero_load(zr_zero *z, zck_reader *rd, int verify, unsigned jobs)
+{
+    const zck_layout *L = zck_reader_layout(rd);
+    size_t st[3];
+    static const char *names[3] = {"param", "exp_avg", "exp_avg_sq"};
+    for (int s = 0; s < 3; s++)
+        if (zck_layout_find_state(L, &st[s], names[s]) < 0)
+            return zr_err_set(ZR_EINVAL, "%s: no state '%s'", zck_reader_path(rd), names[s]);
+    /* what lives in memory: one read (hashing every touched file when asked) */
+    zck_read_req *q = calloc(3 * z->ng, sizeof *q);
+    if (!q)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    size_t nq = 0;
+    for (size_t g = 0; g < z->ng; g++) {
+        uint64_t lo, n;
+        float *full = zr_zero_full_params(z, g);
+        if (full) /* stages 0-2 hold every parameter */
+            q[nq++] = (zck_read_req){g, st[0], 0, z->G[g].numel, full};
+        zr_zero_opt_range(z, g, &lo, &n);
+        for (int s = full ? 1 : 0; s < 3 && n; s++) {
+            float *mem;
+            zck_swap *sw;
+            uint64_t off;
+            locate(z, g, s, &mem, &sw, &off);
+            if (mem)
+                q[nq++] = (zck_read_req){g, st[s], lo, n, mem};
+        }
+    }
+    zck_read_opts ro = ZCK_READ_OPTS_INIT;
+    ro.verify = verify;
+    ro.jobs = jobs ? jobs : 1;
+    int rc = zck_reader_read(rd, q, nq, &ro);
+    free(q);
+    if (rc)
+        return rc;
+    /* what lives in swap files: chunk by chunk, checkpoint -> staging -> swap */
+    for (size_t g = 0; g < z->ng; g++) {
+        uint64_t lo, n;
+        zr_zero_opt_range(z, g, &lo, &n);
+        for (int s = 0; s < 3 && n; s++) {
+            float *mem;
+            zck_swap *sw;
+            uint64_t base;
+            locate(z, g, s, &mem, &sw, &base);
+            if (!sw)
+                continue;
+            uint64_t t[2] = {0, 0};
+            for (uint64_t off = 0, k = 0; off < n; off += z->chunk, k++) {
+                float *b = z->cbuf + (k % 2) * z->chunk;
+                uint64_t cnt = n - off < z->chunk ? n - off : z->chunk;
+                ZR_TRY(zck_swap_wait(sw, t[k % 2]));
+                memset(b + cnt, 0, (grain_up(cnt) - cnt) * sizeof(float));
+                ZR_TRY(zck_reader_read_range(rd, g, st[s], lo + off, cnt, b));
+                ZR_TRY(zck_swap_write(sw, b, grain_up(cnt) * sizeof(float),
+                                      (base + off) * sizeof(float), &t[k % 2]));
+            }
+            ZR_TRY(zck_swap_wait(sw, t[0] > t[1] ? t[0] : t[1]));
+        }
+    }
+    return 0;
+}
+
+int zr_zero_save(zr_zero *z, zck_writer *w)
+{
+    for (size_t g = 0; g < z->ng; g++) {
+        uint64_t plo, pn, olo, on;
+        zr_zero_part_range(z, g, &plo, &pn);
+        zr_zero_opt_range(z, g, &olo, &on);
+        if (!pn)
+            continue;
+        for (int s = 0; s < 3; s++) {
+            float *mem;
+            zck_swap *sw;
+            uint64_t base;
+            locate(z, g, s, &mem, &sw, &base);
+            if (mem) {
+                ZR_TRY(zck_writer_put(w, g, (size_t)s, plo, pn, mem + (plo - olo)));
+                continue;
+            }
+            /* straight from the swap file: aligned windows, the next one read while the
+             * writer takes the current one */
+            ZR_TRY(zck_writer_begin(w, g, (size_t)s, plo, pn));
+            uint64_t first = base + (plo - olo), a = first / SWAP_GRAIN * SWAP_GRAIN;
+            uint64_t end = first + pn, t[2] = {0, 0}, k = 0;
+            size_t win = z->chunk;
+            uint64_t at = a;
+            ZR_TRY(zck_swap_read(sw, z->cbuf, grain_up((end - at < win ? end - at : win)) *
+                                 sizeof(float), at * sizeof(float), &t[0]));
+            for (; at < end; at += win, k++) {
+                uint64_t next = at + win;
+                if (next < end)
+                    ZR_TRY(zck_swap_read(sw, z->cbuf + ((k + 1) % 2) * z->chunk,
+                                         grain_up(end - next < win ? end - next : win) *
+                                             sizeof(float),
+                                         next * sizeof(float), &t[(k + 1) % 2]));
+                ZR_TRY(zck_swap_wait(sw, t[k % 2]));
+                const float *b = z->cbuf + (k % 2) * z->chunk;
+                uint64_t from = at < first ? first : at, to = next < end ? next : end;
+                ZR_TRY(zck_writer_write(w, b + (from - at), (to - from) * sizeof(float)));
+            }
+        }
+    }
+    return 0;
+}
+
+/* AdamW over elements [a0, a0+cnt) of group g's opt range: p, m, v point at element a0. */
+static void adamw_range(zr_zero *z, size_t g, uint64_t a0, uint64_t cnt, float *p, float *m,
+                        float *v, uint64_t t, float lr, float clip, const zr_adamw_hp *hp)
+{
+    uint64_t lo, n;
+    zr_zero_opt_range(z, g, &lo, &n);
+    const float *grad = zr_zero_grad(z, g) + (a0 - lo);
+    for (size_t k = 0; k < zck_layout_group_n_tensors(z->L, g); k++) {
+        zck_tensor_info ti;
+        zck_layout_tensor(z->L, g, k, &ti);
+        uint64_t a = ti.offset > a0 ? ti.offset : a0;
+        uint64_t b = ti.offset + ti.numel < a0 + cnt ? ti.offset + ti.numel : a0 + cnt;
+        if (a >= b)
+            continue;
+        size_t at = (size_t)(a - a0);
+        zr_adamw_update(p + at, grad + at, m + at, v + at, (size_t)(b - a), t, lr, clip,
+                        ti.ndim >= 2, hp);
+    }
+}
+
+typedef struct {
+    size_t g;
+    uint64_t off, cnt; /* within the group's opt range */
+} chunk_t;
+
+int zr_zero_adamw(zr_zero *z, uint64_t t, float lr, float clip, const zr_adamw_hp *hp)
+{
+    if (!z->off_opt && !z->off_par) {
+        for (size_t g = 0; g < z->ng; g++) {
+            uint64_t lo, n;
+            zr_zero_opt_range(z, g, &lo, &n);
+            if (n)
+                adamw_range(z, g, lo, n, zr_zero_param(z, g), zr_zero_exp_avg(z, g),
+                            zr_zero_exp_avg_sq(z, g), t, lr, clip, hp);
+        }
+        return 0;
+    }
+    /* streamed: every chunk of every group in one pipeline over the staging sets; chunk k
+     * uses set k mod nbufs, read nbufs-1 chunks ahead, written back right after its update */
+    size_t nc = 0, cap = 0;
+    chunk_t *c = NULL;
+    for (size_t g = 0; g < z->ng; g++) {
+        uint64_t lo, n;
+        zr_zero_opt_range(z, g, &lo, &n);
+        for (uint64_t off = 0; off < n; off += z->chunk) {
+            if (nc == cap) {
+                cap = cap ? 2 * cap : 64;
+                chunk_t *nc2 = realloc(c, cap * sizeof *c);
+                if (!nc2) {
+                    free(c);
+                    return zr_err_set(ZR_ENOMEM, "out of memory");
+                }
+                c = nc2;
+            }
+            c[nc++] = (chunk_t){g, off, n - off < z->chunk ? n - off : z->chunk};
+        }
+    }
+    /* tickets per (staging set, file): index 2 set + (0 params, 1 optimizer) */
+    uint64_t *rt = calloc(4 * (size_t)z->nbufs, sizeof *rt), *wt = rt ? rt + 2 * z->nbufs : NULL;
+    int rc = rt ? 0 : zr_err_set(ZR_ENOMEM, "out of memory");
+    /* the swap file and staging slot of state s (1 m, 2 v, 0 p) of chunk i */
+#define SLOT(i, s) (z->cbuf + ((size_t)((i) % z->nbufs) * 3 + (s)) * z->chunk)
+    size_t ahead = 0;
+    for (size_t i = 0; i < nc && !rc; i++) {
+        /* keep the reads nbufs-1 chunks ahead */
+        for (; !rc && ahead < nc && ahead < i + z->nbufs; ahead++) {
+            size_t set = ahead % z->nbufs;
+            for (int f = 0; f < 2 && !rc; f++) { /* the set's last write-back first */
+                zck_swap *sw = f == 0 ? z->psw : z->osw;
+                if (sw && wt[2 * set + f])
+                    rc = zck_swap_wait(sw, wt[2 * set + f]);
+            }
+            for (int s = 0; s < 3 && !rc; s++) {
+                float *mem;
+                zck_swap *sw;
+                uint64_t base;
+                locate(z, c[ahead].g, s, &mem, &sw, &base);
+                if (sw)
+                    rc = zck_swap_read(sw, SLOT(ahead, s),
+                                       grain_up(c[ahead].cnt) * sizeof(float),
+                                       (base + c[ahead].off) * sizeof(float),
+                                       &rt[2 * set + (s > 0)]);
+            }
+        }
+        if (rc)
+            break;
+        size_t set = i % z->nbufs, g = c[i].g;
+        uint64_t lo, n;
+        zr_zero_opt_range(z, g, &lo, &n);
+        float *ptr[3];
+        for (int s = 0; s < 3 && !rc; s++) {
+            float *mem;
+            zck_swap *sw;
+            uint64_t base;
+            locate(z, g, s, &mem, &sw, &base);
+            ptr[s] = mem ? mem + c[i].off : SLOT(i, s);
+            if (sw)
+                rc = zck_swap_wait(sw, rt[2 * set + (s > 0)]);
+        }
+        if (rc)
+            break;
+        adamw_range(z, g, lo + c[i].off, c[i].cnt, ptr[0], ptr[1], ptr[2], t, lr, clip, hp);
+        for (int s = 0; s < 3 && !rc; s++) {
+            float *mem;
+            zck_swap *sw;
+            uint64_t base;
+            locate(z, g, s, &mem, &sw, &base);
+            if (sw)
+                rc = zck_swap_write(sw, SLOT(i, s), grain_up(c[i].cnt) * sizeof(float),
+                                    (base + c[i].off) * sizeof(float), &wt[2 * set + (s > 0)]);
+        }
+    }
+#undef SLOT
+    for (int s = 0; s < 2 && !rc; s++) { /* everything written back */
+        zck_swap *sw = s ? z->osw : z->psw;
+        if (sw)
+            rc = zck_swap_wait(sw, UINT64_MAX);
+    }
+    free(rt);
+    free(c);
+    return rc;
 }

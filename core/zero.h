@@ -35,7 +35,16 @@ typedef struct zr_zero zr_zero;
 typedef struct {
     int stage;         /* 0..3 */
     unsigned prefetch; /* stage 3: gathers in flight ahead of use (0: none) */
+    /* Offload to NVMe (ZeRO-Infinity): exp_avg and exp_avg_sq of the opt ranges, and at stage
+     * 3 the parameter partitions, live in swap files in swap_dir (zck_swap), streamed in
+     * chunks of aio_block bytes through `buffers` staging sets, aio_depth requests in flight.
+     * (The CPU device keeps everything in host memory already: "cpu" is "none" here.) */
+    int offload_optimizer, offload_params; /* 1: on NVMe */
+    const char *swap_dir;
+    unsigned aio_depth, buffers;
+    size_t aio_block;
 } zr_zero_opts;
+#define ZR_ZERO_OPTS_INIT {0, 2, 0, 0, NULL, 8, 4, (size_t)1 << 20}
 
 /* Storage for the groups of L (its "param" state's sizes) on comm's rank. */
 int zr_zero_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts *o);
@@ -51,14 +60,34 @@ void zr_zero_attach(zr_zero *z, const zr_model *m, unsigned n_micro);
  * part [lo, lo+n): its partition (written to checkpoints; may be empty). */
 void zr_zero_opt_range(const zr_zero *z, size_t g, uint64_t *lo, uint64_t *n);
 void zr_zero_part_range(const zr_zero *z, size_t g, uint64_t *lo, uint64_t *n);
-/* Pointers to element `lo` of the opt range (of param, grad, exp_avg, exp_avg_sq). At stage 0
- * the part range lies inside, at offset part_lo - opt_lo = part_lo. */
+/* Pointers to element `lo` of the opt range (of param, grad, exp_avg, exp_avg_sq); NULL for a
+ * state offloaded to NVMe. At stage 0 the part range lies inside, at offset part_lo. */
 float *zr_zero_param(zr_zero *z, size_t g);
 float *zr_zero_grad(zr_zero *z, size_t g);
 float *zr_zero_exp_avg(zr_zero *z, size_t g);
 float *zr_zero_exp_avg_sq(zr_zero *z, size_t g);
-/* Whole parameters of group g at stages 0-2 (NULL at stage 3): loads and init fill them. */
+/* Whole parameters of group g at stages 0-2 (NULL at stage 3). */
 float *zr_zero_full_params(zr_zero *z, size_t g);
+
+/* Fill this rank's parameters (whole groups at stages 0-2, its partitions at 3) with
+ * fill(ctx, g, off, n, dst): elements [off, off+n) of group g into dst. */
+typedef void (*zr_zero_fill_fn)(void *ctx, size_t g, uint64_t off, uint64_t n, float *dst);
+int zr_zero_init_params(zr_zero *z, zr_zero_fill_fn fill, void *ctx);
+/* Read this rank's states from a checkpoint (layout checked by the caller): params (whole or
+ * its partitions), exp_avg and exp_avg_sq of its opt ranges. With verify, every file the read
+ * touches is hashed in the same pass (one rank, nothing offloaded); without, the caller has
+ * verified the checkpoint. */
+int zr_zero_load(zr_zero *z, zck_reader *rd, int verify, unsigned jobs);
+/* Write this rank's partition of param, exp_avg, exp_avg_sq of every group (states 0, 1, 2 of
+ * the writer's layout), from memory or straight from the swap files. */
+int zr_zero_save(zr_zero *z, zck_writer *w);
+/* AdamW on this rank's opt ranges (zr_adamw_update per tensor part; decay on tensors of two
+ * or more dimensions), gradients scaled by clip, 1-based step t; offloaded states stream
+ * through the staging sets, reads ahead and write-backs overlapping the update. */
+int zr_zero_adamw(zr_zero *z, uint64_t t, float lr, float clip, const zr_adamw_hp *hp);
+/* Swap files still whole (zck_swap_check); a no-op without offload. */
+int zr_zero_check_swap(zr_zero *z);
+int zr_zero_offloaded(const zr_zero *z);
 
 /* Step protocol: begin (zero the gradients, reset the schedule), the micro-batches' forward
  * and backward through the hooks, reduce (gradients complete and summed over ranks in this
@@ -76,7 +105,8 @@ int zr_zero_broadcast(zr_zero *z, void *buf, size_t bytes, int root);
 /* Bytes this rank holds, by category: model states (params, grads, optimizer) and bounded
  * buffers (gather / bucket slots). */
 typedef struct {
-    uint64_t params, grads, optimizer, buffers;
+    uint64_t params, grads, optimizer, buffers; /* host memory */
+    uint64_t nvme;                              /* in swap files */
 } zr_zero_bytes;
 void zr_zero_mem(const zr_zero *z, zr_zero_bytes *out);
 /* The same figures computed without allocating (zrun --dry-run). */
