@@ -567,19 +567,21 @@ static void swap_dir_clean(const char *dir)
 static int swap_dir_claim(run *r)
 {
     const char *base = r->o->nvme_path;
+    char *dir = NULL;
     if (!base || !base[0])
         return zr_err_set(ZR_EINVAL, "offload to nvme needs --nvme-path DIR");
     if (mkdir(base, 0777) < 0 && errno != EEXIST)
         return zr_err_sys(errno, "--nvme-path %s: create", base);
-    if (asprintf(&r->swap_dir, "%s/zrun-swap-rank%d", base, r->rank) < 0) {
-        r->swap_dir = NULL;
+    if (asprintf(&dir, "%s/zrun-swap-rank%d", base, r->rank) < 0)
         return zr_err_set(ZR_ENOMEM, "out of memory");
-    }
     char owner[4200];
-    snprintf(owner, sizeof owner, "%s/owner", r->swap_dir);
-    if (mkdir(r->swap_dir, 0700) < 0) {
-        if (errno != EEXIST)
-            return zr_err_sys(errno, "%s: create", r->swap_dir);
+    snprintf(owner, sizeof owner, "%s/owner", dir);
+    int rc = 0;
+    if (mkdir(dir, 0700) < 0) {
+        if (errno != EEXIST) {
+            rc = zr_err_sys(errno, "%s: create", dir);
+            goto out;
+        }
         long pid = 0;
         FILE *f = fopen(owner, "r");
         if (f) {
@@ -587,17 +589,24 @@ static int swap_dir_claim(run *r)
                 pid = 0;
             fclose(f);
         }
-        if (pid > 0 && pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno == EPERM))
-            return zr_err_set(ZR_EEXIST, "%s is in use by a running process (pid %ld); give "
-                              "this run another --nvme-path", r->swap_dir, pid);
+        if (pid > 0 && pid != (long)getpid() &&
+            (kill((pid_t)pid, 0) == 0 || errno == EPERM)) {
+            rc = zr_err_set(ZR_EEXIST, "%s is in use by a running process (pid %ld); give "
+                            "this run another --nvme-path", dir, pid);
+            goto out; /* not ours: left alone */
+        }
         zr_log(ZR_LOG_WARN, "%s: stale swap directory of a run that did not finish%s%.0ld%s: "
-               "its files are removed", r->swap_dir, pid ? " (pid " : "", pid, pid ? ")" : "");
-        swap_dir_clean(r->swap_dir);
+               "its files are removed", dir, pid ? " (pid " : "", pid, pid ? ")" : "");
+        swap_dir_clean(dir);
     }
+    r->swap_dir = dir; /* ours from here: removed at the end */
+    dir = NULL;
     FILE *f = fopen(owner, "w");
     if (!f || fprintf(f, "%ld\n", (long)getpid()) < 0 || fclose(f) != 0)
-        return zr_err_sys(errno, "%s: write", owner);
-    return 0;
+        rc = zr_err_sys(errno, "%s: write", owner);
+out:
+    free(dir);
+    return rc;
 }
 
 static void swap_dir_release(run *r)

@@ -1,0 +1,284 @@
+/*
+ * test_offload.c: offload to NVMe through the real zrun (swap files on this machine's disk):
+ * byte-identical training with and without offload (optimizer only; optimizer and parameters)
+ * at W=1 and W=2, stages 1 and 3; peak RSS clearly lower with everything offloaded; a swap
+ * file deleted or truncated mid-run, and a swap path on a full filesystem, stop the run with a
+ * message naming the file and leave `latest` sound; save and resume with offload on, resuming
+ * without it and the reverse; a crashed run's swap directory is cleaned, a live one refused.
+ */
+#include "ckutil.h"
+#include "zr.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#define MODEL "gpt2:layers=2,heads=2,dim=64,ctx=32,vocab=256"
+/* small chunks, so that even this model streams through many of them */
+#define NVME "--nvme-path swap --aio-block-size 8192 --offload-buffers 3 --aio-queue-depth 4"
+
+static const char *zrun_path(void)
+{
+    const char *z = getenv("ZT_ZRUN");
+    if (!z)
+        ZT_SKIP("ZT_ZRUN is not set (run through make test)");
+    return z;
+}
+
+static char *slurp(const char *path)
+{
+    char *t = NULL;
+    if (zck__read_small_for_tests(&t, path) != 0)
+        ZT_FAIL("cannot read %s", path);
+    return t;
+}
+
+/* zrun with args, output to log; returns the exit status (shell convention) */
+static int zrun(const char *args, const char *log)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s %s > %s 2>&1", zrun_path(), args, log);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void zrun_ok(const char *args, const char *log)
+{
+    if (zrun(args, log) != 0) {
+        char *t = slurp(log);
+        ZT_FAIL("zrun %s failed:\n%s", args, t);
+    }
+}
+
+static void same_checkpoints(const char *a, const char *b)
+{
+    char *pa, *pb;
+    ZT_OK(zck_latest(&pa, a));
+    ZT_OK(zck_latest(&pb, b));
+    zck_diff *d;
+    ZT_OK(zck_diff_run(&d, pa, pb, NULL)); /* exact */
+    if (!d->all_match)
+        ZT_FAIL("%s and %s differ", pa, pb);
+    zck_diff_free(d);
+    free(pa);
+    free(pb);
+}
+
+static void same_file(const char *a, const char *b)
+{
+    char *ta = slurp(a), *tb = slurp(b);
+    if (strcmp(ta, tb))
+        ZT_FAIL("%s and %s differ", a, b);
+    free(ta);
+    free(tb);
+}
+
+/* the step log without the timing and memory fields: loss, lr, norm per step */
+static void losses_only(const char *jsonl, const char *out)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "sed 's/,\"tokens_per_s.*//' %s > %s", jsonl, out);
+    ZT_CHECK(system(cmd) == 0);
+}
+
+ZT_TEST(offload_is_byte_identical)
+{
+    static const struct {
+        int W, stage;
+        const char *what;
+    } c[] = {{1, 1, "--offload-optimizer nvme"}, {2, 1, "--offload-optimizer nvme"},
+             {1, 3, "--offload-optimizer nvme"}, {2, 3, "--offload-optimizer nvme"},
+             {1, 3, "--offload-optimizer nvme --offload-params nvme"},
+             {2, 3, "--offload-optimizer nvme --offload-params nvme"},
+             {2, 3, "--offload-params nvme"}};
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        char args[2048], ref[32], off[32], jr[48], jo[48];
+        snprintf(ref, sizeof ref, "ref-%zu", i);
+        snprintf(off, sizeof off, "off-%zu", i);
+        snprintf(jr, sizeof jr, "%s.jsonl", ref);
+        snprintf(jo, sizeof jo, "%s.jsonl", off);
+        const char *common = "--model " MODEL " --batch 4 --steps 12 --warmup 3 --lr 3e-3 "
+                             "--threads 1";
+        snprintf(args, sizeof args, "%s --nproc %d --zero %d --ckpt-dir %s --log-json %s",
+                 common, c[i].W, c[i].stage, ref, jr);
+        zrun_ok(args, "ref.log");
+        snprintf(args, sizeof args, "%s --nproc %d --zero %d --ckpt-dir %s --log-json %s %s "
+                 NVME, common, c[i].W, c[i].stage, off, jo, c[i].what);
+        zrun_ok(args, "off.log");
+        same_checkpoints(ref, off);
+        losses_only(jr, "a.txt");
+        losses_only(jo, "b.txt");
+        same_file("a.txt", "b.txt");
+        /* the swap files are scratch: gone after a clean exit */
+        struct stat st;
+        ZT_CHECK(stat("swap/zrun-swap-rank0", &st) < 0 && errno == ENOENT);
+    }
+}
+
+ZT_TEST(offload_lowers_peak_rss)
+{
+    const char *common = "--model gpt2:layers=8,heads=4,dim=256,ctx=64,vocab=256 --batch 4 "
+                         "--seq 32 --steps 2 --threads 1 --nproc 2 --zero 3 --prefetch 1";
+    char args[2048];
+    snprintf(args, sizeof args, "%s --ckpt-dir plain --log-json plain.jsonl", common);
+    zrun_ok(args, "plain.log");
+    snprintf(args, sizeof args, "%s --ckpt-dir off --log-json off.jsonl --offload-optimizer "
+             "nvme --offload-params nvme --nvme-path swap", common);
+    zrun_ok(args, "off.log");
+    uint64_t rss[2];
+    const char *files[2] = {"plain.jsonl", "off.jsonl"};
+    for (int i = 0; i < 2; i++) {
+        char *t = slurp(files[i]);
+        const char *q = NULL, *at = t;
+        while ((at = strstr(at, "\"rss_peak\":"))) /* the last line's */
+            q = at++;
+        ZT_CHECK(q);
+        rss[i] = strtoull(q + 11, NULL, 10);
+        free(t);
+    }
+    printf("  peak RSS of rank 0: %.1f MiB without offload, %.1f MiB with optimizer and "
+           "parameters on NVMe\n", rss[0] / 1048576.0, rss[1] / 1048576.0);
+#if !defined(__SANITIZE_ADDRESS__)
+    ZT_CHECK(rss[1] < rss[0] * 0.8);
+#endif
+}
+
+/* Start an offloaded 2-rank run that saves every step; once rank 0's swap files exist and a
+ * few steps are done, damage one (delete or truncate); the run must stop naming it. */
+static void damage_mid_run(int truncate_it)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open("run.log", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, "exec %s --model %s --batch 4 --steps 100000 --threads 1 "
+                 "--nproc 2 --zero 3 --save-every 2 --keep-last 2 --ckpt-dir run "
+                 "--offload-optimizer nvme --offload-params nvme " NVME, zrun_path(), MODEL);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    const char *victim = "swap/zrun-swap-rank1/optimizer.swap";
+    struct stat st;
+    for (int i = 0; i < 2000 && stat("run/latest", &st) != 0; i++) {
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    ZT_CHECK(stat(victim, &st) == 0);
+    if (truncate_it)
+        ZT_CHECK(truncate(victim, 4096) == 0);
+    else
+        ZT_CHECK(unlink(victim) == 0);
+    int status;
+    ZT_CHECK(waitpid(pid, &status, 0) == pid);
+    ZT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+    char *t = slurp("run.log");
+    if (!strstr(t, victim) || !strstr(t, truncate_it ? "truncated" : "vanished"))
+        ZT_FAIL("the log does not name %s as %s:\n%s", victim,
+                truncate_it ? "truncated" : "vanished", t);
+    free(t);
+    ZT_CHECK_EQ(zt_verify_count("run", 0), 0);
+}
+
+ZT_TEST(offload_swap_file_deleted_mid_run)
+{
+    damage_mid_run(0);
+}
+
+ZT_TEST(offload_swap_file_truncated_mid_run)
+{
+    damage_mid_run(1);
+}
+
+ZT_TEST(offload_swap_path_on_a_full_filesystem)
+{
+    ZT_CHECK(mkdir("small", 0755) == 0);
+    if (mount("zt", "small", "tmpfs", 0, "size=64k") < 0)
+        ZT_SKIP("cannot mount a small tmpfs here (%s)", strerror(errno));
+    /* a first run without offload leaves a checkpoint; the offloaded resume cannot allocate
+     * its swap files and must stop before touching it */
+    zrun_ok("--model " MODEL " --batch 4 --steps 2 --threads 1 --ckpt-dir run", "a.log");
+    int st = zrun("--model " MODEL " --batch 4 --steps 4 --threads 1 --nproc 2 --zero 3 "
+                  "--ckpt-dir run --offload-optimizer nvme --offload-params nvme "
+                  "--nvme-path small", "b.log");
+    char *t = slurp("b.log");
+    umount("small");
+    ZT_CHECK(st != 0);
+    if (!strstr(t, "small/zrun-swap-rank") || !strstr(t, "allocating"))
+        ZT_FAIL("no clear error naming the swap file:\n%s", t);
+    free(t);
+    char *latest;
+    ZT_OK(zck_latest(&latest, "run"));
+    ZT_CHECK(strstr(latest, "step-00000002"));
+    ZT_CHECK_EQ(zt_verify_count(latest, 0), 0);
+    free(latest);
+}
+
+ZT_TEST(offload_save_and_resume_either_way)
+{
+    const char *common = "--model " MODEL " --batch 4 --steps 12 --warmup 3 --lr 3e-3 "
+                         "--threads 1 --nproc 2 --zero 3";
+    char args[2048];
+    snprintf(args, sizeof args, "%s --ckpt-dir straight", common);
+    zrun_ok(args, "straight.log");
+    /* offloaded first half, plain second half */
+    snprintf(args, sizeof args, "%s --ckpt-dir a --stop-after 6 --offload-optimizer nvme "
+             "--offload-params nvme " NVME, common);
+    zrun_ok(args, "a1.log");
+    snprintf(args, sizeof args, "%s --ckpt-dir a", common);
+    zrun_ok(args, "a2.log");
+    same_checkpoints("straight", "a");
+    /* plain first half, offloaded second half (at another world size and stage too) */
+    snprintf(args, sizeof args, "%s --ckpt-dir b --stop-after 6", common);
+    zrun_ok(args, "b1.log");
+    snprintf(args, sizeof args, "%s --ckpt-dir b --offload-optimizer nvme --offload-params "
+             "nvme " NVME, common);
+    zrun_ok(args, "b2.log");
+    same_checkpoints("straight", "b");
+    snprintf(args, sizeof args, "--model " MODEL " --batch 4 --steps 12 --warmup 3 --lr 3e-3 "
+             "--threads 1 --nproc 1 --zero 1 --ckpt-dir c --stop-after 6");
+    zrun_ok(args, "c1.log");
+    snprintf(args, sizeof args, "--model " MODEL " --batch 4 --steps 12 --warmup 3 --lr 3e-3 "
+             "--threads 1 --nproc 2 --zero 3 --ckpt-dir c --offload-optimizer nvme " NVME);
+    zrun_ok(args, "c2.log");
+    char *t = slurp("c2.log");
+    ZT_CHECK(strstr(t, "(world 1, ZeRO 1; verified"));
+    free(t);
+}
+
+ZT_TEST(offload_stale_swap_directory)
+{
+    /* a crashed run's directory: owner pid gone, a leftover swap file */
+    pid_t dead = fork();
+    if (dead == 0)
+        _exit(0);
+    waitpid(dead, NULL, 0);
+    ZT_CHECK(mkdir("swap", 0755) == 0 && mkdir("swap/zrun-swap-rank0", 0700) == 0);
+    char text[64];
+    snprintf(text, sizeof text, "%d\n", (int)dead);
+    zt_write_file("swap/zrun-swap-rank0/owner", text);
+    zt_write_file("swap/zrun-swap-rank0/optimizer.swap", "old state");
+    const char *args = "--model " MODEL " --batch 4 --steps 2 --threads 1 --ckpt-dir run "
+                       "--offload-optimizer nvme " NVME;
+    zrun_ok(args, "a.log");
+    char *t = slurp("a.log");
+    if (!strstr(t, "stale swap directory"))
+        ZT_FAIL("the stale directory was not reported:\n%s", t);
+    free(t);
+    struct stat st;
+    ZT_CHECK(stat("swap/zrun-swap-rank0", &st) < 0);
+    /* a live owner: refused */
+    ZT_CHECK(mkdir("swap/zrun-swap-rank0", 0700) == 0);
+    snprintf(text, sizeof text, "%d\n", (int)getpid());
+    zt_write_file("swap/zrun-swap-rank0/owner", text);
+    ZT_CHECK(zrun(args, "b.log") != 0);
+    t = slurp("b.log");
+    if (!strstr(t, "in use by a running process"))
+        ZT_FAIL("a live swap directory was not refused:\n%s", t);
+    free(t);
+}
