@@ -147,6 +147,11 @@ $(BUILD)/bench_ckpt: $(BUILD)/tests/bench/bench_ckpt.o $(BUILD)/libzck.a
 $(BUILD)/mkckpt: $(BUILD)/tests/bench/mkckpt.o $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
+# the swapper's bandwidth (zck_swap); offload_bench.sh runs it
+$(BUILD)/swap_bench: $(BUILD)/tests/bench/swap_bench.o $(BUILD)/libzck.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+bench: $(BUILD)/swap_bench
+
 # the shm communicator at world 2 against memcpy (256 MiB); zero_bench.sh runs it
 $(BUILD)/comm_bench: $(BUILD)/tests/bench/comm_bench.o $(BUILD)/libzr.a $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
@@ -157,6 +162,7 @@ bench: $(BUILD)/bench_ckpt $(BUILD)/mkckpt $(BUILD)/zckpt
 	ZCKPT=$(BUILD)/zckpt MKCKPT=$(BUILD)/mkckpt tests/bench/zckpt_bench.sh
 	tests/bench/train_bench.sh
 	tests/bench/zero_bench.sh
+	tests/bench/offload_bench.sh
 
 clean:
 	rm -rf build build-san
