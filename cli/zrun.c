@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PROG "zrun"
@@ -49,6 +50,14 @@ static const char *usage_text =
     "  --ckpt-dir DIR      run directory (runs/default)\n"
     "  --save-every N      save every N steps (default: only at the end)\n"
     "  --keep-last K       keep the newest K checkpoints (3; 0 keeps all)\n"
+    "  --async-save on|off on (default): a save blocks training only to copy each rank's\n"
+    "                      partitions to host staging; files are written in the background and\n"
+    "                      committed at a later step boundary. off: training waits for the files\n"
+    "  --verify-on-resume full|quick|off   full (default): every file hashed before any state\n"
+    "                      is read; quick: files present with their sizes; off: nothing\n"
+    "  --max-restarts N    when a rank dies or the job fails, restart all ranks from the newest\n"
+    "                      checkpoint that verifies, up to N times (0)\n"
+    "  --restart-backoff S seconds before a restart (1); --nproc-on-restart N: ranks after one\n"
     "  --resume MODE       auto (newest checkpoint when present, default), never, or a path\n"
     "  --stop-after N      end this invocation after N more steps, with a checkpoint\n"
     "  --time-limit SEC    save and stop before this many seconds of training\n"
@@ -112,12 +121,131 @@ static bool parse_float(const char *opt, const char *v, float *out)
     return true;
 }
 
+/* The newest checkpoint of run_dir that verifies in full, falling back to older ones and
+ * saying so. 0 with *out NULL when the run has no checkpoint yet; ZR_ECORRUPT when it has some
+ * and none verifies. */
+static int newest_sound(char **out, const char *run_dir)
+{
+    *out = NULL;
+    zck_run_list *l = NULL;
+    int rc = zck_run_list_open(&l, run_dir);
+    if (rc == ZR_ENOTFOUND) {
+        zr_err_clear();
+        return 0;
+    }
+    if (rc)
+        return rc;
+    size_t n = l->n;
+    for (size_t i = l->n; i-- > 0;) {
+        char *path = NULL;
+        if (asprintf(&path, "%s/%s", run_dir, l->ckpt[i].name) < 0) {
+            zck_run_list_free(l);
+            return zr_err_set(ZR_ENOMEM, "out of memory");
+        }
+        zck_report *rep = NULL;
+        zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
+        int vrc = zck_verify(&rep, path, &vo);
+        if (!vrc && zck_report_count(rep) == 0) {
+            zck_report_free(rep);
+            *out = path;
+            zck_run_list_free(l);
+            return 0;
+        }
+        const zck_problem *p = !vrc && rep ? zck_report_get(rep, 0) : NULL;
+        fprintf(stderr, PROG ": %s does not verify (%s%s%s%s): falling back to an older "
+                        "checkpoint\n", path, p ? p->file : zr_err_msg(), p ? ": " : "",
+                p ? zck_problem_kind_name(p->kind) : "", p ? "" : "");
+        zck_report_free(rep);
+        free(path);
+    }
+    zck_run_list_free(l);
+    if (!n)
+        return 0;
+    return zr_err_set(ZR_ECORRUPT, "%s: none of its %zu checkpoint%s verifies; not starting "
+                      "over from scratch (move the run directory away to do that)", run_dir, n,
+                      n == 1 ? "" : "s");
+}
+
+/*
+ * The launcher: start the ranks (zr_launch), and when the job fails and restarts are left,
+ * find the newest checkpoint that verifies and start the ranks again from it (with
+ * --nproc-on-restart ranks if given), after the backoff. Each restart is logged with its
+ * cause.
+ */
+static int supervise(int argc, char **argv, const zr_train_opts *o, uint32_t nproc, int log_all,
+                     uint32_t max_restarts, double backoff, uint32_t nproc_restart)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return zcli_fail(PROG, NULL, "cannot find this program's path (/proc/self/exe)");
+    self[n] = 0;
+    struct sigaction sa; /* between launches (backoff): a signal ends the job */
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+    /* room for the arguments a restart appends: --resume PATH --nproc N */
+    char **args = calloc((size_t)argc + 5, sizeof *args);
+    if (!args)
+        return zcli_fail(PROG, NULL, "out of memory");
+    memcpy(args, argv, (size_t)argc * sizeof *args);
+    args[0] = self;
+    char *resume = NULL, nbuf[16];
+    int code = 0;
+    for (uint32_t attempt = 0;; attempt++) {
+        zr_launch_opts lo = ZR_LAUNCH_OPTS_INIT;
+        lo.nproc = (int)nproc;
+        lo.log_all_ranks = log_all;
+        if (zr_launch(&code, &lo, args) < 0) {
+            code = zcli_fail_lib(PROG, NULL);
+            break;
+        }
+        if (code == 0 || attempt >= max_restarts)
+            break;
+        /* the job failed: restart from the newest sound checkpoint */
+        free(resume);
+        resume = NULL;
+        if (newest_sound(&resume, o->ckpt_dir) < 0) {
+            code = zcli_fail_lib(PROG, "inspect it with `zckpt ls` and `zckpt verify`");
+            break;
+        }
+        if (nproc_restart)
+            nproc = nproc_restart;
+        fprintf(stderr, PROG ": restart %u of %u after the job failed (exit status %d): %s%s "
+                        "with %u rank%s in %.1f s\n", attempt + 1, max_restarts, code,
+                resume ? "resuming from " : "starting over (no checkpoint yet)",
+                resume ? resume : "", nproc, nproc == 1 ? "" : "s", backoff);
+        fflush(stderr);
+        struct timespec ts = {(time_t)backoff, (long)((backoff - (double)(time_t)backoff) * 1e9)};
+        while (nanosleep(&ts, &ts) < 0 && !stop_flag)
+            ;
+        if (stop_flag)
+            break;
+        int k = argc;
+        if (resume) {
+            args[k++] = "--resume";
+            args[k++] = resume;
+        }
+        snprintf(nbuf, sizeof nbuf, "%u", nproc);
+        args[k++] = "--nproc";
+        args[k++] = nbuf;
+        args[k] = NULL;
+    }
+    free(resume);
+    free(args);
+    return code;
+}
+
 int main(int argc, char **argv)
 {
     zr_train_opts o = ZR_TRAIN_OPTS_INIT;
     uint32_t nproc = 1;
     const char *device = "auto";
     int dry_run = 0, log_all = 0;
+    uint32_t max_restarts = 0, nproc_restart = 0;
+    double backoff = 1.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         uint32_t u;
@@ -200,6 +328,34 @@ int main(int argc, char **argv)
             if (!zcli_parse_u32(PROG, a, v, 0, 3, &u))
                 return ZCLI_ERROR;
             o.zero_stage = (int)u;
+        } else if (!strcmp(a, "--async-save")) {
+            if (strcmp(v, "on") && strcmp(v, "off"))
+                return zcli_fail(PROG, NULL, "--async-save '%s': expected on or off", v);
+            o.async_save = !strcmp(v, "on");
+        } else if (!strcmp(a, "--verify-on-resume")) {
+            if (!strcmp(v, "full"))
+                o.verify_on_resume = ZR_VERIFY_FULL;
+            else if (!strcmp(v, "quick"))
+                o.verify_on_resume = ZR_VERIFY_QUICK;
+            else if (!strcmp(v, "off"))
+                o.verify_on_resume = ZR_VERIFY_OFF;
+            else
+                return zcli_fail(PROG, NULL, "--verify-on-resume '%s': expected full, quick or "
+                                 "off", v);
+        } else if (!strcmp(a, "--max-restarts")) {
+            if (!zcli_parse_u32(PROG, a, v, 0, 1000000, &max_restarts))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--restart-backoff")) {
+            double d;
+            if (!zcli_parse_double(PROG, a, v, &d))
+                return ZCLI_ERROR;
+            if (!(d >= 0 && d <= 86400))
+                return zcli_fail(PROG, NULL, "--restart-backoff %s: expected 0..86400 seconds",
+                                 v);
+            backoff = d;
+        } else if (!strcmp(a, "--nproc-on-restart")) {
+            if (!zcli_parse_u32(PROG, a, v, 1, 65536, &nproc_restart))
+                return ZCLI_ERROR;
         } else if (!strcmp(a, "--prefetch")) {
             if (!zcli_parse_u32(PROG, a, v, 0, 64, &u))
                 return ZCLI_ERROR;
@@ -259,21 +415,8 @@ int main(int argc, char **argv)
         return ZCLI_OK;
     }
     const char *world_env = getenv("ZR_WORLD");
-    if (!world_env && nproc > 1) { /* the launcher: nproc ranks of this very program */
-        char self[4096];
-        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-        if (n <= 0)
-            return zcli_fail(PROG, NULL, "cannot find this program's path (/proc/self/exe)");
-        self[n] = 0;
-        argv[0] = self;
-        zr_launch_opts lo = ZR_LAUNCH_OPTS_INIT;
-        lo.nproc = (int)nproc;
-        lo.log_all_ranks = log_all;
-        int code = 0;
-        if (zr_launch(&code, &lo, argv) < 0)
-            return zcli_fail_lib(PROG, NULL);
-        return code;
-    }
+    if (!world_env && (nproc > 1 || max_restarts > 0)) /* the launcher */
+        return supervise(argc, argv, &o, nproc, log_all, max_restarts, backoff, nproc_restart);
     if (world_env && strtoul(world_env, NULL, 10) != nproc)
         return zcli_fail(PROG, "leave ZR_WORLD to the launcher", "ZR_WORLD=%s in the "
                          "environment but --nproc %u", world_env, nproc);

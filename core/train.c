@@ -11,6 +11,7 @@
  * on the verdict), then reads the ranges this rank now owns straight from the old shards.
  */
 #include "comm.h"
+#include "saver.h"
 #include "zero.h"
 #include "zr.h"
 
@@ -41,7 +42,14 @@ typedef struct {
     int32_t *tokens, *inputs, *targets;
     zr_data *data;
     FILE *jlog, *log;        /* log: o->log on rank 0, else NULL */
-    double save_s;           /* the last save's duration */
+    double save_s;           /* the last synchronous save's duration */
+    double blocked_s;        /* how long the last save blocked training */
+    zr_saver *saver;         /* asynchronous saves (NULL: synchronous) */
+    struct {                 /* the asynchronous save in flight */
+        char *staging, *train;
+        uint64_t step;
+        double t0, blocked_s;
+    } pend;
 } run;
 
 static double now_s(void)
@@ -160,24 +168,28 @@ static int agree(run *r, int rc)
     return crc;
 }
 
-static int save(run *r, float loss, char *path_out, size_t cap)
+/* Rank 0 makes the staging directory of a save of this step and tells the others. */
+static int make_staging(run *r, char **staging)
+{
+    char *local = NULL;
+    uint64_t nonce = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_s() * 1e6);
+    int lrc = r->rank == 0 ? zck_staging_create(&local, r->o->ckpt_dir, r->step, nonce) : 0;
+    int rc = share_text(r, 0, lrc, lrc ? zr_err_msg() : local, staging);
+    free(local);
+    return rc;
+}
+
+/* Every rank's shard written (lrc: this rank's result, json its description): agree, collect
+ * the descriptions at rank 0, which commits step `step` with the training section `train`;
+ * everyone learns the checkpoint's path (or the error). */
+static int commit_shards(run *r, int lrc, const char *json, const char *staging, uint64_t step,
+                         const char *train, char *path_out, size_t cap)
 {
     const zr_train_opts *o = r->o;
-    char *staging = NULL, *model = NULL, *train = NULL, *final = NULL, *json = NULL;
+    char *model = NULL, *final = NULL, *res = NULL;
     char **jsons = NULL;
     zck_shard **sh = NULL;
-    double t0 = now_s();
-    uint64_t nonce = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_s() * 1e6);
-    int rc = 0, lrc = 0;
-    /* rank 0 makes the staging directory and tells the others */
-    if (r->rank == 0)
-        lrc = zck_staging_create(&staging, o->ckpt_dir, r->step, nonce);
-    ZR_TRY_GOTO(share_text(r, 0, lrc, lrc ? zr_err_msg() : staging, &json), rc, out);
-    free(staging);
-    staging = json;
-    json = NULL;
-    /* every rank writes its shard; rank 0 collects the descriptions and commits */
-    lrc = write_shard(r, staging, &json);
+    int rc = 0;
     ZR_TRY_GOTO(agree(r, lrc), rc, out);
     if (!(jsons = calloc((size_t)r->W, sizeof *jsons)) ||
         !(sh = calloc((size_t)r->W, sizeof *sh))) {
@@ -192,11 +204,9 @@ static int save(run *r, float loss, char *path_out, size_t cap)
             lrc = zck_shard_from_json(&sh[q], jsons[q], strlen(jsons[q]));
         if (!lrc)
             lrc = zr_gpt2_config_to_json(&model, &r->cfg);
-        if (!lrc)
-            lrc = training_json(&train, r, loss);
         if (!lrc) {
             zck_commit_opts co = ZCK_COMMIT_OPTS_INIT;
-            co.step = r->step;
+            co.step = step;
             co.world = (uint32_t)r->W;
             co.zero_stage = o->zero_stage;
             co.model_json = model;
@@ -205,11 +215,8 @@ static int save(run *r, float loss, char *path_out, size_t cap)
             lrc = zck_commit(&final, o->ckpt_dir, staging, r->L, sh, (size_t)r->W, &co);
         }
     }
-    free(json);
-    json = NULL;
-    ZR_TRY_GOTO(share_text(r, 0, lrc, lrc ? zr_err_msg() : final, &json), rc, out);
-    snprintf(path_out, cap, "%s", json);
-    r->save_s = now_s() - t0;
+    ZR_TRY_GOTO(share_text(r, 0, lrc, lrc ? zr_err_msg() : final, &res), rc, out);
+    snprintf(path_out, cap, "%s", res);
 out:
     for (int q = 0; jsons && q < r->W; q++)
         free(jsons[q]);
@@ -217,12 +224,83 @@ out:
         zck_shard_free(sh[q]);
     free(jsons);
     free(sh);
-    free(staging);
     free(model);
-    free(train);
     free(final);
-    free(json);
+    free(res);
     return rc;
+}
+
+/* A synchronous save: training waits for the files, their fsync and the commit. */
+static int save_sync(run *r, float loss, char *path_out, size_t cap)
+{
+    char *staging = NULL, *json = NULL, *train = NULL;
+    double t0 = now_s();
+    int rc = 0;
+    ZR_TRY_GOTO(make_staging(r, &staging), rc, out);
+    ZR_TRY_GOTO(training_json(&train, r, loss), rc, out);
+    int lrc = write_shard(r, staging, &json);
+    ZR_TRY_GOTO(commit_shards(r, lrc, json, staging, r->step, train, path_out, cap), rc, out);
+    r->save_s = now_s() - t0;
+    r->blocked_s = r->save_s;
+    if (r->log)
+        fprintf(r->log, "saved %s (%.2f s)\n", path_out, r->save_s);
+out:
+    free(staging);
+    free(json);
+    free(train);
+    return rc;
+}
+
+/* The asynchronous save in flight, once every rank's shard is durable (or any failed): wait
+ * for this rank's writer, then commit as a synchronous save does. */
+static int finish_pending(run *r, char *path_out, size_t cap)
+{
+    if (!r->pend.staging)
+        return 0;
+    int st = zr_saver_wait(r->saver);
+    char *json = NULL;
+    int lrc = st == ZR_SAVER_DONE ? zr_saver_take(r->saver, &json) : st < 0 ? st : ZR_ERROR;
+    if (!lrc && !json)
+        lrc = zr_err_set(ZR_ERROR, "checkpoint writer: no shard");
+    int rc = commit_shards(r, lrc, json, r->pend.staging, r->pend.step, r->pend.train, path_out,
+                           cap);
+    if (!rc && r->log)
+        fprintf(r->log, "saved %s (asynchronous: training blocked %.3f s; written in %.2f s)\n",
+                path_out, r->pend.blocked_s, now_s() - r->pend.t0);
+    free(json);
+    free(r->pend.staging);
+    free(r->pend.train);
+    memset(&r->pend, 0, sizeof r->pend);
+    return rc;
+}
+
+/* An asynchronous save: snapshot this rank's partitions (the part training waits for), finish
+ * the previous save if one is still in flight, then write this one in the background. */
+static int save_async(run *r, float loss, char *path_out, size_t cap)
+{
+    double t0 = now_s();
+    char *train = NULL, *staging = NULL;
+    int rc = 0;
+    ZR_TRY_GOTO(agree(r, zr_saver_snapshot(r->saver, r->zero)), rc, out);
+    ZR_TRY_GOTO(finish_pending(r, path_out, cap), rc, out);
+    ZR_TRY_GOTO(training_json(&train, r, loss), rc, out);
+    ZR_TRY_GOTO(make_staging(r, &staging), rc, out);
+    ZR_TRY_GOTO(agree(r, zr_saver_write(r->saver, staging)), rc, out);
+    r->pend.staging = staging;
+    r->pend.train = train;
+    r->pend.step = r->step;
+    r->pend.t0 = t0;
+    r->pend.blocked_s = r->blocked_s = now_s() - t0;
+    staging = train = NULL;
+out:
+    free(staging);
+    free(train);
+    return rc;
+}
+
+static int save(run *r, float loss, char *path_out, size_t cap)
+{
+    return r->saver ? save_async(r, loss, path_out, cap) : save_sync(r, loss, path_out, cap);
 }
 
 static int json_u64(const json_t *j, const char *key, uint64_t *out)
@@ -341,17 +419,43 @@ static int verify_shared(run *r, zck_reader *rd)
     return agree(r, lrc);
 }
 
+static int load_training(run *r, zck_reader *rd);
+
+/* What --verify-on-resume checked, for the resume line. */
+static const char *verify_words[3] = {"every file hashed", "quick check (files present, sizes)",
+                                      "not verified (--verify-on-resume off)"};
+
 static int load(run *r, zck_reader *rd)
 {
     ZR_TRY(check_layout(zck_reader_layout(rd), r->L, zck_reader_path(rd)));
     unsigned jobs = r->o->threads > 0 ? (unsigned)r->o->threads : 1;
-    int rc;
-    if (r->W == 1 && !zr_zero_offloaded(r->zero)) /* one pass: files hashed while read */
-        rc = zr_zero_load(r->zero, rd, 1, jobs);
-    else if (!(rc = verify_shared(r, rd))) /* every file hashed once, verdict agreed */
+    int rc = 0, how = r->o->verify_on_resume;
+    if (how == ZR_VERIFY_FULL && r->W == 1 && !zr_zero_offloaded(r->zero))
+        return zr_zero_load(r->zero, rd, 1, jobs) ? zr_err_code() : load_training(r, rd);
+    if (how == ZR_VERIFY_FULL)
+        rc = verify_shared(r, rd); /* every file hashed once, verdict agreed */
+    else if (how == ZR_VERIFY_QUICK) {
+        zck_report *rep = NULL;
+        zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
+        vo.quick = 1;
+        int lrc = r->rank == 0 ? zck_verify(&rep, zck_reader_path(rd), &vo) : 0;
+        if (!lrc && rep && zck_report_count(rep)) {
+            const zck_problem *p = zck_report_get(rep, 0);
+            lrc = zr_err_set(ZR_ECORRUPT, "%s/%s: %s (%s)", zck_reader_path(rd), p->file,
+                             zck_problem_kind_name(p->kind), p->detail);
+        }
+        zck_report_free(rep);
+        rc = agree(r, lrc);
+    }
+    if (!rc)
         rc = zr_zero_load(r->zero, rd, 0, jobs);
-    if (rc)
-        return rc;
+    return rc ? rc : load_training(r, rd);
+}
+
+/* The training section: step, data position; differences from this run's options said. */
+static int load_training(run *r, zck_reader *rd)
+{
+    int rc;
     json_error_t je;
     json_t *t = json_loads(zck_reader_training_json(rd), 0, &je);
     if (!t)
@@ -383,8 +487,21 @@ static int load(run *r, zck_reader *rd)
 
 /* One optimizer step; *loss is the mean loss of the global batch before the update.
  * *stop: whether any rank wants to stop after this step (want_stop is this rank's wish). */
-static int train_step(run *r, int want_stop, int *stop, float *loss, float *lr_out,
-                      float *norm_out)
+/* The asynchronous save in flight, as one number every rank can compare: 0 none, 1 writing,
+ * 2 durable, -1 failed. */
+static double saver_state(run *r)
+{
+    if (!r->saver || !r->pend.staging)
+        return 0;
+    int st = zr_saver_status(r->saver);
+    zr_err_clear();
+    return st < 0 ? -1 : st == ZR_SAVER_DONE ? 2 : 1;
+}
+
+/* *saves: the agreed state of the save in flight: 2 when every rank's shard is durable, -1
+ * when any rank's write failed, else 0 or 1. */
+static int train_step(run *r, int want_stop, int *stop, int *saves, float *loss,
+                      float *lr_out, float *norm_out)
 {
     const zr_train_opts *o = r->o;
     ZR_TRY(zr_zero_check_swap(r->zero)); /* a vanished or truncated swap file stops here */
@@ -409,18 +526,20 @@ static int train_step(run *r, int want_stop, int *stop, float *loss, float *lr_o
     ZR_TRY(zr_zero_reduce(r->zero));
     /* the global gradient norm (the same bits on every rank), the batch's mean loss and the
      * stop wish, agreed */
-    double sq, mine[2] = {sum, want_stop ? 1.0 : 0.0};
+    double sq, mine[3] = {sum, want_stop ? 1.0 : 0.0, saver_state(r)};
     ZR_TRY(zr_zero_sumsq(r->zero, &sq));
-    double *all = calloc(2 * (size_t)r->W, sizeof *all);
+    double *all = calloc(3 * (size_t)r->W, sizeof *all);
     if (!all)
         return zr_err_set(ZR_ENOMEM, "out of memory");
-    int rc = gather_f64(r, mine, 2, all);
-    double total = 0;
+    int rc = gather_f64(r, mine, 3, all);
+    double total = 0, sv = 2;
     *stop = 0;
     for (int q = 0; q < r->W; q++) {
-        total += all[2 * q];
-        *stop |= all[2 * q + 1] != 0;
+        total += all[3 * q];
+        *stop |= all[3 * q + 1] != 0;
+        sv = all[3 * q + 2] < sv ? all[3 * q + 2] : sv;
     }
+    *saves = (int)sv;
     free(all);
     if (rc)
         return rc;
@@ -620,6 +739,9 @@ static void swap_dir_release(run *r)
 
 static void free_run(run *r)
 {
+    zr_saver_free(r->saver); /* a write still running is joined, never committed */
+    free(r->pend.staging);
+    free(r->pend.train);
     zr_model_free(r->model);
     zr_zero_free(r->zero); /* after the model: its comm thread may still hold lent buffers */
     swap_dir_release(r);
@@ -762,6 +884,8 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
         zo.swap_dir = r.swap_dir;
         lrc = zr_zero_new(&r.zero, r.comm, r.L, &zo);
     }
+    if (!lrc && o->async_save)
+        lrc = zr_saver_new(&r.saver, r.L, r.W, r.rank);
     if (!lrc) {
         zr_model_hooks h;
         zr_zero_hooks(r.zero, &h);
@@ -781,11 +905,11 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
         double t0 = now_s();
         ZR_TRY_GOTO(agree(&r, load(&r, rd)), rc, out);
         if (r.log)
-            fprintf(r.log, "resumed from %s (world %u, ZeRO %d; verified, %.2f s) at world %d, "
-                           "ZeRO %d: step %llu, next sample %llu\n", zck_reader_path(rd),
-                    zck_reader_world(rd), zck_reader_zero_stage(rd), now_s() - t0, r.W,
-                    o->zero_stage, (unsigned long long)r.step,
-                    (unsigned long long)r.next_sample);
+            fprintf(r.log, "resumed from %s (world %u, ZeRO %d; %s, %.2f s) at world %d, "
+                           "ZeRO %d: continuing at step %llu, next sample %llu\n",
+                    zck_reader_path(rd), zck_reader_world(rd), zck_reader_zero_stage(rd),
+                    verify_words[o->verify_on_resume], now_s() - t0, r.W, o->zero_stage,
+                    (unsigned long long)r.step + 1, (unsigned long long)r.next_sample);
     } else { /* each rank initializes what it holds */
         init_ctx ic = {r.model, o->seed};
         ZR_TRY_GOTO(agree(&r, zr_zero_init_params(r.zero, init_fill, &ic)), rc, out);
@@ -819,13 +943,16 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
         int sig = o->stop && *o->stop, tl = o->time_limit > 0;
         if (r.W == 1 && (sig || (tl && el + 2 * slowest + 1.0 > o->time_limit))) {
             out->stopped = 1; /* nothing to agree on: stop before the step */
-            out->stopped = 1;
             break;
         }
         int wish = sig || (tl && el + 3 * slowest + 1.0 > o->time_limit);
         float lr = 0, norm = 0;
-        int stop = 0;
-        ZR_TRY_GOTO(train_step(&r, wish, &stop, &loss, &lr, &norm), rc, out);
+        int stop = 0, saves = 0;
+        ZR_TRY_GOTO(train_step(&r, wish, &stop, &saves, &loss, &lr, &norm), rc, out);
+        /* an asynchronous save whose shards are all durable is committed at this step
+         * boundary; a failed one stops the run here, naming the file, without a commit */
+        if (saves == 2 || saves < 0)
+            ZR_TRY_GOTO(finish_pending(&r, out->ckpt, sizeof out->ckpt), rc, out);
         double dt = now_s() - t0;
         if (dt > slowest)
             slowest = dt;
@@ -835,17 +962,17 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
         if (o->save_every && r.step % o->save_every == 0 && r.step < o->steps) {
             ZR_TRY_GOTO(save(&r, loss, out->ckpt, sizeof out->ckpt), rc, out);
             saved_now = 1;
-            if (r.log)
-                fprintf(r.log, "saved %s (%.2f s)\n", out->ckpt, r.save_s);
         }
         if (stop && r.step < o->steps) {
             out->stopped = 1;
             break;
         }
     }
-    /* the final (or stopping) checkpoint, unless this exact step was just saved */
+    /* the final (or stopping) checkpoint, unless this exact step was just saved; then no save
+     * is left in flight */
     if (done_here && !saved_now)
         ZR_TRY_GOTO(save(&r, loss, out->ckpt, sizeof out->ckpt), rc, out);
+    ZR_TRY_GOTO(finish_pending(&r, out->ckpt, sizeof out->ckpt), rc, out);
     out->step = r.step;
     out->loss = loss;
     if (r.log && !done_here)

@@ -1021,7 +1021,31 @@ int zr_zero_load(zr_zero *z, zck_reader *rd, int verify, unsigned jobs)
     return 0;
 }
 
+static int writer_begin(void *ctx, size_t g, size_t s, uint64_t start, uint64_t count)
+{
+    return zck_writer_begin(ctx, g, s, start, count);
+}
+
+static int writer_write(void *ctx, const void *data, size_t bytes)
+{
+    return zck_writer_write(ctx, data, bytes);
+}
+
 int zr_zero_save(zr_zero *z, zck_writer *w)
+{
+    zr_zero_sink k = {w, writer_begin, writer_write};
+    return zr_zero_save_to(z, &k);
+}
+
+uint64_t zr_zero_part_floats(const zr_zero *z)
+{
+    uint64_t n = 0;
+    for (size_t g = 0; g < z->ng; g++)
+        n += 3 * z->G[g].n;
+    return n;
+}
+
+int zr_zero_save_to(zr_zero *z, const zr_zero_sink *w)
 {
     for (size_t g = 0; g < z->ng; g++) {
         uint64_t plo, pn, olo, on;
@@ -1034,13 +1058,13 @@ int zr_zero_save(zr_zero *z, zck_writer *w)
             zck_swap *sw;
             uint64_t base;
             locate(z, g, s, &mem, &sw, &base);
+            ZR_TRY(w->begin(w->ctx, g, (size_t)s, plo, pn));
             if (mem) {
-                ZR_TRY(zck_writer_put(w, g, (size_t)s, plo, pn, mem + (plo - olo)));
+                ZR_TRY(w->write(w->ctx, mem + (plo - olo), (size_t)pn * sizeof(float)));
                 continue;
             }
             /* straight from the swap file: aligned windows, the next one read while the
-             * writer takes the current one */
-            ZR_TRY(zck_writer_begin(w, g, (size_t)s, plo, pn));
+             * sink takes the current one */
             uint64_t first = base + (plo - olo), a = first / SWAP_GRAIN * SWAP_GRAIN;
             uint64_t end = first + pn, t[2] = {0, 0}, k = 0;
             size_t win = z->chunk;
@@ -1057,7 +1081,7 @@ int zr_zero_save(zr_zero *z, zck_writer *w)
                 ZR_TRY(zck_swap_wait(sw, t[k % 2]));
                 const float *b = z->cbuf + (k % 2) * z->chunk;
                 uint64_t from = at < first ? first : at, to = next < end ? next : end;
-                ZR_TRY(zck_writer_write(w, b + (from - at), (to - from) * sizeof(float)));
+                ZR_TRY(w->write(w->ctx, b + (from - at), (to - from) * sizeof(float)));
             }
         }
     }

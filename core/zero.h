@@ -81,6 +81,15 @@ int zr_zero_load(zr_zero *z, zck_reader *rd, int verify, unsigned jobs);
 /* Write this rank's partition of param, exp_avg, exp_avg_sq of every group (states 0, 1, 2 of
  * the writer's layout), from memory or straight from the swap files. */
 int zr_zero_save(zr_zero *z, zck_writer *w);
+/* The same extents to any sink: begin(g, state, start, count), then the count floats' bytes in
+ * one or more writes; zr_zero_part_floats is their total (floats, all groups and states). */
+typedef struct {
+    void *ctx;
+    int (*begin)(void *ctx, size_t g, size_t state, uint64_t start, uint64_t count);
+    int (*write)(void *ctx, const void *data, size_t bytes);
+} zr_zero_sink;
+int zr_zero_save_to(zr_zero *z, const zr_zero_sink *sink);
+uint64_t zr_zero_part_floats(const zr_zero *z);
 /* AdamW on this rank's opt ranges (zr_adamw_update per tensor part; decay on tensors of two
  * or more dimensions), gradients scaled by clip, 1-based step t; offloaded states stream
  * through the staging sets, reads ahead and write-backs overlapping the update. */
