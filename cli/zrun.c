@@ -8,6 +8,8 @@
 #include "common.h"
 #include "zr.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,9 +123,31 @@ static bool parse_float(const char *opt, const char *v, float *out)
     return true;
 }
 
+/* Move a damaged checkpoint out of the way of the resumed run (which will save that step
+ * again), keeping it for inspection as damaged-step-N (damaged-step-N.2, ... if taken). */
+static void move_aside(const char *run_dir, const char *name)
+{
+    char from[4096], to[4200];
+    snprintf(from, sizeof from, "%s/%s", run_dir, name);
+    for (int k = 1; k < 1000; k++) {
+        if (k == 1)
+            snprintf(to, sizeof to, "%s/damaged-%s", run_dir, name);
+        else
+            snprintf(to, sizeof to, "%s/damaged-%s.%d", run_dir, name, k);
+        if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0) {
+            fprintf(stderr, PROG ": moved the damaged %s aside to %s\n", from, to);
+            return;
+        }
+        if (errno != EEXIST)
+            break;
+    }
+    fprintf(stderr, PROG ": warning: could not move %s aside (%s); saving that step again "
+                    "will fail\n", from, strerror(errno));
+}
+
 /* The newest checkpoint of run_dir that verifies in full, falling back to older ones and
- * saying so. 0 with *out NULL when the run has no checkpoint yet; ZR_ECORRUPT when it has some
- * and none verifies. */
+ * saying so; damaged newer ones are moved aside and `latest` names the sound one. 0 with *out
+ * NULL when the run has no checkpoint yet; ZR_ECORRUPT when it has some and none verifies. */
 static int newest_sound(char **out, const char *run_dir)
 {
     *out = NULL;
@@ -135,8 +159,8 @@ static int newest_sound(char **out, const char *run_dir)
     }
     if (rc)
         return rc;
-    size_t n = l->n;
-    for (size_t i = l->n; i-- > 0;) {
+    size_t n = l->n, i = l->n;
+    while (i-- > 0) {
         char *path = NULL;
         if (asprintf(&path, "%s/%s", run_dir, l->ckpt[i].name) < 0) {
             zck_run_list_free(l);
@@ -148,18 +172,23 @@ static int newest_sound(char **out, const char *run_dir)
         if (!vrc && zck_report_count(rep) == 0) {
             zck_report_free(rep);
             *out = path;
-            zck_run_list_free(l);
-            return 0;
+            break;
         }
         const zck_problem *p = !vrc && rep ? zck_report_get(rep, 0) : NULL;
-        fprintf(stderr, PROG ": %s does not verify (%s%s%s%s): falling back to an older "
+        fprintf(stderr, PROG ": %s does not verify (%s%s%s): falling back to an older "
                         "checkpoint\n", path, p ? p->file : zr_err_msg(), p ? ": " : "",
-                p ? zck_problem_kind_name(p->kind) : "", p ? "" : "");
+                p ? zck_problem_kind_name(p->kind) : "");
         zck_report_free(rep);
         free(path);
     }
+    if (*out) {
+        for (size_t j = i + 1; j < n; j++)
+            move_aside(run_dir, l->ckpt[j].name);
+        if (i + 1 < n && zck_latest_set(run_dir, l->ckpt[i].step) < 0)
+            fprintf(stderr, PROG ": warning: %s\n", zr_err_msg());
+    }
     zck_run_list_free(l);
-    if (!n)
+    if (*out || !n)
         return 0;
     return zr_err_set(ZR_ECORRUPT, "%s: none of its %zu checkpoint%s verifies; not starting "
                       "over from scratch (move the run directory away to do that)", run_dir, n,

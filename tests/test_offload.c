@@ -29,7 +29,7 @@ static const char *zrun_path(void)
     return z;
 }
 
-static char *slurp(const char *path)
+__attribute__((noinline)) static char *slurp(const char *path)
 {
     char *t = NULL;
     if (zck__read_small_for_tests(&t, path) != 0)
