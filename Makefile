@@ -163,6 +163,7 @@ bench: $(BUILD)/bench_ckpt $(BUILD)/mkckpt $(BUILD)/zckpt
 	tests/bench/train_bench.sh
 	tests/bench/zero_bench.sh
 	tests/bench/offload_bench.sh
+	tests/bench/save_bench.sh
 
 clean:
 	rm -rf build build-san

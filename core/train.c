@@ -567,7 +567,10 @@ static uint64_t rss_peak(void)
     return getrusage(RUSAGE_SELF, &ru) ? 0 : (uint64_t)ru.ru_maxrss * 1024;
 }
 
-static void log_step(run *r, float loss, float lr, float norm, double dt)
+/* The step's line on the terminal (before its save, if any) and, with save_ms (how long a
+ * save at this step blocked training; 0 without one), its JSON line (after it). */
+static void log_step(run *r, int json, float loss, float lr, float norm, double dt,
+                     double save_ms)
 {
     const zr_train_opts *o = r->o;
     double tps = (double)o->batch * r->T / (dt > 0 ? dt : 1e-9);
@@ -579,19 +582,20 @@ static void log_step(run *r, float loss, float lr, float norm, double dt)
     char nvme[48] = "";
     if (zb.nvme)
         snprintf(nvme, sizeof nvme, " | nvme %.1f", zb.nvme * mib);
-    if (r->log)
+    if (r->log && !json)
         fprintf(r->log, "step %6llu/%llu | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | "
                         "%.1f ms | mem/rank MiB p %.1f g %.1f o %.1f b %.1f a %.1f%s\n",
                 (unsigned long long)r->step, (unsigned long long)o->steps, loss, lr, norm, tps,
                 dt * 1e3, zb.params * mib, zb.grads * mib, zb.optimizer * mib,
                 zb.buffers * mib, ab * mib, nvme);
-    if (r->jlog) {
+    if (r->jlog && json) {
         fprintf(r->jlog, "{\"step\":%llu,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
-                         "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"world\":%d,\"zero\":%d,"
+                         "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"save_blocked_ms\":%.3f,"
+                         "\"world\":%d,\"zero\":%d,"
                          "\"mem\":{\"params\":%llu,\"grads\":%llu,\"optimizer\":%llu,"
                          "\"buffers\":%llu,\"activations\":%llu,\"nvme\":%llu},"
                          "\"rss_peak\":%llu}\n",
-                (unsigned long long)r->step, loss, lr, norm, tps, dt * 1e3, r->W,
+                (unsigned long long)r->step, loss, lr, norm, tps, dt * 1e3, save_ms, r->W,
                 o->zero_stage, (unsigned long long)zb.params, (unsigned long long)zb.grads,
                 (unsigned long long)zb.optimizer, (unsigned long long)zb.buffers,
                 (unsigned long long)ab, (unsigned long long)zb.nvme,
@@ -957,12 +961,13 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
         if (dt > slowest)
             slowest = dt;
         done_here++;
-        log_step(&r, loss, lr, norm, dt);
+        log_step(&r, 0, loss, lr, norm, dt, 0);
         saved_now = 0;
         if (o->save_every && r.step % o->save_every == 0 && r.step < o->steps) {
             ZR_TRY_GOTO(save(&r, loss, out->ckpt, sizeof out->ckpt), rc, out);
             saved_now = 1;
         }
+        log_step(&r, 1, loss, lr, norm, dt, saved_now ? r.blocked_s * 1e3 : 0);
         if (stop && r.step < o->steps) {
             out->stopped = 1;
             break;
