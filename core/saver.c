@@ -115,6 +115,36 @@ static int snap_write(void *ctx, const void *data, size_t bytes)
     return 0;
 }
 
+/* Room for `need` floats in area a: anonymous memory, huge pages advised, faulted in now when
+ * touch is set (so that no save pays for first-touch page faults). */
+static int area_reserve(area *a, size_t need, int touch)
+{
+    if (a->cap >= need && a->mem)
+        return 0;
+    if (a->mem)
+        munmap(a->mem, a->cap * sizeof(float));
+    a->mem = NULL;
+    a->cap = 0;
+    size_t bytes = (need ? need : 1) * sizeof(float);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return zr_err_set(ZR_ENOMEM, "out of memory for a %.1f MiB checkpoint staging area",
+                          (double)bytes / 1048576);
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    if (touch)
+        memset(p, 0, bytes);
+    a->mem = p;
+    a->cap = need ? need : 1;
+    return 0;
+}
+
+int zr_saver_prepare(zr_saver *s, zr_zero *z)
+{
+    return area_reserve(&s->a[0], (size_t)zr_zero_part_floats(z), 1);
+}
+
 int zr_saver_snapshot(zr_saver *s, zr_zero *z)
 {
     double t0 = now_s();
@@ -125,22 +155,7 @@ int zr_saver_snapshot(zr_saver *s, zr_zero *z)
     if (ready)
         return zr_err_set(ZR_ERROR, "saver: a snapshot is already waiting for its write");
     area *a = &s->a[i];
-    size_t need = (size_t)zr_zero_part_floats(z);
-    if (a->cap < need) { /* once: anonymous memory, zero pages until touched, THP advised */
-        if (a->mem)
-            munmap(a->mem, a->cap * sizeof(float));
-        a->mem = NULL;
-        size_t bytes = (need ? need : 1) * sizeof(float);
-        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED)
-            return zr_err_set(ZR_ENOMEM, "out of memory for a %.1f MiB checkpoint staging area",
-                              (double)bytes / 1048576);
-#ifdef MADV_HUGEPAGE
-        madvise(p, bytes, MADV_HUGEPAGE);
-#endif
-        a->mem = p;
-        a->cap = need ? need : 1;
-    }
+    ZR_TRY(area_reserve(a, (size_t)zr_zero_part_floats(z), 0));
     a->n_ext = 0;
     a->fill = 0;
     zr_zero_sink k = {a, snap_begin, snap_write};

@@ -19,6 +19,9 @@ int zr_saver_new(zr_saver **out, const zck_layout *L, int world, int rank);
 /* Joins a running write (its result is dropped: the caller stops without committing it). */
 void zr_saver_free(zr_saver *s);
 
+/* Allocate and fault in the first staging area now (before training), so that saves do not
+ * pay for it. */
+int zr_saver_prepare(zr_saver *s, zr_zero *z);
 /* Copy this rank's partitions into a free staging area (the one the running write does not
  * read). Fails if a snapshot is already waiting for its write. */
 int zr_saver_snapshot(zr_saver *s, zr_zero *z);

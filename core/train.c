@@ -890,6 +890,8 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
     }
     if (!lrc && o->async_save)
         lrc = zr_saver_new(&r.saver, r.L, r.W, r.rank);
+    if (!lrc && r.saver) /* the staging area, faulted in before the first step */
+        lrc = zr_saver_prepare(r.saver, r.zero);
     if (!lrc) {
         zr_model_hooks h;
         zr_zero_hooks(r.zero, &h);
