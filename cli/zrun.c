@@ -52,9 +52,10 @@ static const char *usage_text =
     "  --ckpt-dir DIR      run directory (runs/default)\n"
     "  --save-every N      save every N steps (default: only at the end)\n"
     "  --keep-last K       keep the newest K checkpoints (3; 0 keeps all)\n"
-    "  --async-save on|off on (default): a save blocks training only to copy each rank's\n"
-    "                      partitions to host staging; files are written in the background and\n"
-    "                      committed at a later step boundary. off: training waits for the files\n"
+    "  --async-save M      on: a save blocks training only to copy each rank's partitions to\n"
+    "                      host staging; files are written in the background and committed at\n"
+    "                      a later step boundary. off: training waits for the files. auto\n"
+    "                      (default): on, except with states offloaded to NVMe\n"
     "  --verify-on-resume full|quick|off   full (default): every file hashed before any state\n"
     "                      is read; quick: files present with their sizes; off: nothing\n"
     "  --max-restarts N    when a rank dies or the job fails, restart all ranks from the newest\n"
@@ -358,9 +359,9 @@ int main(int argc, char **argv)
                 return ZCLI_ERROR;
             o.zero_stage = (int)u;
         } else if (!strcmp(a, "--async-save")) {
-            if (strcmp(v, "on") && strcmp(v, "off"))
-                return zcli_fail(PROG, NULL, "--async-save '%s': expected on or off", v);
-            o.async_save = !strcmp(v, "on");
+            if (strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "auto"))
+                return zcli_fail(PROG, NULL, "--async-save '%s': expected auto, on or off", v);
+            o.async_save = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : -1;
         } else if (!strcmp(a, "--verify-on-resume")) {
             if (!strcmp(v, "full"))
                 o.verify_on_resume = ZR_VERIFY_FULL;

@@ -888,7 +888,10 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
         zo.swap_dir = r.swap_dir;
         lrc = zr_zero_new(&r.zero, r.comm, r.L, &zo);
     }
-    if (!lrc && o->async_save)
+    /* asynchronous saves need a host copy of this rank's partitions: by default not when the
+     * states were moved to NVMe to free that memory */
+    int offloaded = o->offload_optimizer == ZR_OFFLOAD_NVME || o->offload_params == ZR_OFFLOAD_NVME;
+    if (!lrc && (o->async_save > 0 || (o->async_save < 0 && !offloaded)))
         lrc = zr_saver_new(&r.saver, r.L, r.W, r.rank);
     if (!lrc && r.saver) /* the staging area, faulted in before the first step */
         lrc = zr_saver_prepare(r.saver, r.zero);

@@ -184,9 +184,11 @@ typedef struct {
     const char *nvme_path;
     unsigned aio_depth, offload_buffers;
     size_t aio_block;
-    /* saves: asynchronous (a snapshot of each rank's partitions into host staging, then a
+    /* saves: asynchronous (1: a snapshot of each rank's partitions into host staging, then a
      * background writer; committed at a later step boundary once every rank's shard is
-     * durable) or synchronous; how a resume verifies the checkpoint (ZR_VERIFY_*) */
+     * durable), synchronous (0), or -1: asynchronous unless states are offloaded to NVMe
+     * (the staging copy would bring back the memory offload freed); how a resume verifies the
+     * checkpoint (ZR_VERIFY_*) */
     int async_save;
     int verify_on_resume;
 } zr_train_opts;
@@ -194,7 +196,7 @@ enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };
 enum { ZR_OFFLOAD_NONE = 0, ZR_OFFLOAD_CPU = 1, ZR_OFFLOAD_NVME = 2 };
 #define ZR_TRAIN_OPTS_INIT                                                                     \
     {NULL, "synthetic", 8, 0, 0, 200, 1e-3f, 0.1f, 20, 0.1f, 1.0f, 1337, "runs/default", 0, 3, \
-     "auto", NULL, 2, 0, 0.0, 0, NULL, NULL, 2, 0, 0, NULL, 8, 4, (size_t)1 << 20, 1,        \
+     "auto", NULL, 2, 0, 0.0, 0, NULL, NULL, 2, 0, 0, NULL, 8, 4, (size_t)1 << 20, -1,       \
      ZR_VERIFY_FULL}
 
 typedef struct {
