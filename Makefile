@@ -113,6 +113,64 @@ run: $(BUILD)/zrun $(BUILD)/zckpt
 	$(BUILD)/zckpt ls $(RUN_DIR)
 	$(BUILD)/zckpt verify $(RUN_DIR)
 
+# ------------------------------------------------------------------ CUDA backend (optional)
+# build/libzr_cuda.so (core/cuda/*.cu), loaded at run time by core/device.c through dlopen:
+# libzr, zrun and the tests never link CUDA and run anywhere. Built when nvcc is found (on the
+# PATH, else /usr/local/cuda/bin/nvcc; `make NVCC=` builds without it): sm_90 code (H100/H200)
+# and compute_90 PTX that newer GPUs compile at load. Always in build/ (nvcc objects take no
+# sanitizers); a SAN=1 build copies it next to its own binaries. NCCL comes from the CUDA tree,
+# /usr/include, /usr/local/include or $(NCCL_HOME); without nccl.h the communicator reports
+# "built without NCCL".
+LIBS += -ldl
+NVCC ?= $(shell command -v nvcc 2>/dev/null || \
+          { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+NVCC := $(strip $(NVCC))
+ifneq ($(NVCC),)
+CUDA_HOME   ?= $(patsubst %/bin/,%,$(dir $(realpath $(NVCC))))
+CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib) $(CUDA_HOME)/lib64)
+NCCL_H      := $(firstword $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h) \
+                 $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h))
+NCCL_FLAGS  := $(if $(NCCL_H),$(patsubst %,-I%,$(filter-out /usr/include/ $(CUDA_HOME)/include/,\
+                 $(dir $(NCCL_H)))),-DZR_NO_NCCL)
+comma       := ,
+NCCL_LIBS   := $(if $(NCCL_H),$(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -Xlinker -rpath$(comma)$(NCCL_HOME)/lib) -lnccl)
+NVCC_FLAGS  := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 \
+               -gencode arch=compute_90,code=compute_90 -Xcompiler -fPIC,-fvisibility=hidden,-Wall \
+               $(if $(filter 1,$(WERROR)),-Werror all-warnings -Xcompiler -Werror) \
+               -Icore -Ickpt $(NCCL_FLAGS)
+CUDA_SRC := $(wildcard core/cuda/*.cu)
+CUDA_OBJ := $(CUDA_SRC:%.cu=build/cuda-obj/%.o)
+
+build/cuda-obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
+
+build/libzr_cuda.so: $(CUDA_OBJ) core/cuda/exports.map
+	$(NVCC) -shared -cudart shared -o $@ $(CUDA_OBJ) -L$(CUDA_LIBDIR) -lcublasLt -lcublas \
+	  $(NCCL_LIBS) -lcudart -Xlinker -rpath,$(CUDA_LIBDIR) \
+	  -Xlinker --version-script=core/cuda/exports.map
+
+all test: $(BUILD)/libzr_cuda.so
+ifneq ($(BUILD),build)
+$(BUILD)/libzr_cuda.so: build/libzr_cuda.so
+	@mkdir -p $(BUILD)
+	cp $< $@
+-include $(wildcard build/cuda-obj/core/cuda/*.d)
+endif
+endif
+
+# the GPU test programs (tests/gpu/run.sh, bench.sh; test_device runs gpu_kernels when a GPU is
+# present): plain C, reaching CUDA only through the loader, so they build everywhere
+$(BUILD)/gpu_kernels: $(BUILD)/tests/gpu/kernels.o $(BUILD)/libzr.a $(BUILD)/libzck.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(BLAS_LIBS)
+
+$(BUILD)/gpu_bench: $(BUILD)/tests/gpu/bench.o $(BUILD)/libzr.a $(BUILD)/libzck.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(BLAS_LIBS)
+
+test: $(BUILD)/gpu_kernels $(BUILD)/gpu_bench
+# test_device asserts that the backend was built when there is an nvcc ("": built without)
+test: export ZT_NVCC := $(NVCC)
+
 # ------------------------------------------------------------------ tests
 TEST_SRC := $(wildcard tests/*.c) tests/fuzz/fuzz_manifest.c
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)

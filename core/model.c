@@ -504,6 +504,8 @@ void zr_model_init_weights(zr_model *m, uint64_t seed)
 
 /* ---------------------------------------------------------------- layers */
 
+#include "fastmath.h" /* zr_expf: the exp the elementwise loops vectorize with */
+
 /*
  * Every loop below runs through par_for (par.h) on the zr_set_threads threads. Except in the
  * matmuls (gemm), each output element is computed by exactly one chunk, in the same order as a
@@ -517,6 +519,76 @@ void zr_model_init_weights(zr_model *m, uint64_t seed)
 #define COLS_BLOCK 16      /* channels per unit of a column split */
 
 static size_t col_blocks(size_t n) { return (n + COLS_BLOCK - 1) / COLS_BLOCK; }
+
+/* Sums over a row in a fixed order: eight partial sums over i mod 8 (the compiler vectorizes
+ * them, 4 or 8 lanes, without -ffast-math), combined pairwise, then the tail. The order is
+ * fixed by the code, not by the compiler, so the result does not depend on the vector width. */
+static inline float sum8(const float *restrict x, size_t n)
+{
+    float acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++)
+            acc[j] += x[i + j];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++)
+        s += x[i];
+    return s;
+}
+
+static inline float dot8(const float *restrict a, const float *restrict b, size_t n)
+{
+    float acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++)
+            acc[j] += a[i + j] * b[i + j];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* the maximum of x[0, n), n >= 1 (exact: the order does not matter) */
+static inline float max8(const float *restrict x, size_t n)
+{
+    float acc[8];
+    for (size_t j = 0; j < 8; j++)
+        acc[j] = x[0];
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++)
+            acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+    for (; i < n; i++)
+        acc[0] = x[i] > acc[0] ? x[i] : acc[0];
+    float m = acc[0];
+    for (size_t j = 1; j < 8; j++)
+        m = acc[j] > m ? acc[j] : m;
+    return m;
+}
+
+/* x[0, n) = e^(x - maxv) / sum, in place, n >= 1, maxv = max8(x, n); returns the sum (>= 1:
+ * the maximum's term) */
+static inline float softmax_inplace(float *restrict x, size_t n, float maxv)
+{
+    float acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++) {
+            float e = zr_expf(x[i + j] - maxv);
+            x[i + j] = e;
+            acc[j] += e;
+        }
+    float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++) {
+        x[i] = zr_expf(x[i] - maxv);
+        sum += x[i];
+    }
+    float inv = 1.0f / sum;
+    for (i = 0; i < n; i++)
+        x[i] *= inv;
+    return sum;
+}
 
 /* out[n, :] = wte[inp[n], :] + wpe[n % T, :] */
 typedef struct {
@@ -582,7 +654,7 @@ typedef struct {
     size_t C;
 } layernorm_fwd_args;
 
-static void layernorm_forward_rows(void *p, size_t n0, size_t n1)
+ZR_VEC_CLONES static void layernorm_forward_rows(void *p, size_t n0, size_t n1)
 {
     const layernorm_fwd_args *a = p;
     size_t C = a->C;
@@ -590,15 +662,18 @@ static void layernorm_forward_rows(void *p, size_t n0, size_t n1)
     for (size_t n = n0; n < n1; n++) {
         const float *x = a->inp + n * C;
         float *o = a->out + n * C;
-        float mu = 0.0f, var = 0.0f;
-        for (size_t i = 0; i < C; i++)
-            mu += x[i];
-        mu /= (float)C;
-        for (size_t i = 0; i < C; i++)
+        float mu = sum8(x, C) / (float)C;
+        float acc[8] = {0}, var;
+        size_t i = 0;
+        for (; i + 8 <= C; i += 8) /* eight partial sums, as sum8 */
+            for (size_t j = 0; j < 8; j++)
+                acc[j] += (x[i + j] - mu) * (x[i + j] - mu);
+        var = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (; i < C; i++)
             var += (x[i] - mu) * (x[i] - mu);
         var /= (float)C; /* biased, as PyTorch */
         float s = 1.0f / sqrtf(var + LN_EPS);
-        for (size_t i = 0; i < C; i++)
+        for (i = 0; i < C; i++)
             o[i] = (x[i] - mu) * s * w[i] + bias[i];
         a->mean[n] = mu;
         a->rstd[n] = s;
@@ -628,15 +703,26 @@ static void layernorm_backward_part(const layernorm_bwd_args *a, size_t k)
     for (size_t n = N * k / P; n < N * (k + 1) / P; n++) {
         const float *x = a->inp + n * C, *d = a->dout + n * C;
         float *dx = a->dinp + n * C, mu = a->mean[n], s = a->rstd[n];
-        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-        for (size_t i = 0; i < C; i++) {
+        float dnorm_mean, dnorm_norm_mean, acc1[8] = {0}, acc2[8] = {0};
+        size_t i = 0;
+        for (; i + 8 <= C; i += 8) /* eight partial sums each, as sum8 */
+            for (size_t j = 0; j < 8; j++) {
+                float norm = (x[i + j] - mu) * s, dnorm = w[i + j] * d[i + j];
+                acc1[j] += dnorm;
+                acc2[j] += dnorm * norm;
+            }
+        dnorm_mean = ((acc1[0] + acc1[4]) + (acc1[1] + acc1[5])) +
+                     ((acc1[2] + acc1[6]) + (acc1[3] + acc1[7]));
+        dnorm_norm_mean = ((acc2[0] + acc2[4]) + (acc2[1] + acc2[5])) +
+                          ((acc2[2] + acc2[6]) + (acc2[3] + acc2[7]));
+        for (; i < C; i++) {
             float norm = (x[i] - mu) * s, dnorm = w[i] * d[i];
             dnorm_mean += dnorm;
             dnorm_norm_mean += dnorm * norm;
         }
         dnorm_mean /= (float)C;
         dnorm_norm_mean /= (float)C;
-        for (size_t i = 0; i < C; i++) {
+        for (i = 0; i < C; i++) {
             float norm = (x[i] - mu) * s, dnorm = w[i] * d[i];
             dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
         }
@@ -760,7 +846,7 @@ typedef struct {
     size_t N, OC;
 } bias_grad_args;
 
-static void bias_grad_cols(void *p, size_t b0, size_t b1)
+ZR_VEC_CLONES static void bias_grad_cols(void *p, size_t b0, size_t b1)
 {
     const bias_grad_args *a = p;
     size_t OC = a->OC, j0 = b0 * COLS_BLOCK, j1 = b1 * COLS_BLOCK < OC ? b1 * COLS_BLOCK : OC;
@@ -782,75 +868,61 @@ static void matmul_backward(float *dinp, float *dW, float *db, const float *dout
     par_for(col_blocks(OC), 1, bias_grad_cols, &a);
 }
 
-/* The attention loops' inner products over one head (hs floats). Eight explicit partial sums
- * and restrict let -O2 vectorize them without -ffast-math: the summation order is fixed by the
- * code, not by the compiler, so results do not depend on the vector width. */
-static inline float dot(const float *restrict a, const float *restrict b, size_t n)
+/* Single-threaded sgemm, row-major, for the attention blocks (they run inside a par_for
+ * chunk: zr_set_threads keeps OpenBLAS at one thread) */
+static void sgemm1(int ta, int tb, size_t M, size_t N, size_t K, float alpha, const float *A,
+                   size_t lda, const float *B, size_t ldb, float beta, float *C, size_t ldc)
 {
-    float acc[8] = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (size_t j = 0; j < 8; j++)
-            acc[j] += a[i + j] * b[i + j];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
 
-/* y += a x */
-static inline void axpy(float *restrict y, float a, const float *restrict x, size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (size_t j = 0; j < 8; j++)
-            y[i + j] += a * x[i + j];
-    for (; i < n; i++)
-        y[i] += a * x[i];
-}
+/*
+ * Causal self-attention as small matmuls per (b, h) pair. For one pair, with q, k, v, y the
+ * head's [T, hs] slices (row stride 3C, or C for y) and P its [T, T] block of att:
+ *   forward:  S = q k^T / sqrt(hs); P = softmax of each row t over columns 0..t; y = P v
+ *   backward: dv = P^T dy; dP = dy v^T; dS = P * (dP - D) / sqrt(hs) with
+ *             D_t = sum_t2 P[t, t2] dP[t, t2] = dy_t . y_t; dq = dS k; dk = dS^T q
+ * The T x T matrices are cut in square blocks of ATT_BLOCK: row block r only needs the column
+ * blocks c <= r (causality), and each block product is one single-threaded sgemm. P is stored
+ * with zeros above the diagonal inside the diagonal blocks (columns t < t2 < the block's end),
+ * so those products can take whole blocks; columns past the block are never written or read.
+ * The backward keeps one dP / dS block on its thread's stack (ATT_BLOCK^2 floats) and never
+ * writes att (a second backward of the same forward must see it unchanged). It recomputes
+ * y = P v into dq's place to get D (dq is written afterwards), and keeps D in `rows`
+ * ([B NH, T]: row bh for pair bh).
+ *
+ * par_for splits the B NH pairs, whose outputs are disjoint (head h owns channels
+ * [h hs, (h+1) hs) of q, k, v and y, at the positions of b). Each pair is computed by one
+ * thread with the same calls whatever the thread count, so the bits do not depend on it.
+ */
+#define ATT_BLOCK 64
 
-/* The attention kernels' arguments; both split the B NH (b, h) pairs, whose outputs are
- * disjoint (head h owns channels [h hs, (h+1) hs) of q, k, v and out, at the positions of b). */
 typedef struct {
     float *out, *att, *dqkv, *rows;
     const float *qkv, *dout;
     size_t T, C, NH;
 } attention_args;
 
-/*
- * Causal self-attention. qkv [N, 3C] holds q, k, v of each position; head h uses channels
- * [h hs, (h+1) hs) of each. att [B, NH, T, T]: row t holds softmax(q_t . k_t2 / sqrt(hs)) for
- * t2 <= t (the rest of the row is never read). out [N, C] = sum_t2 att[t2] v_t2 per head.
- */
-static void attention_forward_pairs(void *p, size_t bh0, size_t bh1)
+ZR_VEC_CLONES static void attention_forward_pairs(void *p, size_t bh0, size_t bh1)
 {
     const attention_args *A = p;
     size_t T = A->T, C = A->C, NH = A->NH, C3 = 3 * C, hs = C / NH;
-    const float *qkv = A->qkv;
     float scale = 1.0f / sqrtf((float)hs);
     for (size_t bh = bh0; bh < bh1; bh++) {
         size_t b = bh / NH, h = bh % NH;
-        for (size_t t = 0; t < T; t++) {
-            const float *q = qkv + (b * T + t) * C3 + h * hs;
-            float *a = A->att + (bh * T + t) * T;
-            float maxv = -INFINITY;
-            for (size_t t2 = 0; t2 <= t; t2++) {
-                a[t2] = dot(q, qkv + (b * T + t2) * C3 + C + h * hs, hs) * scale;
-                if (a[t2] > maxv)
-                    maxv = a[t2];
+        const float *q = A->qkv + b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
+        float *P = A->att + bh * T * T, *y = A->out + b * T * C + h * hs;
+        for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+            size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
+            sgemm1(0, 1, r1 - r0, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, P + r0 * T, T);
+            for (size_t t = r0; t < r1; t++) {
+                float *row = P + t * T;
+                softmax_inplace(row, t + 1, max8(row, t + 1));
+                for (size_t t2 = t + 1; t2 < r1; t2++)
+                    row[t2] = 0.0f;
             }
-            float sum = 0.0f;
-            for (size_t t2 = 0; t2 <= t; t2++) {
-                a[t2] = expf(a[t2] - maxv);
-                sum += a[t2];
-            }
-            float inv = 1.0f / sum; /* sum >= 1: the maximum contributes exp(0) */
-            float *o = A->out + (b * T + t) * C + h * hs;
-            memset(o, 0, hs * sizeof(float));
-            for (size_t t2 = 0; t2 <= t; t2++) {
-                a[t2] *= inv;
-                axpy(o, a[t2], qkv + (b * T + t2) * C3 + 2 * C + h * hs, hs);
-            }
+            sgemm1(0, 0, r1 - r0, hs, r1, 1.0f, P + r0 * T, T, v, C3, 0.0f, y + r0 * C, C);
         }
     }
 }
@@ -862,40 +934,49 @@ static void attention_forward(float *out, float *att, const float *qkv, size_t B
     par_for(B * NH, 1, attention_forward_pairs, &a);
 }
 
-/* dqkv [N, 3C] (overwritten) from dout [N, C]; rows [B NH, T] scratch holds, per (b, h), one
- * attention row's datt, then its dpreatt in place. Softmax backward:
- * dpre[t2] = att[t2] (datt[t2] - sum_t3 att[t3] datt[t3]). */
-static void attention_backward_pairs(void *p, size_t bh0, size_t bh1)
+/* dqkv [N, 3C] (overwritten) from dout [N, C]; see above */
+ZR_VEC_CLONES static void attention_backward_pairs(void *p, size_t bh0, size_t bh1)
 {
     const attention_args *A = p;
     size_t T = A->T, C = A->C, NH = A->NH, C3 = 3 * C, hs = C / NH;
-    const float *qkv = A->qkv;
-    float *dqkv = A->dqkv;
     float scale = 1.0f / sqrtf((float)hs);
+    float blk[ATT_BLOCK * ATT_BLOCK]; /* dP, then dS, of one block */
     for (size_t bh = bh0; bh < bh1; bh++) {
         size_t b = bh / NH, h = bh % NH;
-        float *datt = A->rows + bh * T;
-        for (size_t t = 0; t < T; t++)
-            for (size_t j = 0; j < 3; j++)
-                memset(dqkv + (b * T + t) * C3 + j * C + h * hs, 0, hs * sizeof(float));
-        for (size_t t = 0; t < T; t++) {
-            const float *q = qkv + (b * T + t) * C3 + h * hs;
-            const float *a = A->att + (bh * T + t) * T;
-            const float *d = A->dout + (b * T + t) * C + h * hs;
-            float *dq = dqkv + (b * T + t) * C3 + h * hs;
-            float adatt = 0.0f; /* sum_t2 att[t2] datt[t2] */
-            for (size_t t2 = 0; t2 <= t; t2++) {
-                size_t v = (b * T + t2) * C3 + 2 * C + h * hs;
-                datt[t2] = dot(qkv + v, d, hs);
-                axpy(dqkv + v, a[t2], d, hs);
-                adatt += a[t2] * datt[t2];
-            }
-            for (size_t t2 = 0; t2 <= t; t2++) /* datt becomes dpreatt */
-                datt[t2] = a[t2] * (datt[t2] - adatt) * scale;
-            for (size_t t2 = 0; t2 <= t; t2++) {
-                size_t k = (b * T + t2) * C3 + C + h * hs;
-                axpy(dq, datt[t2], qkv + k, hs);
-                axpy(dqkv + k, datt[t2], q, hs);
+        const float *q = A->qkv + b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
+        const float *P = A->att + bh * T * T, *dy = A->dout + b * T * C + h * hs;
+        float *dq = A->dqkv + b * T * C3 + h * hs, *dk = dq + C, *dv = dq + 2 * C;
+        float *D = A->rows + bh * T;
+        for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) { /* y = P v into dq, then D */
+            size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
+            sgemm1(0, 0, r1 - r0, hs, r1, 1.0f, P + r0 * T, T, v, C3, 0.0f, dq + r0 * C3, C3);
+            for (size_t t = r0; t < r1; t++)
+                D[t] = dot8(dy + t * C, dq + t * C3, hs);
+        }
+        for (size_t c0 = 0; c0 < T; c0 += ATT_BLOCK) { /* dv[c] = P[c.., c]^T dy[c..] */
+            size_t c1 = c0 + ATT_BLOCK < T ? c0 + ATT_BLOCK : T;
+            sgemm1(1, 0, c1 - c0, hs, T - c0, 1.0f, P + c0 * T + c0, T, dy + c0 * C, C, 0.0f,
+                   dv + c0 * C3, C3);
+        }
+        for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+            size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, nr = r1 - r0;
+            for (size_t c0 = 0; c0 <= r0; c0 += ATT_BLOCK) {
+                size_t c1 = c0 + ATT_BLOCK < T ? c0 + ATT_BLOCK : T, nc = c1 - c0;
+                sgemm1(0, 1, nr, nc, hs, 1.0f, dy + r0 * C, C, v + c0 * C3, C3, 0.0f, blk, nc);
+                for (size_t i = 0; i < nr; i++) {
+                    const float *pr = P + (r0 + i) * T + c0;
+                    float *d = blk + i * nc, Di = D[r0 + i];
+                    /* in the diagonal block, columns past the row's own position are 0 */
+                    size_t end = c0 == r0 ? i + 1 : nc;
+                    for (size_t j = 0; j < end; j++)
+                        d[j] = pr[j] * (d[j] - Di) * scale;
+                    for (size_t j = end; j < nc; j++)
+                        d[j] = 0.0f;
+                }
+                sgemm1(0, 0, nr, hs, nc, 1.0f, blk, nc, k + c0 * C3, C3, c0 ? 1.0f : 0.0f,
+                       dq + r0 * C3, C3);
+                sgemm1(1, 0, nc, hs, nr, 1.0f, blk, nc, q + r0 * C3, C3,
+                       c0 == r0 ? 0.0f : 1.0f, dk + c0 * C3, C3);
             }
         }
     }
@@ -908,13 +989,14 @@ static void attention_backward(float *dqkv, float *rows, const float *dout, cons
     par_for(B * NH, 1, attention_backward_pairs, &a);
 }
 
-/* tanh(sqrt(2/pi) (x + 0.044715 x^3)) through expf, about 3x cheaper than tanhf: the absolute
- * error (~1e-7 near 0) is what the GELU uses, 1 + tanh, and what the backward's 1 - tanh^2
- * sees; large |u| gives exp inf or 0, hence exactly +-1. */
+/* tanh(sqrt(2/pi) (x + 0.044715 x^3)) as 1 - 2 / (e^2u + 1), through zr_expf, which
+ * vectorizes (tanhf and expf are libm calls): the absolute error (~1e-7 near 0) is what the
+ * GELU uses, 1 + tanh, and what the backward's 1 - tanh^2 sees; large |u| gives e^2u = inf or
+ * 0, hence exactly +-1. */
 static inline float gelu_tanh(float x)
 {
     float u = GELU_K * (x + 0.044715f * x * x * x);
-    return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f);
+    return 1.0f - 2.0f / (zr_expf(2.0f * u) + 1.0f);
 }
 
 typedef struct {
@@ -923,7 +1005,7 @@ typedef struct {
 } gelu_args;
 
 /* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
-static void gelu_forward_elems(void *p, size_t i0, size_t i1)
+ZR_VEC_CLONES static void gelu_forward_elems(void *p, size_t i0, size_t i1)
 {
     const gelu_args *a = p;
     float *out = a->out;
@@ -939,7 +1021,7 @@ static void gelu_forward(float *out, const float *inp, size_t n)
 }
 
 /* d[i] *= gelu'(inp[i]), in place */
-static void gelu_backward_elems(void *p, size_t i0, size_t i1)
+ZR_VEC_CLONES static void gelu_backward_elems(void *p, size_t i0, size_t i1)
 {
     const gelu_args *a = p;
     float *d = a->out;
@@ -967,25 +1049,16 @@ typedef struct {
     size_t V;
 } softmax_args;
 
-static void softmax_xent_rows(void *p, size_t n0, size_t n1)
+ZR_VEC_CLONES static void softmax_xent_rows(void *p, size_t n0, size_t n1)
 {
     const softmax_args *a = p;
     size_t V = a->V;
     const int32_t *targets = a->targets;
     for (size_t n = n0; n < n1; n++) {
         float *pr = a->probs + n * V;
-        float maxv = -INFINITY;
-        for (size_t v = 0; v < V; v++)
-            maxv = pr[v] > maxv ? pr[v] : maxv;
+        float maxv = max8(pr, V);
         float target_logit = targets ? pr[targets[n]] - maxv : 0.0f;
-        float sum = 0.0f;
-        for (size_t v = 0; v < V; v++) {
-            pr[v] = expf(pr[v] - maxv);
-            sum += pr[v];
-        }
-        float inv = 1.0f / sum;
-        for (size_t v = 0; v < V; v++)
-            pr[v] *= inv;
+        float sum = softmax_inplace(pr, V, maxv);
         if (targets)
             a->losses[n] = logf(sum) - target_logit;
     }
@@ -1007,7 +1080,7 @@ typedef struct {
     float k;
 } dlogits_args;
 
-static void dlogits_rows(void *p, size_t r0, size_t r1)
+ZR_VEC_CLONES static void dlogits_rows(void *p, size_t r0, size_t r1)
 {
     const dlogits_args *a = p;
     size_t V = a->V;

@@ -672,7 +672,7 @@ ZT_TEST(launch_runs_ranks_with_prefixed_output)
     EXPECT(L, strstr(L.out, " 1 -> pipe:[") && strstr(L.out, " 2 -> pipe:["));
     EXPECT(L, !strstr(L.out, "launch.out") && !strstr(L.out, "launch.err"));
     for (int fd = 3; fd < 10; fd++) {
-        char s[16];
+        char s[32];
         snprintf(s, sizeof s, " %d -> ", fd);
         EXPECT(L, !strstr(L.out, s));
     }

@@ -2,13 +2,17 @@
  * test_engine_parts.c: the engine's parts that need no model (zr.h): model specs and their
  * errors, the model section JSON (byte-identical to formats/') and the layout (identical to
  * zfmt_gpt2_layout, group by group and tensor by tensor), AdamW against a double-precision
- * reference, the LR schedule, the sum of squares, and the data sources: the synthetic corpus,
- * raw-byte files and llm.c token files with each kind of damage.
+ * reference, the LR schedule, the sum of squares, the vectorizable exp of the model's loops
+ * (core/fastmath.h) against libm, the same bits from AdamW and the sum of squares whatever the
+ * thread count, and the data sources: the synthetic corpus, raw-byte files and llm.c token
+ * files with each kind of damage.
  */
+#include "fastmath.h"
 #include "harness.h"
 #include "zfmt.h"
 #include "zr.h"
 
+#include <float.h>
 #include <math.h>
 #include <sys/stat.h>
 
@@ -459,6 +463,142 @@ ZT_TEST(engine_sumsq)
     y[n - 1] = -3.0f; /* signs do not matter; the tail is counted */
     ZT_CHECK(close_to(zr_sumsq(y, n), e - (double)0.1f * 0.1f + 9.0, 1e-10, 0));
     free(y);
+}
+
+/* The documented sum of squares: blocks of 16384 elements, each in double as eight partial
+ * sums over i mod 8 combined pairwise, then the block sums added in order. */
+static double ref_sumsq(const float *x, size_t n)
+{
+    double total = 0.0;
+    for (size_t b = 0; b < n; b += 16384) {
+        size_t e = n - b < 16384 ? n : b + 16384, i = b;
+        double s[8] = {0};
+        for (; i + 8 <= e; i += 8)
+            for (size_t k = 0; k < 8; k++)
+                s[k] += (double)x[i + k] * x[i + k];
+        for (; i < e; i++)
+            s[0] += (double)x[i] * x[i];
+        total += ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    }
+    return total;
+}
+
+ZT_TEST(engine_sumsq_and_adamw_threads)
+{
+    /* more blocks than one parallel region takes (1024 blocks of 16384), and a ragged tail */
+    size_t n = 1024 * 16384 + 5 * 16384 + 77;
+    float *x = malloc(n * sizeof *x);
+    ZT_CHECK(x);
+    uint64_t s = 3;
+    for (size_t i = 0; i < n; i++)
+        x[i] = ((float)lcg(&s) / 2147483648.0f - 1.0f) * (i % 1000 == 0 ? 1e3f : 1e-3f);
+    const size_t lens[] = {0, 1, 9, 16384, 16385, 3 * 16384 + 11, n};
+    double want[sizeof lens / sizeof *lens];
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++)
+        want[k] = ref_sumsq(x, lens[k]);
+    const int threads[] = {1, 2, 3, 4};
+    for (size_t t = 0; t < sizeof threads / sizeof *threads; t++) {
+        zr_set_threads(threads[t]);
+        for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) {
+            double got = zr_sumsq(x, lens[k]);
+            if (memcmp(&got, &want[k], sizeof got))
+                ZT_FAIL("%d threads, n %zu: sumsq %.17g, expected %.17g", threads[t], lens[k],
+                        got, want[k]);
+        }
+    }
+
+    /* AdamW: the same bits on 1 and 3 threads (elementwise), over a range several threads
+     * split */
+    size_t na = 300007;
+    const zr_adamw_hp hp = ZR_ADAMW_HP_INIT;
+    float *p[2], *m[2], *v[2];
+    for (int k = 0; k < 2; k++) {
+        ZT_CHECK((p[k] = malloc(na * sizeof(float))) && (m[k] = calloc(na, sizeof(float))) &&
+                 (v[k] = calloc(na, sizeof(float))));
+        memcpy(p[k], x + 1000, na * sizeof(float));
+        zr_set_threads(k ? 3 : 1);
+        for (uint64_t t = 1; t <= 3; t++)
+            zr_adamw_update(p[k], x + 5 * 16384 + t, m[k], v[k], na, t, 1e-3f, 0.7f, 1, &hp);
+    }
+    ZT_CHECK(!memcmp(p[0], p[1], na * sizeof(float)));
+    ZT_CHECK(!memcmp(m[0], m[1], na * sizeof(float)));
+    ZT_CHECK(!memcmp(v[0], v[1], na * sizeof(float)));
+    ZT_CHECK(memcmp(p[0], x + 1000, na * sizeof(float))); /* it did update */
+    for (int k = 0; k < 2; k++) {
+        free(p[k]);
+        free(m[k]);
+        free(v[k]);
+    }
+    free(x);
+}
+
+/* ---------------------------------------------------------------- zr_expf */
+
+/* distance in representable floats between two non-NaN floats (0 and -0 are 0 apart) */
+static int64_t float_steps(float a, float b)
+{
+    int32_t ia, ib;
+    memcpy(&ia, &a, sizeof ia);
+    memcpy(&ib, &b, sizeof ib);
+    int64_t oa = ia < 0 ? -(int64_t)(ia & 0x7fffffff) : ia;
+    int64_t ob = ib < 0 ? -(int64_t)(ib & 0x7fffffff) : ib;
+    return oa > ob ? oa - ob : ob - oa;
+}
+
+/* zr_expf(x) against e^x in double rounded once: the worst distance in floats so far where
+ * e^x is a normal float (worst[0]) and where it is 0, subnormal or inf (worst[1]) */
+static void expf_check(float x, int64_t worst[2], float *worst_x)
+{
+    float y = zr_expf(x);
+    if (isnan(x)) {
+        if (!isnan(y))
+            ZT_FAIL("zr_expf(NaN) = %a", y);
+        return;
+    }
+    float ref = (float)exp((double)x);
+    if (isnan(y) || isinf(y) != isinf(ref) || (y == 0.0f) != (ref == 0.0f) || y < 0.0f)
+        ZT_FAIL("zr_expf(%a) = %a, expected %a", x, y, ref);
+    int64_t d = float_steps(y, ref);
+    int normal = ref >= FLT_MIN && !isinf(ref);
+    if (d > worst[!normal]) {
+        worst[!normal] = d;
+        if (normal)
+            *worst_x = x;
+    }
+}
+
+ZT_TEST(engine_fast_expf)
+{
+    /* the bound of core/fastmath.h: within 1 ulp of e^x where e^x is a normal float, one step
+     * where it is subnormal, the same 0 and inf; every 4099th float bit pattern (about 1M
+     * values, each sign and magnitude) and chosen ones around the limits */
+    const float special[] = {0.0f, -0.0f, 1.0f, -1.0f, 0x1p-149f, -0x1p-149f, 0x1p-24f,
+                             -0x1p-25f, 88.0f, 88.72283f, 88.722839f, 88.7229f, 89.0f, 89.5f,
+                             100.0f, 1e10f, FLT_MAX, -87.33654f, -87.3366f, -100.0f, -103.27893f,
+                             -103.97208f, -103.972084f, -104.0f, -104.5f, -200.0f, -1e10f,
+                             -FLT_MAX, 0.34657359f, -0.34657359f, 0.6931472f, -0.6931472f};
+    int64_t worst[2] = {0, 0};
+    float worst_x = 0;
+    for (uint64_t u = 0; u < (1ull << 32); u += 4099) {
+        uint32_t b = (uint32_t)u;
+        float x;
+        memcpy(&x, &b, sizeof x);
+        expf_check(x, worst, &worst_x);
+    }
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++)
+        expf_check(special[i], worst, &worst_x);
+    if (worst[0] > 1 || worst[1] > 1)
+        ZT_FAIL("zr_expf: %lld ulp from e^x at x = %a (bound 1); %lld steps where subnormal",
+                (long long)worst[0], worst_x, (long long)worst[1]);
+    ZT_CHECK(zr_expf(-INFINITY) == 0.0f);
+    ZT_CHECK(isinf(zr_expf(INFINITY)) && zr_expf(INFINITY) > 0);
+    ZT_CHECK(isnan(zr_expf(NAN)) && isnan(zr_expf(-NAN)));
+    ZT_CHECK(zr_expf(0.0f) == 1.0f && zr_expf(-0.0f) == 1.0f);
+    /* what the softmaxes rely on: terms e^(x - max) in (0, 1], the maximum's exactly 1 */
+    for (float x = -30.0f; x <= 0.0f; x += 0.01f) {
+        float y = zr_expf(x);
+        ZT_CHECK(y > 0.0f && y <= 1.0f);
+    }
 }
 
 /* ---------------------------------------------------------------- data */

@@ -227,7 +227,8 @@ static void ref_linear(double *out, const double *x, const double *W, const doub
 static void ref_attn(double *out, const double *qkv, size_t B, size_t T, size_t C, size_t NH)
 {
     size_t hs = C / NH;
-    double w[64];
+    double w[256];
+    ZT_CHECK(T <= 256);
     for (size_t b = 0; b < B; b++)
         for (size_t t = 0; t < T; t++)
             for (size_t h = 0; h < NH; h++) {
@@ -342,8 +343,8 @@ static void grad_check(uint32_t L, uint32_t NH, uint32_t C, uint32_t ctx, uint32
     ref_model r;
     ref_init(&r, c);
     set_check_params(m, lay, seed);
-    int32_t in[64], tg[64];
-    ZT_CHECK(B * T <= 64);
+    int32_t in[256], tg[256];
+    ZT_CHECK(B * T <= 256);
     for (size_t i = 0; i < B * T; i++) {
         in[i] = (int32_t)(rng_next(&seed) % V);
         tg[i] = (int32_t)(rng_next(&seed) % V);
@@ -412,9 +413,12 @@ ZT_TEST(model_grad_check)
     grad_check(2, 2, 8, 6, 11, 3, 2, 5, UINT64_MAX, 1);
     grad_check(2, 2, 8, 6, 11, 3, 3, 2, UINT64_MAX, 2); /* another B, T in the same arena */
     grad_check(1, 4, 8, 4, 7, 1, 1, 4, UINT64_MAX, 3);  /* head size 2, a single sequence */
-    /* head size 12: the attention's 8-wide inner loops and their scalar tails; 40 elements of
-     * each tensor */
+    /* head size 12: the 8-wide inner loops and their scalar tails; 40 elements of each
+     * tensor */
     grad_check(1, 2, 24, 5, 13, 2, 2, 5, 40, 4);
+    /* T = 140 > 2 x 64: attention in three blocks of rows and columns (64, 64, 12), the
+     * causal mask inside the diagonal blocks, and blocks below it; 24 elements of each tensor */
+    grad_check(1, 2, 8, 150, 11, 1, 1, 140, 24, 5);
 }
 
 /* ---------------------------------------------------------------- determinism */

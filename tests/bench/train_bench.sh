@@ -237,8 +237,8 @@ print(f"  sgemm ({threads} threads, OpenBLAS): best {sg['best']:.1f} GFLOP/s, 12
       f"{'PASS' if frac >= 0.65 else 'BELOW'}   (zero / mix = {gflops / sg['mix124m']:.2f})")
 
 # memory: params + grads + AdamW m and v = 16 bytes/param; activations as zero allocates them
-# (its arena is sized for batch x ctx, 1024 for 124M, whatever --seq) and as B x T needs them
-# (the buffers of core/model.c's acts_layout at T)
+# (the log's mem.activations: since 769c986 the arena is sized for batch x --seq) and as B x T
+# needs them (the buffers of core/model.c's acts_layout at T)
 sixteen = 16 * n_params
 def acts(Tn):
     N = B * Tn
@@ -248,7 +248,7 @@ def acts(Tn):
 rss = max(x[4] for x in zg) * 1024
 arena = zg[0][2]["activations"]
 print(f"  124M peak RSS {rss/2**30:.2f} GiB; 16 B/param {sixteen/2**30:.2f} GiB + activations "
-      f"{arena/2**30:.2f} GiB as allocated (B x ctx={CTX}) = {(sixteen+arena)/2**30:.2f} GiB "
+      f"{arena/2**30:.2f} GiB as allocated = {(sixteen+arena)/2**30:.2f} GiB "
       f"(RSS / that = {rss/(sixteen+arena):.2f}); with activations for B x T={T} "
       f"({acts(T)/2**30:.2f} GiB): {(sixteen+acts(T))/2**30:.2f} GiB")
 print(f"  zrun 124M wall time {min(x[3] for x in zg):.1f} s for {len(jl('zero-gpt2.1.jsonl'))} "

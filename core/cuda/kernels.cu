@@ -1,0 +1,680 @@
+/*
+ * kernels.cu: the model's kernels other than the matmuls: embedding, LayerNorm, bias, GELU,
+ * the attention's permutations and causal softmax, the fused softmax + cross-entropy of the
+ * head, column sums, casts. fp32 arithmetic throughout; bf16 only where a value is stored for a
+ * matmul (round to nearest even, __float2bfloat16).
+ *
+ * Determinism: no atomics. Every reduction has a fixed shape (warp shuffles in xor order,
+ * shared-memory sums in index order, column sums over fixed row chunks added in chunk order),
+ * so a kernel's bits depend only on its inputs and sizes, never on timing.
+ */
+#include "zrcuda.h"
+
+#include <math.h>
+
+namespace {
+
+const unsigned kThreads = 256;
+const float kLnEps = 1e-5f;
+const float kGeluK = 0.7978845608028654f; /* sqrt(2 / pi) */
+
+unsigned grid_for(size_t n, unsigned threads)
+{
+    size_t g = (n + threads - 1) / threads;
+    if (g > 262144)
+        g = 262144; /* the kernels loop over the rest (grid stride) */
+    return (unsigned)(g ? g : 1);
+}
+
+#define GRID_STRIDE(i, n)                                                                      \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                    \
+         i += (size_t)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum_d(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* The block's sum or maximum, on every thread (blockDim.x a multiple of 32, <= 1024). sh: 33
+ * floats of shared memory, free again on return. */
+__device__ float block_reduce(float v, bool is_max, float *sh)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = is_max ? warp_max(v) : warp_sum(v);
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float x = lane < nw ? sh[lane] : (is_max ? -INFINITY : 0.0f);
+        x = is_max ? warp_max(x) : warp_sum(x);
+        if (lane == 0)
+            sh[32] = x;
+    }
+    __syncthreads();
+    float r = sh[32];
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ float tof(float x) { return x; }
+__device__ __forceinline__ float tof(bf16 x) { return __bfloat162float(x); }
+
+__device__ __forceinline__ float gelu_fwd(float x)
+{
+    float u = kGeluK * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+
+__device__ __forceinline__ float gelu_grad(float x)
+{
+    float th = tanhf(kGeluK * (x + 0.044715f * x * x * x));
+    float sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluK * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+/* ------------------------------------------------------------ elementwise */
+
+__global__ void k_cast_bf16(bf16 *dst, const float *src, size_t n)
+{
+    GRID_STRIDE(i, n) dst[i] = __float2bfloat16(src[i]);
+}
+
+__global__ void k_to_f32(float *dst, const bf16 *src, size_t n)
+{
+    GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[i]);
+}
+
+__global__ void k_fill(float *dst, float v, size_t n)
+{
+    GRID_STRIDE(i, n) dst[i] = v;
+}
+
+__global__ void k_encoder_forward(float *out, const int32_t *tok, const float *wte,
+                                  const float *wpe, size_t N, size_t T, size_t C)
+{
+    GRID_STRIDE(i, N * C)
+    {
+        size_t n = i / C, c = i % C;
+        out[i] = wte[(size_t)tok[n] * C + c] + wpe[(n % T) * C + c];
+    }
+}
+
+/* block (u, c-chunk): one thread per channel sums the token's positions in ascending order */
+__global__ void k_encoder_backward_wte(float *dwte, const float *dout, const int32_t *pos,
+                                       const int32_t *uniq, const int32_t *seg, size_t C)
+{
+    size_t u = blockIdx.x, c = (size_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float s = 0.0f;
+    for (int32_t j = seg[u]; j < seg[u + 1]; j++)
+        s += dout[(size_t)pos[j] * C + c];
+    dwte[(size_t)uniq[u] * C + c] += s;
+}
+
+__global__ void k_encoder_backward_wpe(float *dwpe, const float *dout, size_t B, size_t T,
+                                       size_t C)
+{
+    GRID_STRIDE(i, T * C)
+    {
+        size_t t = i / C, c = i % C;
+        float s = 0.0f;
+        for (size_t b = 0; b < B; b++)
+            s += dout[(b * T + t) * C + c];
+        dwpe[i] += s;
+    }
+}
+
+/* ------------------------------------------------------------ LayerNorm: a warp per row */
+
+__global__ void k_layernorm_forward(bf16 *out, float *mean, float *rstd, const float *inp,
+                                    const float *w, const float *b, size_t N, size_t C)
+{
+    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    unsigned lane = threadIdx.x & 31;
+    if (row >= N)
+        return; /* whole warps: row depends on the warp only */
+    const float *x = inp + row * C;
+    float s = 0.0f;
+    for (size_t c = lane; c < C; c += 32)
+        s += x[c];
+    float mu = warp_sum(s) / (float)C;
+    float v = 0.0f;
+    for (size_t c = lane; c < C; c += 32) {
+        float d = x[c] - mu;
+        v += d * d;
+    }
+    float var = warp_sum(v) / (float)C; /* biased, as PyTorch and the CPU */
+    float r = 1.0f / sqrtf(var + kLnEps);
+    bf16 *o = out + row * C;
+    for (size_t c = lane; c < C; c += 32)
+        o[c] = __float2bfloat16((x[c] - mu) * r * w[c] + b[c]);
+    if (lane == 0) {
+        mean[row] = mu;
+        rstd[row] = r;
+    }
+}
+
+__global__ void k_layernorm_backward_dinp(float *dinp, const float *dout, const float *inp,
+                                          const float *mean, const float *rstd, const float *w,
+                                          size_t N, size_t C)
+{
+    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    unsigned lane = threadIdx.x & 31;
+    if (row >= N)
+        return;
+    const float *x = inp + row * C, *d = dout + row * C;
+    float mu = mean[row], r = rstd[row];
+    float a1 = 0.0f, a2 = 0.0f;
+    for (size_t c = lane; c < C; c += 32) {
+        float norm = (x[c] - mu) * r, dn = w[c] * d[c];
+        a1 += dn;
+        a2 += dn * norm;
+    }
+    a1 = warp_sum(a1) / (float)C;
+    a2 = warp_sum(a2) / (float)C;
+    float *dx = dinp + row * C;
+    for (size_t c = lane; c < C; c += 32) {
+        float norm = (x[c] - mu) * r, dn = w[c] * d[c];
+        dx[c] += (dn - a1 - norm * a2) * r;
+    }
+}
+
+/* ------------------------------------------------------------ column sums */
+
+/* Row chunks of a column sum: R depends on N only, so the bits do too. */
+size_t row_chunks(size_t N)
+{
+    size_t R = (N + 255) / 256;
+    return R < 1 ? 1 : R > 64 ? 64 : R;
+}
+
+/* block (32 columns, chunk r), threads (32, 8): thread (tx, ty) sums rows n0+ty, n0+ty+8, ...
+ * of column c; the 8 partial sums are added in ty order */
+template <typename T>
+__global__ void k_colsum_partial(float *partial, const T *x, size_t N, size_t OC, size_t R)
+{
+    __shared__ float sh[8][33];
+    unsigned tx = threadIdx.x, ty = threadIdx.y;
+    size_t c = (size_t)blockIdx.x * 32 + tx, r = blockIdx.y;
+    size_t n0 = N * r / R, n1 = N * (r + 1) / R;
+    float acc = 0.0f;
+    if (c < OC)
+        for (size_t n = n0 + ty; n < n1; n += 8)
+            acc += tof(x[n * OC + c]);
+    sh[ty][tx] = acc;
+    __syncthreads();
+    if (ty == 0 && c < OC) {
+        float s = sh[0][tx];
+        for (int k = 1; k < 8; k++)
+            s += sh[k][tx];
+        partial[r * OC + c] = s;
+    }
+}
+
+/* the LayerNorm's dw (sum of dout * norm) and db (sum of dout), as k_colsum_partial */
+__global__ void k_ln_param_partial(float *pw, float *pb, const float *dout, const float *inp,
+                                   const float *mean, const float *rstd, size_t N, size_t C,
+                                   size_t R)
+{
+    __shared__ float shw[8][33], shb[8][33];
+    unsigned tx = threadIdx.x, ty = threadIdx.y;
+    size_t c = (size_t)blockIdx.x * 32 + tx, r = blockIdx.y;
+    size_t n0 = N * r / R, n1 = N * (r + 1) / R;
+    float aw = 0.0f, ab = 0.0f;
+    if (c < C)
+        for (size_t n = n0 + ty; n < n1; n += 8) {
+            float d = dout[n * C + c];
+            aw += d * ((inp[n * C + c] - mean[n]) * rstd[n]);
+            ab += d;
+        }
+    shw[ty][tx] = aw;
+    shb[ty][tx] = ab;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        float sw = shw[0][tx], sb = shb[0][tx];
+        for (int k = 1; k < 8; k++) {
+            sw += shw[k][tx];
+            sb += shb[k][tx];
+        }
+        pw[r * C + c] = sw;
+        pb[r * C + c] = sb;
+    }
+}
+
+__global__ void k_colsum_finish(float *db, const float *partial, size_t OC, size_t R)
+{
+    size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= OC)
+        return;
+    float s = 0.0f;
+    for (size_t r = 0; r < R; r++)
+        s += partial[r * OC + c];
+    db[c] += s;
+}
+
+/* ------------------------------------------------------------ bias, GELU */
+
+__global__ void k_rows_init(float *out, const float *res, const float *bias, size_t N, size_t OC)
+{
+    GRID_STRIDE(i, N * OC)
+    {
+        float v = res ? res[i] : 0.0f;
+        if (bias)
+            v += bias[i % OC];
+        out[i] = v;
+    }
+}
+
+__global__ void k_bias_gelu(bf16 *pre, bf16 *act, const float *x, const float *bias, size_t N,
+                            size_t OC)
+{
+    GRID_STRIDE(i, N * OC)
+    {
+        float v = x[i] + (bias ? bias[i % OC] : 0.0f);
+        pre[i] = __float2bfloat16(v);
+        act[i] = __float2bfloat16(gelu_fwd(v));
+    }
+}
+
+__global__ void k_gelu_backward(bf16 *dx, const float *dout, const bf16 *pre, size_t n)
+{
+    GRID_STRIDE(i, n) dx[i] = __float2bfloat16(dout[i] * gelu_grad(__bfloat162float(pre[i])));
+}
+
+/* ------------------------------------------------------------ attention */
+
+__global__ void k_qkv_permute(bf16 *q, bf16 *k, bf16 *v, const float *x, const float *bias,
+                              size_t B, size_t T, size_t C, size_t NH)
+{
+    size_t C3 = 3 * C, hs = C / NH;
+    GRID_STRIDE(i, B * T * C3)
+    {
+        size_t n = i / C3, j = i % C3, which = j / C, c = j % C;
+        size_t h = c / hs, d = c % hs, b = n / T, t = n % T;
+        float val = x[i] + (bias ? bias[j] : 0.0f);
+        bf16 *dst = which == 0 ? q : which == 1 ? k : v;
+        dst[((b * NH + h) * T + t) * hs + d] = __float2bfloat16(val);
+    }
+}
+
+__global__ void k_heads_permute(bf16 *dst, const bf16 *src, size_t ld, size_t B, size_t T,
+                                size_t C, size_t NH)
+{
+    size_t hs = C / NH;
+    GRID_STRIDE(i, B * T * C)
+    {
+        size_t n = i / C, c = i % C, h = c / hs, d = c % hs, b = n / T, t = n % T;
+        dst[((b * NH + h) * T + t) * hs + d] = src[n * ld + c];
+    }
+}
+
+__global__ void k_heads_unpermute(bf16 *dst, size_t ld, const bf16 *src, size_t B, size_t T,
+                                  size_t C, size_t NH)
+{
+    size_t hs = C / NH;
+    GRID_STRIDE(i, B * T * C)
+    {
+        size_t n = i / C, c = i % C, h = c / hs, d = c % hs, b = n / T, t = n % T;
+        dst[n * ld + c] = src[((b * NH + h) * T + t) * hs + d];
+    }
+}
+
+/* a warp per row (bh, t) of T columns; columns past t are 0 */
+__global__ void k_attn_softmax_forward(bf16 *P, const float *S, size_t rows, size_t T)
+{
+    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    unsigned lane = threadIdx.x & 31;
+    if (row >= rows)
+        return;
+    size_t t = row % T;
+    const float *s = S + row * T;
+    bf16 *p = P + row * T;
+    float mx = -INFINITY;
+    for (size_t j = lane; j <= t; j += 32)
+        mx = fmaxf(mx, s[j]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (size_t j = lane; j <= t; j += 32)
+        sum += expf(s[j] - mx);
+    float inv = 1.0f / warp_sum(sum);
+    for (size_t j = lane; j < T; j += 32)
+        p[j] = __float2bfloat16(j <= t ? expf(s[j] - mx) * inv : 0.0f);
+}
+
+__global__ void k_attn_softmax_backward(bf16 *dS, const float *dP, const bf16 *P, size_t rows,
+                                        size_t T, float scale)
+{
+    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    unsigned lane = threadIdx.x & 31;
+    if (row >= rows)
+        return;
+    size_t t = row % T;
+    const float *dp = dP + row * T;
+    const bf16 *p = P + row * T;
+    bf16 *ds = dS + row * T;
+    float D = 0.0f;
+    for (size_t j = lane; j <= t; j += 32)
+        D += __bfloat162float(p[j]) * dp[j];
+    D = warp_sum(D);
+    for (size_t j = lane; j < T; j += 32)
+        ds[j] = __float2bfloat16(j <= t ? __bfloat162float(p[j]) * (dp[j] - D) * scale : 0.0f);
+}
+
+/* ------------------------------------------------------------ the head */
+
+/* a block per row: max, sum of exponentials, loss, then d = p - onehot in bf16 */
+__global__ void k_xent_forward(bf16 *d, size_t ldd, float *losses, const float *logits,
+                               size_t ldl, const int32_t *targets, size_t V)
+{
+    __shared__ float sh[33];
+    size_t row = blockIdx.x;
+    const float *l = logits + row * ldl;
+    float mx = -INFINITY;
+    for (size_t j = threadIdx.x; j < V; j += blockDim.x)
+        mx = fmaxf(mx, l[j]);
+    mx = block_reduce(mx, true, sh);
+    float s = 0.0f;
+    for (size_t j = threadIdx.x; j < V; j += blockDim.x)
+        s += expf(l[j] - mx);
+    s = block_reduce(s, false, sh);
+    long tg = targets ? (long)targets[row] : -1;
+    if (threadIdx.x == 0)
+        losses[row] = targets ? logf(s) - (l[tg] - mx) : 0.0f;
+    float inv = 1.0f / s;
+    bf16 *dr = d + row * ldd;
+    for (size_t j = threadIdx.x; j < V; j += blockDim.x) {
+        float p = expf(l[j] - mx) * inv;
+        if ((long)j == tg)
+            p -= 1.0f;
+        dr[j] = __float2bfloat16(p);
+    }
+}
+
+__global__ void k_probs_export(float *dst, const bf16 *d, size_t ldd, const int32_t *targets,
+                               size_t rows, size_t V)
+{
+    GRID_STRIDE(i, rows * V)
+    {
+        size_t r = i / V, j = i % V;
+        float p = __bfloat162float(d[r * ldd + j]);
+        if (targets && (size_t)targets[r] == j)
+            p += 1.0f;
+        dst[i] = p;
+    }
+}
+
+/* one block of 1024 threads: strided double sums, then a fixed tree */
+__global__ void k_sum_f64(double *out, const float *x, size_t n)
+{
+    __shared__ double sh[32];
+    double acc = 0.0;
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x)
+        acc += (double)x[i];
+    acc = warp_sum_d(acc);
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0)
+        sh[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        double v = lane < nw ? sh[lane] : 0.0;
+        v = warp_sum_d(v);
+        if (lane == 0)
+            out[0] = v;
+    }
+}
+
+} /* namespace */
+
+/* ---------------------------------------------------------------- launchers */
+
+int zrk_cast_bf16(bf16 *dst, const float *src, size_t n, cudaStream_t s)
+{
+    if (!n)
+        return 0;
+    k_cast_bf16<<<grid_for(n, kThreads), kThreads, 0, s>>>(dst, src, n);
+    ZRC_LAUNCHED("cast to bf16");
+    return 0;
+}
+
+int zrk_to_f32(float *dst, const bf16 *src, size_t n, cudaStream_t s)
+{
+    if (!n)
+        return 0;
+    k_to_f32<<<grid_for(n, kThreads), kThreads, 0, s>>>(dst, src, n);
+    ZRC_LAUNCHED("cast to fp32");
+    return 0;
+}
+
+int zrk_fill(float *dst, float v, size_t n, cudaStream_t s)
+{
+    if (!n)
+        return 0;
+    k_fill<<<grid_for(n, kThreads), kThreads, 0, s>>>(dst, v, n);
+    ZRC_LAUNCHED("fill");
+    return 0;
+}
+
+int zrk_encoder_forward(float *out, const int32_t *tok, const float *wte, const float *wpe,
+                        size_t N, size_t T, size_t C, cudaStream_t s)
+{
+    if (!N)
+        return 0;
+    k_encoder_forward<<<grid_for(N * C, kThreads), kThreads, 0, s>>>(out, tok, wte, wpe, N, T,
+                                                                      C);
+    ZRC_LAUNCHED("encoder forward");
+    return 0;
+}
+
+int zrk_encoder_backward_wte(float *dwte, const float *dout, const int32_t *pos,
+                             const int32_t *uniq, const int32_t *seg, size_t U, size_t C,
+                             cudaStream_t s)
+{
+    if (!U)
+        return 0;
+    dim3 grid((unsigned)U, (unsigned)((C + kThreads - 1) / kThreads));
+    k_encoder_backward_wte<<<grid, kThreads, 0, s>>>(dwte, dout, pos, uniq, seg, C);
+    ZRC_LAUNCHED("encoder backward (wte)");
+    return 0;
+}
+
+int zrk_encoder_backward_wpe(float *dwpe, const float *dout, size_t B, size_t T, size_t C,
+                             cudaStream_t s)
+{
+    if (!T)
+        return 0;
+    k_encoder_backward_wpe<<<grid_for(T * C, kThreads), kThreads, 0, s>>>(dwpe, dout, B, T, C);
+    ZRC_LAUNCHED("encoder backward (wpe)");
+    return 0;
+}
+
+int zrk_layernorm_forward(bf16 *out, float *mean, float *rstd, const float *inp,
+                          const float *w, const float *b, size_t N, size_t C, cudaStream_t s)
+{
+    if (!N)
+        return 0;
+    unsigned rows_per_block = kThreads / 32;
+    k_layernorm_forward<<<(unsigned)((N + rows_per_block - 1) / rows_per_block), kThreads, 0,
+                          s>>>(out, mean, rstd, inp, w, b, N, C);
+    ZRC_LAUNCHED("layernorm forward");
+    return 0;
+}
+
+size_t zrk_partial_floats(size_t N, size_t cols) { return row_chunks(N) * cols; }
+
+int zrk_layernorm_backward(float *dinp, float *dw, float *db, float *partial, const float *dout,
+                           const float *inp, const float *mean, const float *rstd,
+                           const float *w, size_t N, size_t C, cudaStream_t s)
+{
+    if (!N)
+        return 0;
+    unsigned rows_per_block = kThreads / 32;
+    k_layernorm_backward_dinp<<<(unsigned)((N + rows_per_block - 1) / rows_per_block), kThreads,
+                                0, s>>>(dinp, dout, inp, mean, rstd, w, N, C);
+    ZRC_LAUNCHED("layernorm backward");
+    size_t R = row_chunks(N);
+    dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
+    k_ln_param_partial<<<grid, block, 0, s>>>(partial, partial + R * C, dout, inp, mean, rstd, N,
+                                              C, R);
+    ZRC_LAUNCHED("layernorm backward (weights)");
+    unsigned g = (unsigned)((C + kThreads - 1) / kThreads);
+    k_colsum_finish<<<g, kThreads, 0, s>>>(dw, partial, C, R);
+    k_colsum_finish<<<g, kThreads, 0, s>>>(db, partial + R * C, C, R);
+    ZRC_LAUNCHED("layernorm backward (sums)");
+    return 0;
+}
+
+template <typename T>
+static int colsum(float *db, float *partial, const T *x, size_t N, size_t OC, cudaStream_t s)
+{
+    if (!N || !OC)
+        return 0;
+    size_t R = row_chunks(N);
+    dim3 grid((unsigned)((OC + 31) / 32), (unsigned)R), block(32, 8);
+    k_colsum_partial<T><<<grid, block, 0, s>>>(partial, x, N, OC, R);
+    ZRC_LAUNCHED("bias gradient");
+    k_colsum_finish<<<(unsigned)((OC + kThreads - 1) / kThreads), kThreads, 0, s>>>(db, partial,
+                                                                                  OC, R);
+    ZRC_LAUNCHED("bias gradient (sums)");
+    return 0;
+}
+
+int zrk_colsum_f32(float *db, float *partial, const float *x, size_t N, size_t OC,
+                   cudaStream_t s)
+{
+    return colsum<float>(db, partial, x, N, OC, s);
+}
+
+int zrk_colsum_bf16(float *db, float *partial, const bf16 *x, size_t N, size_t OC,
+                    cudaStream_t s)
+{
+    return colsum<bf16>(db, partial, x, N, OC, s);
+}
+
+int zrk_rows_init(float *out, const float *res, const float *bias, size_t N, size_t OC,
+                  cudaStream_t s)
+{
+    if (!N || !OC)
+        return 0;
+    k_rows_init<<<grid_for(N * OC, kThreads), kThreads, 0, s>>>(out, res, bias, N, OC);
+    ZRC_LAUNCHED("residual + bias");
+    return 0;
+}
+
+int zrk_bias_gelu(bf16 *pre, bf16 *act, const float *x, const float *bias, size_t N, size_t OC,
+                  cudaStream_t s)
+{
+    if (!N || !OC)
+        return 0;
+    k_bias_gelu<<<grid_for(N * OC, kThreads), kThreads, 0, s>>>(pre, act, x, bias, N, OC);
+    ZRC_LAUNCHED("bias + gelu");
+    return 0;
+}
+
+int zrk_gelu_backward(bf16 *dx, const float *dout, const bf16 *pre, size_t n, cudaStream_t s)
+{
+    if (!n)
+        return 0;
+    k_gelu_backward<<<grid_for(n, kThreads), kThreads, 0, s>>>(dx, dout, pre, n);
+    ZRC_LAUNCHED("gelu backward");
+    return 0;
+}
+
+int zrk_qkv_permute(bf16 *q, bf16 *k, bf16 *v, const float *x, const float *bias, size_t B,
+                    size_t T, size_t C, size_t NH, cudaStream_t s)
+{
+    if (!B || !T)
+        return 0;
+    k_qkv_permute<<<grid_for(B * T * 3 * C, kThreads), kThreads, 0, s>>>(q, k, v, x, bias, B, T,
+                                                                          C, NH);
+    ZRC_LAUNCHED("qkv permute");
+    return 0;
+}
+
+int zrk_heads_permute(bf16 *dst, const bf16 *src, size_t ld, size_t B, size_t T, size_t C,
+                      size_t NH, cudaStream_t s)
+{
+    if (!B || !T)
+        return 0;
+    k_heads_permute<<<grid_for(B * T * C, kThreads), kThreads, 0, s>>>(dst, src, ld, B, T, C,
+                                                                        NH);
+    ZRC_LAUNCHED("heads permute");
+    return 0;
+}
+
+int zrk_heads_unpermute(bf16 *dst, size_t ld, const bf16 *src, size_t B, size_t T, size_t C,
+                        size_t NH, cudaStream_t s)
+{
+    if (!B || !T)
+        return 0;
+    k_heads_unpermute<<<grid_for(B * T * C, kThreads), kThreads, 0, s>>>(dst, ld, src, B, T, C,
+                                                                          NH);
+    ZRC_LAUNCHED("heads unpermute");
+    return 0;
+}
+
+int zrk_attn_softmax_forward(bf16 *P, const float *S, size_t BNH, size_t T, cudaStream_t s)
+{
+    size_t rows = BNH * T, per = kThreads / 32;
+    if (!rows)
+        return 0;
+    k_attn_softmax_forward<<<(unsigned)((rows + per - 1) / per), kThreads, 0, s>>>(P, S, rows, T);
+    ZRC_LAUNCHED("attention softmax");
+    return 0;
+}
+
+int zrk_attn_softmax_backward(bf16 *dS, const float *dP, const bf16 *P, size_t BNH, size_t T,
+                              float scale, cudaStream_t s)
+{
+    size_t rows = BNH * T, per = kThreads / 32;
+    if (!rows)
+        return 0;
+    k_attn_softmax_backward<<<(unsigned)((rows + per - 1) / per), kThreads, 0, s>>>(dS, dP, P,
+                                                                                    rows, T, scale);
+    ZRC_LAUNCHED("attention softmax backward");
+    return 0;
+}
+
+int zrk_xent_forward(bf16 *d, size_t ldd, float *losses, const float *logits, size_t ldl,
+                     const int32_t *targets, size_t rows, size_t V, cudaStream_t s)
+{
+    if (!rows)
+        return 0;
+    k_xent_forward<<<(unsigned)rows, 512, 0, s>>>(d, ldd, losses, logits, ldl, targets, V);
+    ZRC_LAUNCHED("softmax + cross-entropy");
+    return 0;
+}
+
+int zrk_probs_export(float *dst, const bf16 *d, size_t ldd, const int32_t *targets, size_t rows,
+                     size_t V, cudaStream_t s)
+{
+    if (!rows)
+        return 0;
+    k_probs_export<<<grid_for(rows * V, kThreads), kThreads, 0, s>>>(dst, d, ldd, targets, rows,
+                                                                      V);
+    ZRC_LAUNCHED("probabilities");
+    return 0;
+}
+
+int zrk_sum_f64(double *out, const float *x, size_t n, cudaStream_t s)
+{
+    k_sum_f64<<<1, 1024, 0, s>>>(out, x, n);
+    ZRC_LAUNCHED("loss sum");
+    return 0;
+}

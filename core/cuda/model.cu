@@ -1,0 +1,816 @@
+/*
+ * model.cu: GPT-2 on the GPU with zr_model's contract (zr.h; device.h says what differs):
+ * the same groups and tensor offsets, the same hooks and fetch order, the same forward (mean
+ * cross-entropy) and backward(scale) adding into fp32 gradients.
+ *
+ * Precision: fp32 master parameters (own arena or lent), each group's weights cast to bf16 in
+ * a scratch slot when the group is fetched; matmuls in cuBLAS with bf16 operands and fp32
+ * accumulation (CUBLAS_COMPUTE_32F). Kept in fp32: the residual stream (encoded, res2, res3),
+ * LayerNorm statistics, the pre-bias matmul outputs, attention scores, the head's logits (per
+ * chunk), losses, every gradient that is summed (the residual stream's, LayerNorm's input
+ * gradient, all parameter gradients). Kept in bf16: what a matmul reads (LayerNorm outputs,
+ * q/k/v, attention probabilities and output, GELU input and output, the head's dlogits and the
+ * gradients flowing into matmuls). Vectors (biases, LayerNorm weights) are read in fp32
+ * straight from the fp32 parameters.
+ *
+ * Attention is matmul-based: per (b, h), S = q k^T / sqrt(hs) (strided batched cuBLAS, fp32
+ * out), a causal softmax kernel to P (bf16, kept for backward), y = P v; backward
+ * dv = P^T dy, dP = dy v^T, dS = P (dP - D) / sqrt(hs), dq = dS k, dk = dS^T q. It computes
+ * the whole T x T (the upper half is masked), O(T^2) memory per layer: the simple, correct
+ * first version; a fused (flash) kernel is the next step for speed.
+ *
+ * The head is tied to wte and chunked over rows: per chunk of at most ZRC_XENT_BYTES of fp32
+ * logits, logits = lnf wte^T (cuBLAS), then one kernel per row computes max, sum, loss and
+ * d = p - onehot (bf16, [N, Vp], kept for backward, which applies scale / N as the GEMMs'
+ * alpha). The embedding's backward is deterministic: the host sorts the positions by token at
+ * forward time (counting sort) and a kernel sums each token's positions in order.
+ *
+ * Every kernel and cuBLAS call runs on the model's one stream; the host returns as soon as the
+ * work is enqueued, except where a result is read (the loss, the probabilities).
+ */
+#include "zrcuda.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BUF_ALIGN 256                      /* every buffer of the arena */
+#define BLAS_WORKSPACE ((size_t)32 << 20) /* cuBLAS workspace per handle */
+
+/* The 12 tensors of a block, in layout order (as core/model.c). */
+enum {
+    K_LN1W, K_LN1B, K_QKVW, K_QKVB, K_ATTPROJW, K_ATTPROJB,
+    K_LN2W, K_LN2B, K_FCW, K_FCB, K_FCPROJW, K_FCPROJB, K_COUNT
+};
+
+static const struct {
+    unsigned out_mul, in_mul;
+} kind_shape[K_COUNT] = {
+    {1, 0}, {1, 0}, {3, 1}, {3, 0}, {1, 1}, {1, 0},
+    {1, 0}, {1, 0}, {4, 1}, {4, 0}, {1, 4}, {1, 0},
+};
+
+typedef struct {
+    bf16 *ln1;
+    float *ln1_mean, *ln1_rstd;
+    bf16 *q, *k, *v; /* [B, NH, T, hs] each */
+    bf16 *att;       /* [B, NH, T, T] */
+    bf16 *atty;      /* [N, C] */
+    float *res2;     /* [N, C] */
+    bf16 *ln2;
+    float *ln2_mean, *ln2_rstd;
+    bf16 *fch, *fch_gelu; /* [N, 4C] */
+    float *res3;          /* [N, C] */
+} layer_acts;
+
+struct zr_dev_model {
+    zr_gpt2_config c;
+    size_t max_B, max_T, max_N, Vp, xent_rows;
+    zr_model_hooks h;
+    uint64_t numel, layer_numel, kind_off[K_COUNT + 1];
+    float *params, *grads; /* own arenas, or NULL */
+    size_t pbytes, gbytes;
+
+    unsigned char *acts_mem;
+    size_t acts_bytes;
+    float *encoded; /* [N, C] */
+    layer_acts *layer;
+    bf16 *lnf;
+    float *lnf_mean, *lnf_rstd;
+    bf16 *dl;         /* [N, Vp]: p - onehot (p without targets) */
+    float *losses;    /* [N] */
+    double *loss_sum; /* [1] */
+    int32_t *tok;     /* inputs [maxN], targets [maxN], pos [maxN], uniq [maxN], seg [maxN+1] */
+    bf16 *wslot;      /* [layer_numel]: the fetched block's parameters in bf16 */
+    bf16 *wte_bf;     /* [V, C] */
+    float *scratch;   /* [N, 4C]: pre-bias matmul outputs, the GELU's incoming gradient */
+    float *S;         /* [B, NH, T, T]: scores, then dP */
+    bf16 *dS;         /* [B, NH, T, T] */
+    bf16 *tmp;        /* [N, C]: permuted y (forward), permuted dy (backward) */
+    float *logits;    /* [xent_rows, Vp] */
+    float *dres, *dC; /* [N, C] */
+    bf16 *dres_bf, *datty; /* [N, C] */
+    bf16 *d4C;             /* [N, 4C] */
+    bf16 *dqkvp;           /* [3, B, NH, T, hs] */
+    bf16 *dqkv;            /* [N, 3C] */
+    float *partial;        /* column-sum chunks */
+
+    int32_t *host_tok; /* pinned mirror of tok */
+    int32_t *counts;   /* [V] host scratch of the token plan */
+    cudaEvent_t staged;
+    int staged_pending;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;
+
+    size_t B, T, U;
+    int fwd_targets; /* -1: no complete forward; 0: without targets; 1: with */
+};
+
+/* ---------------------------------------------------------------- matmuls */
+
+int zrc_blas_new(cublasHandle_t *h, void **workspace, cudaStream_t s)
+{
+    *h = NULL;
+    *workspace = NULL;
+    cublasStatus_t st = cublasCreate(h);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        *h = NULL;
+        return zrc_cublas_err(st, "cublasCreate");
+    }
+    int rc = zrc_malloc(workspace, BLAS_WORKSPACE, "the cuBLAS workspace");
+    if (!rc && (st = cublasSetStream(*h, s)) != CUBLAS_STATUS_SUCCESS)
+        rc = zrc_cublas_err(st, "cublasSetStream");
+    if (!rc && (st = cublasSetWorkspace(*h, *workspace, BLAS_WORKSPACE)) != CUBLAS_STATUS_SUCCESS)
+        rc = zrc_cublas_err(st, "cublasSetWorkspace");
+    if (rc) {
+        zrc_blas_free(*h, *workspace);
+        *h = NULL;
+        *workspace = NULL;
+    }
+    return rc;
+}
+
+void zrc_blas_free(cublasHandle_t h, void *workspace)
+{
+    if (h)
+        cublasDestroy(h);
+    zrc_free(workspace);
+}
+
+int zrc_gemm(cublasHandle_t h, int ta, int tb, size_t M, size_t N, size_t K, float alpha,
+             const void *A, cudaDataType_t at, size_t lda, long long sA, const void *B,
+             cudaDataType_t bt, size_t ldb, long long sB, float beta, void *C,
+             cudaDataType_t ct, size_t ldc, long long sC, int batch)
+{
+    if (!M || !N || batch < 1)
+        return 0;
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
+        ldc > INT_MAX)
+        return zrc_err(ZR_EINVAL, "cuda: matmul %zu x %zu x %zu exceeds cuBLAS's int range", M,
+                       N, K);
+    /* row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B first */
+    cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasStatus_t st;
+    if (batch == 1)
+        st = cublasGemmEx(h, opb, opa, (int)N, (int)M, (int)K, &alpha, B, bt, (int)ldb, A, at,
+                          (int)lda, &beta, C, ct, (int)ldc, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT);
+    else
+        st = cublasGemmStridedBatchedEx(h, opb, opa, (int)N, (int)M, (int)K, &alpha, B, bt,
+                                        (int)ldb, sB, A, at, (int)lda, sA, &beta, C, ct,
+                                        (int)ldc, sC, batch, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        char what[128];
+        snprintf(what, sizeof what, "matmul %zu x %zu x %zu (batch %d)", M, N, K, batch);
+        return zrc_cublas_err(st, what);
+    }
+    return 0;
+}
+
+#define BF CUDA_R_16BF
+#define F32 CUDA_R_32F
+
+/* out[N, OC] (+)= inp[N, IC] W[OC, IC]^T */
+static int mm_fwd(cublasHandle_t h, void *out, cudaDataType_t ot, float beta, const bf16 *inp,
+                  const bf16 *W, size_t N, size_t IC, size_t OC)
+{
+    return zrc_gemm(h, 0, 1, N, OC, IC, 1.0f, inp, BF, IC, 0, W, BF, IC, 0, beta, out, ot, OC, 0,
+                    1);
+}
+
+/* dinp[N, IC] = alpha dout[N, OC] W[OC, IC] */
+static int mm_dinp(cublasHandle_t h, void *dinp, cudaDataType_t dt, const bf16 *dout,
+                   const bf16 *W, size_t N, size_t IC, size_t OC, float alpha)
+{
+    return zrc_gemm(h, 0, 0, N, IC, OC, alpha, dout, BF, OC, 0, W, BF, IC, 0, 0.0f, dinp, dt, IC,
+                    0, 1);
+}
+
+/* dW[OC, IC] += alpha dout^T inp */
+static int mm_dw(cublasHandle_t h, float *dW, const bf16 *dout, const bf16 *inp, size_t N,
+                 size_t IC, size_t OC, float alpha)
+{
+    return zrc_gemm(h, 1, 0, OC, IC, N, alpha, dout, BF, OC, 0, inp, BF, IC, 0, 1.0f, dW, F32, IC,
+                    0, 1);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+int zrc_attention_forward(cublasHandle_t h, cudaStream_t s, bf16 *y, bf16 *P, float *S, bf16 *yp,
+                          const bf16 *q, const bf16 *k, const bf16 *v, size_t B, size_t T,
+                          size_t C, size_t NH)
+{
+    size_t hs = C / NH, BNH = B * NH;
+    long long sq = (long long)(T * hs), sp = (long long)(T * T);
+    float scale = 1.0f / sqrtf((float)hs);
+    if (BNH > INT_MAX)
+        return zrc_err(ZR_EINVAL, "cuda: attention batch %zu exceeds cuBLAS's range", BNH);
+    /* S = scale q k^T */
+    ZRC_TRY(zrc_gemm(h, 0, 1, T, T, hs, scale, q, BF, hs, sq, k, BF, hs, sq, 0.0f, S, F32, T, sp,
+                     (int)BNH));
+    ZRC_TRY(zrk_attn_softmax_forward(P, S, BNH, T, s));
+    /* yp = P v */
+    ZRC_TRY(zrc_gemm(h, 0, 0, T, hs, T, 1.0f, P, BF, T, sp, v, BF, hs, sq, 0.0f, yp, BF, hs, sq,
+                     (int)BNH));
+    return zrk_heads_unpermute(y, C, yp, B, T, C, NH, s);
+}
+
+int zrc_attention_backward(cublasHandle_t h, cudaStream_t s, bf16 *dqkv, const bf16 *dy,
+                           const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *P, bf16 *dyp,
+                           float *dP, bf16 *dS, bf16 *dqkvp, size_t B, size_t T, size_t C,
+                           size_t NH)
+{
+    size_t hs = C / NH, BNH = B * NH, NC = B * T * C;
+    long long sq = (long long)(T * hs), sp = (long long)(T * T);
+    float scale = 1.0f / sqrtf((float)hs);
+    bf16 *dq = dqkvp, *dk = dqkvp + NC, *dv = dqkvp + 2 * NC;
+    if (BNH > INT_MAX)
+        return zrc_err(ZR_EINVAL, "cuda: attention batch %zu exceeds cuBLAS's range", BNH);
+    ZRC_TRY(zrk_heads_permute(dyp, dy, C, B, T, C, NH, s));
+    /* dv = P^T dy */
+    ZRC_TRY(zrc_gemm(h, 1, 0, T, hs, T, 1.0f, P, BF, T, sp, dyp, BF, hs, sq, 0.0f, dv, BF, hs, sq,
+                     (int)BNH));
+    /* dP = dy v^T */
+    ZRC_TRY(zrc_gemm(h, 0, 1, T, T, hs, 1.0f, dyp, BF, hs, sq, v, BF, hs, sq, 0.0f, dP, F32, T,
+                     sp, (int)BNH));
+    ZRC_TRY(zrk_attn_softmax_backward(dS, dP, P, BNH, T, scale, s));
+    /* dq = dS k, dk = dS^T q */
+    ZRC_TRY(zrc_gemm(h, 0, 0, T, hs, T, 1.0f, dS, BF, T, sp, k, BF, hs, sq, 0.0f, dq, BF, hs, sq,
+                     (int)BNH));
+    ZRC_TRY(zrc_gemm(h, 1, 0, T, hs, T, 1.0f, dS, BF, T, sp, q, BF, hs, sq, 0.0f, dk, BF, hs, sq,
+                     (int)BNH));
+    ZRC_TRY(zrk_heads_unpermute(dqkv, 3 * C, dq, B, T, C, NH, s));
+    ZRC_TRY(zrk_heads_unpermute(dqkv + C, 3 * C, dk, B, T, C, NH, s));
+    return zrk_heads_unpermute(dqkv + 2 * C, 3 * C, dv, B, T, C, NH, s);
+}
+
+size_t zrc_xent_chunk_rows(size_t N, size_t Vp)
+{
+    size_t rows = ZRC_XENT_BYTES / (sizeof(float) * Vp);
+    if (rows < 1)
+        rows = 1;
+    return rows < N ? rows : N;
+}
+
+size_t zrc_token_plan(const int32_t *tok, size_t N, size_t V, int32_t *pos, int32_t *uniq,
+                      int32_t *seg, int32_t *counts)
+{
+    for (size_t n = 0; n < N; n++)
+        counts[tok[n]]++;
+    size_t U = 0;
+    int32_t run = 0;
+    for (size_t v = 0; v < V; v++)
+        if (counts[v]) {
+            uniq[U] = (int32_t)v;
+            seg[U++] = run;
+            int32_t c = counts[v];
+            counts[v] = run; /* the token's write cursor */
+            run += c;
+        }
+    seg[U] = run;
+    for (size_t n = 0; n < N; n++)
+        pos[counts[tok[n]]++] = (int32_t)n;
+    for (size_t u = 0; u < U; u++)
+        counts[uniq[u]] = 0;
+    return U;
+}
+
+/* ---------------------------------------------------------------- layout */
+
+static uint64_t group_offset(const zr_dev_model *m, size_t g)
+{
+    uint64_t C = m->c.dim;
+    if (g == 0)
+        return 0;
+    uint64_t off = (uint64_t)m->c.vocab * C;
+    if (g == 1)
+        return off;
+    off += (uint64_t)m->c.ctx * C;
+    return off + (g - 2) * m->layer_numel;
+}
+
+/* Next buffer of the arena (base NULL: only counts); *total in double for overflow checks. */
+static void *carve(unsigned char *base, size_t *off, double *total, size_t bytes)
+{
+    *off = (*off + BUF_ALIGN - 1) / BUF_ALIGN * BUF_ALIGN;
+    void *p = base ? base + *off : NULL;
+    *off += bytes;
+    *total += (double)bytes + BUF_ALIGN;
+    return p;
+}
+
+#define CARVE(type, n) ((type *)carve(base, &off, total, (size_t)(n) * sizeof(type)))
+
+static size_t acts_layout(zr_dev_model *m, unsigned char *base, double *total)
+{
+    size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, T = m->max_T;
+    size_t N = m->max_N, Vp = m->Vp, off = 0;
+    size_t att = m->max_B * NH * T * T; /* counted in double below as well */
+    *total = 0;
+    *total += (double)m->max_B * NH * T * T * (double)(L * 2 + 6); /* overflow guard */
+    m->encoded = CARVE(float, N * C);
+    for (size_t l = 0; l < L; l++) {
+        layer_acts a;
+        a.ln1 = CARVE(bf16, N * C);
+        a.ln1_mean = CARVE(float, N);
+        a.ln1_rstd = CARVE(float, N);
+        a.q = CARVE(bf16, N * C);
+        a.k = CARVE(bf16, N * C);
+        a.v = CARVE(bf16, N * C);
+        a.att = CARVE(bf16, att);
+        a.atty = CARVE(bf16, N * C);
+        a.res2 = CARVE(float, N * C);
+        a.ln2 = CARVE(bf16, N * C);
+        a.ln2_mean = CARVE(float, N);
+        a.ln2_rstd = CARVE(float, N);
+        a.fch = CARVE(bf16, N * 4 * C);
+        a.fch_gelu = CARVE(bf16, N * 4 * C);
+        a.res3 = CARVE(float, N * C);
+        if (base)
+            m->layer[l] = a;
+    }
+    m->lnf = CARVE(bf16, N * C);
+    m->lnf_mean = CARVE(float, N);
+    m->lnf_rstd = CARVE(float, N);
+    m->dl = CARVE(bf16, N * Vp);
+    m->losses = CARVE(float, N);
+    m->loss_sum = CARVE(double, 1);
+    m->tok = CARVE(int32_t, 5 * N + 1);
+    m->wslot = CARVE(bf16, m->layer_numel);
+    m->wte_bf = CARVE(bf16, V * C);
+    m->scratch = CARVE(float, N * 4 * C);
+    m->S = CARVE(float, att);
+    m->dS = CARVE(bf16, att);
+    m->tmp = CARVE(bf16, N * C);
+    m->logits = CARVE(float, m->xent_rows * Vp);
+    m->dres = CARVE(float, N * C);
+    m->dC = CARVE(float, N * C);
+    m->dres_bf = CARVE(bf16, N * C);
+    m->datty = CARVE(bf16, N * C);
+    m->d4C = CARVE(bf16, N * 4 * C);
+    m->dqkvp = CARVE(bf16, 3 * N * C);
+    m->dqkv = CARVE(bf16, 3 * N * C);
+    m->partial = CARVE(float, zrk_partial_floats(N, 4 * C));
+    return off;
+}
+
+static void setup_shape(zr_dev_model *m, const zr_gpt2_config *c, size_t max_B, size_t max_T)
+{
+    m->c = *c;
+    m->max_B = max_B;
+    m->max_T = max_T;
+    m->max_N = max_B * max_T;
+    m->Vp = zrc_pad_vocab(c->vocab);
+    m->xent_rows = zrc_xent_chunk_rows(m->max_N, m->Vp);
+    uint64_t C = c->dim;
+    m->kind_off[0] = 0;
+    for (int k = 0; k < K_COUNT; k++)
+        m->kind_off[k + 1] = m->kind_off[k] +
+            kind_shape[k].out_mul * C * (kind_shape[k].in_mul ? kind_shape[k].in_mul * C : 1);
+    m->layer_numel = m->kind_off[K_COUNT];
+    m->numel = ((uint64_t)c->vocab + c->ctx + 2) * C + c->layers * m->layer_numel;
+}
+
+uint64_t zrc_activation_bytes(const zr_gpt2_config *c, size_t max_B, size_t max_T)
+{
+    zr_dev_model m;
+    memset(&m, 0, sizeof m);
+    setup_shape(&m, c, max_B, max_T);
+    double total;
+    return acts_layout(&m, NULL, &total);
+}
+
+/* ---------------------------------------------------------------- construction */
+
+int zrc_model_new(zr_dev_model **out, const zr_gpt2_config *c, size_t max_B, size_t max_T,
+                  const zr_model_hooks *hooks)
+{
+    *out = NULL;
+    const struct {
+        const char *name;
+        uint32_t v;
+    } f[] = {{"layers", c->layers}, {"heads", c->heads}, {"dim", c->dim}, {"ctx", c->ctx},
+             {"vocab", c->vocab}};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+        if (!f[i].v)
+            return zrc_err(ZR_EINVAL, "model: %s is 0 (expected >= 1)", f[i].name);
+    if (c->dim % c->heads)
+        return zrc_err(ZR_EINVAL, "model: dim %u is not a multiple of heads %u", c->dim,
+                       c->heads);
+    if (max_B == 0)
+        return zrc_err(ZR_EINVAL, "model: max batch 0 (expected >= 1)");
+    if (max_T == 0 || max_T > c->ctx)
+        return zrc_err(ZR_EINVAL, "model: max sequence length %zu (expected 1..ctx %u)", max_T,
+                       c->ctx);
+    if (hooks && (!hooks->params != !hooks->params_done || !hooks->grads != !hooks->grads_done))
+        return zrc_err(ZR_EINVAL, "model: hooks come in pairs (params with params_done, "
+                       "grads with grads_done)");
+    if ((double)max_B * max_T > INT_MAX / 4 || zrc_pad_vocab(c->vocab) > INT_MAX ||
+        c->dim > INT_MAX / 4)
+        return zrc_err(ZR_EINVAL, "model: batch %zu x seq %zu, vocab %u or 4 x dim %u exceeds "
+                       "cuBLAS's int range", max_B, max_T, c->vocab, c->dim);
+    ZRC_TRY(zrc_ensure_device());
+
+    zr_dev_model *m = (zr_dev_model *)calloc(1, sizeof *m);
+    if (!m)
+        return zrc_err(ZR_ENOMEM, "model: out of memory");
+    setup_shape(m, c, max_B, max_T);
+    if (hooks)
+        m->h = *hooks;
+    m->fwd_targets = -1;
+    double acts_d;
+    size_t abytes = acts_layout(m, NULL, &acts_d);
+    double numel_d = ((double)c->vocab + c->ctx + 2) * c->dim +
+                     (double)c->layers * (double)m->layer_numel;
+    if (numel_d * sizeof(float) > 0x1p50 || acts_d > 0x1p50) {
+        free(m);
+        return zrc_err(ZR_EINVAL, "model: %.3g parameters and %.3g bytes of activations "
+                       "(batch %zu): too large", numel_d, acts_d, max_B);
+    }
+    int rc = 0;
+    m->layer = (layer_acts *)calloc(c->layers, sizeof *m->layer);
+    m->counts = (int32_t *)calloc(c->vocab, sizeof *m->counts);
+    if (!m->layer || !m->counts)
+        rc = zrc_err(ZR_ENOMEM, "model: out of memory");
+    cudaError_t e;
+    if (!rc && (e = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking)) != cudaSuccess)
+        rc = zrc_cuda_err(e, "model stream");
+    if (!rc && (e = cudaEventCreateWithFlags(&m->staged, cudaEventDisableTiming)) != cudaSuccess)
+        rc = zrc_cuda_err(e, "model event");
+    if (!rc && (e = cudaHostAlloc((void **)&m->host_tok, (5 * m->max_N + 1) * sizeof(int32_t),
+                                  cudaHostAllocDefault)) != cudaSuccess)
+        rc = zrc_cuda_err(e, "pinned token buffer");
+    if (!rc)
+        rc = zrc_blas_new(&m->blas, &m->blas_ws, m->stream);
+    if (!rc && !m->h.params) {
+        m->pbytes = m->numel * sizeof(float);
+        rc = zrc_malloc((void **)&m->params, m->pbytes, "the parameter arena");
+        if (!rc && (e = cudaMemset(m->params, 0, m->pbytes)) != cudaSuccess)
+            rc = zrc_cuda_err(e, "zeroing the parameter arena");
+    }
+    if (!rc && !m->h.grads) {
+        m->gbytes = m->numel * sizeof(float);
+        rc = zrc_malloc((void **)&m->grads, m->gbytes, "the gradient arena");
+        if (!rc && (e = cudaMemset(m->grads, 0, m->gbytes)) != cudaSuccess)
+            rc = zrc_cuda_err(e, "zeroing the gradient arena");
+    }
+    if (!rc)
+        rc = zrc_malloc((void **)&m->acts_mem, abytes, "activations and scratch");
+    if (!rc) {
+        m->acts_bytes = abytes;
+        acts_layout(m, m->acts_mem, &acts_d);
+        /* the head's padding columns are never read; zero dl once so they hold no garbage */
+        if ((e = cudaMemset(m->dl, 0, m->max_N * m->Vp * sizeof(bf16))) != cudaSuccess)
+            rc = zrc_cuda_err(e, "zeroing the head's buffer");
+    }
+    if (!rc && (e = cudaDeviceSynchronize()) != cudaSuccess)
+        rc = zrc_cuda_err(e, "model setup");
+    if (rc) {
+        zrc_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+void zrc_model_free(zr_dev_model *m)
+{
+    if (!m)
+        return;
+    zrc_ensure_device();
+    if (m->stream)
+        cudaStreamSynchronize(m->stream);
+    zrc_blas_free(m->blas, m->blas_ws);
+    zrc_free(m->acts_mem);
+    zrc_free(m->params);
+    zrc_free(m->grads);
+    if (m->host_tok)
+        cudaFreeHost(m->host_tok);
+    if (m->staged)
+        cudaEventDestroy(m->staged);
+    if (m->stream)
+        cudaStreamDestroy(m->stream);
+    free(m->layer);
+    free(m->counts);
+    free(m);
+}
+
+zr_dev_stream *zrc_model_stream(zr_dev_model *m) { return (zr_dev_stream *)m->stream; }
+size_t zrc_model_n_groups(const zr_dev_model *m) { return (size_t)m->c.layers + 3; }
+uint64_t zrc_model_numel(const zr_dev_model *m) { return m->numel; }
+
+uint64_t zrc_model_group_numel(const zr_dev_model *m, size_t g)
+{
+    uint64_t C = m->c.dim;
+    if (g == 0)
+        return (uint64_t)m->c.vocab * C;
+    if (g == 1)
+        return (uint64_t)m->c.ctx * C;
+    if (g < (size_t)m->c.layers + 2)
+        return m->layer_numel;
+    return g == (size_t)m->c.layers + 2 ? 2 * C : 0;
+}
+
+float *zrc_model_param(zr_dev_model *m, size_t g)
+{
+    return m->params && g < zrc_model_n_groups(m) ? m->params + group_offset(m, g) : NULL;
+}
+
+float *zrc_model_grad(zr_dev_model *m, size_t g)
+{
+    return m->grads && g < zrc_model_n_groups(m) ? m->grads + group_offset(m, g) : NULL;
+}
+
+size_t zrc_model_fetch_order(const zr_dev_model *m, int backward, size_t *order)
+{
+    size_t L = m->c.layers, n = 0;
+    if (!backward) { /* wte and wpe, the blocks, ln_f, wte again (the head) */
+        for (size_t g = 0; g < L + 3; g++)
+            order[n++] = g;
+        order[n++] = 0;
+    } else { /* the head (wte), ln_f, the blocks last to first */
+        order[n++] = 0;
+        for (size_t g = L + 3; g-- > 2;)
+            order[n++] = g;
+    }
+    return n;
+}
+
+int zrc_model_zero_grad(zr_dev_model *m)
+{
+    ZRC_TRY(zrc_ensure_device());
+    if (m->grads)
+        ZRC_CU(cudaMemsetAsync(m->grads, 0, m->numel * sizeof(float), m->stream), "zero_grad");
+    return 0;
+}
+
+void zrc_model_bytes(const zr_dev_model *m, uint64_t *params, uint64_t *grads, uint64_t *acts)
+{
+    if (params)
+        *params = m->pbytes;
+    if (grads)
+        *grads = m->gbytes;
+    if (acts)
+        *acts = m->acts_bytes;
+}
+
+/* ---------------------------------------------------------------- hooks */
+
+static int params_get(zr_dev_model *m, size_t g, const float **out)
+{
+    if (!m->h.params) {
+        *out = m->params + group_offset(m, g);
+        return 0;
+    }
+    *out = NULL;
+    int rc = m->h.params(m->h.ctx, g, out);
+    if (!rc && !*out)
+        rc = zrc_err(ZR_EINVAL, "model: the params hook lent no buffer for group %zu", g);
+    return rc;
+}
+
+static void params_put(zr_dev_model *m, size_t g)
+{
+    if (m->h.params_done)
+        m->h.params_done(m->h.ctx, g);
+}
+
+static int grads_get(zr_dev_model *m, size_t g, float **out)
+{
+    if (!m->h.grads) {
+        *out = m->grads + group_offset(m, g);
+        return 0;
+    }
+    *out = NULL;
+    int rc = m->h.grads(m->h.ctx, g, out);
+    if (!rc && !*out)
+        rc = zrc_err(ZR_EINVAL, "model: the grads hook lent no buffer for group %zu", g);
+    return rc;
+}
+
+static int grads_put(zr_dev_model *m, size_t g)
+{
+    return m->h.grads_done ? m->h.grads_done(m->h.ctx, g) : 0;
+}
+
+/* ---------------------------------------------------------------- forward and backward */
+
+static int check_tokens(const int32_t *tok, size_t n, uint32_t V, const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (tok[i] < 0 || (uint32_t)tok[i] >= V)
+            return zrc_err(ZR_EINVAL, "forward: %s[%zu] = %d is not a token id (vocab %u)", what,
+                           i, tok[i], V);
+    return 0;
+}
+
+#define W16(P16, kind) ((P16) + m->kind_off[kind]) /* a bf16 weight in the fetched slot */
+#define V32(P, kind) ((P) + m->kind_off[kind])     /* an fp32 vector or gradient */
+
+int zrc_model_forward(zr_dev_model *m, const int32_t *inputs, const int32_t *targets, size_t B,
+                      size_t T, float *loss)
+{
+    size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, N = B * T;
+    size_t maxN = m->max_N, Vp = m->Vp;
+    if (B < 1 || B > m->max_B)
+        return zrc_err(ZR_EINVAL, "forward: batch B = %zu out of range (expected 1..%zu)", B,
+                       m->max_B);
+    if (T < 1 || T > m->max_T)
+        return zrc_err(ZR_EINVAL, "forward: sequence length T = %zu out of range (expected "
+                       "1..%zu)", T, m->max_T);
+    ZRC_TRY(check_tokens(inputs, N, m->c.vocab, "inputs"));
+    if (targets)
+        ZRC_TRY(check_tokens(targets, N, m->c.vocab, "targets"));
+    ZRC_TRY(zrc_ensure_device());
+    cudaStream_t s = m->stream;
+    cublasHandle_t h = m->blas;
+
+    /* tokens, targets and the embedding-backward plan, staged through pinned memory */
+    if (m->staged_pending) {
+        ZRC_CU(cudaEventSynchronize(m->staged), "waiting for the token buffer");
+        m->staged_pending = 0;
+    }
+    int32_t *ht = m->host_tok;
+    memcpy(ht, inputs, N * sizeof *ht);
+    if (targets)
+        memcpy(ht + maxN, targets, N * sizeof *ht);
+    m->U = zrc_token_plan(inputs, N, V, ht + 2 * maxN, ht + 3 * maxN, ht + 4 * maxN, m->counts);
+    ZRC_CU(cudaMemcpyAsync(m->tok, ht, (5 * maxN + 1) * sizeof *ht, cudaMemcpyHostToDevice, s),
+           "copying tokens");
+    ZRC_CU(cudaEventRecord(m->staged, s), "cudaEventRecord");
+    m->staged_pending = 1;
+    m->B = B;
+    m->T = T;
+    m->fwd_targets = -1; /* until this forward completes */
+    const int32_t *d_inputs = m->tok, *d_targets = targets ? m->tok + maxN : NULL;
+
+    const float *wte, *wpe, *P;
+    ZRC_TRY(params_get(m, 0, &wte));
+    ZRC_TRY(params_get(m, 1, &wpe));
+    ZRC_TRY(zrk_encoder_forward(m->encoded, d_inputs, wte, wpe, N, T, C, s));
+    params_put(m, 1);
+    params_put(m, 0);
+    const float *res = m->encoded;
+    for (size_t l = 0; l < L; l++) {
+        layer_acts *a = &m->layer[l];
+        const bf16 *W = m->wslot;
+        ZRC_TRY(params_get(m, l + 2, &P));
+        ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->layer_numel, s));
+        ZRC_TRY(zrk_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, V32(P, K_LN1W),
+                                      V32(P, K_LN1B), N, C, s));
+        ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln1, W16(W, K_QKVW), N, C, 3 * C));
+        ZRC_TRY(zrk_qkv_permute(a->q, a->k, a->v, m->scratch, V32(P, K_QKVB), B, T, C, NH, s));
+        ZRC_TRY(zrc_attention_forward(h, s, a->atty, a->att, m->S, m->tmp, a->q, a->k, a->v, B,
+                                      T, C, NH));
+        /* res2 = res + c_proj(atty) */
+        ZRC_TRY(zrk_rows_init(a->res2, res, V32(P, K_ATTPROJB), N, C, s));
+        ZRC_TRY(mm_fwd(h, a->res2, F32, 1.0f, a->atty, W16(W, K_ATTPROJW), N, C, C));
+        ZRC_TRY(zrk_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, V32(P, K_LN2W),
+                                      V32(P, K_LN2B), N, C, s));
+        ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln2, W16(W, K_FCW), N, C, 4 * C));
+        ZRC_TRY(zrk_bias_gelu(a->fch, a->fch_gelu, m->scratch, V32(P, K_FCB), N, 4 * C, s));
+        /* res3 = res2 + mlp */
+        ZRC_TRY(zrk_rows_init(a->res3, a->res2, V32(P, K_FCPROJB), N, C, s));
+        ZRC_TRY(mm_fwd(h, a->res3, F32, 1.0f, a->fch_gelu, W16(W, K_FCPROJW), N, 4 * C, C));
+        params_put(m, l + 2);
+        res = a->res3;
+    }
+    ZRC_TRY(params_get(m, L + 2, &P));
+    ZRC_TRY(zrk_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P, P + C, N, C, s));
+    params_put(m, L + 2);
+    /* the head, tied to wte, in chunks of rows */
+    ZRC_TRY(params_get(m, 0, &wte));
+    ZRC_TRY(zrk_cast_bf16(m->wte_bf, wte, V * C, s));
+    for (size_t r0 = 0; r0 < N; r0 += m->xent_rows) {
+        size_t rows = N - r0 < m->xent_rows ? N - r0 : m->xent_rows;
+        ZRC_TRY(zrc_gemm(h, 0, 1, rows, V, C, 1.0f, m->lnf + r0 * C, BF, C, 0, m->wte_bf, BF, C,
+                         0, 0.0f, m->logits, F32, Vp, 0, 1));
+        ZRC_TRY(zrk_xent_forward(m->dl + r0 * Vp, Vp, m->losses + r0, m->logits, Vp,
+                                 d_targets ? d_targets + r0 : NULL, rows, V, s));
+    }
+    params_put(m, 0);
+    if (targets)
+        ZRC_TRY(zrk_sum_f64(m->loss_sum, m->losses, N, s));
+    m->fwd_targets = targets != NULL;
+    if (loss)
+        return zrc_model_loss(m, loss);
+    return 0;
+}
+
+int zrc_model_loss(zr_dev_model *m, float *loss)
+{
+    *loss = 0.0f;
+    if (m->fwd_targets < 0)
+        return zrc_err(ZR_EINVAL, "loss: no forward");
+    if (!m->fwd_targets)
+        return 0;
+    ZRC_TRY(zrc_ensure_device());
+    double sum = 0.0;
+    ZRC_CU(cudaMemcpyAsync(&sum, m->loss_sum, sizeof sum, cudaMemcpyDeviceToHost, m->stream),
+           "reading the loss");
+    ZRC_CU(cudaStreamSynchronize(m->stream), "forward");
+    *loss = (float)(sum / (double)(m->B * m->T));
+    return 0;
+}
+
+int zrc_model_probs(zr_dev_model *m, float *host_dst)
+{
+    if (m->fwd_targets < 0)
+        return zrc_err(ZR_EINVAL, "probs: no forward");
+    ZRC_TRY(zrc_ensure_device());
+    size_t N = m->B * m->T, V = m->c.vocab, rows_max = m->xent_rows * m->Vp / V;
+    const int32_t *tg = m->fwd_targets ? m->tok + m->max_N : NULL;
+    for (size_t r0 = 0; r0 < N; r0 += rows_max) {
+        size_t rows = N - r0 < rows_max ? N - r0 : rows_max;
+        ZRC_TRY(zrk_probs_export(m->logits, m->dl + r0 * m->Vp, m->Vp, tg ? tg + r0 : NULL, rows,
+                                 V, m->stream));
+        ZRC_CU(cudaMemcpyAsync(host_dst + r0 * V, m->logits, rows * V * sizeof(float),
+                               cudaMemcpyDeviceToHost, m->stream), "reading probabilities");
+        ZRC_CU(cudaStreamSynchronize(m->stream), "reading probabilities");
+    }
+    return 0;
+}
+
+int zrc_model_backward(zr_dev_model *m, float scale)
+{
+    if (m->fwd_targets < 0)
+        return zrc_err(ZR_EINVAL, "backward: no forward to differentiate");
+    if (m->fwd_targets == 0)
+        return zrc_err(ZR_EINVAL, "backward: the last forward had no targets (no loss)");
+    ZRC_TRY(zrc_ensure_device());
+    size_t B = m->B, T = m->T, N = B * T, L = m->c.layers, C = m->c.dim, NH = m->c.heads;
+    size_t V = m->c.vocab, Vp = m->Vp, maxN = m->max_N;
+    cudaStream_t s = m->stream;
+    cublasHandle_t h = m->blas;
+    const float *res_last = m->layer[L - 1].res3;
+    const float *wte, *P;
+    float *dwte, *dwpe, *G;
+
+    /* head: dlnf = k d wte (into dC), dwte += k d^T lnf, k = scale / N; wte's gradient buffer
+     * stays until the embedding adds its part */
+    ZRC_TRY(params_get(m, 0, &wte));
+    ZRC_TRY(grads_get(m, 0, &dwte));
+    ZRC_TRY(zrk_cast_bf16(m->wte_bf, wte, V * C, s));
+    float k = scale / (float)N;
+    for (size_t r0 = 0; r0 < N; r0 += m->xent_rows) {
+        size_t rows = N - r0 < m->xent_rows ? N - r0 : m->xent_rows;
+        ZRC_TRY(zrc_gemm(h, 0, 0, rows, C, V, k, m->dl + r0 * Vp, BF, Vp, 0, m->wte_bf, BF, C, 0,
+                         0.0f, m->dC + r0 * C, F32, C, 0, 1));
+        ZRC_TRY(zrc_gemm(h, 1, 0, V, C, rows, k, m->dl + r0 * Vp, BF, Vp, 0, m->lnf + r0 * C, BF,
+                         C, 0, 1.0f, dwte, F32, C, 0, 1));
+    }
+    params_put(m, 0);
+    ZRC_CU(cudaMemsetAsync(m->dres, 0, N * C * sizeof(float), s), "zeroing dres");
+    ZRC_TRY(params_get(m, L + 2, &P));
+    ZRC_TRY(grads_get(m, L + 2, &G));
+    ZRC_TRY(zrk_layernorm_backward(m->dres, G, G + C, m->partial, m->dC, res_last, m->lnf_mean,
+                                   m->lnf_rstd, P, N, C, s));
+    params_put(m, L + 2);
+    ZRC_TRY(grads_put(m, L + 2));
+
+    for (size_t l = L; l-- > 0;) {
+        layer_acts *a = &m->layer[l];
+        const float *res = l ? m->layer[l - 1].res3 : m->encoded;
+        const bf16 *W = m->wslot;
+        ZRC_TRY(params_get(m, l + 2, &P));
+        ZRC_TRY(grads_get(m, l + 2, &G));
+        ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->layer_numel, s));
+        /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
+        ZRC_TRY(zrk_cast_bf16(m->dres_bf, m->dres, N * C, s));
+        ZRC_TRY(mm_dinp(h, m->scratch, F32, m->dres_bf, W16(W, K_FCPROJW), N, 4 * C, C, 1.0f));
+        ZRC_TRY(mm_dw(h, V32(G, K_FCPROJW), m->dres_bf, a->fch_gelu, N, 4 * C, C, 1.0f));
+        ZRC_TRY(zrk_colsum_f32(V32(G, K_FCPROJB), m->partial, m->dres, N, C, s));
+        ZRC_TRY(zrk_gelu_backward(m->d4C, m->scratch, a->fch, N * 4 * C, s));
+        ZRC_TRY(mm_dinp(h, m->dC, F32, m->d4C, W16(W, K_FCW), N, C, 4 * C, 1.0f));
+        ZRC_TRY(mm_dw(h, V32(G, K_FCW), m->d4C, a->ln2, N, C, 4 * C, 1.0f));
+        ZRC_TRY(zrk_colsum_bf16(V32(G, K_FCB), m->partial, m->d4C, N, 4 * C, s));
+        ZRC_TRY(zrk_layernorm_backward(m->dres, V32(G, K_LN2W), V32(G, K_LN2B), m->partial, m->dC,
+                                       a->res2, a->ln2_mean, a->ln2_rstd, V32(P, K_LN2W), N, C,
+                                       s));
+        /* attention: res2 = res + c_proj(attn(c_attn(ln_1(res)))) */
+        ZRC_TRY(zrk_cast_bf16(m->dres_bf, m->dres, N * C, s));
+        ZRC_TRY(mm_dinp(h, m->datty, BF, m->dres_bf, W16(W, K_ATTPROJW), N, C, C, 1.0f));
+        ZRC_TRY(mm_dw(h, V32(G, K_ATTPROJW), m->dres_bf, a->atty, N, C, C, 1.0f));
+        ZRC_TRY(zrk_colsum_f32(V32(G, K_ATTPROJB), m->partial, m->dres, N, C, s));
+        ZRC_TRY(zrc_attention_backward(h, s, m->dqkv, m->datty, a->q, a->k, a->v, a->att, m->tmp,
+                                       m->S, m->dS, m->dqkvp, B, T, C, NH));
+        ZRC_TRY(mm_dinp(h, m->dC, F32, m->dqkv, W16(W, K_QKVW), N, C, 3 * C, 1.0f));
+        ZRC_TRY(mm_dw(h, V32(G, K_QKVW), m->dqkv, a->ln1, N, C, 3 * C, 1.0f));
+        ZRC_TRY(zrk_colsum_bf16(V32(G, K_QKVB), m->partial, m->dqkv, N, 3 * C, s));
+        ZRC_TRY(zrk_layernorm_backward(m->dres, V32(G, K_LN1W), V32(G, K_LN1B), m->partial, m->dC,
+                                       res, a->ln1_mean, a->ln1_rstd, V32(P, K_LN1W), N, C, s));
+        params_put(m, l + 2);
+        ZRC_TRY(grads_put(m, l + 2));
+    }
+    ZRC_TRY(grads_get(m, 1, &dwpe));
+    const int32_t *ti = m->tok;
+    ZRC_TRY(zrk_encoder_backward_wte(dwte, m->dres, ti + 2 * maxN, ti + 3 * maxN, ti + 4 * maxN,
+                                     m->U, C, s));
+    ZRC_TRY(zrk_encoder_backward_wpe(dwpe, m->dres, B, T, C, s));
+    ZRC_TRY(grads_put(m, 1));
+    ZRC_TRY(grads_put(m, 0));
+    return 0;
+}

@@ -1,0 +1,119 @@
+/*
+ * device.c: the loader of the device backends (device.h). Plain C, no CUDA header and no CUDA
+ * library: the backend is a shared object opened with dlopen, so libzr and the programs that
+ * link it run on machines without a GPU (and without CUDA installed at all).
+ *
+ * Search: $ZR_CUDA_LIB when set and not empty, else libzr_cuda.so in the directory of the
+ * running executable (readlink /proc/self/exe). The library stays loaded for the life of the
+ * process: CUDA's libraries do not survive dlclose well, and there is nothing to gain.
+ */
+#include "device.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The backend's errors land in this library's error state (zr_err_msg), on the thread that
+ * made the failing call. */
+static int forward_error(int code, const char *msg)
+{
+    return zr_err_set(code, "%s", msg);
+}
+
+int zr_device_lib_path(char *buf, size_t cap)
+{
+    const char *env = getenv("ZR_CUDA_LIB");
+    if (env && *env) {
+        if (strlen(env) >= cap)
+            return zr_err_set(ZR_EINVAL, "cuda: ZR_CUDA_LIB is longer than %zu bytes", cap - 1);
+        memcpy(buf, env, strlen(env) + 1);
+        return 0;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return zr_err_sys(errno, "cuda: cannot find the running executable (/proc/self/exe)");
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    size_t dir = slash ? (size_t)(slash - exe) : 0;
+    int w = slash ? snprintf(buf, cap, "%.*s/%s", (int)dir, exe, ZR_DEVICE_LIB)
+                  : snprintf(buf, cap, "./%s", ZR_DEVICE_LIB);
+    if (w < 0 || (size_t)w >= cap)
+        return zr_err_set(ZR_EINVAL, "cuda: the path of %s next to %s does not fit in %zu "
+                          "bytes", ZR_DEVICE_LIB, exe, cap);
+    return 0;
+}
+
+int zr_device_open_at(const char *path, const zr_device_ops **out)
+{
+    *out = NULL;
+    if (access(path, F_OK) != 0) {
+        if (getenv("ZR_CUDA_LIB") && *getenv("ZR_CUDA_LIB"))
+            return zr_err_set(ZR_EUNSUPPORTED, "cuda: ZR_CUDA_LIB names %s, which does not "
+                              "exist", path);
+        return zr_err_set(ZR_EUNSUPPORTED, "cuda: built without CUDA: no %s (make builds it "
+                          "when it finds nvcc; ZR_CUDA_LIB may name another)", path);
+    }
+    dlerror();
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        return zr_err_set(ZR_EUNSUPPORTED, "cuda: cannot load the CUDA backend: %s",
+                          e ? e : path);
+    }
+    /* dlsym returns void *; the getter is a function (POSIX guarantees the conversion) */
+    zr_device_getter get;
+    void *sym = dlsym(h, ZR_DEVICE_SYMBOL);
+    memcpy(&get, &sym, sizeof get);
+    if (!sym)
+        return zr_err_set(ZR_EUNSUPPORTED, "cuda: %s has no %s: not this project's CUDA "
+                          "backend", path, ZR_DEVICE_SYMBOL);
+    const zr_device_ops *ops = get();
+    if (!ops || ops->abi_version != ZR_DEVICE_ABI_VERSION || ops->size < sizeof *ops)
+        return zr_err_set(ZR_EUNSUPPORTED, "cuda: %s implements device ABI %u (%u bytes), this "
+                          "program needs %u (%zu bytes): rebuild with make", path,
+                          ops ? ops->abi_version : 0, ops ? ops->size : 0,
+                          (unsigned)ZR_DEVICE_ABI_VERSION, sizeof *ops);
+    ops->set_error_handler(forward_error);
+    int count = 0;
+    ZR_TRY(ops->probe(&count));
+    if (count < 1) /* probe says so itself; kept in case a backend does not */
+        return zr_err_set(ZR_EUNSUPPORTED, "cuda: no GPU: cudaGetDeviceCount says 0");
+    *out = ops;
+    return 0;
+}
+
+static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
+static int open_done, open_rc;
+static const zr_device_ops *open_ops;
+static char open_msg[1024];
+
+int zr_device_open(const zr_device_ops **out)
+{
+    pthread_mutex_lock(&open_mu);
+    if (!open_done) {
+        char path[4096];
+        open_rc = zr_device_lib_path(path, sizeof path);
+        if (!open_rc)
+            open_rc = zr_device_open_at(path, &open_ops);
+        if (open_rc)
+            snprintf(open_msg, sizeof open_msg, "%s", zr_err_msg());
+        open_done = 1;
+    }
+    int rc = open_rc;
+    *out = open_ops;
+    pthread_mutex_unlock(&open_mu);
+    if (rc)
+        return zr_err_set(rc, "%s", open_msg);
+    return 0;
+}
+
+int zr_device_cuda_available(void)
+{
+    const zr_device_ops *ops;
+    return zr_device_open(&ops) == 0;
+}
