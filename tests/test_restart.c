@@ -146,7 +146,7 @@ static void same_checkpoints(const char *a, const char *b)
 
 ZT_TEST(restart_after_sigkills_matches_an_uninterrupted_run)
 {
-    const char *common = "--model " MODEL " --batch 4 --steps 400 --warmup 5 --lr 3e-3 "
+    const char *common = "--model " MODEL " --batch 4 --steps 800 --warmup 5 --lr 3e-3 "
                          "--threads 1 --nproc 2 --zero 3 --save-every 10 --keep-last 3";
     char args[2048];
     snprintf(args, sizeof args, "%s --ckpt-dir straight", common);
@@ -159,7 +159,7 @@ ZT_TEST(restart_after_sigkills_matches_an_uninterrupted_run)
     size_t n_old = 0;
     for (int round = 0; round < 3; round++) {
         ZT_CHECK(wait_new_ranks(launcher, 2, old, n_old));
-        sleep_ms(150 + rand() % 250);
+        sleep_ms(60 + rand() % 140);
         n_old = rank_pids(launcher, old, 16);
         ZT_CHECK_EQ(n_old, 2);
         if (round == 1) { /* every rank at once, as a whole job's SIGKILL */
