@@ -163,29 +163,13 @@ static int64_t now_ns(void)
 
 static size_t dtype_size(zr_comm_dtype dt) { return dt == ZR_COMM_F64 ? 8 : 4; }
 
-static const char *sig_name(int s)
+/* "SIGKILL" for 9 and so on; "SIG?" for a number the C library does not name. */
+const char *zr__signal_name(int s)
 {
-    switch (s) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGALRM: return "SIGALRM";
-    case SIGTERM: return "SIGTERM";
-    case SIGXCPU: return "SIGXCPU";
-    case SIGXFSZ: return "SIGXFSZ";
-    case SIGSYS: return "SIGSYS";
-    default: return "?";
-    }
+    static __thread char buf[16];
+    const char *a = sigabbrev_np(s);
+    snprintf(buf, sizeof buf, "SIG%s", a ? a : "?");
+    return buf;
 }
 
 /* "exited with status 3" / "was killed by signal 9 (SIGKILL)" for a wait() status */
@@ -195,7 +179,7 @@ static void describe_status(char *buf, size_t cap, int status)
         snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
     else if (WIFSIGNALED(status))
         snprintf(buf, cap, "was killed by signal %d (%s)", WTERMSIG(status),
-                 sig_name(WTERMSIG(status)));
+                 zr__signal_name(WTERMSIG(status)));
     else
         snprintf(buf, cap, "failed (wait status %d)", status);
 }

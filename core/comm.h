@@ -78,4 +78,7 @@ int zr_comm_shm_create(char **name_out, int world, size_t seg_bytes);
 void zr_comm_shm_abort(const char *name, int rank, int status);
 void zr_comm_shm_unlink(const char *name);
 
+/* The name of signal s ("SIGKILL"), for messages about ranks that died (comm, launcher). */
+const char *zr__signal_name(int s);
+
 #endif

@@ -82,31 +82,6 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static const char *sig_name(int s)
-{
-    switch (s) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGALRM: return "SIGALRM";
-    case SIGTERM: return "SIGTERM";
-    case SIGXCPU: return "SIGXCPU";
-    case SIGXFSZ: return "SIGXFSZ";
-    case SIGSYS: return "SIGSYS";
-    default: return "?";
-    }
-}
-
 /* ---------------------------------------------------------------- output */
 
 static void write_all(int fd, struct iovec *iov, int n)
@@ -488,7 +463,7 @@ int zr_launch(int *exit_code, const zr_launch_opts *o, char *const argv[])
                     snprintf(d, sizeof d, "exited with status %d", WEXITSTATUS(st));
                 else if (WIFSIGNALED(st))
                     snprintf(d, sizeof d, "was killed by signal %d (%s)", WTERMSIG(st),
-                             sig_name(WTERMSIG(st)));
+                             zr__signal_name(WTERMSIG(st)));
                 else
                     snprintf(d, sizeof d, "failed (wait status %d)", st);
                 if (running > 0)

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <time.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 zck_layout *zt_layout(size_t n_groups, const uint64_t *numel)
 {
@@ -196,3 +197,51 @@ int zck__read_small_for_tests(char **out, const char *path)
 }
 
 int zck__mkdir_for_tests(const char *path) { return zck__mkdir(path); }
+
+const char *zt_zrun_path(void)
+{
+    const char *z = getenv("ZT_ZRUN");
+    if (!z)
+        ZT_SKIP("ZT_ZRUN is not set (run through make test)");
+    return z;
+}
+
+char *zt_slurp(const char *path)
+{
+    char *t = NULL;
+    if (zck__read_small_for_tests(&t, path) != 0)
+        ZT_FAIL("cannot read %s", path);
+    return t;
+}
+
+int zt_zrun(const char *args, const char *log)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s %s > %s 2>&1", zt_zrun_path(), args, log);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+void zt_zrun_ok(const char *args, const char *log)
+{
+    int st = zt_zrun(args, log);
+    if (st != 0)
+        ZT_FAIL("zrun %s: exit status %d\n%s", args, st, zt_slurp(log));
+}
+
+void zt_same_latest(const char *a, const char *b, double atol, double rtol)
+{
+    char *pa, *pb;
+    ZT_OK(zck_latest(&pa, a));
+    ZT_OK(zck_latest(&pb, b));
+    zck_diff_opts o = ZCK_DIFF_OPTS_INIT;
+    o.atol = atol;
+    o.rtol = rtol;
+    zck_diff *d;
+    ZT_OK(zck_diff_run(&d, pa, pb, &o));
+    if (!d->all_match)
+        ZT_FAIL("%s and %s differ (atol %g, rtol %g)", pa, pb, atol, rtol);
+    zck_diff_free(d);
+    free(pa);
+    free(pb);
+}

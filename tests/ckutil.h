@@ -31,4 +31,16 @@ void zt_write_file(const char *path, const char *text);
 int zck__read_small_for_tests(char **out, const char *path);
 int zck__mkdir_for_tests(const char *path);
 
+/* The zrun binary (ZT_ZRUN, set by make test); skips the test when unset. */
+const char *zt_zrun_path(void);
+/* A whole small file (the test fails when it cannot be read); caller frees. */
+char *zt_slurp(const char *path);
+/* zrun with args (a shell fragment), stdout and stderr into log; the exit status as a shell
+ * reports it. zt_zrun_ok fails the test, showing the log, unless it is 0. */
+int zt_zrun(const char *args, const char *log);
+void zt_zrun_ok(const char *args, const char *log);
+/* The checkpoints latest names in run directories a and b hold the same values (within atol +
+ * rtol |b|; 0, 0: exactly), whatever their world sizes. */
+void zt_same_latest(const char *a, const char *b, double atol, double rtol);
+
 #endif

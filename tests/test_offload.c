@@ -21,56 +21,9 @@
 /* small chunks, so that even this model streams through many of them */
 #define NVME "--nvme-path swap --aio-block-size 8192 --offload-buffers 3 --aio-queue-depth 4"
 
-static const char *zrun_path(void)
-{
-    const char *z = getenv("ZT_ZRUN");
-    if (!z)
-        ZT_SKIP("ZT_ZRUN is not set (run through make test)");
-    return z;
-}
-
-__attribute__((noinline)) static char *slurp(const char *path)
-{
-    char *t = NULL;
-    if (zck__read_small_for_tests(&t, path) != 0)
-        ZT_FAIL("cannot read %s", path);
-    return t;
-}
-
-/* zrun with args, output to log; returns the exit status (shell convention) */
-static int zrun(const char *args, const char *log)
-{
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s %s > %s 2>&1", zrun_path(), args, log);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static void zrun_ok(const char *args, const char *log)
-{
-    if (zrun(args, log) != 0) {
-        char *t = slurp(log);
-        ZT_FAIL("zrun %s failed:\n%s", args, t);
-    }
-}
-
-static void same_checkpoints(const char *a, const char *b)
-{
-    char *pa, *pb;
-    ZT_OK(zck_latest(&pa, a));
-    ZT_OK(zck_latest(&pb, b));
-    zck_diff *d;
-    ZT_OK(zck_diff_run(&d, pa, pb, NULL)); /* exact */
-    if (!d->all_match)
-        ZT_FAIL("%s and %s differ", pa, pb);
-    zck_diff_free(d);
-    free(pa);
-    free(pb);
-}
-
 static void same_file(const char *a, const char *b)
 {
-    char *ta = slurp(a), *tb = slurp(b);
+    char *ta = zt_slurp(a), *tb = zt_slurp(b);
     if (strcmp(ta, tb))
         ZT_FAIL("%s and %s differ", a, b);
     free(ta);
@@ -105,11 +58,11 @@ ZT_TEST(offload_is_byte_identical)
                              "--threads 1";
         snprintf(args, sizeof args, "%s --nproc %d --zero %d --ckpt-dir %s --log-json %s",
                  common, c[i].W, c[i].stage, ref, jr);
-        zrun_ok(args, "ref.log");
+        zt_zrun_ok(args, "ref.log");
         snprintf(args, sizeof args, "%s --nproc %d --zero %d --ckpt-dir %s --log-json %s %s "
                  NVME, common, c[i].W, c[i].stage, off, jo, c[i].what);
-        zrun_ok(args, "off.log");
-        same_checkpoints(ref, off);
+        zt_zrun_ok(args, "off.log");
+        zt_same_latest(ref, off, 0, 0);
         losses_only(jr, "a.txt");
         losses_only(jo, "b.txt");
         same_file("a.txt", "b.txt");
@@ -125,14 +78,14 @@ ZT_TEST(offload_lowers_peak_rss)
                          "--seq 32 --steps 2 --threads 1 --nproc 2 --zero 3 --prefetch 1";
     char args[2048];
     snprintf(args, sizeof args, "%s --ckpt-dir plain --log-json plain.jsonl", common);
-    zrun_ok(args, "plain.log");
+    zt_zrun_ok(args, "plain.log");
     snprintf(args, sizeof args, "%s --ckpt-dir off --log-json off.jsonl --offload-optimizer "
              "nvme --offload-params nvme --nvme-path swap", common);
-    zrun_ok(args, "off.log");
+    zt_zrun_ok(args, "off.log");
     uint64_t rss[2];
     const char *files[2] = {"plain.jsonl", "off.jsonl"};
     for (int i = 0; i < 2; i++) {
-        char *t = slurp(files[i]);
+        char *t = zt_slurp(files[i]);
         const char *q = NULL, *at = t;
         while ((at = strstr(at, "\"rss_peak\":"))) /* the last line's */
             q = at++;
@@ -159,7 +112,7 @@ static void damage_mid_run(int truncate_it)
         char cmd[2048];
         snprintf(cmd, sizeof cmd, "exec %s --model %s --batch 4 --steps 100000 --threads 1 "
                  "--nproc 2 --zero 3 --save-every 2 --keep-last 2 --ckpt-dir run "
-                 "--offload-optimizer nvme --offload-params nvme " NVME, zrun_path(), MODEL);
+                 "--offload-optimizer nvme --offload-params nvme " NVME, zt_zrun_path(), MODEL);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
@@ -177,7 +130,7 @@ static void damage_mid_run(int truncate_it)
     int status;
     ZT_CHECK(waitpid(pid, &status, 0) == pid);
     ZT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    char *t = slurp("run.log");
+    char *t = zt_slurp("run.log");
     if (!strstr(t, victim) || !strstr(t, truncate_it ? "truncated" : "vanished"))
         ZT_FAIL("the log does not name %s as %s:\n%s", victim,
                 truncate_it ? "truncated" : "vanished", t);
@@ -202,11 +155,11 @@ ZT_TEST(offload_swap_path_on_a_full_filesystem)
         ZT_SKIP("cannot mount a small tmpfs here (%s)", strerror(errno));
     /* a first run without offload leaves a checkpoint; the offloaded resume cannot allocate
      * its swap files and must stop before touching it */
-    zrun_ok("--model " MODEL " --batch 4 --steps 2 --threads 1 --ckpt-dir run", "a.log");
-    int st = zrun("--model " MODEL " --batch 4 --steps 4 --threads 1 --nproc 2 --zero 3 "
+    zt_zrun_ok("--model " MODEL " --batch 4 --steps 2 --threads 1 --ckpt-dir run", "a.log");
+    int st = zt_zrun("--model " MODEL " --batch 4 --steps 4 --threads 1 --nproc 2 --zero 3 "
                   "--ckpt-dir run --offload-optimizer nvme --offload-params nvme "
                   "--nvme-path small", "b.log");
-    char *t = slurp("b.log");
+    char *t = zt_slurp("b.log");
     umount("small");
     ZT_CHECK(st != 0);
     if (!strstr(t, "small/zrun-swap-rank") || !strstr(t, "allocating"))
@@ -225,28 +178,28 @@ ZT_TEST(offload_save_and_resume_either_way)
                          "--threads 1 --nproc 2 --zero 3";
     char args[2048];
     snprintf(args, sizeof args, "%s --ckpt-dir straight", common);
-    zrun_ok(args, "straight.log");
+    zt_zrun_ok(args, "straight.log");
     /* offloaded first half, plain second half */
     snprintf(args, sizeof args, "%s --ckpt-dir a --stop-after 6 --offload-optimizer nvme "
              "--offload-params nvme " NVME, common);
-    zrun_ok(args, "a1.log");
+    zt_zrun_ok(args, "a1.log");
     snprintf(args, sizeof args, "%s --ckpt-dir a", common);
-    zrun_ok(args, "a2.log");
-    same_checkpoints("straight", "a");
+    zt_zrun_ok(args, "a2.log");
+    zt_same_latest("straight", "a", 0, 0);
     /* plain first half, offloaded second half (at another world size and stage too) */
     snprintf(args, sizeof args, "%s --ckpt-dir b --stop-after 6", common);
-    zrun_ok(args, "b1.log");
+    zt_zrun_ok(args, "b1.log");
     snprintf(args, sizeof args, "%s --ckpt-dir b --offload-optimizer nvme --offload-params "
              "nvme " NVME, common);
-    zrun_ok(args, "b2.log");
-    same_checkpoints("straight", "b");
+    zt_zrun_ok(args, "b2.log");
+    zt_same_latest("straight", "b", 0, 0);
     snprintf(args, sizeof args, "--model " MODEL " --batch 4 --steps 12 --warmup 3 --lr 3e-3 "
              "--threads 1 --nproc 1 --zero 1 --ckpt-dir c --stop-after 6");
-    zrun_ok(args, "c1.log");
+    zt_zrun_ok(args, "c1.log");
     snprintf(args, sizeof args, "--model " MODEL " --batch 4 --steps 12 --warmup 3 --lr 3e-3 "
              "--threads 1 --nproc 2 --zero 3 --ckpt-dir c --offload-optimizer nvme " NVME);
-    zrun_ok(args, "c2.log");
-    char *t = slurp("c2.log");
+    zt_zrun_ok(args, "c2.log");
+    char *t = zt_slurp("c2.log");
     ZT_CHECK(strstr(t, "(world 1, ZeRO 1; every file hashed"));
     free(t);
 }
@@ -265,8 +218,8 @@ ZT_TEST(offload_stale_swap_directory)
     zt_write_file("swap/zrun-swap-rank0/optimizer.swap", "old state");
     const char *args = "--model " MODEL " --batch 4 --steps 2 --threads 1 --ckpt-dir run "
                        "--offload-optimizer nvme " NVME;
-    zrun_ok(args, "a.log");
-    char *t = slurp("a.log");
+    zt_zrun_ok(args, "a.log");
+    char *t = zt_slurp("a.log");
     if (!strstr(t, "stale swap directory"))
         ZT_FAIL("the stale directory was not reported:\n%s", t);
     free(t);
@@ -276,8 +229,8 @@ ZT_TEST(offload_stale_swap_directory)
     ZT_CHECK(mkdir("swap/zrun-swap-rank0", 0700) == 0);
     snprintf(text, sizeof text, "%d\n", (int)getpid());
     zt_write_file("swap/zrun-swap-rank0/owner", text);
-    ZT_CHECK(zrun(args, "b.log") != 0);
-    t = slurp("b.log");
+    ZT_CHECK(zt_zrun(args, "b.log") != 0);
+    t = zt_slurp("b.log");
     if (!strstr(t, "in use by a running process"))
         ZT_FAIL("a live swap directory was not refused:\n%s", t);
     free(t);

@@ -22,30 +22,6 @@
 
 #define MODEL "gpt2:layers=2,heads=2,dim=64,ctx=32,vocab=256"
 
-static const char *zrun_path(void)
-{
-    const char *z = getenv("ZT_ZRUN");
-    if (!z)
-        ZT_SKIP("ZT_ZRUN is not set (run through make test)");
-    return z;
-}
-
-__attribute__((noinline)) static char *slurp(const char *path)
-{
-    char *t = NULL;
-    if (zck__read_small_for_tests(&t, path) != 0)
-        ZT_FAIL("cannot read %s", path);
-    return t;
-}
-
-static int zrun(const char *args, const char *log)
-{
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s %s > %s 2>&1", zrun_path(), args, log);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -62,7 +38,7 @@ static pid_t zrun_bg(const char *args, const char *log)
         dup2(fd, 1);
         dup2(fd, 2);
         char cmd[8192];
-        snprintf(cmd, sizeof cmd, "exec %s %s", zrun_path(), args);
+        snprintf(cmd, sizeof cmd, "exec %s %s", zt_zrun_path(), args);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
@@ -130,27 +106,13 @@ static void latest_is_sound(const char *run)
     free(p);
 }
 
-static void same_checkpoints(const char *a, const char *b)
-{
-    char *pa, *pb;
-    ZT_OK(zck_latest(&pa, a));
-    ZT_OK(zck_latest(&pb, b));
-    zck_diff *d;
-    ZT_OK(zck_diff_run(&d, pa, pb, NULL));
-    if (!d->all_match)
-        ZT_FAIL("%s and %s differ", pa, pb);
-    zck_diff_free(d);
-    free(pa);
-    free(pb);
-}
-
 ZT_TEST(restart_after_sigkills_matches_an_uninterrupted_run)
 {
     const char *common = "--model " MODEL " --batch 4 --steps 800 --warmup 5 --lr 3e-3 "
                          "--threads 1 --nproc 2 --zero 3 --save-every 10 --keep-last 3";
     char args[2048];
     snprintf(args, sizeof args, "%s --ckpt-dir straight", common);
-    ZT_CHECK_EQ(zrun(args, "straight.log"), 0);
+    ZT_CHECK_EQ(zt_zrun(args, "straight.log"), 0);
     snprintf(args, sizeof args, "%s --ckpt-dir run --max-restarts 3 --restart-backoff 0",
              common);
     pid_t launcher = zrun_bg(args, "run.log");
@@ -171,12 +133,12 @@ ZT_TEST(restart_after_sigkills_matches_an_uninterrupted_run)
     }
     int status;
     ZT_CHECK(waitpid(launcher, &status, 0) == launcher);
-    char *t = slurp("run.log");
+    char *t = zt_slurp("run.log");
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
         ZT_FAIL("the restarted run failed:\n%s", t);
     ZT_CHECK(strstr(t, "restart 3 of 3"));
     free(t);
-    same_checkpoints("straight", "run");
+    zt_same_latest("straight", "run", 0, 0);
 }
 
 ZT_TEST(restart_sigkill_during_async_saves_keeps_latest_sound)
@@ -200,7 +162,7 @@ ZT_TEST(restart_sigkill_during_async_saves_keeps_latest_sound)
         latest_is_sound("run");
     }
     /* and the run resumes from it */
-    ZT_CHECK_EQ(zrun("--model gpt2:layers=4,heads=4,dim=128,ctx=32,vocab=256 --batch 4 "
+    ZT_CHECK_EQ(zt_zrun("--model gpt2:layers=4,heads=4,dim=128,ctx=32,vocab=256 --batch 4 "
                      "--threads 1 --nproc 2 --zero 1 --ckpt-dir run --stop-after 1", "r.log"),
                 0);
 }
@@ -211,26 +173,26 @@ ZT_TEST(restart_falls_back_from_a_damaged_checkpoint)
                          "--save-every 10 --keep-last 3 --ckpt-dir run";
     char args[2048];
     snprintf(args, sizeof args, "%s --steps 20", common);
-    ZT_CHECK_EQ(zrun(args, "a.log"), 0);
+    ZT_CHECK_EQ(zt_zrun(args, "a.log"), 0);
     zt_flip_byte("run/step-00000020/shard-00000-of-00001.bin", 1000);
     /* the first attempt resumes from step 20 and fails its verification; the restart falls
      * back to step 10, says so, and finishes */
     snprintf(args, sizeof args, "%s --steps 30 --max-restarts 1 --restart-backoff 0", common);
-    int st = zrun(args, "b.log");
-    char *t = slurp("b.log");
+    int st = zt_zrun(args, "b.log");
+    char *t = zt_slurp("b.log");
     if (st != 0 || !strstr(t, "step-00000020 does not verify") ||
         !strstr(t, "falling back") || !strstr(t, "resuming from run/step-00000010"))
         ZT_FAIL("exit %d; no fallback to step 10:\n%s", st, t);
     free(t);
     latest_is_sound("run");
     /* every checkpoint damaged: a clear error, no silent fresh start */
-    ZT_CHECK_EQ(zrun("--model " MODEL " --batch 4 --threads 1 --save-every 10 --ckpt-dir run2 "
+    ZT_CHECK_EQ(zt_zrun("--model " MODEL " --batch 4 --threads 1 --save-every 10 --ckpt-dir run2 "
                      "--steps 20", "c.log"), 0);
     zt_flip_byte("run2/step-00000010/shard-00000-of-00001.bin", 1000);
     zt_flip_byte("run2/step-00000020/shard-00000-of-00001.bin", 1000);
-    st = zrun("--model " MODEL " --batch 4 --threads 1 --save-every 10 --ckpt-dir run2 "
+    st = zt_zrun("--model " MODEL " --batch 4 --threads 1 --save-every 10 --ckpt-dir run2 "
               "--steps 30 --max-restarts 2 --restart-backoff 0", "d.log");
-    t = slurp("d.log");
+    t = zt_slurp("d.log");
     if (st == 0 || !strstr(t, "none of its 2 checkpoints verifies") ||
         strstr(t, "training a "))
         ZT_FAIL("exit %d; expected a refusal to start over:\n%s", st, t);
@@ -243,9 +205,9 @@ ZT_TEST(restart_disk_full_during_async_save)
     /* one checkpoint of this model is about 1.4 MiB: the first fits, the second does not */
     if (mount("zt", "small", "tmpfs", 0, "size=2m") < 0)
         ZT_SKIP("cannot mount a small tmpfs here (%s)", strerror(errno));
-    int st = zrun("--model " MODEL " --batch 4 --steps 40 --threads 1 --save-every 5 "
+    int st = zt_zrun("--model " MODEL " --batch 4 --steps 40 --threads 1 --save-every 5 "
                   "--keep-last 3 --ckpt-dir small/run", "a.log");
-    char *t = slurp("a.log");
+    char *t = zt_slurp("a.log");
     char *latest = NULL;
     int lrc = zck_latest(&latest, "small/run");
     size_t problems = lrc == 0 ? zt_verify_count(latest, 0) : 99;
@@ -269,7 +231,7 @@ ZT_TEST(restart_preemption_saves_and_exits_zero)
     kill(launcher, SIGTERM);
     int status;
     ZT_CHECK(waitpid(launcher, &status, 0) == launcher);
-    char *t = slurp("run.log");
+    char *t = zt_slurp("run.log");
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
         ZT_FAIL("preempted run did not exit 0:\n%s", t);
     /* the last line names the checkpoint, which verifies */
@@ -290,7 +252,7 @@ ZT_TEST(restart_preemption_saves_and_exits_zero)
 
 ZT_TEST(restart_verify_on_resume_modes)
 {
-    ZT_CHECK_EQ(zrun("--model " MODEL " --batch 4 --steps 4 --threads 1 --ckpt-dir run",
+    ZT_CHECK_EQ(zt_zrun("--model " MODEL " --batch 4 --steps 4 --threads 1 --ckpt-dir run",
                      "a.log"), 0);
     static const char *mode[3] = {"full", "quick", "off"};
     static const char *says[3] = {"every file hashed", "quick check", "not verified"};
@@ -299,8 +261,8 @@ ZT_TEST(restart_verify_on_resume_modes)
         snprintf(args, sizeof args, "--model %s --batch 4 --steps %d --threads 1 --ckpt-dir run "
                  "--verify-on-resume %s", MODEL, 5 + i, mode[i]);
         snprintf(log, sizeof log, "v%d.log", i);
-        ZT_CHECK_EQ(zrun(args, log), 0);
-        char *t = slurp(log);
+        ZT_CHECK_EQ(zt_zrun(args, log), 0);
+        char *t = zt_slurp(log);
         if (!strstr(t, says[i]) || !strstr(t, "continuing at step"))
             ZT_FAIL("--verify-on-resume %s: the resume line does not say '%s':\n%s", mode[i],
                     says[i], t);
@@ -312,9 +274,9 @@ ZT_TEST(restart_verify_on_resume_modes)
     char f[512];
     snprintf(f, sizeof f, "%s/shard-00000-of-00001.bin", p);
     zt_flip_byte(f, 2000);
-    ZT_CHECK(zrun("--model " MODEL " --batch 4 --steps 9 --threads 1 --ckpt-dir run "
+    ZT_CHECK(zt_zrun("--model " MODEL " --batch 4 --steps 9 --threads 1 --ckpt-dir run "
                   "--verify-on-resume full", "f.log") != 0);
-    char *t = slurp("f.log");
+    char *t = zt_slurp("f.log");
     ZT_CHECK(strstr(t, "shard-00000-of-00001.bin"));
     free(t);
     free(p);

@@ -21,32 +21,11 @@
 #define SMALL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
 #define MAX_STEPS 64
 
-static const char *zrun_path(void)
-{
-    const char *z = getenv("ZT_ZRUN");
-    if (!z)
-        ZT_SKIP("ZT_ZRUN is not set (run through make test)");
-    return z;
-}
-
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* Run zrun with these arguments (a shell fragment), output into log; must exit 0. */
-static void zrun_ok(const char *args, const char *log)
-{
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s %s > %s 2>&1", zrun_path(), args, log);
-    int st = system(cmd);
-    if (st != 0) {
-        char *text = NULL;
-        zck__read_small_for_tests(&text, log);
-        ZT_FAIL("%s: exit status %d\n%s", cmd, st, text ? text : "");
-    }
 }
 
 typedef struct {
@@ -98,26 +77,9 @@ static void stage_run(jlog *j, int W, int s, int mb, int steps)
     snprintf(args, sizeof args, "--model %s --batch 8 %s%.0d --steps %d --warmup 5 --lr 3e-3 "
              "--threads 1 --nproc %d --zero %d --ckpt-dir %s --log-json %s", SMALL,
              mb ? "--micro-batch " : "", mb, steps, W, s, dir, jl);
-    zrun_ok(args, log);
+    zt_zrun_ok(args, log);
     read_jlog(j, jl);
     ZT_CHECK_EQ(j->n, steps);
-}
-
-static void final_params_close(const char *a, const char *b)
-{
-    char *pa, *pb;
-    ZT_OK(zck_latest(&pa, a));
-    ZT_OK(zck_latest(&pb, b));
-    zck_diff_opts o = ZCK_DIFF_OPTS_INIT;
-    o.atol = 1e-5;
-    o.rtol = 1e-4;
-    zck_diff *d;
-    ZT_OK(zck_diff_run(&d, pa, pb, &o));
-    if (!d->all_match)
-        ZT_FAIL("final checkpoints %s and %s differ beyond tolerance", pa, pb);
-    zck_diff_free(d);
-    free(pa);
-    free(pb);
 }
 
 ZT_TEST(zero_stages_agree_across_worlds)
@@ -142,7 +104,7 @@ ZT_TEST(zero_stages_agree_across_worlds)
             }
             char dir[64];
             snprintf(dir, sizeof dir, "w%d-s%d-mb0", W, s);
-            final_params_close(dir, "w1-s0-mb0");
+            zt_same_latest(dir, "w1-s0-mb0", 1e-5, 1e-4);
         }
     /* the same world and stage order gives equal bits: stage 1 = stage 0, stage 3 = stage 2
      * with gradient accumulation (2 micro-batches per rank) */
@@ -185,7 +147,7 @@ ZT_TEST(zero_memory_follows_the_formulas)
         snprintf(args, sizeof args, "--model %s --batch 4 --seq 32 --steps 2 --threads 1 "
                  "--nproc %d --zero %d --prefetch 1 --ckpt-dir %s --log-json %s", model, W, s,
                  dir, jl);
-        zrun_ok(args, log);
+        zt_zrun_ok(args, log);
         jlog j;
         read_jlog(&j, jl);
         double states = (double)(j.params + j.grads + j.optimizer), want = formula[s] * numel;
@@ -215,7 +177,7 @@ ZT_TEST(zero_elastic_resume)
     char args[1024];
     snprintf(args, sizeof args, "%s --nproc 4 --zero 3 --ckpt-dir straight --log-json "
              "straight.jsonl", common);
-    zrun_ok(args, "straight.log");
+    zt_zrun_ok(args, "straight.log");
     jlog ref;
     read_jlog(&ref, "straight.jsonl");
     static const int to[2][2] = {{2, 1}, {3, 2}};
@@ -226,11 +188,11 @@ ZT_TEST(zero_elastic_resume)
         snprintf(log, sizeof log, "%s-a.log", dir);
         snprintf(args, sizeof args, "%s --nproc 4 --zero 3 --stop-after 10 --ckpt-dir %s "
                  "--log-json %s", common, dir, jl);
-        zrun_ok(args, log);
+        zt_zrun_ok(args, log);
         snprintf(log, sizeof log, "%s-b.log", dir);
         snprintf(args, sizeof args, "%s --nproc %d --zero %d --ckpt-dir %s --log-json %s",
                  common, to[i][0], to[i][1], dir, jl);
-        zrun_ok(args, log);
+        zt_zrun_ok(args, log);
         char *text;
         ZT_OK(zck__read_small_for_tests(&text, log));
         if (!strstr(text, "(world 4, ZeRO 3; every file hashed"))
@@ -244,7 +206,7 @@ ZT_TEST(zero_elastic_resume)
             if (rel(j.loss[k], ref.loss[k]) > (k <= 10 ? 0 : 1e-5))
                 ZT_FAIL("resumed at W=%d stage %d: step %d loss %.9g, straight %.9g",
                         to[i][0], to[i][1], k, j.loss[k], ref.loss[k]);
-        final_params_close(dir, "straight");
+        zt_same_latest(dir, "straight", 1e-5, 1e-4);
     }
 }
 
@@ -288,7 +250,7 @@ static void kill_one_rank(const char *dir, const char *extra, int delay_ms)
         dup2(fd, 2);
         char cmd[2048];
         snprintf(cmd, sizeof cmd, "exec %s --model %s --batch 4 --steps 100000 --threads 1 "
-                 "--nproc 2 --zero 3 --ckpt-dir %s %s", zrun_path(), SMALL, dir, extra);
+                 "--nproc 2 --zero 3 --ckpt-dir %s %s", zt_zrun_path(), SMALL, dir, extra);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
