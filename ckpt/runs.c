@@ -304,7 +304,8 @@ int zck_run_list_open(zck_run_list **out, const char *run_dir)
         zck_run_list_free(l);
         return rc;
     }
-    qsort(l->ckpt, l->n, sizeof *l->ckpt, cmp_entry);
+    if (l->n) /* qsort(NULL, 0, ...) is undefined */
+        qsort(l->ckpt, l->n, sizeof *l->ckpt, cmp_entry);
     *out = l;
     return 0;
 }
