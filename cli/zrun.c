@@ -78,11 +78,16 @@ static const char *usage_text =
     "  --log-ranks R       0 (default: rank 0's output) or all (every rank's, prefixed)\n"
     "  --dry-run           print the memory each rank would hold (params, grads, optimizer\n"
     "                      states, buffers, activations) against the ZeRO formula; no training\n"
-    "  --device D          cpu or auto (default auto = cpu in this version)\n"
+    "  --device D          cpu, cuda or auto (default auto: cuda when every rank finds a\n"
+    "                      GPU and the CUDA backend (libzr_cuda.so next to zrun), else cpu;\n"
+    "                      ZR_DEVICE in the environment changes the default). On cuda, rank r\n"
+    "                      takes GPU r mod the GPUs; NCCL when each rank has a GPU of its\n"
+    "                      own, else collectives staged through host memory\n"
     "offload (ZeRO-Infinity):\n"
     "  --offload-optimizer none|cpu|nvme   AdamW states (none); cpu: host memory, which on the\n"
-    "                      CPU device is where they are anyway; nvme: swap files, streamed\n"
-    "                      chunk by chunk through the optimizer step\n"
+    "                      CPU device is where they are anyway (on cuda: pinned host memory,\n"
+    "                      AdamW on the CPU overlapping the copies); nvme: swap files,\n"
+    "                      streamed chunk by chunk through the optimizer step (cpu device)\n"
     "  --offload-params none|cpu|nvme      stage 3: the parameter partitions (none); nvme: read\n"
     "                      ahead of each group's gather\n"
     "  --nvme-path DIR     swap directory (one zrun-swap-rank<r> per rank inside; removed at the\n"
@@ -274,7 +279,8 @@ int main(int argc, char **argv)
 {
     zr_train_opts o = ZR_TRAIN_OPTS_INIT;
     uint32_t nproc = 1;
-    const char *device = "auto";
+    const char *device = getenv("ZR_DEVICE") && *getenv("ZR_DEVICE") ? getenv("ZR_DEVICE")
+                                                                      : "auto";
     int dry_run = 0, log_all = 0;
     uint32_t max_restarts = 0, nproc_restart = 0;
     double backoff = 1.0;
@@ -436,11 +442,15 @@ int main(int argc, char **argv)
         !o.nvme_path)
         return zcli_fail(PROG, "add --nvme-path DIR (a directory on a fast local disk)",
                          "offload to nvme needs --nvme-path");
-    if (!strcmp(device, "cuda"))
-        return zcli_fail(PROG, "train on the CPU (--device cpu) for now",
-                         "--device cuda: GPU training is not built yet in this version");
-    if (strcmp(device, "cpu") && strcmp(device, "auto"))
+    if (!strcmp(device, "cpu"))
+        o.device = ZR_DEVICE_CPU;
+    else if (!strcmp(device, "cuda"))
+        o.device = ZR_DEVICE_CUDA;
+    else if (!strcmp(device, "auto"))
+        o.device = ZR_DEVICE_AUTO;
+    else
         return zcli_fail(PROG, NULL, "--device '%s': expected cpu, cuda or auto", device);
+
     if (dry_run) {
         if (zr_train_dry_run(&o, (int)nproc, stdout) < 0)
             return zcli_fail_lib(PROG, NULL);

@@ -813,6 +813,8 @@ static int open_shm(zr_comm *c, const char *name, int rank, int world)
     return 0;
 }
 
+static zr_comm *env_comm; /* zr_comm_env */
+
 int zr_comm_open_env(zr_comm **out)
 {
     *out = NULL;
@@ -842,13 +844,18 @@ int zr_comm_open_env(zr_comm **out)
         }
     }
     *out = c;
+    env_comm = c;
     return 0;
 }
+
+zr_comm *zr_comm_env(void) { return env_comm; }
 
 void zr_comm_close(zr_comm *c)
 {
     if (!c)
         return;
+    if (c == env_comm)
+        env_comm = NULL;
     if (c->h)
         munmap(c->h, c->map_bytes);
     free(c);

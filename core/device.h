@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define ZR_DEVICE_ABI_VERSION 1
+#define ZR_DEVICE_ABI_VERSION 2
 #define ZR_DEVICE_SYMBOL "zr_cuda_ops_v1" /* const zr_device_ops *zr_cuda_ops_v1(void) */
 #define ZR_DEVICE_LIB "libzr_cuda.so"
 #define ZR_NCCL_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
@@ -206,6 +206,9 @@ typedef struct zr_device_ops {
     /* zr_sumsq of a device array, the same blocks, partial sums and order: the same bits.
      * Waits for the result (after the work already enqueued on s). */
     int (*sumsq)(const float *x, size_t n, double *out, zr_dev_stream *s);
+    /* y[i] += x[i] for n floats of device memory, enqueued on s (NULL: sync): a ZeRO rank
+     * accumulates its reduced gradient partition over micro-batches with it. */
+    int (*add)(float *y, const float *x, size_t n, zr_dev_stream *s);
 
     /* ------------------------------------------------------------ communicator (NCCL) */
     /*
@@ -262,6 +265,16 @@ int zr_device_open(const zr_device_ops **out);
 int zr_device_open_at(const char *path, const zr_device_ops **out);
 /* Where zr_device_open looks: into buf[cap]; ZR_EINVAL when it does not fit. */
 int zr_device_lib_path(char *buf, size_t cap);
+/*
+ * The host simulation of a device (core/hostsim.c), selected with ZR_CUDA_LIB=hostsim: the
+ * same table on ordinary memory, run on the CPU with the CPU engine's own code (zr_model for
+ * model_*, zr_adamw_update, zr_sumsq), every call synchronous, streams and events trivial, the
+ * communicator (comm_*) riding on this process's shm communicator (zr_comm_env). It lets the
+ * engine's device path (zero_dev.c, train.c) run and be tested on machines without a GPU; its
+ * results have the CPU engine's bits. It is not a GPU emulator: kernels are the CPU's.
+ */
+const zr_device_ops *zr_hostsim_ops(void);
+
 /* 1 when zr_device_open succeeds (--device auto picks cuda then), else 0 (the reason stays in
  * zr_err_msg()). */
 int zr_device_cuda_available(void);

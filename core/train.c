@@ -11,6 +11,7 @@
  * on the verdict), then reads the ranges this rank now owns straight from the old shards.
  */
 #include "comm.h"
+#include "device.h"
 #include "saver.h"
 #include "zero.h"
 #include "zr.h"
@@ -30,7 +31,11 @@
 typedef struct {
     const zr_train_opts *o;
     zr_gpt2_config cfg;
-    zr_model *model;
+    zr_model *model;         /* the CPU model; on a device only its shape (init values) */
+    const zr_device_ops *dev; /* the device (NULL: the CPU engine) */
+    zr_dev_model *dmodel;    /* the model on it */
+    zr_dev_comm *dcomm;      /* its communicator (NULL: none, or staged over shm) */
+    char dev_name[160];      /* "cuda: NVIDIA H200 ..." for the first line */
     zck_layout *L;
     zr_comm *comm;
     zr_zero *zero;
@@ -430,7 +435,7 @@ static int load(run *r, zck_reader *rd)
     ZR_TRY(check_layout(zck_reader_layout(rd), r->L, zck_reader_path(rd)));
     unsigned jobs = r->o->threads > 0 ? (unsigned)r->o->threads : 1;
     int rc = 0, how = r->o->verify_on_resume;
-    if (how == ZR_VERIFY_FULL && r->W == 1 && !zr_zero_offloaded(r->zero))
+    if (how == ZR_VERIFY_FULL && r->W == 1 && !zr_zero_offloaded(r->zero) && !r->dev)
         return zr_zero_load(r->zero, rd, 1, jobs) ? zr_err_code() : load_training(r, rd);
     if (how == ZR_VERIFY_FULL)
         rc = verify_shared(r, rd); /* every file hashed once, verdict agreed */
@@ -500,6 +505,16 @@ static double saver_state(run *r)
 
 /* *saves: the agreed state of the save in flight: 2 when every rank's shard is durable, -1
  * when any rank's write failed, else 0 or 1. */
+static int forward_backward(run *r, float scale, float *loss)
+{
+    if (r->dev) {
+        ZR_TRY(r->dev->model_forward(r->dmodel, r->inputs, r->targets, r->mb, r->T, loss));
+        return r->dev->model_backward(r->dmodel, scale);
+    }
+    ZR_TRY(zr_model_forward(r->model, r->inputs, r->targets, r->mb, r->T, loss));
+    return zr_model_backward(r->model, scale);
+}
+
 static int train_step(run *r, int want_stop, int *stop, int *saves, float *loss,
                       float *lr_out, float *norm_out)
 {
@@ -519,8 +534,7 @@ static int train_step(run *r, int want_stop, int *stop, int *saves, float *loss,
             memcpy(r->targets + (size_t)b * T, r->tokens + 1, T * sizeof *r->tokens);
         }
         float l;
-        ZR_TRY(zr_model_forward(r->model, r->inputs, r->targets, r->mb, T, &l));
-        ZR_TRY(zr_model_backward(r->model, scale));
+        ZR_TRY(forward_backward(r, scale, &l));
         sum += l;
     }
     ZR_TRY(zr_zero_reduce(r->zero));
@@ -576,29 +590,36 @@ static void log_step(run *r, int json, float loss, float lr, float norm, double 
     double tps = (double)o->batch * r->T / (dt > 0 ? dt : 1e-9);
     zr_zero_bytes zb;
     zr_zero_mem(r->zero, &zb);
-    uint64_t ab;
-    zr_model_bytes(r->model, NULL, NULL, &ab);
+    uint64_t ab, unused[2];
+    if (r->dev)
+        r->dev->model_bytes(r->dmodel, &unused[0], &unused[1], &ab);
+    else
+        zr_model_bytes(r->model, NULL, NULL, &ab);
     double mib = 1.0 / (1 << 20);
     char nvme[48] = "";
     if (zb.nvme)
         snprintf(nvme, sizeof nvme, " | nvme %.1f", zb.nvme * mib);
+    else if (zb.pinned)
+        snprintf(nvme, sizeof nvme, " | pinned %.1f", zb.pinned * mib);
     if (r->log && !json)
         fprintf(r->log, "step %6llu/%llu | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | "
-                        "%.1f ms | mem/rank MiB p %.1f g %.1f o %.1f b %.1f a %.1f%s\n",
+                        "%.1f ms | %s MiB p %.1f g %.1f o %.1f b %.1f a %.1f%s\n",
                 (unsigned long long)r->step, (unsigned long long)o->steps, loss, lr, norm, tps,
-                dt * 1e3, zb.params * mib, zb.grads * mib, zb.optimizer * mib,
+                dt * 1e3, r->dev ? "gpu/rank" : "mem/rank", zb.params * mib, zb.grads * mib, zb.optimizer * mib,
                 zb.buffers * mib, ab * mib, nvme);
     if (r->jlog && json) {
         fprintf(r->jlog, "{\"step\":%llu,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
                          "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"save_blocked_ms\":%.3f,"
-                         "\"world\":%d,\"zero\":%d,"
+                         "\"world\":%d,\"zero\":%d,\"device\":\"%s\","
                          "\"mem\":{\"params\":%llu,\"grads\":%llu,\"optimizer\":%llu,"
-                         "\"buffers\":%llu,\"activations\":%llu,\"nvme\":%llu},"
+                         "\"buffers\":%llu,\"activations\":%llu,\"nvme\":%llu,"
+                         "\"pinned\":%llu},"
                          "\"rss_peak\":%llu}\n",
                 (unsigned long long)r->step, loss, lr, norm, tps, dt * 1e3, save_ms, r->W,
-                o->zero_stage, (unsigned long long)zb.params, (unsigned long long)zb.grads,
+                o->zero_stage, r->dev ? r->dev->name : "cpu", (unsigned long long)zb.params, (unsigned long long)zb.grads,
                 (unsigned long long)zb.optimizer, (unsigned long long)zb.buffers,
                 (unsigned long long)ab, (unsigned long long)zb.nvme,
+                (unsigned long long)zb.pinned,
                 (unsigned long long)rss_peak());
         fflush(r->jlog);
     }
@@ -660,7 +681,7 @@ static zr_zero_opts zero_opts(const zr_train_opts *o)
     zr_zero_opts zo = ZR_ZERO_OPTS_INIT;
     zo.stage = o->zero_stage;
     zo.prefetch = o->prefetch;
-    zo.offload_optimizer = o->offload_optimizer == ZR_OFFLOAD_NVME;
+    zo.offload_optimizer = o->offload_optimizer == ZR_OFFLOAD_NVME ? 1 : 0;
     zo.offload_params = o->offload_params == ZR_OFFLOAD_NVME;
     zo.swap_dir = o->nvme_path;
     zo.aio_depth = o->aio_depth;
@@ -747,7 +768,11 @@ static void free_run(run *r)
     free(r->pend.staging);
     free(r->pend.train);
     zr_model_free(r->model);
+    if (r->dmodel)
+        r->dev->model_free(r->dmodel);
     zr_zero_free(r->zero); /* after the model: its comm thread may still hold lent buffers */
+    if (r->dcomm)
+        r->dev->comm_free(r->dcomm);
     swap_dir_release(r);
     zr_comm_close(r->comm);
     zck_layout_free(r->L);
@@ -757,6 +782,71 @@ static void free_run(run *r)
     zr_data_free(r->data);
     if (r->jlog)
         fclose(r->jlog);
+}
+
+/* The device (o->device): cpu; cuda, which every rank must be able to use; or auto: cuda
+ * when every rank can, else cpu. Then this rank's GPU (ZR_LOCAL_RANK, else the rank, modulo
+ * the GPUs: ranks beyond the GPUs share them) and, with several ranks, the device
+ * communicator: NCCL when every rank has a GPU of its own (its unique id from rank 0 through
+ * the shm rendezvous), else none (collectives staged through host memory over shm).
+ * ZR_DEVICE_COMM=nccl or shm overrides the choice. */
+static int open_device(run *r)
+{
+    const zr_train_opts *o = r->o;
+    if (o->device == ZR_DEVICE_CPU)
+        return 0;
+    const zr_device_ops *ops = NULL;
+    int lrc = zr_device_open(&ops);
+    if (o->device == ZR_DEVICE_AUTO) {
+        double mine = lrc ? 0 : 1, *all = calloc((size_t)r->W, sizeof *all);
+        if (!all)
+            return zr_err_set(ZR_ENOMEM, "out of memory");
+        int rc = gather_f64(r, &mine, 1, all), every = 1;
+        for (int q = 0; q < r->W; q++)
+            every &= all[q] != 0;
+        free(all);
+        if (rc)
+            return rc;
+        zr_err_clear();
+        if (!every)
+            return 0; /* the CPU engine */
+    }
+    ZR_TRY(agree(r, lrc));
+    if (o->offload_params == ZR_OFFLOAD_CPU)
+        return zr_err_set(ZR_EUNSUPPORTED, "--offload-params cpu: parameters in host memory "
+                          "are not implemented on the GPU yet (--device cpu keeps them there)");
+    r->dev = ops;
+    int local = r->rank, idx = 0, count = 1;
+    const char *lr = getenv("ZR_LOCAL_RANK");
+    if (lr && *lr)
+        local = atoi(lr);
+    char name[96] = "?";
+    uint64_t fb = 0, tb = 0;
+    lrc = ops->probe(&count);
+    if (!lrc)
+        lrc = ops->init(local, &idx);
+    if (!lrc)
+        lrc = ops->info(name, sizeof name, &fb, &tb);
+    ZR_TRY(agree(r, lrc));
+    const char *mode = getenv("ZR_DEVICE_COMM");
+    int nccl = r->W > 1 && count >= r->W;
+    if (mode && !strcmp(mode, "nccl"))
+        nccl = r->W > 1;
+    else if (mode && !strcmp(mode, "shm"))
+        nccl = 0;
+    else if (mode && *mode)
+        return zr_err_set(ZR_EINVAL, "ZR_DEVICE_COMM=%s: expected nccl or shm", mode);
+    if (nccl) {
+        char id[ZR_NCCL_ID_BYTES];
+        memset(id, 0, sizeof id);
+        ZR_TRY(agree(r, r->rank == 0 ? ops->comm_unique_id(id, sizeof id) : 0));
+        ZR_TRY(bcast(r, id, sizeof id, 0));
+        ZR_TRY(agree(r, ops->comm_new(&r->dcomm, id, sizeof id, r->rank, r->W)));
+    }
+    snprintf(r->dev_name, sizeof r->dev_name, "%s (GPU %d: %s, %.1f GiB%s)", ops->name, idx,
+             name, tb / 1073741824.0,
+             r->W == 1 ? "" : nccl ? "; NCCL" : "; collectives staged over shm");
+    return 0;
 }
 
 /* The model config: --model, else the checkpoint's, else tiny; a checkpoint of another shape
@@ -854,6 +944,7 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
     r.log = r.rank == 0 ? o->log : NULL;
     ZR_TRY_GOTO(check_opts(o, r.W), rc, out);
     zr_set_threads(o->threads > 0 ? o->threads : 1);
+    ZR_TRY_GOTO(open_device(&r), rc, out);
 
     /* what to resume from (rank 0 decides for all), and the model */
     if (r.rank == 0)
@@ -886,7 +977,10 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
     if (!lrc) {
         zr_zero_opts zo = zero_opts(o);
         zo.swap_dir = r.swap_dir;
-        lrc = zr_zero_new(&r.zero, r.comm, r.L, &zo);
+        if (r.dev && o->offload_optimizer == ZR_OFFLOAD_CPU)
+            zo.offload_optimizer = 2; /* pinned host memory, AdamW on the CPU */
+        lrc = r.dev ? zr_zero_new_device(&r.zero, r.comm, r.L, &zo, r.dev, r.dcomm)
+                    : zr_zero_new(&r.zero, r.comm, r.L, &zo);
     }
     /* asynchronous saves need a host copy of this rank's partitions: by default not when the
      * states were moved to NVMe to free that memory */
@@ -898,10 +992,19 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
     if (!lrc) {
         zr_model_hooks h;
         zr_zero_hooks(r.zero, &h);
-        lrc = zr_model_new_ext(&r.model, &r.cfg, r.mb, r.T, &h);
+        if (r.dev) { /* the CPU model only gives the initial values: the smallest one */
+            lrc = r.dev->model_new(&r.dmodel, &r.cfg, r.mb, r.T, &h);
+            if (!lrc)
+                lrc = zr_zero_attach_device(r.zero, r.dmodel, r.n_micro);
+            if (!lrc)
+                lrc = zr_model_new_ext(&r.model, &r.cfg, 1, 1, &h);
+        } else {
+            lrc = zr_model_new_ext(&r.model, &r.cfg, r.mb, r.T, &h);
+            if (!lrc)
+                zr_zero_attach(r.zero, r.model, r.n_micro);
+        }
     }
     if (!lrc) {
-        zr_zero_attach(r.zero, r.model, r.n_micro);
         r.ng = zr_model_n_groups(r.model);
         if (!(r.tokens = malloc((r.T + 1) * sizeof *r.tokens)) ||
             !(r.inputs = malloc((size_t)r.mb * r.T * sizeof *r.inputs)) ||
@@ -930,6 +1033,8 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
             lrc = zr_err_sys(errno, "%s: open for appending", o->log_json);
     }
     ZR_TRY_GOTO(agree(&r, lrc), rc, out);
+    if (r.log && r.dev)
+        fprintf(r.log, "device: %s\n", r.dev_name);
     if (r.log && !rd)
         fprintf(r.log, "training a %u-layer GPT-2 (%llu parameters) on %s, %llu steps, batch "
                        "%u x %u tokens, %d rank%s, ZeRO stage %d\n", r.cfg.layers,

@@ -4,6 +4,7 @@
  * in the background, the rest waited for at once).
  */
 #include "zero.h"
+#include "zero_dev.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -54,6 +55,7 @@ typedef struct {
 } entry;
 
 struct zr_zero {
+    zr_zdev *dev; /* a device engine (zero_dev.c): every call below goes there */
     zr_comm *comm;
     int rank, W, stage;
     unsigned prefetch;
@@ -92,6 +94,20 @@ struct zr_zero {
 };
 
 static void reset_buffers_locked(zr_zero *z);
+
+/* A device engine's call goes to zero_dev.c. */
+#define DEV_RETURN(call)                                                                       \
+    do {                                                                                       \
+        if (z->dev)                                                                            \
+            return call;                                                                       \
+    } while (0)
+#define DEV_DO(call)                                                                           \
+    do {                                                                                       \
+        if (z->dev) {                                                                          \
+            call;                                                                              \
+            return;                                                                            \
+        }                                                                                      \
+    } while (0)
 
 /* ---------------------------------------------------------------- sizes */
 
@@ -247,6 +263,7 @@ int zr_zero_plan(zr_zero_bytes *out, const zck_layout *L, int world, int rank,
 
 void zr_zero_mem(const zr_zero *z, zr_zero_bytes *out)
 {
+    DEV_DO(zd_mem(z->dev, out));
     memset(out, 0, sizeof *out);
     int s = z->stage;
     out->params = s < 3 ? z->bytes_fullp : z->bytes_ownp;
@@ -521,6 +538,11 @@ void zr_zero_free(zr_zero *z)
 {
     if (!z)
         return;
+    if (z->dev) {
+        zd_free(z->dev);
+        free(z);
+        return;
+    }
     if (z->th_started) {
         pthread_mutex_lock(&z->mu);
         z->quit = 1;
@@ -554,6 +576,32 @@ void zr_zero_free(zr_zero *z)
     free(z);
 }
 
+int zr_zero_new_device(zr_zero **out, zr_comm *comm, const zck_layout *L,
+                       const zr_zero_opts *o, const zr_device_ops *ops, zr_dev_comm *dc)
+{
+    *out = NULL;
+    zr_zero *z = calloc(1, sizeof *z);
+    if (!z)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    z->comm = comm;
+    z->rank = zr_comm_rank(comm);
+    z->W = zr_comm_world(comm);
+    z->stage = o->stage;
+    z->L = L;
+    int rc = zd_new(&z->dev, comm, L, o, ops, dc);
+    if (rc) {
+        free(z);
+        return rc;
+    }
+    *out = z;
+    return 0;
+}
+
+int zr_zero_attach_device(zr_zero *z, zr_dev_model *m, unsigned n_micro)
+{
+    return zd_attach(z->dev, m, n_micro);
+}
+
 void zr_zero_attach(zr_zero *z, const zr_model *m, unsigned n_micro)
 {
     if (z->stage != 3)
@@ -582,12 +630,14 @@ void zr_zero_attach(zr_zero *z, const zr_model *m, unsigned n_micro)
 
 void zr_zero_part_range(const zr_zero *z, size_t g, uint64_t *lo, uint64_t *n)
 {
+    DEV_DO(zd_part_range(z->dev, g, lo, n));
     *lo = z->G[g].lo;
     *n = z->G[g].n;
 }
 
 void zr_zero_opt_range(const zr_zero *z, size_t g, uint64_t *lo, uint64_t *n)
 {
+    DEV_DO(zd_opt_range(z->dev, g, lo, n));
     if (z->stage == 0) {
         *lo = 0;
         *n = z->G[g].numel;
@@ -757,6 +807,7 @@ static int hook_grads_done(void *ctx, size_t g)
 
 void zr_zero_hooks(zr_zero *z, zr_model_hooks *h)
 {
+    DEV_DO(zd_hooks(z->dev, h));
     memset(h, 0, sizeof *h);
     h->ctx = z; /* at every stage: the model has no arenas of its own */
     h->params = hook_params;
@@ -789,6 +840,7 @@ static void reset_buffers_locked(zr_zero *z)
 
 int zr_zero_begin_step(zr_zero *z)
 {
+    DEV_RETURN(zd_begin_step(z->dev));
     ZR_TRY(drain(z));
     if (z->stage >= 2) {
         pthread_mutex_lock(&z->mu);
@@ -814,6 +866,7 @@ int zr_zero_begin_step(zr_zero *z)
 
 int zr_zero_reduce(zr_zero *z)
 {
+    DEV_RETURN(zd_reduce(z->dev));
     if (z->stage == 0)
         return run_sync(z, (op){.kind = OP_ALLREDUCE, .send = z->fullg, .recv = z->fullg,
                                 .n = z->sum_full});
@@ -845,6 +898,7 @@ static double part_sumsq(const float *const *base, const zr_zero *z, int q)
 
 int zr_zero_sumsq(zr_zero *z, double *out)
 {
+    DEV_RETURN(zd_sumsq(z->dev, out));
     const float **base = calloc(z->ng ? z->ng : 1, sizeof *base);
     double *all = calloc((size_t)z->W, sizeof *all);
     int rc = 0;
@@ -876,6 +930,7 @@ out:
 
 int zr_zero_publish(zr_zero *z)
 {
+    DEV_RETURN(zd_publish(z->dev));
     if (z->stage != 1 && z->stage != 2)
         return 0;
     pthread_mutex_lock(&z->mu);
@@ -889,11 +944,13 @@ int zr_zero_publish(zr_zero *z)
 
 int zr_zero_gather_f64(zr_zero *z, const double *mine, size_t n, double *all)
 {
+    DEV_RETURN(zr_comm_all_gather(z->comm, mine, all, n, sizeof(double)));
     return run_sync(z, (op){.kind = OP_GATHER_F64, .send = mine, .recv = all, .n = n});
 }
 
 int zr_zero_broadcast(zr_zero *z, void *buf, size_t bytes, int root)
 {
+    DEV_RETURN(zr_comm_broadcast(z->comm, buf, bytes, root));
     return run_sync(z, (op){.kind = OP_BCAST, .recv = buf, .n = bytes, .root = root});
 }
 
@@ -930,6 +987,7 @@ static void locate(zr_zero *z, size_t g, int s, float **mem, zck_swap **sw, uint
 
 int zr_zero_init_params(zr_zero *z, zr_zero_fill_fn fill, void *ctx)
 {
+    DEV_RETURN(zd_init_params(z->dev, fill, ctx));
     for (size_t g = 0; g < z->ng; g++) {
         uint64_t lo, n;
         float *full = zr_zero_full_params(z, g);
@@ -961,6 +1019,10 @@ int zr_zero_init_params(zr_zero *z, zr_zero_fill_fn fill, void *ctx)
 
 int zr_zero_load(zr_zero *z, zck_reader *rd, int verify, unsigned jobs)
 {
+    if (z->dev && verify)
+        return zr_err_set(ZR_EINVAL, "ZeRO on a device: verify the checkpoint before loading "
+                          "it (the device load does not hash)");
+    DEV_RETURN(zd_load(z->dev, rd));
     const zck_layout *L = zck_reader_layout(rd);
     size_t st[3];
     static const char *names[3] = {"param", "exp_avg", "exp_avg_sq"};
@@ -1039,6 +1101,7 @@ int zr_zero_save(zr_zero *z, zck_writer *w)
 
 uint64_t zr_zero_part_floats(const zr_zero *z)
 {
+    DEV_RETURN(zd_part_floats(z->dev));
     uint64_t n = 0;
     for (size_t g = 0; g < z->ng; g++)
         n += 3 * z->G[g].n;
@@ -1047,6 +1110,7 @@ uint64_t zr_zero_part_floats(const zr_zero *z)
 
 int zr_zero_save_to(zr_zero *z, const zr_zero_sink *w)
 {
+    DEV_RETURN(zd_save_to(z->dev, w));
     for (size_t g = 0; g < z->ng; g++) {
         uint64_t plo, pn, olo, on;
         zr_zero_part_range(z, g, &plo, &pn);
@@ -1115,6 +1179,7 @@ typedef struct {
 
 int zr_zero_adamw(zr_zero *z, uint64_t t, float lr, float clip, const zr_adamw_hp *hp)
 {
+    DEV_RETURN(zd_adamw(z->dev, t, lr, clip, hp));
     if (!z->off_opt && !z->off_par) {
         for (size_t g = 0; g < z->ng; g++) {
             uint64_t lo, n;

@@ -26,6 +26,7 @@
 #define ZR_ZERO_H
 
 #include "comm.h"
+#include "device.h"
 #include "zr.h"
 
 #define ZR_ZERO_ALIGN 64 /* partition granule, elements (the checkpoints' too) */
@@ -38,8 +39,10 @@ typedef struct {
     /* Offload to NVMe (ZeRO-Infinity): exp_avg and exp_avg_sq of the opt ranges, and at stage
      * 3 the parameter partitions, live in swap files in swap_dir (zck_swap), streamed in
      * chunks of aio_block bytes through `buffers` staging sets, aio_depth requests in flight.
-     * (The CPU device keeps everything in host memory already: "cpu" is "none" here.) */
-    int offload_optimizer, offload_params; /* 1: on NVMe */
+     * (The CPU device keeps everything in host memory already: "cpu" is "none" there; on a
+     * device, offload_optimizer 2 keeps the moments in pinned host memory and runs AdamW on
+     * the CPU.) */
+    int offload_optimizer, offload_params; /* 1: on NVMe; optimizer 2: pinned host memory */
     const char *swap_dir;
     unsigned aio_depth, buffers;
     size_t aio_block;
@@ -49,7 +52,20 @@ typedef struct {
 /* Storage for the groups of L (its "param" state's sizes) on comm's rank. */
 int zr_zero_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts *o);
 void zr_zero_free(zr_zero *z);
-/* The hooks the model is created with (zr_model_new_ext). */
+/*
+ * The same stages on a device (device.h; zero_dev.c): params, grads and moments in device
+ * memory, collectives through dc (the device communicator, NCCL) or, with dc NULL and W > 1,
+ * staged through pinned host memory over comm (ranks sharing a GPU). The hooks lend device
+ * pointers under the stream contract of device.h; attach with zr_zero_attach_device (the
+ * model's stream and fetch order). Every function of this header works on it, except the
+ * host pointers below (zr_zero_param .. zr_zero_full_params: host engine only) and the NVMe
+ * offload (ZR_EUNSUPPORTED for now). zr_zero_load must be called without verify (the caller
+ * verifies first). zr_zero_mem reports device bytes, pinned host bytes in `pinned`.
+ */
+int zr_zero_new_device(zr_zero **out, zr_comm *comm, const zck_layout *L,
+                       const zr_zero_opts *o, const zr_device_ops *ops, zr_dev_comm *dc);
+int zr_zero_attach_device(zr_zero *z, zr_dev_model *m, unsigned n_micro);
+/* The hooks the model is created with (zr_model_new_ext, or the device's model_new). */
 void zr_zero_hooks(zr_zero *z, zr_model_hooks *h);
 /* The model, once created: the stage-3 schedule follows its fetch order, for n_micro
  * forward/backward pairs per step. */
@@ -114,8 +130,9 @@ int zr_zero_broadcast(zr_zero *z, void *buf, size_t bytes, int root);
 /* Bytes this rank holds, by category: model states (params, grads, optimizer) and bounded
  * buffers (gather / bucket slots). */
 typedef struct {
-    uint64_t params, grads, optimizer, buffers; /* host memory */
+    uint64_t params, grads, optimizer, buffers; /* host memory (a device engine: device) */
     uint64_t nvme;                              /* in swap files */
+    uint64_t pinned;                            /* a device engine: pinned host memory */
 } zr_zero_bytes;
 void zr_zero_mem(const zr_zero *z, zr_zero_bytes *out);
 /* The same figures computed without allocating (zrun --dry-run). */

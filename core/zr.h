@@ -191,13 +191,18 @@ typedef struct {
      * checkpoint (ZR_VERIFY_*) */
     int async_save;
     int verify_on_resume;
+    /* where the model trains (ZR_DEVICE_*): the CPU engine, a CUDA GPU per rank (the backend
+     * library, device.h; ranks beyond the GPUs share them), or auto: cuda when a GPU can be
+     * used, else cpu */
+    int device;
 } zr_train_opts;
+enum { ZR_DEVICE_CPU = 0, ZR_DEVICE_CUDA = 1, ZR_DEVICE_AUTO = 2 };
 enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };
 enum { ZR_OFFLOAD_NONE = 0, ZR_OFFLOAD_CPU = 1, ZR_OFFLOAD_NVME = 2 };
 #define ZR_TRAIN_OPTS_INIT                                                                     \
     {NULL, "synthetic", 8, 0, 0, 200, 1e-3f, 0.1f, 20, 0.1f, 1.0f, 1337, "runs/default", 0, 3, \
      "auto", NULL, 2, 0, 0.0, 0, NULL, NULL, 2, 0, 0, NULL, 8, 4, (size_t)1 << 20, -1,       \
-     ZR_VERIFY_FULL}
+     ZR_VERIFY_FULL, ZR_DEVICE_CPU}
 
 typedef struct {
     uint64_t step;           /* optimizer steps completed */

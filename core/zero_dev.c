@@ -1,0 +1,942 @@
+/*
+ * zero_dev.c: the ZeRO stages on a device (zero_dev.h). The layout of the states is zero.c's:
+ * full buffers of W P_g elements per group (zero padding past numel_g) so that collectives
+ * work in place on whole groups, own partitions of P_g elements, an ordinary slot size for the
+ * stage-2/3 buffers and buffers of their own for groups larger than a slot (the token
+ * embedding). The stream discipline (device.h, the model's hook contract):
+ *
+ *   ms  the model's stream: forward, backward, gradient zeroing, AdamW, sums of squares;
+ *   cs  the communicator's stream (NCCL only): every collective waits first for the work
+ *       enqueued on ms so far (an event), and ms waits for cs where it reads a result (a
+ *       gather buffer's `ready` event, or a join after the step's reductions);
+ *   xs  a copy stream for checkpoints, init and the offloaded optimizer.
+ *
+ * A buffer (gather slot or gradient slot) carries two events: `ready` (its gather is done, on
+ * cs) and `freed` (the last reader or the reduction that consumed it is done). The host never
+ * waits to hand a buffer out: the stream that next writes it waits for `freed`. Without NCCL
+ * (ranks sharing a GPU, or ZR_DEVICE_COMM=shm) every collective is staged through pinned host
+ * memory over the shm communicator, synchronously after ms has drained, so the events are not
+ * needed (they are recorded all the same: harmless).
+ */
+#include "zero_dev.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define GRAD_SLOTS 3
+#define CH_FLOATS ((size_t)1 << 20) /* staging chunk: 4 MiB */
+
+typedef struct {
+    float *buf;
+    zr_dev_event *ready, *freed;
+    int busy; /* big buffers: lent now */
+} slot_t;
+
+typedef struct {
+    uint64_t numel, P, full, lo, n, foff, ooff;
+    int big;
+    slot_t pb, gb;           /* a big group's own buffers (stage 3 params, stage 2-3 grads) */
+    slot_t *plent, *glent;   /* what the model holds now */
+} dgrp;
+
+typedef struct {
+    size_t g;
+    slot_t *s; /* NULL: not issued */
+} dentry;
+
+struct zr_zdev {
+    const zr_device_ops *ops;
+    zr_comm *comm;    /* shm: staged collectives and the host's small ones */
+    zr_dev_comm *dc;  /* NCCL (NULL: staged) */
+    zr_dev_stream *ms, *cs, *xs;
+    zr_dev_event *e_m, *e_c, *e_x[2];
+    int rank, W, stage, off_cpu;
+    unsigned prefetch;
+    const zck_layout *L;
+    size_t ng;
+    dgrp *G;
+    uint64_t sum_full, sum_P, slot;
+    float *fullp, *fullg, *ownp, *owng, *m, *v; /* device (m, v: pinned host with off_cpu) */
+    float *hbuf;                                 /* pinned: staged collectives */
+    size_t hbuf_floats;
+    float *xbuf;                                 /* pinned: 2 sets of 2 chunks */
+    slot_t *ps, *gs;                             /* ordinary slots */
+    size_t nps, ngs;
+    slot_t **pfree, **gfree;
+    size_t npf, ngf;
+    dentry *sched;
+    size_t n_sched, cursor, issued;
+    uint64_t b_params, b_grads, b_opt, b_bufs, b_pinned;
+};
+
+/* ---------------------------------------------------------------- memory */
+
+static int dev_alloc(zr_zdev *d, float **p, uint64_t floats, uint64_t *acct)
+{
+    size_t bytes = (size_t)(floats ? floats : 1) * sizeof(float);
+    ZR_TRY(d->ops->malloc((void **)p, bytes));
+    if (acct)
+        *acct += bytes;
+    return d->ops->memset(*p, 0, bytes, NULL); /* padding and moments start at zero */
+}
+
+static int host_alloc(zr_zdev *d, float **p, uint64_t floats)
+{
+    size_t bytes = (size_t)(floats ? floats : 1) * sizeof(float);
+    ZR_TRY(d->ops->host_alloc((void **)p, bytes));
+    memset(*p, 0, bytes);
+    d->b_pinned += bytes;
+    return 0;
+}
+
+static int slot_init(zr_zdev *d, slot_t *s, uint64_t floats)
+{
+    ZR_TRY(dev_alloc(d, &s->buf, floats, &d->b_bufs));
+    ZR_TRY(d->ops->event_new(&s->ready));
+    return d->ops->event_new(&s->freed);
+}
+
+static void slot_free(zr_zdev *d, slot_t *s)
+{
+    d->ops->free(s->buf);
+    if (s->ready)
+        d->ops->event_free(s->ready);
+    if (s->freed)
+        d->ops->event_free(s->freed);
+    memset(s, 0, sizeof *s);
+}
+
+static int size_groups(zr_zdev *d)
+{
+    d->ng = zck_layout_n_groups(d->L);
+    if (!(d->G = calloc(d->ng ? d->ng : 1, sizeof *d->G)))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    for (size_t g = 0; g < d->ng; g++) {
+        dgrp *p = &d->G[g];
+        p->numel = zck_layout_group_numel(d->L, g);
+        uint64_t s0, c0;
+        zck_partition(p->numel, (uint32_t)d->W, 0, ZR_ZERO_ALIGN, &s0, &c0);
+        p->P = c0 ? c0 : ZR_ZERO_ALIGN;
+        p->full = (uint64_t)d->W * p->P;
+        zck_partition(p->numel, (uint32_t)d->W, (uint32_t)d->rank, ZR_ZERO_ALIGN, &p->lo,
+                      &p->n);
+        p->foff = d->sum_full;
+        p->ooff = d->sum_P;
+        d->sum_full += p->full;
+        d->sum_P += p->P;
+    }
+    for (size_t g = d->ng > 2 ? 2 : 0; g < d->ng; g++) /* as zero.c: embeddings apart */
+        if (d->G[g].full > d->slot)
+            d->slot = d->G[g].full;
+    for (size_t g = 0; g < d->ng; g++)
+        d->G[g].big = d->G[g].full > d->slot;
+    return 0;
+}
+
+int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts *o,
+           const zr_device_ops *ops, zr_dev_comm *dc)
+{
+    *out = NULL;
+    if (o->stage < 0 || o->stage > 3)
+        return zr_err_set(ZR_EINVAL, "ZeRO stage %d: expected 0..3", o->stage);
+    if (o->offload_params)
+        return zr_err_set(ZR_EUNSUPPORTED, "--offload-params nvme is not implemented on the GPU "
+                          "yet (it is on --device cpu)");
+    if (o->offload_optimizer == 1)
+        return zr_err_set(ZR_EUNSUPPORTED, "--offload-optimizer nvme is not implemented on the "
+                          "GPU yet (--offload-optimizer cpu keeps the states in pinned host "
+                          "memory)");
+    zr_zdev *d = calloc(1, sizeof *d);
+    if (!d)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    d->ops = ops;
+    d->comm = comm;
+    d->dc = zr_comm_world(comm) > 1 ? dc : NULL;
+    d->rank = zr_comm_rank(comm);
+    d->W = zr_comm_world(comm);
+    d->stage = o->stage;
+    d->prefetch = o->stage == 3 ? o->prefetch : 0;
+    d->off_cpu = o->offload_optimizer == 2;
+    d->L = L;
+    int rc = size_groups(d);
+    if (!rc && d->dc)
+        d->cs = ops->comm_stream(d->dc);
+    if (!rc)
+        rc = ops->stream_new(&d->xs);
+    for (int i = 0; i < 2 && !rc; i++)
+        rc = ops->event_new(&d->e_x[i]);
+    if (!rc)
+        rc = ops->event_new(&d->e_m);
+    if (!rc)
+        rc = ops->event_new(&d->e_c);
+    /* the states */
+    int s = d->stage;
+    if (!rc)
+        rc = s < 3 ? dev_alloc(d, &d->fullp, d->sum_full, &d->b_params)
+                   : dev_alloc(d, &d->ownp, d->sum_P, &d->b_params);
+    if (!rc)
+        rc = s < 2 ? dev_alloc(d, &d->fullg, d->sum_full, &d->b_grads)
+                   : dev_alloc(d, &d->owng, d->sum_P, &d->b_grads);
+    uint64_t mv = s == 0 ? d->sum_full : d->sum_P;
+    if (!rc && d->off_cpu) {
+        rc = host_alloc(d, &d->m, mv);
+        if (!rc) /* counted as pinned host memory, not device memory */
+            rc = host_alloc(d, &d->v, mv);
+    } else if (!rc) {
+        rc = dev_alloc(d, &d->m, mv, &d->b_opt);
+        if (!rc)
+            rc = dev_alloc(d, &d->v, mv, &d->b_opt);
+    }
+    /* buffers: stage 2-3 gradient slots, stage 3 gather slots (prefetch + 2: the model holds
+     * at most two groups) */
+    if (!rc && s >= 2) {
+        d->ngs = GRAD_SLOTS;
+        d->nps = s == 3 ? d->prefetch + 2 : 0;
+        d->gs = calloc(d->ngs, sizeof *d->gs);
+        d->ps = calloc(d->nps ? d->nps : 1, sizeof *d->ps);
+        d->gfree = calloc(d->ngs, sizeof *d->gfree);
+        d->pfree = calloc(d->nps ? d->nps : 1, sizeof *d->pfree);
+        if (!d->gs || !d->ps || !d->gfree || !d->pfree)
+            rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        for (size_t i = 0; i < d->ngs && !rc; i++)
+            rc = slot_init(d, &d->gs[i], d->slot);
+        for (size_t i = 0; i < d->nps && !rc; i++)
+            rc = slot_init(d, &d->ps[i], d->slot);
+        for (size_t g = 0; g < d->ng && !rc; g++) {
+            if (!d->G[g].big)
+                continue;
+            rc = slot_init(d, &d->G[g].gb, d->G[g].full);
+            if (!rc && s == 3)
+                rc = slot_init(d, &d->G[g].pb, d->G[g].full);
+        }
+    }
+    /* pinned staging: chunks for copies; whole groups for staged collectives */
+    if (!rc)
+        rc = host_alloc(d, &d->xbuf, 4 * CH_FLOATS);
+    if (!rc && !d->dc && d->W > 1) {
+        for (size_t g = 0; g < d->ng; g++)
+            if (d->G[g].full > d->hbuf_floats)
+                d->hbuf_floats = d->G[g].full;
+        if (d->hbuf_floats < CH_FLOATS && d->stage == 0)
+            d->hbuf_floats = CH_FLOATS; /* the stage-0 all-reduce streams in chunks */
+        rc = host_alloc(d, &d->hbuf, d->hbuf_floats);
+    }
+    if (rc) {
+        zd_free(d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+void zd_free(zr_zdev *d)
+{
+    if (!d)
+        return;
+    const zr_device_ops *ops = d->ops;
+    if (d->ms)
+        ops->stream_sync(d->ms);
+    if (d->cs)
+        ops->stream_sync(d->cs);
+    if (d->xs)
+        ops->stream_sync(d->xs);
+    ops->free(d->fullp);
+    ops->free(d->fullg);
+    ops->free(d->ownp);
+    ops->free(d->owng);
+    if (d->off_cpu) {
+        ops->host_free(d->m);
+        ops->host_free(d->v);
+    } else {
+        ops->free(d->m);
+        ops->free(d->v);
+    }
+    for (size_t i = 0; d->gs && i < d->ngs; i++)
+        slot_free(d, &d->gs[i]);
+    for (size_t i = 0; d->ps && i < d->nps; i++)
+        slot_free(d, &d->ps[i]);
+    for (size_t g = 0; d->G && g < d->ng; g++) {
+        slot_free(d, &d->G[g].gb);
+        slot_free(d, &d->G[g].pb);
+    }
+    ops->host_free(d->xbuf);
+    ops->host_free(d->hbuf);
+    for (int i = 0; i < 2; i++)
+        if (d->e_x[i])
+            ops->event_free(d->e_x[i]);
+    if (d->e_m)
+        ops->event_free(d->e_m);
+    if (d->e_c)
+        ops->event_free(d->e_c);
+    if (d->xs)
+        ops->stream_free(d->xs);
+    free(d->gs);
+    free(d->ps);
+    free(d->gfree);
+    free(d->pfree);
+    free(d->sched);
+    free(d->G);
+    free(d);
+}
+
+void zd_mem(const zr_zdev *d, zr_zero_bytes *out)
+{
+    memset(out, 0, sizeof *out);
+    out->params = d->b_params;
+    out->grads = d->b_grads;
+    out->optimizer = d->b_opt;
+    out->buffers = d->b_bufs;
+    out->pinned = d->b_pinned;
+}
+
+/* ---------------------------------------------------------------- ranges and pointers */
+
+void zd_part_range(const zr_zdev *d, size_t g, uint64_t *lo, uint64_t *n)
+{
+    *lo = d->G[g].lo;
+    *n = d->G[g].n;
+}
+
+void zd_opt_range(const zr_zdev *d, size_t g, uint64_t *lo, uint64_t *n)
+{
+    if (d->stage == 0) {
+        *lo = 0;
+        *n = d->G[g].numel;
+    } else
+        zd_part_range(d, g, lo, n);
+}
+
+uint64_t zd_part_floats(const zr_zdev *d)
+{
+    uint64_t n = 0;
+    for (size_t g = 0; g < d->ng; g++)
+        n += 3 * d->G[g].n;
+    return n;
+}
+
+/* Element `lo` of group g's opt range for state s (0 param, 1 exp_avg, 2 exp_avg_sq, 3 grad):
+ * device memory, or pinned host memory for the moments with the optimizer offloaded. */
+static float *state_ptr(zr_zdev *d, size_t g, int s)
+{
+    const dgrp *p = &d->G[g];
+    int st = d->stage;
+    switch (s) {
+    case 0:
+        return st == 0 ? d->fullp + p->foff : st < 3 ? d->fullp + p->foff + p->lo
+                                                     : d->ownp + p->ooff;
+    case 3:
+        return st == 0 ? d->fullg + p->foff : st < 2 ? d->fullg + p->foff + p->lo
+                                                     : d->owng + p->ooff;
+    default:
+        return (s == 1 ? d->m : d->v) + (st == 0 ? p->foff : p->ooff);
+    }
+}
+
+static int on_host(const zr_zdev *d, int s) { return d->off_cpu && (s == 1 || s == 2); }
+
+/* ---------------------------------------------------------------- collectives */
+
+/* cs waits for the work enqueued on ms so far (NCCL); staged: ms drained */
+static int after_model(zr_zdev *d)
+{
+    if (!d->ms)
+        return 0;
+    if (!d->dc)
+        return d->ops->stream_sync(d->ms);
+    ZR_TRY(d->ops->event_record(d->e_m, d->ms));
+    return d->ops->stream_wait(d->cs, d->e_m);
+}
+
+/* ms waits for everything enqueued on cs so far */
+static int model_after_comm(zr_zdev *d)
+{
+    if (!d->dc || !d->ms)
+        return 0;
+    ZR_TRY(d->ops->event_record(d->e_c, d->cs));
+    return d->ops->stream_wait(d->ms, d->e_c);
+}
+
+static int h2d(zr_zdev *d, float *dst, const float *src, uint64_t n)
+{
+    return d->ops->memcpy(dst, src, (size_t)n * sizeof(float), ZR_DEV_H2D, NULL);
+}
+
+static int d2h(zr_zdev *d, float *dst, const float *src, uint64_t n)
+{
+    return d->ops->memcpy(dst, src, (size_t)n * sizeof(float), ZR_DEV_D2H, NULL);
+}
+
+/* buf[n] summed over ranks, in place */
+static int c_all_reduce(zr_zdev *d, float *buf, uint64_t n)
+{
+    if (d->W == 1 || !n)
+        return 0;
+    ZR_TRY(after_model(d));
+    if (d->dc)
+        return d->ops->all_reduce(d->dc, buf, buf, (size_t)n, ZR_DEV_F32);
+    for (uint64_t at = 0; at < n; at += d->hbuf_floats) {
+        uint64_t c = n - at < d->hbuf_floats ? n - at : d->hbuf_floats;
+        ZR_TRY(d2h(d, d->hbuf, buf + at, c));
+        ZR_TRY(zr_comm_all_reduce(d->comm, d->hbuf, d->hbuf, (size_t)c, ZR_COMM_F32));
+        ZR_TRY(h2d(d, buf + at, d->hbuf, c));
+    }
+    return 0;
+}
+
+/* buf holds W P; this rank's sum lands at buf + rank P */
+static int c_reduce_scatter(zr_zdev *d, float *buf, uint64_t P)
+{
+    if (d->W == 1)
+        return 0;
+    ZR_TRY(after_model(d));
+    float *mine = buf + (size_t)d->rank * P;
+    if (d->dc)
+        return d->ops->reduce_scatter(d->dc, buf, mine, (size_t)P, ZR_DEV_F32);
+    float *hm = d->hbuf + (size_t)d->rank * P;
+    ZR_TRY(d2h(d, d->hbuf, buf, (uint64_t)d->W * P));
+    ZR_TRY(zr_comm_reduce_scatter(d->comm, d->hbuf, hm, (size_t)P, ZR_COMM_F32));
+    return h2d(d, mine, hm, P);
+}
+
+/* recv[W P] = every rank's send[P] (send == recv + rank P: in place) */
+static int c_all_gather(zr_zdev *d, const float *send, float *recv, uint64_t P)
+{
+    float *mine = recv + (size_t)d->rank * P;
+    ZR_TRY(after_model(d));
+    if (d->W == 1)
+        return send == mine ? 0 : d->ops->memcpy(mine, send, (size_t)P * sizeof(float),
+                                                 ZR_DEV_D2D, d->dc ? d->cs : NULL);
+    if (d->dc)
+        return d->ops->all_gather(d->dc, send, recv, (size_t)P, sizeof(float));
+    float *hm = d->hbuf + (size_t)d->rank * P;
+    ZR_TRY(d2h(d, hm, send, P));
+    ZR_TRY(zr_comm_all_gather(d->comm, hm, d->hbuf, (size_t)P, sizeof(float)));
+    return h2d(d, recv, d->hbuf, (uint64_t)d->W * P);
+}
+
+/* ---------------------------------------------------------------- hooks */
+
+static void reset_buffers(zr_zdev *d)
+{
+    d->npf = d->ngf = 0;
+    for (size_t i = 0; i < d->nps; i++)
+        d->pfree[d->npf++] = &d->ps[i];
+    for (size_t i = 0; i < d->ngs; i++)
+        d->gfree[d->ngf++] = &d->gs[i];
+    for (size_t g = 0; g < d->ng; g++) {
+        d->G[g].pb.busy = d->G[g].gb.busy = 0;
+        d->G[g].plent = d->G[g].glent = NULL;
+    }
+}
+
+/* Gather group g's parameters into s: after the buffer's last readers (freed), marked ready. */
+static int gather_into(zr_zdev *d, size_t g, slot_t *s)
+{
+    const dgrp *p = &d->G[g];
+    if (d->dc)
+        ZR_TRY(d->ops->stream_wait(d->cs, s->freed));
+    ZR_TRY(c_all_gather(d, d->ownp + p->ooff, s->buf, p->P));
+    return d->ops->event_record(s->ready, d->dc ? d->cs : d->ms);
+}
+
+/* Issue the schedule's gathers up to position upto, while buffers allow (zero.c's rule). */
+static int issue_more(zr_zdev *d, size_t upto)
+{
+    while (d->issued < d->n_sched && d->issued <= upto) {
+        dentry *e = &d->sched[d->issued];
+        dgrp *p = &d->G[e->g];
+        slot_t *s;
+        if (p->big) {
+            if (p->pb.busy)
+                break;
+            s = &p->pb;
+            s->busy = 1;
+        } else {
+            if (!d->npf)
+                break;
+            s = d->pfree[--d->npf];
+        }
+        e->s = s;
+        ZR_TRY(gather_into(d, e->g, s));
+        d->issued++;
+    }
+    return 0;
+}
+
+static int hook_params(void *ctx, size_t g, const float **out)
+{
+    zr_zdev *d = ctx;
+    if (d->stage < 3) {
+        *out = d->fullp + d->G[g].foff;
+        return 0;
+    }
+    size_t c = d->cursor;
+    if (c >= d->n_sched || d->sched[c].g != g)
+        return zr_err_set(ZR_ERROR, "ZeRO-3: the model asked for group %zu out of the gather "
+                          "schedule (position %zu of %zu)", g, c, d->n_sched);
+    ZR_TRY(issue_more(d, c + d->prefetch));
+    if (d->issued <= c)
+        return zr_err_set(ZR_ERROR, "ZeRO-3: no gather buffer free for group %zu", g);
+    slot_t *s = d->sched[c].s;
+    if (d->dc)
+        ZR_TRY(d->ops->stream_wait(d->ms, s->ready));
+    d->G[g].plent = s;
+    d->cursor++;
+    *out = s->buf;
+    return 0;
+}
+
+static void hook_params_done(void *ctx, size_t g)
+{
+    zr_zdev *d = ctx;
+    dgrp *p = &d->G[g];
+    if (d->stage < 3 || !p->plent)
+        return;
+    slot_t *s = p->plent;
+    p->plent = NULL;
+    /* an error here resurfaces at the next fetch (the model's reads stay ordered) */
+    if (d->ops->event_record(s->freed, d->ms))
+        return;
+    if (p->big)
+        s->busy = 0;
+    else
+        d->pfree[d->npf++] = s;
+    issue_more(d, d->cursor + d->prefetch);
+}
+
+static int hook_grads(void *ctx, size_t g, float **out)
+{
+    zr_zdev *d = ctx;
+    dgrp *p = &d->G[g];
+    if (d->stage < 2) {
+        *out = d->fullg + p->foff;
+        return 0;
+    }
+    slot_t *s;
+    if (p->big) {
+        if (p->gb.busy)
+            return zr_err_set(ZR_ERROR, "ZeRO-%d: group %zu's gradient buffer is still lent",
+                              d->stage, g);
+        s = &p->gb;
+        s->busy = 1;
+    } else {
+        if (!d->ngf)
+            return zr_err_set(ZR_ERROR, "ZeRO-%d: no gradient buffer free for group %zu",
+                              d->stage, g);
+        s = d->gfree[--d->ngf];
+    }
+    /* the buffer's last reduction done before it is zeroed for this group */
+    ZR_TRY(d->ops->stream_wait(d->ms, s->freed));
+    ZR_TRY(d->ops->memset(s->buf, 0, (size_t)p->full * sizeof(float), d->ms));
+    p->glent = s;
+    *out = s->buf;
+    return 0;
+}
+
+static int hook_grads_done(void *ctx, size_t g)
+{
+    zr_zdev *d = ctx;
+    dgrp *p = &d->G[g];
+    if (d->stage < 2)
+        return 0;
+    slot_t *s = p->glent;
+    p->glent = NULL;
+    if (!s)
+        return zr_err_set(ZR_ERROR, "ZeRO-%d: group %zu's gradient was not lent", d->stage, g);
+    /* reduce-scatter in place, then this rank's part added into its gradient partition (the
+     * micro-batches accumulate there), on the comm stream with NCCL */
+    ZR_TRY(c_reduce_scatter(d, s->buf, p->P));
+    zr_dev_stream *st = d->dc ? d->cs : d->ms;
+    ZR_TRY(d->ops->add(d->owng + p->ooff, s->buf + (size_t)d->rank * p->P, (size_t)p->P, st));
+    ZR_TRY(d->ops->event_record(s->freed, st));
+    if (p->big)
+        s->busy = 0;
+    else
+        d->gfree[d->ngf++] = s;
+    return 0;
+}
+
+void zd_hooks(zr_zdev *d, zr_model_hooks *h)
+{
+    memset(h, 0, sizeof *h);
+    h->ctx = d;
+    h->params = hook_params;
+    h->params_done = hook_params_done;
+    h->grads = hook_grads;
+    h->grads_done = hook_grads_done;
+}
+
+int zd_attach(zr_zdev *d, zr_dev_model *m, unsigned n_micro)
+{
+    d->ms = d->ops->model_stream(m);
+    if (d->stage != 3)
+        return 0;
+    size_t L = d->ng, *fwd = calloc(2 * (L + 4), sizeof *fwd);
+    if (!fwd)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    size_t *bwd = fwd + L + 4;
+    size_t nf = d->ops->model_fetch_order(m, 0, fwd), nb = d->ops->model_fetch_order(m, 1, bwd);
+    free(d->sched);
+    d->n_sched = (size_t)n_micro * (nf + nb);
+    d->sched = calloc(d->n_sched ? d->n_sched : 1, sizeof *d->sched);
+    if (!d->sched) {
+        free(fwd);
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    size_t k = 0;
+    for (unsigned i = 0; i < n_micro; i++) {
+        for (size_t j = 0; j < nf; j++)
+            d->sched[k++].g = fwd[j];
+        for (size_t j = 0; j < nb; j++)
+            d->sched[k++].g = bwd[j];
+    }
+    free(fwd);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the step */
+
+int zd_begin_step(zr_zdev *d)
+{
+    ZR_TRY(model_after_comm(d)); /* the last step's gathers (publish) before the forward */
+    if (d->stage >= 2)
+        reset_buffers(d);
+    if (d->stage < 2)
+        ZR_TRY(d->ops->memset(d->fullg, 0, (size_t)d->sum_full * sizeof(float), d->ms));
+    else
+        ZR_TRY(d->ops->memset(d->owng, 0, (size_t)d->sum_P * sizeof(float), d->ms));
+    if (d->stage == 3) {
+        d->cursor = d->issued = 0;
+        for (size_t k = 0; k < d->n_sched; k++)
+            d->sched[k].s = NULL;
+        if (d->prefetch) /* the first gathers overlap the batch's sampling */
+            ZR_TRY(issue_more(d, d->prefetch - 1));
+    }
+    return 0;
+}
+
+int zd_reduce(zr_zdev *d)
+{
+    if (d->stage == 0)
+        ZR_TRY(c_all_reduce(d, d->fullg, d->sum_full));
+    else if (d->stage == 1)
+        for (size_t g = 0; g < d->ng; g++)
+            ZR_TRY(c_reduce_scatter(d, d->fullg + d->G[g].foff, d->G[g].P));
+    if (d->dc) /* every reduction done (a failed or aborted NCCL call surfaces here) */
+        ZR_TRY(d->ops->comm_wait(d->dc, NULL, NULL));
+    return model_after_comm(d);
+}
+
+/* Sum of squares of rank q's partition of every group, in group order (zero.c's sums). */
+static int part_sumsq(zr_zdev *d, float *const *base, int q, double *out)
+{
+    double s = 0;
+    for (size_t g = 0; g < d->ng; g++) {
+        uint64_t lo, n;
+        zck_partition(d->G[g].numel, (uint32_t)d->W, (uint32_t)q, ZR_ZERO_ALIGN, &lo, &n);
+        double x = 0;
+        if (n)
+            ZR_TRY(d->ops->sumsq(base[g] + lo, (size_t)n, &x, d->ms));
+        s += x;
+    }
+    *out = s;
+    return 0;
+}
+
+int zd_sumsq(zr_zdev *d, double *out)
+{
+    float **base = calloc(d->ng ? d->ng : 1, sizeof *base);
+    double *all = calloc((size_t)d->W, sizeof *all);
+    int rc = 0;
+    if (!base || !all) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    double total = 0, x;
+    if (d->stage == 0) {
+        for (size_t g = 0; g < d->ng; g++)
+            base[g] = d->fullg + d->G[g].foff;
+        for (int q = 0; q < d->W && !rc; q++)
+            if (!(rc = part_sumsq(d, base, q, &x)))
+                total += x;
+    } else {
+        for (size_t g = 0; g < d->ng; g++) /* element i of group g at base[g][i] */
+            base[g] = state_ptr(d, g, 3) - d->G[g].lo;
+        double mine = 0;
+        if (!(rc = part_sumsq(d, base, d->rank, &mine)))
+            rc = zr_comm_all_gather(d->comm, &mine, all, 1, sizeof(double));
+        for (int q = 0; q < d->W && !rc; q++)
+            total += all[q];
+    }
+    *out = total;
+out:
+    free(base);
+    free(all);
+    return rc;
+}
+
+/* The tensors of group g that meet [a0, a0+cnt) of the group, with their decay flag:
+ * calls f(at, count, decay) with `at` relative to a0. */
+typedef int (*tensor_fn)(zr_zdev *d, void *ctx, uint64_t at, uint64_t cnt, int decay);
+static int for_tensors(zr_zdev *d, size_t g, uint64_t a0, uint64_t cnt, tensor_fn f, void *ctx)
+{
+    for (size_t k = 0; k < zck_layout_group_n_tensors(d->L, g); k++) {
+        zck_tensor_info ti;
+        zck_layout_tensor(d->L, g, k, &ti);
+        uint64_t a = ti.offset > a0 ? ti.offset : a0;
+        uint64_t b = ti.offset + ti.numel < a0 + cnt ? ti.offset + ti.numel : a0 + cnt;
+        if (a < b)
+            ZR_TRY(f(d, ctx, a - a0, b - a, ti.ndim >= 2));
+    }
+    return 0;
+}
+
+typedef struct {
+    float *p, *g, *m, *v;
+    uint64_t t;
+    float lr, clip;
+    const zr_adamw_hp *hp;
+} adam_ctx;
+
+static int adam_dev(zr_zdev *d, void *ctx, uint64_t at, uint64_t cnt, int decay)
+{
+    adam_ctx *a = ctx;
+    return d->ops->adamw(a->p + at, a->g + at, a->m + at, a->v + at, (size_t)cnt, a->t, a->lr,
+                         a->clip, decay, a->hp, d->ms);
+}
+
+static int adam_host(zr_zdev *d, void *ctx, uint64_t at, uint64_t cnt, int decay)
+{
+    (void)d;
+    adam_ctx *a = ctx;
+    zr_adamw_update(a->p + at, a->g + at, a->m + at, a->v + at, (size_t)cnt, a->t, a->lr,
+                    a->clip, decay, a->hp);
+    return 0;
+}
+
+/* ZeRO-Offload: chunk k's params and grads come down on xs into staging set k mod 2 while the
+ * CPU updates chunk k-1; the updated params go back up on xs. */
+static int adamw_offloaded(zr_zdev *d, uint64_t t, float lr, float clip, const zr_adamw_hp *hp)
+{
+    const zr_device_ops *ops = d->ops;
+    typedef struct { size_t g; uint64_t off, cnt; } ck;
+    size_t nc = 0, cap = 0;
+    ck *c = NULL;
+    for (size_t g = 0; g < d->ng; g++) {
+        uint64_t lo, n;
+        zd_opt_range(d, g, &lo, &n);
+        for (uint64_t off = 0; off < n; off += CH_FLOATS) {
+            if (nc == cap) {
+                cap = cap ? 2 * cap : 64;
+                ck *c2 = realloc(c, cap * sizeof *c);
+                if (!c2) {
+                    free(c);
+                    return zr_err_set(ZR_ENOMEM, "out of memory");
+                }
+                c = c2;
+            }
+            c[nc++] = (ck){g, off, n - off < CH_FLOATS ? n - off : CH_FLOATS};
+        }
+    }
+    int rc = 0;
+    if (d->ms) { /* the gradients are complete on ms */
+        rc = ops->event_record(d->e_m, d->ms);
+        if (!rc)
+            rc = ops->stream_wait(d->xs, d->e_m);
+    }
+#define PBUF(k) (d->xbuf + ((k) % 2) * 2 * CH_FLOATS)
+#define GBUF(k) (PBUF(k) + CH_FLOATS)
+    for (size_t k = 0; k <= nc && !rc; k++) {
+        if (k < nc) { /* set k%2 was last used by chunk k-2, whose upload xs ordered before */
+            float *p = state_ptr(d, c[k].g, 0) + c[k].off, *g = state_ptr(d, c[k].g, 3) + c[k].off;
+            rc = ops->memcpy(PBUF(k), p, c[k].cnt * sizeof(float), ZR_DEV_D2H, d->xs);
+            if (!rc)
+                rc = ops->memcpy(GBUF(k), g, c[k].cnt * sizeof(float), ZR_DEV_D2H, d->xs);
+            if (!rc)
+                rc = ops->event_record(d->e_x[k % 2], d->xs);
+        }
+        if (rc || k == 0)
+            continue;
+        size_t j = k - 1; /* update chunk j on the CPU, then upload it */
+        if ((rc = ops->event_sync(d->e_x[j % 2])))
+            break;
+        uint64_t lo, n;
+        zd_opt_range(d, c[j].g, &lo, &n);
+        adam_ctx a = {PBUF(j), GBUF(j), state_ptr(d, c[j].g, 1) + c[j].off,
+                      state_ptr(d, c[j].g, 2) + c[j].off, t, lr, clip, hp};
+        rc = for_tensors(d, c[j].g, lo + c[j].off, c[j].cnt, adam_host, &a);
+        if (!rc)
+            rc = ops->memcpy(state_ptr(d, c[j].g, 0) + c[j].off, PBUF(j),
+                             c[j].cnt * sizeof(float), ZR_DEV_H2D, d->xs);
+        /* the set is next written by chunk j+2's download, enqueued after this upload on
+         * xs; the host touches it again only once that download is done */
+    }
+#undef PBUF
+#undef GBUF
+    if (!rc)
+        rc = ops->stream_sync(d->xs);
+    free(c);
+    return rc;
+}
+
+int zd_adamw(zr_zdev *d, uint64_t t, float lr, float clip, const zr_adamw_hp *hp)
+{
+    if (d->off_cpu)
+        return adamw_offloaded(d, t, lr, clip, hp);
+    for (size_t g = 0; g < d->ng; g++) {
+        uint64_t lo, n;
+        zd_opt_range(d, g, &lo, &n);
+        if (!n)
+            continue;
+        adam_ctx a = {state_ptr(d, g, 0), state_ptr(d, g, 3), state_ptr(d, g, 1),
+                      state_ptr(d, g, 2), t, lr, clip, hp};
+        ZR_TRY(for_tensors(d, g, lo, n, adam_dev, &a));
+    }
+    return 0;
+}
+
+int zd_publish(zr_zdev *d)
+{
+    if (d->stage != 1 && d->stage != 2)
+        return 0;
+    for (size_t g = 0; g < d->ng; g++) {
+        float *full = d->fullp + d->G[g].foff;
+        ZR_TRY(c_all_gather(d, full + (size_t)d->rank * d->G[g].P, full, d->G[g].P));
+    }
+    return 0; /* the next step's begin orders ms after these */
+}
+
+/* ---------------------------------------------------------------- states in and out */
+
+/* Host data into state s of group g, elements [lo, lo+n) of the group (inside the state's
+ * range), chunk by chunk: produce(ctx, off, cnt, dst) fills the staging chunk, the upload of
+ * one chunk overlaps the production of the next. */
+typedef int (*produce_fn)(void *ctx, uint64_t off, uint64_t cnt, float *dst);
+static int upload(zr_zdev *d, float *dst, uint64_t n, produce_fn f, void *ctx)
+{
+    const zr_device_ops *ops = d->ops;
+    for (uint64_t off = 0, k = 0; off < n; off += CH_FLOATS, k++) {
+        uint64_t cnt = n - off < CH_FLOATS ? n - off : CH_FLOATS;
+        float *b = d->xbuf + (k % 2) * CH_FLOATS;
+        if (k >= 2) /* this set's previous upload has been read */
+            ZR_TRY(ops->event_sync(d->e_x[k % 2]));
+        ZR_TRY(f(ctx, off, cnt, b));
+        ZR_TRY(ops->memcpy(dst + off, b, (size_t)cnt * sizeof(float), ZR_DEV_H2D, d->xs));
+        ZR_TRY(ops->event_record(d->e_x[k % 2], d->xs));
+    }
+    return ops->stream_sync(d->xs);
+}
+
+typedef struct {
+    zr_zero_fill_fn fill;
+    void *ctx;
+    size_t g;
+    uint64_t lo;
+} fill_ctx;
+
+static int produce_fill(void *ctx, uint64_t off, uint64_t cnt, float *dst)
+{
+    fill_ctx *f = ctx;
+    f->fill(f->ctx, f->g, f->lo + off, cnt, dst);
+    return 0;
+}
+
+int zd_init_params(zr_zdev *d, zr_zero_fill_fn fill, void *ctx)
+{
+    for (size_t g = 0; g < d->ng; g++) {
+        uint64_t lo = 0, n = d->G[g].numel;
+        if (d->stage == 3)
+            zd_opt_range(d, g, &lo, &n);
+        float *dst = d->stage < 3 ? d->fullp + d->G[g].foff : d->ownp + d->G[g].ooff;
+        fill_ctx f = {fill, ctx, g, lo};
+        ZR_TRY(upload(d, dst, n, produce_fill, &f));
+    }
+    return 0;
+}
+
+typedef struct {
+    zck_reader *rd;
+    size_t g, st;
+    uint64_t lo;
+} read_ctx;
+
+static int produce_read(void *ctx, uint64_t off, uint64_t cnt, float *dst)
+{
+    read_ctx *r = ctx;
+    return zck_reader_read_range(r->rd, r->g, r->st, r->lo + off, cnt, dst);
+}
+
+int zd_load(zr_zdev *d, zck_reader *rd)
+{
+    const zck_layout *L = zck_reader_layout(rd);
+    size_t st[3];
+    static const char *names[3] = {"param", "exp_avg", "exp_avg_sq"};
+    for (int s = 0; s < 3; s++)
+        if (zck_layout_find_state(L, &st[s], names[s]) < 0)
+            return zr_err_set(ZR_EINVAL, "%s: no state '%s'", zck_reader_path(rd), names[s]);
+    for (size_t g = 0; g < d->ng; g++) {
+        uint64_t lo, n;
+        zd_opt_range(d, g, &lo, &n);
+        for (int s = 0; s < 3; s++) {
+            uint64_t a = lo, cnt = n;
+            float *dst = state_ptr(d, g, s);
+            if (s == 0 && d->stage < 3) { /* stages 0-2 hold every parameter */
+                a = 0;
+                cnt = d->G[g].numel;
+                dst = d->fullp + d->G[g].foff;
+            }
+            if (!cnt)
+                continue;
+            if (on_host(d, s)) {
+                ZR_TRY(zck_reader_read_range(rd, g, st[s], a, cnt, dst));
+                continue;
+            }
+            read_ctx r = {rd, g, st[s], a};
+            ZR_TRY(upload(d, dst, cnt, produce_read, &r));
+        }
+    }
+    return 0;
+}
+
+int zd_save_to(zr_zdev *d, const zr_zero_sink *w)
+{
+    const zr_device_ops *ops = d->ops;
+    if (d->ms) { /* the states as the last enqueued step left them */
+        ZR_TRY(ops->event_record(d->e_m, d->ms));
+        ZR_TRY(ops->stream_wait(d->xs, d->e_m));
+    }
+    for (size_t g = 0; g < d->ng; g++) {
+        uint64_t plo, pn, olo, on;
+        zd_part_range(d, g, &plo, &pn);
+        zd_opt_range(d, g, &olo, &on);
+        if (!pn)
+            continue;
+        for (int s = 0; s < 3; s++) {
+            const float *src = state_ptr(d, g, s) + (plo - olo);
+            ZR_TRY(w->begin(w->ctx, g, (size_t)s, plo, pn));
+            if (on_host(d, s)) {
+                ZR_TRY(w->write(w->ctx, src, (size_t)pn * sizeof(float)));
+                continue;
+            }
+            /* the download of chunk k+1 overlaps the sink's write of chunk k */
+            uint64_t nck = (pn + CH_FLOATS - 1) / CH_FLOATS;
+            for (uint64_t k = 0; k <= nck; k++) {
+                if (k < nck) {
+                    uint64_t off = k * CH_FLOATS, cnt = pn - off < CH_FLOATS ? pn - off
+                                                                             : CH_FLOATS;
+                    ZR_TRY(ops->memcpy(d->xbuf + (k % 2) * CH_FLOATS, src + off,
+                                       (size_t)cnt * sizeof(float), ZR_DEV_D2H, d->xs));
+                    ZR_TRY(ops->event_record(d->e_x[k % 2], d->xs));
+                }
+                if (k == 0)
+                    continue;
+                uint64_t j = k - 1, off = j * CH_FLOATS;
+                uint64_t cnt = pn - off < CH_FLOATS ? pn - off : CH_FLOATS;
+                ZR_TRY(ops->event_sync(d->e_x[j % 2]));
+                ZR_TRY(w->write(w->ctx, d->xbuf + (j % 2) * CH_FLOATS,
+                                (size_t)cnt * sizeof(float)));
+            }
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,42 @@
+/*
+ * zero_dev.h: the ZeRO stages on a device (device.h), private to the zero module: zero.c's
+ * public functions hand a device zr_zero to these (zr_zero_new_device). Same partitions, the
+ * same stages and the same checkpoint extents as the host engine; the states live in device
+ * memory and move by the device's copies and collectives:
+ *
+ *   - collectives through the device communicator (NCCL: asynchronous on its own stream,
+ *     ordered against the model's stream by events) or, when ranks share a GPU or no device
+ *     communicator is wanted, staged through pinned host memory over the shm communicator
+ *     (synchronous, on the calling thread);
+ *   - AdamW on the device (the CPU's bits), or with the optimizer offloaded to pinned host
+ *     memory, on the CPU (zr_adamw_update) in chunks whose copies overlap the updates;
+ *   - checkpoints and init through pinned staging chunks, device-to-host copies of the next
+ *     chunk overlapping the sink's write of the current one.
+ */
+#ifndef ZR_ZERO_DEV_H
+#define ZR_ZERO_DEV_H
+
+#include "device.h"
+#include "zero.h"
+
+typedef struct zr_zdev zr_zdev;
+
+int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts *o,
+           const zr_device_ops *ops, zr_dev_comm *dc);
+void zd_free(zr_zdev *d);
+void zd_hooks(zr_zdev *d, zr_model_hooks *h);
+int zd_attach(zr_zdev *d, zr_dev_model *m, unsigned n_micro);
+void zd_part_range(const zr_zdev *d, size_t g, uint64_t *lo, uint64_t *n);
+void zd_opt_range(const zr_zdev *d, size_t g, uint64_t *lo, uint64_t *n);
+int zd_init_params(zr_zdev *d, zr_zero_fill_fn fill, void *ctx);
+int zd_load(zr_zdev *d, zck_reader *rd);
+int zd_save_to(zr_zdev *d, const zr_zero_sink *sink);
+uint64_t zd_part_floats(const zr_zdev *d);
+int zd_begin_step(zr_zdev *d);
+int zd_reduce(zr_zdev *d);
+int zd_sumsq(zr_zdev *d, double *out);
+int zd_adamw(zr_zdev *d, uint64_t t, float lr, float clip, const zr_adamw_hp *hp);
+int zd_publish(zr_zdev *d);
+void zd_mem(const zr_zdev *d, zr_zero_bytes *out);
+
+#endif
