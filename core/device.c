@@ -6,6 +6,10 @@
  * Search: $ZR_CUDA_LIB when set and not empty, else libzr_cuda.so in the directory of the
  * running executable (readlink /proc/self/exe). The library stays loaded for the life of the
  * process: CUDA's libraries do not survive dlclose well, and there is nothing to gain.
+ *
+ * ZR_CUDA_LIB=hostsim (exactly that word; a file of that name is ./hostsim) selects the host
+ * simulation built into libzr (core/hostsim.c, zr_hostsim_ops): no library is loaded, and the
+ * table goes through the same checks (ABI, error handler, probe) as a loaded one.
  */
 #include "device.h"
 
@@ -48,9 +52,28 @@ int zr_device_lib_path(char *buf, size_t cap)
     return 0;
 }
 
+/* The checks every backend's table goes through, then the handler and the probe. */
+static int accept_ops(const zr_device_ops *ops, const char *path, const zr_device_ops **out)
+{
+    if (!ops || ops->abi_version != ZR_DEVICE_ABI_VERSION || ops->size < sizeof *ops)
+        return zr_err_set(ZR_EUNSUPPORTED, "cuda: %s implements device ABI %u (%u bytes), this "
+                          "program needs %u (%zu bytes): rebuild with make", path,
+                          ops ? ops->abi_version : 0, ops ? ops->size : 0,
+                          (unsigned)ZR_DEVICE_ABI_VERSION, sizeof *ops);
+    ops->set_error_handler(forward_error);
+    int count = 0;
+    ZR_TRY(ops->probe(&count));
+    if (count < 1) /* probe says so itself; kept in case a backend does not */
+        return zr_err_set(ZR_EUNSUPPORTED, "cuda: no GPU: cudaGetDeviceCount says 0");
+    *out = ops;
+    return 0;
+}
+
 int zr_device_open_at(const char *path, const zr_device_ops **out)
 {
     *out = NULL;
+    if (!strcmp(path, "hostsim"))
+        return accept_ops(zr_hostsim_ops(), "hostsim (the host simulation)", out);
     if (access(path, F_OK) != 0) {
         if (getenv("ZR_CUDA_LIB") && *getenv("ZR_CUDA_LIB"))
             return zr_err_set(ZR_EUNSUPPORTED, "cuda: ZR_CUDA_LIB names %s, which does not "
@@ -72,19 +95,7 @@ int zr_device_open_at(const char *path, const zr_device_ops **out)
     if (!sym)
         return zr_err_set(ZR_EUNSUPPORTED, "cuda: %s has no %s: not this project's CUDA "
                           "backend", path, ZR_DEVICE_SYMBOL);
-    const zr_device_ops *ops = get();
-    if (!ops || ops->abi_version != ZR_DEVICE_ABI_VERSION || ops->size < sizeof *ops)
-        return zr_err_set(ZR_EUNSUPPORTED, "cuda: %s implements device ABI %u (%u bytes), this "
-                          "program needs %u (%zu bytes): rebuild with make", path,
-                          ops ? ops->abi_version : 0, ops ? ops->size : 0,
-                          (unsigned)ZR_DEVICE_ABI_VERSION, sizeof *ops);
-    ops->set_error_handler(forward_error);
-    int count = 0;
-    ZR_TRY(ops->probe(&count));
-    if (count < 1) /* probe says so itself; kept in case a backend does not */
-        return zr_err_set(ZR_EUNSUPPORTED, "cuda: no GPU: cudaGetDeviceCount says 0");
-    *out = ops;
-    return 0;
+    return accept_ops(get(), path, out);
 }
 
 static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -114,6 +125,15 @@ int zr_device_open(const zr_device_ops **out)
 
 int zr_device_cuda_available(void)
 {
+    /* Loading the backend maps CUDA, cuBLAS and NCCL (some 150 MiB of resident memory per
+     * process) even when the probe then finds no GPU: without the NVIDIA driver's control
+     * device there is none to find, and `--device auto` stays light on CPU machines. */
+    const char *env = getenv("ZR_CUDA_LIB");
+    if (!(env && !strcmp(env, "hostsim")) && access("/dev/nvidiactl", F_OK) != 0) {
+        zr_err_set(ZR_EUNSUPPORTED, "cuda: no GPU: /dev/nvidiactl is absent (no NVIDIA "
+                   "driver)");
+        return 0;
+    }
     const zr_device_ops *ops;
     return zr_device_open(&ops) == 0;
 }

@@ -276,7 +276,8 @@ int zr_device_lib_path(char *buf, size_t cap);
 const zr_device_ops *zr_hostsim_ops(void);
 
 /* 1 when zr_device_open succeeds (--device auto picks cuda then), else 0 (the reason stays in
- * zr_err_msg()). */
+ * zr_err_msg()). Without /dev/nvidiactl (no NVIDIA driver) it answers 0 without loading the
+ * library, which costs some 150 MiB of resident memory even where it finds no GPU. */
 int zr_device_cuda_available(void);
 
 #ifdef __cplusplus

@@ -796,7 +796,8 @@ static int open_device(run *r)
     if (o->device == ZR_DEVICE_CPU)
         return 0;
     const zr_device_ops *ops = NULL;
-    int lrc = zr_device_open(&ops);
+    int lrc = o->device == ZR_DEVICE_AUTO && !zr_device_cuda_available() ? ZR_EUNSUPPORTED
+                                                                         : zr_device_open(&ops);
     if (o->device == ZR_DEVICE_AUTO) {
         double mine = lrc ? 0 : 1, *all = calloc((size_t)r->W, sizeof *all);
         if (!all)

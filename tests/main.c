@@ -72,6 +72,10 @@ int main(int argc, char **argv)
     char cwd[4096];
     if (!getenv("ZT_ROOT") && getcwd(cwd, sizeof cwd))
         setenv("ZT_ROOT", cwd, 1); /* tests find tests/data relative to where zt started */
+    /* the suite's zrun runs check the CPU engine (bits across stages and worlds): on a GPU
+     * machine too, unless a test asks for a device with --device */
+    if (!getenv("ZR_DEVICE"))
+        setenv("ZR_DEVICE", "cpu", 1);
     const char *tmp = getenv("TMPDIR");
     if (!tmp || !*tmp)
         tmp = "/tmp";

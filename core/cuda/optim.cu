@@ -1,5 +1,6 @@
 /*
- * optim.cu: AdamW and the sum of squares on device arrays, with the CPU's bits (core/optim.c).
+ * optim.cu: AdamW, the sum of squares and y += x on device arrays, with the CPU's bits
+ * (core/optim.c).
  *
  * AdamW is elementwise; every operation is spelled with an IEEE round-to-nearest intrinsic
  * (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn), which nvcc never contracts into an FMA, in
@@ -69,6 +70,14 @@ __global__ void k_sumsq_blocks(double *sums, const float *x, size_t n, size_t nb
     }
 }
 
+/* y += x, elementwise (one rounding per element: nothing to contract) */
+__global__ void k_add(float *y, const float *x, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __fadd_rn(y[i], x[i]);
+}
+
 __global__ void k_sumsq_total(double *out, const double *sums, size_t nb)
 {
     double total = 0.0;
@@ -106,6 +115,22 @@ int zrc_adamw(float *param, const float *grad, float *m, float *v, size_t n, uin
     ZRC_LAUNCHED("adamw");
     if (!s)
         ZRC_CU(cudaStreamSynchronize(0), "adamw");
+    return 0;
+}
+
+int zrc_add(float *y, const float *x, size_t n, zr_dev_stream *s)
+{
+    ZRC_TRY(zrc_ensure_device());
+    if (!n)
+        return 0;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 65536)
+        blocks = 65536;
+    cudaStream_t st = (cudaStream_t)s;
+    k_add<<<(unsigned)blocks, 256, 0, st>>>(y, x, n);
+    ZRC_LAUNCHED("add");
+    if (!s)
+        ZRC_CU(cudaStreamSynchronize(0), "add");
     return 0;
 }
 

@@ -415,6 +415,7 @@ static void fill(void)
     o.model_bytes = zrc_model_bytes;
     o.adamw = zrc_adamw;
     o.sumsq = zrc_sumsq;
+    o.add = zrc_add;
     o.comm_unique_id = zrc_comm_unique_id;
     o.comm_new = zrc_comm_new;
     o.comm_free = zrc_comm_free;

@@ -6,7 +6,7 @@
  *   runtime.cu  errors, device selection, memory, streams and events, the ops table
  *   kernels.cu  the elementwise, row and reduction kernels of the model (and their launchers)
  *   model.cu    the GPT-2 model: buffers, cuBLAS matmuls, attention, forward and backward
- *   optim.cu    AdamW and the sum of squares (the CPU's bits)
+ *   optim.cu    AdamW, the sum of squares (the CPU's bits) and y += x
  *   nccl.cu     the communicator
  *   testk.cu    the per-layer entry points of zr_device_kernels (tests/gpu/kernels.c)
  */
@@ -130,6 +130,8 @@ int zrk_sum_f64(double *out, const float *x, size_t n, cudaStream_t s);
 int zrc_adamw(float *param, const float *grad, float *m, float *v, size_t n, uint64_t t,
               float lr, float grad_scale, int decay, const zr_adamw_hp *hp, zr_dev_stream *s);
 int zrc_sumsq(const float *x, size_t n, double *out, zr_dev_stream *s);
+/* y[i] += x[i] (ops->add) */
+int zrc_add(float *y, const float *x, size_t n, zr_dev_stream *s);
 
 /* ---------------------------------------------------------------- matmuls (model.cu) */
 
