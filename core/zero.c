@@ -956,10 +956,15 @@ int zr_zero_broadcast(zr_zero *z, void *buf, size_t bytes, int root)
 
 /* ---------------------------------------------------------------- states, offloaded or not */
 
-int zr_zero_offloaded(const zr_zero *z) { return z->off_opt || z->off_par; }
+int zr_zero_offloaded(const zr_zero *z)
+{
+    DEV_RETURN(zd_offloaded(z->dev));
+    return z->off_opt || z->off_par;
+}
 
 int zr_zero_check_swap(zr_zero *z)
 {
+    DEV_RETURN(zd_check_swap(z->dev));
     if (z->osw)
         ZR_TRY(zck_swap_check(z->osw));
     if (z->psw)

@@ -24,7 +24,10 @@
 #include <string.h>
 
 #define GRAD_SLOTS 3
-#define CH_FLOATS ((size_t)1 << 20) /* staging chunk: 4 MiB */
+#define CH_FLOATS ((size_t)1 << 20) /* staging chunk: 4 MiB (with NVMe: --aio-block-size) */
+#define GRAIN 1024u                 /* floats: 4 KiB, the swap file's alignment */
+
+static uint64_t grain_up(uint64_t floats) { return (floats + GRAIN - 1) / GRAIN * GRAIN; }
 
 typedef struct {
     float *buf;
@@ -50,7 +53,10 @@ struct zr_zdev {
     zr_dev_comm *dc;  /* NCCL (NULL: staged) */
     zr_dev_stream *ms, *cs, *xs;
     zr_dev_event *e_m, *e_c, *e_x[2];
-    int rank, W, stage, off_cpu;
+    int rank, W, stage, off_cpu, off_nvme;
+    zck_swap *osw;          /* off_nvme: exp_avg region, then exp_avg_sq region */
+    uint64_t *soff, oreg;   /* per group: float offset of its opt range in a region */
+    size_t ch;              /* floats per staging chunk */
     unsigned prefetch;
     const zck_layout *L;
     size_t ng;
@@ -59,7 +65,7 @@ struct zr_zdev {
     float *fullp, *fullg, *ownp, *owng, *m, *v; /* device (m, v: pinned host with off_cpu) */
     float *hbuf;                                 /* pinned: staged collectives */
     size_t hbuf_floats;
-    float *xbuf;                                 /* pinned: 2 sets of 2 chunks */
+    float *xbuf;                                 /* pinned: 2 sets of 4 chunks */
     slot_t *ps, *gs;                             /* ordinary slots */
     size_t nps, ngs;
     slot_t **pfree, **gfree;
@@ -142,10 +148,12 @@ int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts
     if (o->offload_params)
         return zr_err_set(ZR_EUNSUPPORTED, "--offload-params nvme is not implemented on the GPU "
                           "yet (it is on --device cpu)");
-    if (o->offload_optimizer == 1)
-        return zr_err_set(ZR_EUNSUPPORTED, "--offload-optimizer nvme is not implemented on the "
-                          "GPU yet (--offload-optimizer cpu keeps the states in pinned host "
-                          "memory)");
+    if (o->offload_optimizer == 1 && (!o->swap_dir || !o->swap_dir[0]))
+        return zr_err_set(ZR_EINVAL, "offload to nvme needs --nvme-path DIR");
+    if (o->offload_optimizer == 1 && (o->aio_block < 4096 || o->aio_block % 4096 ||
+                                      o->aio_block > ((size_t)256 << 20)))
+        return zr_err_set(ZR_EINVAL, "--aio-block-size %zu: expected a multiple of 4096 up to "
+                          "256 MiB", o->aio_block);
     zr_zdev *d = calloc(1, sizeof *d);
     if (!d)
         return zr_err_set(ZR_ENOMEM, "out of memory");
@@ -157,8 +165,22 @@ int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts
     d->stage = o->stage;
     d->prefetch = o->stage == 3 ? o->prefetch : 0;
     d->off_cpu = o->offload_optimizer == 2;
+    d->off_nvme = o->offload_optimizer == 1;
+    d->ch = d->off_nvme ? o->aio_block / sizeof(float) : CH_FLOATS;
     d->L = L;
     int rc = size_groups(d);
+    if (!rc && d->off_nvme) { /* each group's opt range from a 4 KiB boundary */
+        if (!(d->soff = calloc(d->ng + 1, sizeof *d->soff)))
+            rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        for (size_t g = 0; !rc && g < d->ng; g++)
+            d->soff[g + 1] = d->soff[g] + grain_up(d->stage == 0 ? d->G[g].numel : d->G[g].P);
+        d->oreg = rc ? 0 : d->soff[d->ng];
+        char path[4096];
+        snprintf(path, sizeof path, "%s/optimizer.swap", o->swap_dir);
+        if (!rc)
+            rc = zck_swap_open(&d->osw, path, 2 * d->oreg * sizeof(float), o->aio_depth,
+                               d->ch * sizeof(float));
+    }
     if (!rc && d->dc)
         d->cs = ops->comm_stream(d->dc);
     if (!rc)
@@ -182,7 +204,7 @@ int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts
         rc = host_alloc(d, &d->m, mv);
         if (!rc) /* counted as pinned host memory, not device memory */
             rc = host_alloc(d, &d->v, mv);
-    } else if (!rc) {
+    } else if (!rc && !d->off_nvme) {
         rc = dev_alloc(d, &d->m, mv, &d->b_opt);
         if (!rc)
             rc = dev_alloc(d, &d->v, mv, &d->b_opt);
@@ -212,7 +234,7 @@ int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts
     }
     /* pinned staging: chunks for copies; whole groups for staged collectives */
     if (!rc)
-        rc = host_alloc(d, &d->xbuf, 4 * CH_FLOATS);
+        rc = host_alloc(d, &d->xbuf, 8 * d->ch);
     if (!rc && !d->dc && d->W > 1) {
         for (size_t g = 0; g < d->ng; g++)
             if (d->G[g].full > d->hbuf_floats)
@@ -247,7 +269,7 @@ void zd_free(zr_zdev *d)
     if (d->off_cpu) {
         ops->host_free(d->m);
         ops->host_free(d->v);
-    } else {
+    } else if (!d->off_nvme) {
         ops->free(d->m);
         ops->free(d->v);
     }
@@ -276,6 +298,8 @@ void zd_free(zr_zdev *d)
     free(d->pfree);
     free(d->sched);
     free(d->G);
+    zck_swap_close(d->osw, 1); /* scratch: removed */
+    free(d->soff);
     free(d);
 }
 
@@ -287,7 +311,12 @@ void zd_mem(const zr_zdev *d, zr_zero_bytes *out)
     out->optimizer = d->b_opt;
     out->buffers = d->b_bufs;
     out->pinned = d->b_pinned;
+    out->nvme = d->osw ? zck_swap_size(d->osw) : 0;
 }
+
+int zd_offloaded(const zr_zdev *d) { return d->off_nvme; }
+
+int zd_check_swap(zr_zdev *d) { return d->osw ? zck_swap_check(d->osw) : 0; }
 
 /* ---------------------------------------------------------------- ranges and pointers */
 
@@ -328,11 +357,21 @@ static float *state_ptr(zr_zdev *d, size_t g, int s)
         return st == 0 ? d->fullg + p->foff : st < 2 ? d->fullg + p->foff + p->lo
                                                      : d->owng + p->ooff;
     default:
+        if (d->off_nvme)
+            return NULL;
         return (s == 1 ? d->m : d->v) + (st == 0 ? p->foff : p->ooff);
     }
 }
 
 static int on_host(const zr_zdev *d, int s) { return d->off_cpu && (s == 1 || s == 2); }
+
+/* A moment offloaded to NVMe: state s (1 or 2) of group g, whose opt range starts at this
+ * float offset of the swap file. */
+static int on_nvme(const zr_zdev *d, int s) { return d->off_nvme && (s == 1 || s == 2); }
+static uint64_t swap_at(const zr_zdev *d, size_t g, int s)
+{
+    return (s == 2 ? d->oreg : 0) + d->soff[g];
+}
 
 /* ---------------------------------------------------------------- collectives */
 
@@ -714,18 +753,19 @@ static int adam_host(zr_zdev *d, void *ctx, uint64_t at, uint64_t cnt, int decay
     return 0;
 }
 
-/* ZeRO-Offload: chunk k's params and grads come down on xs into staging set k mod 2 while the
- * CPU updates chunk k-1; the updated params go back up on xs. */
+/* ZeRO-Offload: chunk k's params and grads come down on xs into staging set k mod 2 (and its
+ * moments from the swap file, with NVMe) while the CPU updates chunk k-1; the updated params
+ * go back up on xs (and the moments back to the swap file). */
 static int adamw_offloaded(zr_zdev *d, uint64_t t, float lr, float clip, const zr_adamw_hp *hp)
 {
     const zr_device_ops *ops = d->ops;
     typedef struct { size_t g; uint64_t off, cnt; } ck;
-    size_t nc = 0, cap = 0;
+    size_t nc = 0, cap = 0, ch = d->ch;
     ck *c = NULL;
     for (size_t g = 0; g < d->ng; g++) {
         uint64_t lo, n;
         zd_opt_range(d, g, &lo, &n);
-        for (uint64_t off = 0; off < n; off += CH_FLOATS) {
+        for (uint64_t off = 0; off < n; off += ch) {
             if (nc == cap) {
                 cap = cap ? 2 * cap : 64;
                 ck *c2 = realloc(c, cap * sizeof *c);
@@ -735,7 +775,7 @@ static int adamw_offloaded(zr_zdev *d, uint64_t t, float lr, float clip, const z
                 }
                 c = c2;
             }
-            c[nc++] = (ck){g, off, n - off < CH_FLOATS ? n - off : CH_FLOATS};
+            c[nc++] = (ck){g, off, n - off < ch ? n - off : ch};
         }
     }
     int rc = 0;
@@ -744,44 +784,59 @@ static int adamw_offloaded(zr_zdev *d, uint64_t t, float lr, float clip, const z
         if (!rc)
             rc = ops->stream_wait(d->xs, d->e_m);
     }
-#define PBUF(k) (d->xbuf + ((k) % 2) * 2 * CH_FLOATS)
-#define GBUF(k) (PBUF(k) + CH_FLOATS)
+    uint64_t rt[2] = {0, 0}, wt[2] = {0, 0}; /* swap tickets of each set: reads, write-backs */
+#define BUF(k, i) (d->xbuf + ((size_t)((k) % 2) * 4 + (i)) * ch) /* i: 0 p, 1 g, 2 m, 3 v */
     for (size_t k = 0; k <= nc && !rc; k++) {
         if (k < nc) { /* set k%2 was last used by chunk k-2, whose upload xs ordered before */
-            float *p = state_ptr(d, c[k].g, 0) + c[k].off, *g = state_ptr(d, c[k].g, 3) + c[k].off;
-            rc = ops->memcpy(PBUF(k), p, c[k].cnt * sizeof(float), ZR_DEV_D2H, d->xs);
+            const ck *e = &c[k];
+            rc = ops->memcpy(BUF(k, 0), state_ptr(d, e->g, 0) + e->off, e->cnt * sizeof(float),
+                             ZR_DEV_D2H, d->xs);
             if (!rc)
-                rc = ops->memcpy(GBUF(k), g, c[k].cnt * sizeof(float), ZR_DEV_D2H, d->xs);
+                rc = ops->memcpy(BUF(k, 1), state_ptr(d, e->g, 3) + e->off,
+                                 e->cnt * sizeof(float), ZR_DEV_D2H, d->xs);
             if (!rc)
                 rc = ops->event_record(d->e_x[k % 2], d->xs);
+            if (!rc && d->osw && wt[k % 2]) /* the set's moments written back first */
+                rc = zck_swap_wait(d->osw, wt[k % 2]);
+            for (int s = 1; s <= 2 && !rc && d->osw; s++)
+                rc = zck_swap_read(d->osw, BUF(k, s + 1), grain_up(e->cnt) * sizeof(float),
+                                   (swap_at(d, e->g, s) + e->off) * sizeof(float), &rt[k % 2]);
         }
         if (rc || k == 0)
             continue;
         size_t j = k - 1; /* update chunk j on the CPU, then upload it */
+        const ck *e = &c[j];
         if ((rc = ops->event_sync(d->e_x[j % 2])))
             break;
+        if (d->osw && (rc = zck_swap_wait(d->osw, rt[j % 2])))
+            break;
         uint64_t lo, n;
-        zd_opt_range(d, c[j].g, &lo, &n);
-        adam_ctx a = {PBUF(j), GBUF(j), state_ptr(d, c[j].g, 1) + c[j].off,
-                      state_ptr(d, c[j].g, 2) + c[j].off, t, lr, clip, hp};
-        rc = for_tensors(d, c[j].g, lo + c[j].off, c[j].cnt, adam_host, &a);
+        zd_opt_range(d, e->g, &lo, &n);
+        adam_ctx a = {BUF(j, 0), BUF(j, 1),
+                      d->osw ? BUF(j, 2) : state_ptr(d, e->g, 1) + e->off,
+                      d->osw ? BUF(j, 3) : state_ptr(d, e->g, 2) + e->off, t, lr, clip, hp};
+        rc = for_tensors(d, e->g, lo + e->off, e->cnt, adam_host, &a);
         if (!rc)
-            rc = ops->memcpy(state_ptr(d, c[j].g, 0) + c[j].off, PBUF(j),
-                             c[j].cnt * sizeof(float), ZR_DEV_H2D, d->xs);
+            rc = ops->memcpy(state_ptr(d, e->g, 0) + e->off, BUF(j, 0),
+                             e->cnt * sizeof(float), ZR_DEV_H2D, d->xs);
+        for (int s = 1; s <= 2 && !rc && d->osw; s++)
+            rc = zck_swap_write(d->osw, BUF(j, s + 1), grain_up(e->cnt) * sizeof(float),
+                                (swap_at(d, e->g, s) + e->off) * sizeof(float), &wt[j % 2]);
         /* the set is next written by chunk j+2's download, enqueued after this upload on
          * xs; the host touches it again only once that download is done */
     }
-#undef PBUF
-#undef GBUF
+#undef BUF
     if (!rc)
         rc = ops->stream_sync(d->xs);
+    if (!rc && d->osw)
+        rc = zck_swap_wait(d->osw, UINT64_MAX);
     free(c);
     return rc;
 }
 
 int zd_adamw(zr_zdev *d, uint64_t t, float lr, float clip, const zr_adamw_hp *hp)
 {
-    if (d->off_cpu)
+    if (d->off_cpu || d->off_nvme)
         return adamw_offloaded(d, t, lr, clip, hp);
     for (size_t g = 0; g < d->ng; g++) {
         uint64_t lo, n;
@@ -808,16 +863,15 @@ int zd_publish(zr_zdev *d)
 
 /* ---------------------------------------------------------------- states in and out */
 
-/* Host data into state s of group g, elements [lo, lo+n) of the group (inside the state's
- * range), chunk by chunk: produce(ctx, off, cnt, dst) fills the staging chunk, the upload of
- * one chunk overlaps the production of the next. */
+/* Host data into device memory dst[0, n), chunk by chunk: produce(ctx, off, cnt, buf) fills
+ * a staging chunk; the upload of one chunk overlaps the production of the next. */
 typedef int (*produce_fn)(void *ctx, uint64_t off, uint64_t cnt, float *dst);
 static int upload(zr_zdev *d, float *dst, uint64_t n, produce_fn f, void *ctx)
 {
     const zr_device_ops *ops = d->ops;
-    for (uint64_t off = 0, k = 0; off < n; off += CH_FLOATS, k++) {
-        uint64_t cnt = n - off < CH_FLOATS ? n - off : CH_FLOATS;
-        float *b = d->xbuf + (k % 2) * CH_FLOATS;
+    for (uint64_t off = 0, k = 0; off < n; off += d->ch, k++) {
+        uint64_t cnt = n - off < d->ch ? n - off : d->ch;
+        float *b = d->xbuf + (k % 2) * d->ch;
         if (k >= 2) /* this set's previous upload has been read */
             ZR_TRY(ops->event_sync(d->e_x[k % 2]));
         ZR_TRY(f(ctx, off, cnt, b));
@@ -825,6 +879,23 @@ static int upload(zr_zdev *d, float *dst, uint64_t n, produce_fn f, void *ctx)
         ZR_TRY(ops->event_record(d->e_x[k % 2], d->xs));
     }
     return ops->stream_sync(d->xs);
+}
+
+/* The same into the swap file at float offset `at` (a 4 KiB boundary), two staging chunks in
+ * turn, each written while the next is produced. */
+static int upload_swap(zr_zdev *d, uint64_t at, uint64_t n, produce_fn f, void *ctx)
+{
+    uint64_t t[2] = {0, 0};
+    for (uint64_t off = 0, k = 0; off < n; off += d->ch, k++) {
+        uint64_t cnt = n - off < d->ch ? n - off : d->ch;
+        float *b = d->xbuf + (k % 2) * d->ch;
+        ZR_TRY(zck_swap_wait(d->osw, t[k % 2]));
+        memset(b + cnt, 0, (grain_up(cnt) - cnt) * sizeof(float));
+        ZR_TRY(f(ctx, off, cnt, b));
+        ZR_TRY(zck_swap_write(d->osw, b, grain_up(cnt) * sizeof(float),
+                              (at + off) * sizeof(float), &t[k % 2]));
+    }
+    return zck_swap_wait(d->osw, UINT64_MAX);
 }
 
 typedef struct {
@@ -851,7 +922,7 @@ int zd_init_params(zr_zdev *d, zr_zero_fill_fn fill, void *ctx)
         fill_ctx f = {fill, ctx, g, lo};
         ZR_TRY(upload(d, dst, n, produce_fill, &f));
     }
-    return 0;
+    return 0; /* the moments: zero on the device (dev_alloc) and in a fresh swap file */
 }
 
 typedef struct {
@@ -887,13 +958,36 @@ int zd_load(zr_zdev *d, zck_reader *rd)
             }
             if (!cnt)
                 continue;
-            if (on_host(d, s)) {
-                ZR_TRY(zck_reader_read_range(rd, g, st[s], a, cnt, dst));
-                continue;
-            }
             read_ctx r = {rd, g, st[s], a};
-            ZR_TRY(upload(d, dst, cnt, produce_read, &r));
+            if (on_host(d, s))
+                ZR_TRY(zck_reader_read_range(rd, g, st[s], a, cnt, dst));
+            else if (on_nvme(d, s))
+                ZR_TRY(upload_swap(d, swap_at(d, g, s), cnt, produce_read, &r));
+            else
+                ZR_TRY(upload(d, dst, cnt, produce_read, &r));
         }
+    }
+    return 0;
+}
+
+/* Floats [first, first+n) of the swap file to the sink: aligned windows of a chunk, the next
+ * one read while the sink takes the current one. */
+static int swap_to_sink(zr_zdev *d, uint64_t first, uint64_t n, const zr_zero_sink *w)
+{
+    uint64_t end = first + n, t[2] = {0, 0}, win = d->ch;
+    uint64_t a = first / GRAIN * GRAIN;
+    ZR_TRY(zck_swap_read(d->osw, d->xbuf, grain_up(end - a < win ? end - a : win) *
+                         sizeof(float), a * sizeof(float), &t[0]));
+    for (uint64_t at = a, k = 0; at < end; at += win, k++) {
+        uint64_t next = at + win;
+        if (next < end)
+            ZR_TRY(zck_swap_read(d->osw, d->xbuf + ((k + 1) % 2) * win,
+                                 grain_up(end - next < win ? end - next : win) * sizeof(float),
+                                 next * sizeof(float), &t[(k + 1) % 2]));
+        ZR_TRY(zck_swap_wait(d->osw, t[k % 2]));
+        const float *b = d->xbuf + (k % 2) * win;
+        uint64_t from = at < first ? first : at, to = next < end ? next : end;
+        ZR_TRY(w->write(w->ctx, b + (from - at), (size_t)(to - from) * sizeof(float)));
     }
     return 0;
 }
@@ -901,6 +995,7 @@ int zd_load(zr_zdev *d, zck_reader *rd)
 int zd_save_to(zr_zdev *d, const zr_zero_sink *w)
 {
     const zr_device_ops *ops = d->ops;
+    const uint64_t ch = d->ch;
     if (d->ms) { /* the states as the last enqueued step left them */
         ZR_TRY(ops->event_record(d->e_m, d->ms));
         ZR_TRY(ops->stream_wait(d->xs, d->e_m));
@@ -912,29 +1007,31 @@ int zd_save_to(zr_zdev *d, const zr_zero_sink *w)
         if (!pn)
             continue;
         for (int s = 0; s < 3; s++) {
-            const float *src = state_ptr(d, g, s) + (plo - olo);
             ZR_TRY(w->begin(w->ctx, g, (size_t)s, plo, pn));
+            if (on_nvme(d, s)) {
+                ZR_TRY(swap_to_sink(d, swap_at(d, g, s) + (plo - olo), pn, w));
+                continue;
+            }
+            const float *src = state_ptr(d, g, s) + (plo - olo);
             if (on_host(d, s)) {
                 ZR_TRY(w->write(w->ctx, src, (size_t)pn * sizeof(float)));
                 continue;
             }
             /* the download of chunk k+1 overlaps the sink's write of chunk k */
-            uint64_t nck = (pn + CH_FLOATS - 1) / CH_FLOATS;
+            uint64_t nck = (pn + ch - 1) / ch;
             for (uint64_t k = 0; k <= nck; k++) {
                 if (k < nck) {
-                    uint64_t off = k * CH_FLOATS, cnt = pn - off < CH_FLOATS ? pn - off
-                                                                             : CH_FLOATS;
-                    ZR_TRY(ops->memcpy(d->xbuf + (k % 2) * CH_FLOATS, src + off,
+                    uint64_t off = k * ch, cnt = pn - off < ch ? pn - off : ch;
+                    ZR_TRY(ops->memcpy(d->xbuf + (k % 2) * ch, src + off,
                                        (size_t)cnt * sizeof(float), ZR_DEV_D2H, d->xs));
                     ZR_TRY(ops->event_record(d->e_x[k % 2], d->xs));
                 }
                 if (k == 0)
                     continue;
-                uint64_t j = k - 1, off = j * CH_FLOATS;
-                uint64_t cnt = pn - off < CH_FLOATS ? pn - off : CH_FLOATS;
+                uint64_t j = k - 1, off = j * ch;
+                uint64_t cnt = pn - off < ch ? pn - off : ch;
                 ZR_TRY(ops->event_sync(d->e_x[j % 2]));
-                ZR_TRY(w->write(w->ctx, d->xbuf + (j % 2) * CH_FLOATS,
-                                (size_t)cnt * sizeof(float)));
+                ZR_TRY(w->write(w->ctx, d->xbuf + (j % 2) * ch, (size_t)cnt * sizeof(float)));
             }
         }
     }

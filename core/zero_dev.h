@@ -9,7 +9,8 @@
  *     communicator is wanted, staged through pinned host memory over the shm communicator
  *     (synchronous, on the calling thread);
  *   - AdamW on the device (the CPU's bits), or with the optimizer offloaded to pinned host
- *     memory, on the CPU (zr_adamw_update) in chunks whose copies overlap the updates;
+ *     memory or to NVMe (a swap file, zck_swap), on the CPU (zr_adamw_update) in chunks whose
+ *     copies and reads overlap the updates;
  *   - checkpoints and init through pinned staging chunks, device-to-host copies of the next
  *     chunk overlapping the sink's write of the current one.
  */
@@ -38,5 +39,7 @@ int zd_sumsq(zr_zdev *d, double *out);
 int zd_adamw(zr_zdev *d, uint64_t t, float lr, float clip, const zr_adamw_hp *hp);
 int zd_publish(zr_zdev *d);
 void zd_mem(const zr_zdev *d, zr_zero_bytes *out);
+int zd_offloaded(const zr_zdev *d);
+int zd_check_swap(zr_zdev *d);
 
 #endif

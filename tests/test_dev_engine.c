@@ -5,7 +5,7 @@
  * engine's kernels, so the results must have the CPU engine's bits. Stages 0-3 at worlds 1
  * and 2 with NCCL-style collectives (the device communicator) and host-staged ones (ranks
  * sharing a GPU) give exactly the CPU run's losses and checkpoint; the optimizer offloaded to
- * pinned host memory too; checkpoints move between the CPU and the device both ways; and the
+ * pinned host memory or to NVMe too; checkpoints move between the CPU and the device both ways; and the
  * device options fail clearly where they cannot work. The CUDA kernels themselves are checked
  * on a GPU by tests/gpu/run.sh.
  */
@@ -108,9 +108,10 @@ ZT_TEST(dev_engine_stages_match_cpu)
     ZT_CHECK(last_mem("d23nccl.json", "params") * 3 / 2 < last_mem("d20nccl.json", "params"));
 }
 
-ZT_TEST(dev_engine_offload_optimizer_cpu)
+ZT_TEST(dev_engine_offload_optimizer)
 {
     setenv("ZR_CUDA_LIB", "hostsim", 1);
+    /* pinned host memory (AdamW on the CPU, copies overlapping) */
     zt_zrun_ok(COMMON "--device cpu --nproc 2 --zero 2 --ckpt-dir c --log-json c.json", "c.log");
     zt_zrun_ok(COMMON "--device cuda --nproc 2 --zero 2 --offload-optimizer cpu --ckpt-dir d "
                "--log-json d.json", "d.log");
@@ -118,6 +119,16 @@ ZT_TEST(dev_engine_offload_optimizer_cpu)
     zt_same_latest("c", "d", 0, 0);
     ZT_CHECK_EQ(last_mem("d.json", "optimizer"), 0); /* no moments on the device */
     ZT_CHECK(last_mem("d.json", "pinned") > last_mem("c.json", "optimizer"));
+    /* NVMe, small aio blocks so that groups span several chunks; stopped and resumed (the
+     * moments go back into the swap file from the checkpoint) */
+    zt_zrun_ok(COMMON "--device cuda --nproc 2 --zero 2 --offload-optimizer nvme --nvme-path sw "
+               "--aio-block-size 8192 --ckpt-dir n --stop-after 5 --log-json n.json", "n1.log");
+    zt_zrun_ok(COMMON "--device cuda --nproc 2 --zero 2 --offload-optimizer nvme --nvme-path sw "
+               "--aio-block-size 8192 --ckpt-dir n --log-json n.json", "n2.log");
+    same_losses("c.json", "n.json");
+    zt_same_latest("c", "n", 0, 0);
+    ZT_CHECK_EQ(last_mem("n.json", "optimizer"), 0);
+    ZT_CHECK(last_mem("n.json", "nvme") >= last_mem("c.json", "optimizer"));
 }
 
 ZT_TEST(dev_engine_resume_across_devices)
@@ -176,8 +187,8 @@ ZT_TEST(dev_engine_errors)
     } bad[] = {
         {"--nproc 2", "bogus", "ZR_DEVICE_COMM=bogus: expected nccl or shm"},
         {"--zero 3 --offload-params cpu", NULL, "--offload-params cpu: parameters in host"},
-        {"--offload-optimizer nvme --nvme-path swap", NULL, "--offload-optimizer nvme is not "
-                                                            "implemented on the GPU"},
+        {"--zero 3 --offload-params nvme --nvme-path swap", NULL, "--offload-params nvme is "
+                                                                  "not implemented on the GPU"},
         {"--device mps", NULL, "--device 'mps': expected cpu, cuda or auto"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
