@@ -76,6 +76,13 @@ static const char *usage_text =
     "                      parameters, gathered group by group just before use\n"
     "  --prefetch N        stage 3: group gathers in flight ahead of use (2)\n"
     "  --log-ranks R       0 (default: rank 0's output) or all (every rank's, prefixed)\n"
+    "  --nnodes N          nodes of the job (1); with N > 1, start zrun on every node with the\n"
+    "                      same options, --nproc ranks each, and\n"
+    "  --node-rank K       this node's index, 0..N-1 (node 0 holds global rank 0)\n"
+    "  --master HOST:PORT  where global rank 0 listens (node 0's address; the other nodes\n"
+    "                      connect, waiting up to ZR_COMM_TCP_TIMEOUT seconds, 300). Also under\n"
+    "                      mpirun or srun (one zrun per rank: their rank and size are used;\n"
+    "                      HOST:PORT may come from MASTER_ADDR and MASTER_PORT instead)\n"
     "  --dry-run           print the memory each rank would hold (params, grads, optimizer\n"
     "                      states, buffers, activations) against the ZeRO formula; no training\n"
     "  --device D          cpu, cuda or auto (default auto: cuda when every rank finds a\n"
@@ -209,8 +216,14 @@ static int newest_sound(char **out, const char *run_dir)
  * --nproc-on-restart ranks if given), after the backoff. Each restart is logged with its
  * cause.
  */
+typedef struct {
+    uint32_t nnodes, node_rank;
+    const char *master;
+} nodes_opts;
+
 static int supervise(int argc, char **argv, const zr_train_opts *o, uint32_t nproc, int log_all,
-                     uint32_t max_restarts, double backoff, uint32_t nproc_restart)
+                     uint32_t max_restarts, double backoff, uint32_t nproc_restart,
+                     const nodes_opts *no)
 {
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -235,6 +248,9 @@ static int supervise(int argc, char **argv, const zr_train_opts *o, uint32_t npr
         zr_launch_opts lo = ZR_LAUNCH_OPTS_INIT;
         lo.nproc = (int)nproc;
         lo.log_all_ranks = log_all;
+        lo.nnodes = (int)no->nnodes;
+        lo.node_rank = (int)no->node_rank;
+        lo.master = no->master;
         if (zr_launch(&code, &lo, args) < 0) {
             code = zcli_fail_lib(PROG, NULL);
             break;
@@ -275,6 +291,44 @@ static int supervise(int argc, char **argv, const zr_train_opts *o, uint32_t npr
     return code;
 }
 
+/* A rank started by mpirun (Open MPI, MPICH/PMI) or srun: its rank, size and local rank from
+ * their environment become ZR_RANK, ZR_WORLD and ZR_LOCAL_RANK, and the TCP rendezvous is
+ * --master, else MASTER_ADDR:MASTER_PORT. 1 when so (the environment set), 0 when not under
+ * one of them (or a world of 1), -1 after printing an error. */
+static int under_mpi(const char *master)
+{
+    static const char *vars[][3] = {
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+        {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
+        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+    };
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *r = getenv(vars[i][0]), *w = getenv(vars[i][1]), *l = getenv(vars[i][2]);
+        if (!r || !w || !*r || !*w || atoi(w) <= 1)
+            continue;
+        char buf[300];
+        if (!master) {
+            const char *h = getenv("MASTER_ADDR"), *p = getenv("MASTER_PORT");
+            if (!h || !p || !*h || !*p) {
+                zcli_fail(PROG, "add --master HOST:PORT (the address of the first rank's node "
+                          "and a free port), or set MASTER_ADDR and MASTER_PORT",
+                          "started by mpirun or srun (%s=%s) without a rendezvous address",
+                          vars[i][1], w);
+                return -1;
+            }
+            snprintf(buf, sizeof buf, "%s:%s", h, p);
+            master = buf;
+        }
+        setenv("ZR_RANK", r, 1);
+        setenv("ZR_WORLD", w, 1);
+        setenv("ZR_LOCAL_RANK", l && *l ? l : "0", 1);
+        setenv("ZR_COMM_TCP", master, 1);
+        unsetenv("ZR_COMM_SHM");
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     zr_train_opts o = ZR_TRAIN_OPTS_INIT;
@@ -283,6 +337,7 @@ int main(int argc, char **argv)
                                                                       : "auto";
     int dry_run = 0, log_all = 0;
     uint32_t max_restarts = 0, nproc_restart = 0;
+    nodes_opts no = {1, 0, NULL};
     double backoff = 1.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -398,6 +453,14 @@ int main(int argc, char **argv)
             if (!zcli_parse_u32(PROG, a, v, 0, 64, &u))
                 return ZCLI_ERROR;
             o.prefetch = u;
+        } else if (!strcmp(a, "--nnodes")) {
+            if (!zcli_parse_u32(PROG, a, v, 1, 1024, &no.nnodes))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--node-rank")) {
+            if (!zcli_parse_u32(PROG, a, v, 0, 1023, &no.node_rank))
+                return ZCLI_ERROR;
+        } else if (!strcmp(a, "--master")) {
+            no.master = v;
         } else if (!strcmp(a, "--log-ranks")) {
             if (strcmp(v, "0") && strcmp(v, "all"))
                 return zcli_fail(PROG, NULL, "--log-ranks '%s': expected 0 or all", v);
@@ -457,11 +520,30 @@ int main(int argc, char **argv)
         return ZCLI_OK;
     }
     const char *world_env = getenv("ZR_WORLD");
-    if (!world_env && (nproc > 1 || max_restarts > 0)) /* the launcher */
-        return supervise(argc, argv, &o, nproc, log_all, max_restarts, backoff, nproc_restart);
-    if (world_env && strtoul(world_env, NULL, 10) != nproc)
+    int rc = world_env ? 0 : under_mpi(no.master);
+    if (rc < 0)
+        return ZCLI_ERROR;
+    if (rc > 0) /* mpirun or srun started this rank: their world, our TCP rendezvous */
+        world_env = getenv("ZR_WORLD");
+    else if (no.nnodes > 1) {
+        if (!no.master)
+            return zcli_fail(PROG, "add --master HOST:PORT (node 0's address and a free port)",
+                             "--nnodes %u needs --master", no.nnodes);
+        if (no.node_rank >= no.nnodes)
+            return zcli_fail(PROG, NULL, "--node-rank %u: expected 0..%u", no.node_rank,
+                             no.nnodes - 1);
+        if (max_restarts || nproc_restart)
+            return zcli_fail(PROG, "restart the job from the newest checkpoint with your "
+                             "scheduler (--resume auto)", "--max-restarts and "
+                             "--nproc-on-restart work on one node only");
+    }
+    if (!world_env && (nproc > 1 || max_restarts > 0 || no.nnodes > 1)) /* the launcher */
+        return supervise(argc, argv, &o, nproc, log_all, max_restarts, backoff, nproc_restart,
+                         &no);
+    if (world_env && rc == 0 && strtoul(world_env, NULL, 10) != nproc * no.nnodes)
         return zcli_fail(PROG, "leave ZR_WORLD to the launcher", "ZR_WORLD=%s in the "
-                         "environment but --nproc %u", world_env, nproc);
+                         "environment but --nproc %u x --nnodes %u", world_env, nproc,
+                         no.nnodes);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;

@@ -55,6 +55,7 @@
  * A communicator is used by one thread at a time; it must not be carried across fork().
  */
 #include "comm.h"
+#include "comm_tcp.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -121,6 +122,7 @@ _Static_assert(sizeof(rank_rec) <= RANK_REC, "rank record too large");
 
 struct zr_comm {
     int rank, world;
+    zr_tcp *tcp;                /* the tcp backend (comm_tcp.c); NULL: shm */
     /* shm only */
     shm_hdr *h;
     size_t map_bytes;
@@ -535,6 +537,8 @@ int zr_comm_all_reduce(zr_comm *c, const void *send, void *recv, size_t n, zr_co
             memmove(recv, send, n * es);
         return 0;
     }
+    if (c->tcp)
+        return ztcp_all_reduce(c->tcp, send, recv, n, es);
     ZR_TRY(enter(c, op));
     const int W = c->world, r = c->rank;
     const char *in = send;
@@ -585,6 +589,8 @@ int zr_comm_reduce_scatter(zr_comm *c, const void *send, void *recv, size_t n,
             memmove(recv, send, n * es);
         return 0;
     }
+    if (c->tcp)
+        return ztcp_reduce_scatter(c->tcp, send, recv, n, es);
     ZR_TRY(enter(c, op));
     const int W = c->world, r = c->rank;
     const char *in = send;
@@ -628,6 +634,8 @@ int zr_comm_all_gather(zr_comm *c, const void *send, void *recv, size_t n, size_
             memmove(out, in, bytes);
         return 0;
     }
+    if (c->tcp)
+        return ztcp_all_gather(c->tcp, send, recv, bytes);
     ZR_TRY(enter(c, op));
     const int W = c->world, r = c->rank;
     size_t chunk = c->half & ~(size_t)63;
@@ -658,6 +666,8 @@ int zr_comm_broadcast(zr_comm *c, void *buf, size_t bytes, int root)
         return 0;
     if (!buf)
         return zr_err_set(ZR_EINVAL, "%s: NULL buffer", op);
+    if (c->tcp)
+        return ztcp_broadcast(c->tcp, buf, bytes, root);
     ZR_TRY(enter(c, op));
     char *p = buf;
     size_t chunk = c->half & ~(size_t)63;
@@ -693,6 +703,8 @@ int zr_comm_gather(zr_comm *c, const void *send, void *recv, size_t bytes, int r
             memmove(out, in, bytes);
         return 0;
     }
+    if (c->tcp)
+        return ztcp_gather(c->tcp, send, recv, bytes, root);
     ZR_TRY(enter(c, op));
     const int W = c->world, r = c->rank;
     size_t chunk = c->half & ~(size_t)63;
@@ -721,6 +733,8 @@ int zr_comm_barrier(zr_comm *c)
     const char *op = "barrier";
     if (c->world == 1)
         return 0;
+    if (c->tcp)
+        return ztcp_barrier(c->tcp);
     ZR_TRY(enter(c, op));
     int half = round_begin(c, 1, OP_BARRIER, 0, 0);
     ZR_TRY(barrier(c, op));
@@ -828,16 +842,21 @@ int zr_comm_open_env(zr_comm **out)
                           world);
     if (world > 1 && !has_r)
         return zr_err_set(ZR_EINVAL, "ZR_RANK is not set (ZR_WORLD=%d)", world);
-    const char *name = getenv("ZR_COMM_SHM");
-    if (world > 1 && (!name || !*name))
+    const char *name = getenv("ZR_COMM_SHM"), *tcp = getenv("ZR_COMM_TCP");
+    if (tcp && !*tcp)
+        tcp = NULL;
+    if (world > 1 && !tcp && (!name || !*name))
         return zr_err_set(ZR_EINVAL, "ZR_COMM_SHM is not set (ZR_WORLD=%d)", world);
+    int timeout = 300, has_t;
+    ZR_TRY(env_int(&timeout, &has_t, "ZR_COMM_TCP_TIMEOUT", 1, 86400));
     zr_comm *c = calloc(1, sizeof *c);
     if (!c)
         return zr_err_set(ZR_ENOMEM, "out of memory");
     c->rank = world > 1 ? rank : 0;
     c->world = world;
     if (world > 1) {
-        int rc = open_shm(c, name, rank, world);
+        int rc = tcp ? ztcp_open(&c->tcp, tcp, rank, world, timeout)
+                     : open_shm(c, name, rank, world);
         if (rc < 0) {
             free(c);
             return rc;
@@ -858,6 +877,7 @@ void zr_comm_close(zr_comm *c)
         env_comm = NULL;
     if (c->h)
         munmap(c->h, c->map_bytes);
+    ztcp_close(c->tcp);
     free(c);
 }
 

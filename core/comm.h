@@ -1,8 +1,8 @@
 /*
  * comm.h: core-internal communicator on flat buffers (not part of zr.h; the trainer and the
- * tests use it). One interface, backends behind it: `shm` (CPU ranks of one node, POSIX shared
- * memory) now, `nccl` later with the same calls (device pointers, one op at a time per
- * communicator, in-place forms as NCCL defines them).
+ * tests use it). One interface, backends behind it: `shm` (ranks of one node, POSIX shared
+ * memory) and `tcp` (ranks on several nodes, a star through rank 0). Device buffers move
+ * through the device's own communicator (device.h, NCCL), not this one.
  *
  * Conventions (ckpt's): 0 or a negative ZR_E* code with a one-line message (zr_err_msg()).
  * Every rank must call the same collectives in the same order with the same sizes; a call that
@@ -43,6 +43,9 @@ typedef struct zr_comm zr_comm;
  * ZR_RANK (0..W-1), ZR_WORLD (W) and ZR_COMM_SHM (the name of the shared segment created by
  * zr_comm_shm_create). ZR_EINVAL naming the variable when one is missing or malformed;
  * ZR_EIO when the segment cannot be opened or does not match (world, version).
+ * With ZR_COMM_TCP=HOST:PORT instead (ranks on several nodes, zrun --nnodes): the `tcp`
+ * backend (comm_tcp.h): rank 0 listens on PORT, the others connect to HOST:PORT, waiting up to
+ * ZR_COMM_TCP_TIMEOUT seconds (300) for each other; the same calls, bits and failure rules.
  */
 int zr_comm_open_env(zr_comm **out);
 void zr_comm_close(zr_comm *c);

@@ -262,34 +262,46 @@ static void signal_group(const rank_proc *p, int sig)
         kill(p->pid, sig);
 }
 
-/* environment of rank r: environ without ZR_RANK, ZR_WORLD, ZR_COMM_SHM, plus ours */
-static char **make_env(int rank, int world, const char *shm)
+/* environment of rank r: environ without ZR_RANK, ZR_WORLD, ZR_COMM_SHM, ZR_COMM_TCP and
+ * ZR_LOCAL_RANK, plus ours (the shm segment on one node, the master's address on several) */
+static int ours(const char *e)
+{
+    return !strncmp(e, "ZR_RANK=", 8) || !strncmp(e, "ZR_WORLD=", 9) ||
+           !strncmp(e, "ZR_COMM_SHM=", 12) || !strncmp(e, "ZR_COMM_TCP=", 12) ||
+           !strncmp(e, "ZR_LOCAL_RANK=", 14);
+}
+
+static char **make_env(int rank, int world, const char *shm, int local, const char *tcp)
 {
     size_t n = 0;
     for (char **e = environ; e && *e; e++)
         n++;
-    char **env = calloc(n + 4, sizeof *env);
+    char **env = calloc(n + 5, sizeof *env);
     if (!env)
         return NULL;
     size_t k = 0;
     for (char **e = environ; e && *e; e++)
-        if (strncmp(*e, "ZR_RANK=", 8) && strncmp(*e, "ZR_WORLD=", 9) &&
-            strncmp(*e, "ZR_COMM_SHM=", 12))
+        if (!ours(*e))
             env[k++] = *e;
-    char *a = malloc(32), *b = malloc(32), *c = shm ? malloc(strlen(shm) + 16) : NULL;
-    if (!a || !b || (shm && !c)) {
+    const char *where = shm ? shm : tcp;
+    char *a = malloc(32), *b = malloc(32), *l = malloc(32);
+    char *c = where ? malloc(strlen(where) + 16) : NULL;
+    if (!a || !b || !l || (where && !c)) {
         free(a);
         free(b);
+        free(l);
         free(c);
         free(env);
         return NULL;
     }
     snprintf(a, 32, "ZR_RANK=%d", rank);
     snprintf(b, 32, "ZR_WORLD=%d", world);
+    snprintf(l, 32, "ZR_LOCAL_RANK=%d", local);
     env[k++] = a;
     env[k++] = b;
-    if (shm) {
-        sprintf(c, "ZR_COMM_SHM=%s", shm);
+    env[k++] = l;
+    if (where) {
+        sprintf(c, "%s=%s", shm ? "ZR_COMM_SHM" : "ZR_COMM_TCP", where);
         env[k++] = c;
     }
     env[k] = NULL;
@@ -300,13 +312,9 @@ static void free_env(char **env)
 {
     if (!env)
         return;
-    /* ours are the last (2 or 3) entries */
-    size_t n = 0;
-    while (env[n])
-        n++;
-    for (size_t i = 0; i < n; i++)
-        if (!strncmp(env[i], "ZR_RANK=", 8) || !strncmp(env[i], "ZR_WORLD=", 9) ||
-            !strncmp(env[i], "ZR_COMM_SHM=", 12))
+    /* ours were allocated here; the rest are environ's */
+    for (size_t i = 0; env[i]; i++)
+        if (ours(env[i]))
             free(env[i]);
     free(env);
 }
@@ -319,8 +327,13 @@ int zr_launch(int *exit_code, const zr_launch_opts *o, char *const argv[])
                           MAX_NPROC);
     if (!argv || !argv[0] || !*argv[0])
         return zr_err_set(ZR_EINVAL, "launch: no program to run");
-    const int W = o->nproc;
-    const int piped = W > 1;
+    const int nodes = o->nnodes > 1 ? o->nnodes : 1;
+    if (nodes > 1 && (o->node_rank < 0 || o->node_rank >= nodes || !o->master || !*o->master))
+        return zr_err_set(ZR_EINVAL, "launch: %d nodes need a node rank in [0, %d) and the "
+                          "master's HOST:PORT", nodes, nodes);
+    const int W = o->nproc;                       /* ranks on this node */
+    const int base = nodes > 1 ? o->node_rank * W : 0; /* global rank of the first */
+    const int piped = W > 1 || nodes > 1;
     int rc = 0;
     char *shm = NULL;
     char **envs[MAX_NPROC] = {0};
@@ -331,7 +344,7 @@ int zr_launch(int *exit_code, const zr_launch_opts *o, char *const argv[])
     int handlers = 0, blocked = 0, started = 0;
 
     fflush(NULL);
-    if (W > 1)
+    if (W > 1 && nodes == 1)
         ZR_TRY(zr_comm_shm_create(&shm, W, 0));
     P = calloc((size_t)W, sizeof *P);
     if (!P) {
@@ -344,15 +357,16 @@ int zr_launch(int *exit_code, const zr_launch_opts *o, char *const argv[])
             P[r].out.buf = malloc(LINE_CAP);
             P[r].err.buf = malloc(LINE_CAP);
         }
-        envs[r] = make_env(r, W, shm);
+        envs[r] = make_env(base + r, W * nodes, shm, r, nodes > 1 ? o->master : NULL);
         if (!envs[r] || (piped && (!P[r].out.buf || !P[r].err.buf))) {
             rc = zr_err_set(ZR_ENOMEM, "out of memory");
             goto out;
         }
-        P[r].plen = piped ? (size_t)snprintf(P[r].prefix, sizeof P[r].prefix, "[rank %d] ", r)
+        P[r].plen = piped ? (size_t)snprintf(P[r].prefix, sizeof P[r].prefix, "[rank %d] ",
+                                             base + r)
                           : 0;
         P[r].out.dest = 1;
-        P[r].out.show = r == 0 || o->log_all_ranks;
+        P[r].out.show = base + r == 0 || o->log_all_ranks;
         P[r].err.dest = 2;
         P[r].err.show = 1;
     }
@@ -457,7 +471,7 @@ int zr_launch(int *exit_code, const zr_launch_opts *o, char *const argv[])
             }
             if (shm)
                 zr_comm_shm_abort(shm, r, st);
-            if (W > 1) {
+            if (piped) {
                 char d[96];
                 if (WIFEXITED(st))
                     snprintf(d, sizeof d, "exited with status %d", WEXITSTATUS(st));
@@ -467,10 +481,10 @@ int zr_launch(int *exit_code, const zr_launch_opts *o, char *const argv[])
                 else
                     snprintf(d, sizeof d, "failed (wait status %d)", st);
                 if (running > 0)
-                    say("zrun: rank %d %s; stopping the other %d rank%s", r, d, running,
+                    say("zrun: rank %d %s; stopping the other %d rank%s", base + r, d, running,
                         running == 1 ? "" : "s");
                 else
-                    say("zrun: rank %d %s", r, d);
+                    say("zrun: rank %d %s", base + r, d);
             }
             int grace_ms = o->kill_grace_s > 0 ? (int)(o->kill_grace_s * 1000) : 0;
             for (int q = 0; q < W; q++)
@@ -484,8 +498,8 @@ int zr_launch(int *exit_code, const zr_launch_opts *o, char *const argv[])
         if (first_fail >= 0 && !killed && kill_at >= 0 && t >= kill_at && running > 0) {
             for (int q = 0; q < W; q++)
                 if (P[q].running)
-                    say("zrun: rank %d still running %.1f s after SIGTERM: sending SIGKILL", q,
-                        o->kill_grace_s);
+                    say("zrun: rank %d still running %.1f s after SIGTERM: sending SIGKILL",
+                        base + q, o->kill_grace_s);
             for (int q = 0; q < W; q++)
                 signal_group(&P[q], SIGKILL);
             killed = 1;

@@ -829,8 +829,20 @@ static int open_device(run *r)
     if (!lrc)
         lrc = ops->info(name, sizeof name, &fb, &tb);
     ZR_TRY(agree(r, lrc));
+    /* a GPU of its own for every rank: its local rank below its node's GPU count */
+    int nccl = r->W > 1;
+    if (nccl) {
+        double mine = local < count ? 1 : 0, *all = calloc((size_t)r->W, sizeof *all);
+        if (!all)
+            return zr_err_set(ZR_ENOMEM, "out of memory");
+        int rc = gather_f64(r, &mine, 1, all);
+        for (int q = 0; q < r->W; q++)
+            nccl &= all[q] != 0;
+        free(all);
+        if (rc)
+            return rc;
+    }
     const char *mode = getenv("ZR_DEVICE_COMM");
-    int nccl = r->W > 1 && count >= r->W;
     if (mode && !strcmp(mode, "nccl"))
         nccl = r->W > 1;
     else if (mode && !strcmp(mode, "shm"))

@@ -227,10 +227,11 @@ int zr_train_dry_run(const zr_train_opts *opts, int world, FILE *out);
 /* ---------------------------------------------------------------- launcher */
 
 /*
- * Run nproc ranks of a program on this node (CPU ranks, shm communicator) and wait for them.
+ * Run nproc ranks of a program on this node (shm communicator) and wait for them.
  * zr_launch creates the communicator segment (nproc > 1), then starts nproc children that
- * execve(argv[0], argv) (a path: no PATH search) with ZR_RANK=r, ZR_WORLD=nproc and
- * ZR_COMM_SHM=<segment name> in their environment (ZR_COMM_SHM absent at nproc 1), stdin on
+ * execve(argv[0], argv) (a path: no PATH search) with ZR_RANK=r, ZR_WORLD=nproc,
+ * ZR_LOCAL_RANK=r and ZR_COMM_SHM=<segment name> in their environment (ZR_COMM_SHM absent at
+ * nproc 1; several nodes: see nnodes below), stdin on
  * /dev/null, every descriptor above 2 closed, each in a process group of its own (so a terminal's Ctrl-C reaches the launcher
  * alone, which forwards it once), and a parent-death signal of SIGTERM.
  *
@@ -261,8 +262,16 @@ typedef struct {
     int nproc;           /* ranks, >= 1 */
     int log_all_ranks;   /* show every rank's stdout, not only rank 0's */
     double kill_grace_s; /* SIGTERM to SIGKILL, after a failure */
+    /* several nodes (nnodes > 1): this launcher runs global ranks node_rank nproc ..
+     * node_rank nproc + nproc - 1 of a world of nnodes nproc, connected over TCP through
+     * master ("HOST:PORT", where global rank 0 listens) instead of shared memory
+     * (ZR_COMM_TCP in the ranks' environment); output prefixes and messages name global
+     * ranks. The other nodes' launchers are started the same way; a rank that fails on one
+     * node makes the ranks of the others fail when their connections close. */
+    int nnodes, node_rank;
+    const char *master;
 } zr_launch_opts;
-#define ZR_LAUNCH_OPTS_INIT {1, 0, 5.0}
+#define ZR_LAUNCH_OPTS_INIT {1, 0, 5.0, 1, 0, NULL}
 
 int zr_launch(int *exit_code, const zr_launch_opts *o, char *const argv[]);
 

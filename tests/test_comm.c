@@ -19,9 +19,12 @@
 #include "harness.h"
 #include "zr.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -118,16 +121,36 @@ static void clear_env(void)
     unsetenv("ZR_RANK");
     unsetenv("ZR_WORLD");
     unsetenv("ZR_COMM_SHM");
+    unsetenv("ZR_COMM_TCP");
 }
 
 typedef void (*rank_fn)(zr_comm *c, int r, int W, void *ctx);
 
-/* Fork W ranks (over a fresh segment of seg bytes per rank when W > 1); each runs fn and must
- * exit 0. */
+/* A TCP port free on this machine now (the tcp backend's tests listen on it). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ZT_CHECK(fd >= 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ZT_CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    ZT_CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static int use_tcp; /* run_world over the tcp backend (ZR_COMM_TCP) instead of shm */
+
+/* Fork W ranks (over a fresh segment of seg bytes per rank when W > 1, or over TCP on a free
+ * local port with use_tcp); each runs fn and must exit 0. */
 static void run_world(int W, size_t seg, rank_fn fn, void *ctx)
 {
-    char *name = NULL;
-    if (W > 1)
+    char *name = NULL, master[64];
+    snprintf(master, sizeof master, "127.0.0.1:%d", use_tcp ? free_port() : 0);
+    if (W > 1 && !use_tcp)
         ZT_OK(zr_comm_shm_create(&name, W, seg));
     pid_t pids[MAXW + 1];
     fflush(NULL);
@@ -139,6 +162,8 @@ static void run_world(int W, size_t seg, rank_fn fn, void *ctx)
                 set_rank_env(name, r, W);
             else
                 clear_env();
+            if (use_tcp)
+                setenv("ZR_COMM_TCP", master, 1);
             zr_comm *c;
             ZT_OK(zr_comm_open_env(&c));
             ZT_CHECK_EQ(zr_comm_rank(c), r);
@@ -360,6 +385,88 @@ ZT_TEST(comm_mismatched_calls_fail_on_every_rank)
 {
     for (int kind = 0; kind < 3; kind++)
         run_world(2, SEG, mismatch_rank, &kind);
+}
+
+/* ---------------------------------------------------------------- the tcp backend */
+
+/* the same checks over TCP (ranks on several nodes): the hub's sums in rank order give the
+ * shm backend's bits; 200011 elements span several 256 KiB chunks */
+ZT_TEST(comm_tcp_every_op_exact_bits)
+{
+    use_tcp = 1;
+    const size_t sizes[] = {1, 1009, 200011};
+    for (int W = 2; W <= 3; W++)
+        for (int d = 0; d < 2; d++)
+            for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+                op_case k = {d ? ZR_COMM_F64 : ZR_COMM_F32, sizes[s],
+                             (uint64_t)(W * 100 + d * 10) + s + 5000};
+                run_world(W, 0, ops_rank, &k);
+            }
+    for (int kind = 0; kind < 3; kind++)
+        run_world(2, 0, mismatch_rank, &kind);
+}
+
+static void tcp_death_rank(zr_comm *c, int r, int W, void *ctx)
+{
+    (void)W;
+    (void)ctx;
+    size_t n = 300000; /* several chunks */
+    float *x = xmalloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(r + 1);
+    ZT_OK(zr_comm_all_reduce(c, x, x, n, ZR_COMM_F32));
+    ZT_CHECK(x[n - 1] == 6.0f);
+    if (r == 2)
+        _exit(7);
+    sleep_ms(200);
+    double t0 = now_s();
+    ZT_ERR(zr_comm_all_reduce(c, x, x, n, ZR_COMM_F32), ZR_EIO,
+           r == 0 ? "tcp: rank 2 is gone" : "rank 2 is gone");
+    if (now_s() - t0 > 3.0)
+        ZT_FAIL("rank %d noticed the death after %.2f s", r, now_s() - t0);
+    ZT_ERR(zr_comm_barrier(c), ZR_EIO, "unusable after an earlier error");
+    free(x);
+}
+
+ZT_TEST(comm_tcp_dead_peer_and_rendezvous_errors)
+{
+    use_tcp = 1;
+    char master[64];
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    /* a rank that exits: rank 0 (the hub) names it, and tells rank 1 why */
+    pid_t pids[3];
+    fflush(NULL);
+    for (int r = 0; r < 3; r++)
+        if ((pids[r] = fork()) == 0) {
+            set_rank_env(NULL, r, 3);
+            setenv("ZR_COMM_TCP", master, 1);
+            zr_comm *c;
+            ZT_OK(zr_comm_open_env(&c));
+            tcp_death_rank(c, r, 3, NULL);
+            _exit(0);
+        }
+    for (int r = 0; r < 3; r++) {
+        int st;
+        waitpid(pids[r], &st, 0);
+        ZT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == (r == 2 ? 7 : 0));
+    }
+    /* nobody listening, nobody connecting, a malformed address: errors within the timeout */
+    zr_comm *c;
+    setenv("ZR_COMM_TCP_TIMEOUT", "1", 1);
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    setenv("ZR_COMM_TCP", master, 1);
+    set_rank_env(NULL, 1, 2);
+    double t0 = now_s();
+    ZT_ERR(zr_comm_open_env(&c), ZR_EIO, "cannot reach rank 0");
+    set_rank_env(NULL, 0, 2);
+    ZT_ERR(zr_comm_open_env(&c), ZR_EIO, "only 0 of the 1 other ranks connected");
+    ZT_CHECK(now_s() - t0 < 5.0);
+    setenv("ZR_COMM_TCP", "no-port-here", 1);
+    ZT_ERR(zr_comm_open_env(&c), ZR_EINVAL, "expected HOST:PORT");
+    setenv("ZR_COMM_TCP", "127.0.0.1:99999", 1);
+    ZT_ERR(zr_comm_open_env(&c), ZR_EINVAL, "1..65535");
+    unsetenv("ZR_COMM_TCP_TIMEOUT");
+    clear_env();
 }
 
 /* ---------------------------------------------------------------- argument and env errors */
