@@ -25,11 +25,16 @@ static uint64_t grain_up(uint64_t floats)
 }
 
 typedef struct {
-    uint64_t numel, P, full; /* full = W P */
-    uint64_t lo, n;          /* this rank's partition */
-    uint64_t foff, ooff;     /* offsets in the full and the own (P per group) arenas */
-    int big;                 /* larger than a slot: buffers of its own */
-    float *pbig, *gbig;      /* those buffers (stage 3 params, stage 2-3 grads) */
+    union { /* zr_zpart's fields, by name here (C11 anonymous members) */
+        zr_zpart part;
+        struct {
+            uint64_t numel, P, full; /* full = W P */
+            uint64_t lo, n;          /* this rank's partition */
+            uint64_t foff, ooff;     /* offsets in the full and the own (P per group) arenas */
+            int big;                 /* larger than a slot: buffers of its own */
+        };
+    };
+    float *pbig, *gbig;      /* big groups' buffers (stage 3 params, stage 2-3 grads) */
     int pbig_busy, gbig_busy;
     float *plent, *glent;    /* what the model holds now */
 } grp;
@@ -133,32 +138,65 @@ static void *alloc_array(size_t *bytes)
 }
 
 /* Partition every group; sum_full, sum_P, slot and each group's offsets. */
-static int size_groups(zr_zero *z, const zck_layout *L)
+int zr__zero_parts(const zck_layout *L, int W, int rank, zr_zpart **out, uint64_t *sum_full,
+                   uint64_t *sum_P, uint64_t *slot)
 {
-    z->ng = zck_layout_n_groups(L);
-    if (!(z->G = calloc(z->ng ? z->ng : 1, sizeof *z->G)))
+    size_t ng = zck_layout_n_groups(L);
+    zr_zpart *G = calloc(ng ? ng : 1, sizeof *G);
+    if (!G)
         return zr_err_set(ZR_ENOMEM, "out of memory");
-    for (size_t g = 0; g < z->ng; g++) {
-        grp *p = &z->G[g];
+    *sum_full = *sum_P = *slot = 0;
+    for (size_t g = 0; g < ng; g++) {
+        zr_zpart *p = &G[g];
         p->numel = zck_layout_group_numel(L, g);
         uint64_t s0, c0;
-        zck_partition(p->numel, (uint32_t)z->W, 0, ZR_ZERO_ALIGN, &s0, &c0);
+        zck_partition(p->numel, (uint32_t)W, 0, ZR_ZERO_ALIGN, &s0, &c0);
         p->P = c0 ? c0 : ZR_ZERO_ALIGN;
-        p->full = (uint64_t)z->W * p->P;
-        zck_partition(p->numel, (uint32_t)z->W, (uint32_t)z->rank, ZR_ZERO_ALIGN, &p->lo,
-                      &p->n);
-        p->foff = z->sum_full;
-        p->ooff = z->sum_P;
-        z->sum_full += p->full;
-        z->sum_P += p->P;
+        p->full = (uint64_t)W * p->P;
+        zck_partition(p->numel, (uint32_t)W, (uint32_t)rank, ZR_ZERO_ALIGN, &p->lo, &p->n);
+        p->foff = *sum_full;
+        p->ooff = *sum_P;
+        *sum_full += p->full;
+        *sum_P += p->P;
     }
     /* ordinary buffers hold the largest group past the embeddings; bigger groups (GPT-2's
      * token embedding) get buffers of their own */
-    for (size_t g = z->ng > 2 ? 2 : 0; g < z->ng; g++)
-        if (z->G[g].full > z->slot)
-            z->slot = z->G[g].full;
+    for (size_t g = ng > 2 ? 2 : 0; g < ng; g++)
+        if (G[g].full > *slot)
+            *slot = G[g].full;
+    for (size_t g = 0; g < ng; g++)
+        G[g].big = G[g].full > *slot;
+    *out = G;
+    return 0;
+}
+
+int zr__zero_schedule(const size_t *fwd, size_t nf, const size_t *bwd, size_t nb,
+                      unsigned n_micro, size_t **out, size_t *n)
+{
+    *n = (size_t)n_micro * (nf + nb);
+    size_t *s = calloc(*n ? *n : 1, sizeof *s), k = 0;
+    if (!(*out = s))
+        return zr_err_set(ZR_ENOMEM, "out of memory for the ZeRO-3 schedule");
+    for (unsigned i = 0; i < n_micro; i++) {
+        memcpy(s + k, fwd, nf * sizeof *s);
+        memcpy(s + k + nf, bwd, nb * sizeof *s);
+        k += nf + nb;
+    }
+    return 0;
+}
+
+static int size_groups(zr_zero *z, const zck_layout *L)
+{
+    z->ng = zck_layout_n_groups(L);
+    zr_zpart *pp;
+    ZR_TRY(zr__zero_parts(L, z->W, z->rank, &pp, &z->sum_full, &z->sum_P, &z->slot));
+    if (!(z->G = calloc(z->ng ? z->ng : 1, sizeof *z->G))) {
+        free(pp);
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
     for (size_t g = 0; g < z->ng; g++)
-        z->G[g].big = z->G[g].full > z->slot;
+        z->G[g].part = pp[g];
+    free(pp);
     /* swap regions: each group's opt range (param partition) from a 4 KiB boundary */
     if (z->off_opt || z->off_par) {
         if (!(z->soff = calloc(z->ng + 1, sizeof *z->soff)) ||
@@ -611,19 +649,17 @@ void zr_zero_attach(zr_zero *z, const zr_model *m, unsigned n_micro)
     assert(L + 4 <= 1024);
     size_t nf = zr_model_fetch_order(m, 0, fwd), nb = zr_model_fetch_order(m, 1, bwd);
     free(z->sched);
-    z->n_sched = (size_t)n_micro * (nf + nb);
-    z->sched = calloc(z->n_sched ? z->n_sched : 1, sizeof *z->sched);
-    if (!z->sched) { /* begin_step reports it */
-        z->n_sched = 0;
-        return;
+    z->sched = NULL;
+    z->n_sched = 0;
+    size_t *order, n;
+    if (zr__zero_schedule(fwd, nf, bwd, nb, n_micro, &order, &n))
+        return; /* begin_step reports it */
+    if ((z->sched = calloc(n ? n : 1, sizeof *z->sched))) {
+        z->n_sched = n;
+        for (size_t k = 0; k < n; k++)
+            z->sched[k].g = order[k];
     }
-    size_t k = 0;
-    for (unsigned i = 0; i < n_micro; i++) {
-        for (size_t j = 0; j < nf; j++)
-            z->sched[k++].g = fwd[j];
-        for (size_t j = 0; j < nb; j++)
-            z->sched[k++].g = bwd[j];
-    }
+    free(order);
 }
 
 /* ---------------------------------------------------------------- ranges */

@@ -36,11 +36,9 @@ typedef struct {
 } slot_t;
 
 typedef struct {
-    uint64_t numel, P, full, lo, n, foff, ooff;
-    int big;
     slot_t pb, gb;           /* a big group's own buffers (stage 3 params, stage 2-3 grads) */
     slot_t *plent, *glent;   /* what the model holds now */
-} dgrp;
+} dbuf;
 
 typedef struct {
     size_t g;
@@ -60,7 +58,8 @@ struct zr_zdev {
     unsigned prefetch;
     const zck_layout *L;
     size_t ng;
-    dgrp *G;
+    zr_zpart *G; /* each group's partition */
+    dbuf *B;     /* and buffers */
     uint64_t sum_full, sum_P, slot;
     float *fullp, *fullg, *ownp, *owng, *m, *v; /* device (m, v: pinned host with off_cpu) */
     float *hbuf;                                 /* pinned: staged collectives */
@@ -115,27 +114,9 @@ static void slot_free(zr_zdev *d, slot_t *s)
 static int size_groups(zr_zdev *d)
 {
     d->ng = zck_layout_n_groups(d->L);
-    if (!(d->G = calloc(d->ng ? d->ng : 1, sizeof *d->G)))
+    ZR_TRY(zr__zero_parts(d->L, d->W, d->rank, &d->G, &d->sum_full, &d->sum_P, &d->slot));
+    if (!(d->B = calloc(d->ng ? d->ng : 1, sizeof *d->B)))
         return zr_err_set(ZR_ENOMEM, "out of memory");
-    for (size_t g = 0; g < d->ng; g++) {
-        dgrp *p = &d->G[g];
-        p->numel = zck_layout_group_numel(d->L, g);
-        uint64_t s0, c0;
-        zck_partition(p->numel, (uint32_t)d->W, 0, ZR_ZERO_ALIGN, &s0, &c0);
-        p->P = c0 ? c0 : ZR_ZERO_ALIGN;
-        p->full = (uint64_t)d->W * p->P;
-        zck_partition(p->numel, (uint32_t)d->W, (uint32_t)d->rank, ZR_ZERO_ALIGN, &p->lo,
-                      &p->n);
-        p->foff = d->sum_full;
-        p->ooff = d->sum_P;
-        d->sum_full += p->full;
-        d->sum_P += p->P;
-    }
-    for (size_t g = d->ng > 2 ? 2 : 0; g < d->ng; g++) /* as zero.c: embeddings apart */
-        if (d->G[g].full > d->slot)
-            d->slot = d->G[g].full;
-    for (size_t g = 0; g < d->ng; g++)
-        d->G[g].big = d->G[g].full > d->slot;
     return 0;
 }
 
@@ -227,9 +208,9 @@ int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts
         for (size_t g = 0; g < d->ng && !rc; g++) {
             if (!d->G[g].big)
                 continue;
-            rc = slot_init(d, &d->G[g].gb, d->G[g].full);
+            rc = slot_init(d, &d->B[g].gb, d->G[g].full);
             if (!rc && s == 3)
-                rc = slot_init(d, &d->G[g].pb, d->G[g].full);
+                rc = slot_init(d, &d->B[g].pb, d->G[g].full);
         }
     }
     /* pinned staging: chunks for copies; whole groups for staged collectives */
@@ -277,9 +258,9 @@ void zd_free(zr_zdev *d)
         slot_free(d, &d->gs[i]);
     for (size_t i = 0; d->ps && i < d->nps; i++)
         slot_free(d, &d->ps[i]);
-    for (size_t g = 0; d->G && g < d->ng; g++) {
-        slot_free(d, &d->G[g].gb);
-        slot_free(d, &d->G[g].pb);
+    for (size_t g = 0; d->B && g < d->ng; g++) {
+        slot_free(d, &d->B[g].gb);
+        slot_free(d, &d->B[g].pb);
     }
     ops->host_free(d->xbuf);
     ops->host_free(d->hbuf);
@@ -298,6 +279,7 @@ void zd_free(zr_zdev *d)
     free(d->pfree);
     free(d->sched);
     free(d->G);
+    free(d->B);
     zck_swap_close(d->osw, 1); /* scratch: removed */
     free(d->soff);
     free(d);
@@ -347,7 +329,7 @@ uint64_t zd_part_floats(const zr_zdev *d)
  * device memory, or pinned host memory for the moments with the optimizer offloaded. */
 static float *state_ptr(zr_zdev *d, size_t g, int s)
 {
-    const dgrp *p = &d->G[g];
+    const zr_zpart *p = &d->G[g];
     int st = d->stage;
     switch (s) {
     case 0:
@@ -463,15 +445,15 @@ static void reset_buffers(zr_zdev *d)
     for (size_t i = 0; i < d->ngs; i++)
         d->gfree[d->ngf++] = &d->gs[i];
     for (size_t g = 0; g < d->ng; g++) {
-        d->G[g].pb.busy = d->G[g].gb.busy = 0;
-        d->G[g].plent = d->G[g].glent = NULL;
+        d->B[g].pb.busy = d->B[g].gb.busy = 0;
+        d->B[g].plent = d->B[g].glent = NULL;
     }
 }
 
 /* Gather group g's parameters into s: after the buffer's last readers (freed), marked ready. */
 static int gather_into(zr_zdev *d, size_t g, slot_t *s)
 {
-    const dgrp *p = &d->G[g];
+    const zr_zpart *p = &d->G[g];
     if (d->dc)
         ZR_TRY(d->ops->stream_wait(d->cs, s->freed));
     ZR_TRY(c_all_gather(d, d->ownp + p->ooff, s->buf, p->P));
@@ -483,12 +465,12 @@ static int issue_more(zr_zdev *d, size_t upto)
 {
     while (d->issued < d->n_sched && d->issued <= upto) {
         dentry *e = &d->sched[d->issued];
-        dgrp *p = &d->G[e->g];
+        dbuf *b = &d->B[e->g];
         slot_t *s;
-        if (p->big) {
-            if (p->pb.busy)
+        if (d->G[e->g].big) {
+            if (b->pb.busy)
                 break;
-            s = &p->pb;
+            s = &b->pb;
             s->busy = 1;
         } else {
             if (!d->npf)
@@ -519,7 +501,7 @@ static int hook_params(void *ctx, size_t g, const float **out)
     slot_t *s = d->sched[c].s;
     if (d->dc)
         ZR_TRY(d->ops->stream_wait(d->ms, s->ready));
-    d->G[g].plent = s;
+    d->B[g].plent = s;
     d->cursor++;
     *out = s->buf;
     return 0;
@@ -528,15 +510,15 @@ static int hook_params(void *ctx, size_t g, const float **out)
 static void hook_params_done(void *ctx, size_t g)
 {
     zr_zdev *d = ctx;
-    dgrp *p = &d->G[g];
-    if (d->stage < 3 || !p->plent)
+    dbuf *b = &d->B[g];
+    if (d->stage < 3 || !b->plent)
         return;
-    slot_t *s = p->plent;
-    p->plent = NULL;
+    slot_t *s = b->plent;
+    b->plent = NULL;
     /* an error here resurfaces at the next fetch (the model's reads stay ordered) */
     if (d->ops->event_record(s->freed, d->ms))
         return;
-    if (p->big)
+    if (d->G[g].big)
         s->busy = 0;
     else
         d->pfree[d->npf++] = s;
@@ -546,17 +528,18 @@ static void hook_params_done(void *ctx, size_t g)
 static int hook_grads(void *ctx, size_t g, float **out)
 {
     zr_zdev *d = ctx;
-    dgrp *p = &d->G[g];
+    const zr_zpart *p = &d->G[g];
+    dbuf *b = &d->B[g];
     if (d->stage < 2) {
         *out = d->fullg + p->foff;
         return 0;
     }
     slot_t *s;
     if (p->big) {
-        if (p->gb.busy)
+        if (b->gb.busy)
             return zr_err_set(ZR_ERROR, "ZeRO-%d: group %zu's gradient buffer is still lent",
                               d->stage, g);
-        s = &p->gb;
+        s = &b->gb;
         s->busy = 1;
     } else {
         if (!d->ngf)
@@ -567,7 +550,7 @@ static int hook_grads(void *ctx, size_t g, float **out)
     /* the buffer's last reduction done before it is zeroed for this group */
     ZR_TRY(d->ops->stream_wait(d->ms, s->freed));
     ZR_TRY(d->ops->memset(s->buf, 0, (size_t)p->full * sizeof(float), d->ms));
-    p->glent = s;
+    b->glent = s;
     *out = s->buf;
     return 0;
 }
@@ -575,11 +558,12 @@ static int hook_grads(void *ctx, size_t g, float **out)
 static int hook_grads_done(void *ctx, size_t g)
 {
     zr_zdev *d = ctx;
-    dgrp *p = &d->G[g];
+    const zr_zpart *p = &d->G[g];
+    dbuf *b = &d->B[g];
     if (d->stage < 2)
         return 0;
-    slot_t *s = p->glent;
-    p->glent = NULL;
+    slot_t *s = b->glent;
+    b->glent = NULL;
     if (!s)
         return zr_err_set(ZR_ERROR, "ZeRO-%d: group %zu's gradient was not lent", d->stage, g);
     /* reduce-scatter in place, then this rank's part added into its gradient partition (the
@@ -616,20 +600,18 @@ int zd_attach(zr_zdev *d, zr_dev_model *m, unsigned n_micro)
     size_t *bwd = fwd + L + 4;
     size_t nf = d->ops->model_fetch_order(m, 0, fwd), nb = d->ops->model_fetch_order(m, 1, bwd);
     free(d->sched);
-    d->n_sched = (size_t)n_micro * (nf + nb);
-    d->sched = calloc(d->n_sched ? d->n_sched : 1, sizeof *d->sched);
-    if (!d->sched) {
-        free(fwd);
+    d->sched = NULL;
+    size_t *order;
+    int rc = zr__zero_schedule(fwd, nf, bwd, nb, n_micro, &order, &d->n_sched);
+    free(fwd);
+    ZR_TRY(rc);
+    if (!(d->sched = calloc(d->n_sched ? d->n_sched : 1, sizeof *d->sched))) {
+        free(order);
         return zr_err_set(ZR_ENOMEM, "out of memory");
     }
-    size_t k = 0;
-    for (unsigned i = 0; i < n_micro; i++) {
-        for (size_t j = 0; j < nf; j++)
-            d->sched[k++].g = fwd[j];
-        for (size_t j = 0; j < nb; j++)
-            d->sched[k++].g = bwd[j];
-    }
-    free(fwd);
+    for (size_t k = 0; k < d->n_sched; k++)
+        d->sched[k].g = order[k];
+    free(order);
     return 0;
 }
 

@@ -20,6 +20,22 @@
 #include "device.h"
 #include "zero.h"
 
+/* The arithmetic both engines share (zero.c). A group's partition: numel, P (elements per
+ * rank), full = W P, this rank's [lo, lo+n), offsets in the full and the own arenas, and big
+ * (larger than an ordinary buffer, which holds the largest group past the embeddings). */
+typedef struct {
+    uint64_t numel, P, full, lo, n, foff, ooff;
+    int big;
+} zr_zpart;
+/* The groups of L cut for rank of W into *out (ng of them, caller frees), with the sums of
+ * full and P and the ordinary buffer size. */
+int zr__zero_parts(const zck_layout *L, int W, int rank, zr_zpart **out, uint64_t *sum_full,
+                   uint64_t *sum_P, uint64_t *slot);
+/* The stage-3 schedule: n_micro times the forward then the backward fetch order, as group
+ * indices into *out (*n of them, caller frees). */
+int zr__zero_schedule(const size_t *fwd, size_t nf, const size_t *bwd, size_t nb,
+                      unsigned n_micro, size_t **out, size_t *n);
+
 typedef struct zr_zdev zr_zdev;
 
 int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts *o,

@@ -1,6 +1,9 @@
 /*
  * ckutil.c: shared helpers of the ckpt tests (see ckutil.h).
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include "ckutil.h"
 #include "zck_int.h"
 
@@ -197,6 +200,21 @@ int zck__read_small_for_tests(char **out, const char *path)
 }
 
 int zck__mkdir_for_tests(const char *path) { return zck__mkdir(path); }
+
+int zt_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ZT_CHECK(fd >= 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ZT_CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    ZT_CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
 
 const char *zt_zrun_path(void)
 {

@@ -32,6 +32,8 @@ int zck__read_small_for_tests(char **out, const char *path);
 int zck__mkdir_for_tests(const char *path);
 
 /* The zrun binary (ZT_ZRUN, set by make test); skips the test when unset. */
+/* A TCP port free on 127.0.0.1 now (for ranks that rendezvous over TCP). */
+int zt_free_port(void);
 const char *zt_zrun_path(void);
 /* A whole small file (the test fails when it cannot be read); caller frees. */
 char *zt_slurp(const char *path);

@@ -15,6 +15,7 @@
  * (SIGTERM, then SIGKILL after the grace), exit codes, an exec failure, signal forwarding and
  * restored handlers; and the test binary itself launched as real communicator ranks.
  */
+#include "ckutil.h"
 #include "comm.h"
 #include "harness.h"
 #include "zr.h"
@@ -126,21 +127,6 @@ static void clear_env(void)
 
 typedef void (*rank_fn)(zr_comm *c, int r, int W, void *ctx);
 
-/* A TCP port free on this machine now (the tcp backend's tests listen on it). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ZT_CHECK(fd >= 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    ZT_CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
-    ZT_CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
 
 static int use_tcp; /* run_world over the tcp backend (ZR_COMM_TCP) instead of shm */
 
@@ -149,7 +135,7 @@ static int use_tcp; /* run_world over the tcp backend (ZR_COMM_TCP) instead of s
 static void run_world(int W, size_t seg, rank_fn fn, void *ctx)
 {
     char *name = NULL, master[64];
-    snprintf(master, sizeof master, "127.0.0.1:%d", use_tcp ? free_port() : 0);
+    snprintf(master, sizeof master, "127.0.0.1:%d", use_tcp ? zt_free_port() : 0);
     if (W > 1 && !use_tcp)
         ZT_OK(zr_comm_shm_create(&name, W, seg));
     pid_t pids[MAXW + 1];
@@ -432,7 +418,7 @@ ZT_TEST(comm_tcp_dead_peer_and_rendezvous_errors)
 {
     use_tcp = 1;
     char master[64];
-    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    snprintf(master, sizeof master, "127.0.0.1:%d", zt_free_port());
     /* a rank that exits: rank 0 (the hub) names it, and tells rank 1 why */
     pid_t pids[3];
     fflush(NULL);
@@ -453,7 +439,7 @@ ZT_TEST(comm_tcp_dead_peer_and_rendezvous_errors)
     /* nobody listening, nobody connecting, a malformed address: errors within the timeout */
     zr_comm *c;
     setenv("ZR_COMM_TCP_TIMEOUT", "1", 1);
-    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    snprintf(master, sizeof master, "127.0.0.1:%d", zt_free_port());
     setenv("ZR_COMM_TCP", master, 1);
     set_rank_env(NULL, 1, 2);
     double t0 = now_s();

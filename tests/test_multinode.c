@@ -21,20 +21,6 @@
 #define SMALL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
 #define COMMON "--model " SMALL " --seq 32 --batch 8 --micro-batch 2 --threads 1 "
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ZT_CHECK(fd >= 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    ZT_CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
-    ZT_CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
 
 /* zrun args > log 2>&1 in the background, with extra environment assignments (or "") */
 static pid_t spawn_zrun(const char *env, const char *args, const char *log)
@@ -70,7 +56,7 @@ ZT_TEST(multinode_two_nodes_match_one)
 {
     zt_zrun_ok(COMMON "--steps 8 --zero 2 --nproc 4 --ckpt-dir one", "one.log");
     char args[1024], master[64];
-    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    snprintf(master, sizeof master, "127.0.0.1:%d", zt_free_port());
     pid_t p[2];
     for (int k = 1; k >= 0; k--) { /* node 1 first: it waits for node 0's rank 0 */
         snprintf(args, sizeof args, COMMON "--steps 8 --zero 2 --nproc 2 --nnodes 2 "
@@ -96,7 +82,7 @@ ZT_TEST(multinode_under_mpirun_and_srun)
         "MASTER_ADDR=127.0.0.1 MASTER_PORT=%d",
         "SLURM_PROCID=%d SLURM_NTASKS=2 SLURM_LOCALID=%d MASTER_ADDR=localhost MASTER_PORT=%d"};
     for (int m = 0; m < 2; m++) {
-        int port = free_port();
+        int port = zt_free_port();
         pid_t p[2];
         char env[256], dir[16], args[512], log[32];
         snprintf(dir, sizeof dir, "mpi%d", m);
@@ -145,7 +131,7 @@ static int children(pid_t p, pid_t *out, int cap)
 ZT_TEST(multinode_rank_killed_on_one_node_stops_the_other)
 {
     char args[1024], master[64];
-    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    snprintf(master, sizeof master, "127.0.0.1:%d", zt_free_port());
     pid_t p[2];
     for (int k = 1; k >= 0; k--) {
         snprintf(args, sizeof args, COMMON "--steps 100000 --save-every 5 --zero 1 --nproc 2 "
@@ -231,7 +217,7 @@ ZT_TEST(multinode_device_path_on_hostsim)
 {
     zt_zrun_ok(COMMON "--steps 6 --zero 3 --nproc 2 --ckpt-dir ref", "ref.log");
     char args[1024], master[64];
-    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    snprintf(master, sizeof master, "127.0.0.1:%d", zt_free_port());
     pid_t p[2];
     for (int k = 1; k >= 0; k--) {
         snprintf(args, sizeof args, COMMON "--steps 6 --zero 3 --nproc 1 --nnodes 2 "
