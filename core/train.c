@@ -911,12 +911,19 @@ int zr_train_dry_run(const zr_train_opts *o, int world, FILE *f)
     uint64_t numel = 0;
     for (size_t g = 0; g < zck_layout_n_groups(L); g++)
         numel += zck_layout_group_numel(L, g);
-    uint64_t acts = zr_model_activation_bytes(&cfg, mb, T);
+    /* on a GPU: the device model's activations (bf16 copies, the T x T attention) */
+    const zr_device_ops *ops = NULL;
+    if (o->device == ZR_DEVICE_CUDA ||
+        (o->device == ZR_DEVICE_AUTO && zr_device_cuda_available()))
+        ZR_TRY_GOTO(zr_device_open(&ops), rc, out);
+    uint64_t acts = ops ? ops->activation_bytes(&cfg, mb, T)
+                        : zr_model_activation_bytes(&cfg, mb, T);
     double mib = 1.0 / (1 << 20);
     static const double per_param[4][2] = {{16, 0}, {8, 8}, {4, 12}, {0, 16}};
     fprintf(f, "dry run: GPT-2 %u layers, %llu parameters, ZeRO stage %d, world %d, "
-               "micro-batch %u x %u tokens per rank%s%s\n", cfg.layers,
+               "micro-batch %u x %u tokens per rank, on %s%s%s\n", cfg.layers,
             (unsigned long long)numel, o->zero_stage, world, mb, T,
+            ops ? "the GPU (device memory; activations in bf16 and fp32)" : "the CPU",
             from ? "; resuming from " : "", from ? from : "");
     fprintf(f, "expected bytes per rank (MiB): formula %g + %g/W bytes per parameter for "
                "params, grads and AdamW states\n", per_param[o->zero_stage][0],
