@@ -741,6 +741,19 @@ int zr_comm_barrier(zr_comm *c)
     return check_descs(c, half, op);
 }
 
+int zr_comm_check(zr_comm *c)
+{
+    if (c->world == 1)
+        return 0;
+    if (c->tcp)
+        return ztcp_check(c->tcp);
+    if (c->dead)
+        return zr_err_set(c->dead_code, "communicator unusable after an earlier error: %s",
+                          c->dead_msg);
+    ZR_TRY(check_abort(c, "check"));
+    return check_peers(c, "check");
+}
+
 /* ---------------------------------------------------------------- open and close */
 
 int zr_comm_rank(const zr_comm *c) { return c->rank; }

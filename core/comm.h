@@ -69,6 +69,10 @@ int zr_comm_broadcast(zr_comm *c, void *buf, size_t bytes, int root);
 /* Small records: recv[q bytes, (q+1) bytes) at root = send of rank q (recv used at root only). */
 int zr_comm_gather(zr_comm *c, const void *send, void *recv, size_t bytes, int root);
 int zr_comm_barrier(zr_comm *c);
+/* Without waiting: ZR_EIO (the communicator then dead, as after a failed call) when a peer is
+ * known to be gone (shm: the launcher's abort record, a dead process; tcp: a closed
+ * connection), else 0. For callers blocked elsewhere (a device communicator's wait). */
+int zr_comm_check(zr_comm *c);
 
 /*
  * For the launcher (zr_launch) and tests that start ranks themselves: create a fresh segment

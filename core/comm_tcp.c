@@ -318,6 +318,29 @@ int ztcp_gather(zr_tcp *t, const void *send, void *recv, size_t bytes, int root)
 
 int ztcp_barrier(zr_tcp *t) { return begin(t, T_BARRIER, 0, 0, 0); }
 
+int ztcp_check(zr_tcp *t)
+{
+    if (t->dead)
+        return zr_err_set(t->dead_code, "communicator unusable after an earlier error: %s",
+                          t->dead_msg);
+    for (int q = 0; q < (t->rank == 0 ? t->world : 1); q++) {
+        if (t->fd[q] < 0)
+            continue;
+        struct pollfd p = {t->fd[q], POLLIN, 0};
+        char c;
+        if (poll(&p, 1, 0) == 1 &&
+            ((p.revents & (POLLHUP | POLLERR)) ||
+             recv(t->fd[q], &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0)) {
+            if (t->rank == 0)
+                return die(t, ZR_EIO, "tcp: rank %d is gone (closed the connection): its "
+                           "process exited or its node stopped it", q);
+            return die(t, ZR_EIO, "tcp: lost rank 0, the hub (closed the connection): the job "
+                       "stopped there, or its node failed");
+        }
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- connections */
 
 static void nodelay(int fd)

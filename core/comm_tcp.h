@@ -26,5 +26,7 @@ int ztcp_all_gather(zr_tcp *t, const void *send, void *recv, size_t bytes);
 int ztcp_broadcast(zr_tcp *t, void *buf, size_t bytes, int root);
 int ztcp_gather(zr_tcp *t, const void *send, void *recv, size_t bytes, int root);
 int ztcp_barrier(zr_tcp *t);
+/* Without waiting: ZR_EIO when a connection was closed (zr_comm_check). */
+int ztcp_check(zr_tcp *t);
 
 #endif

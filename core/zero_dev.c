@@ -22,6 +22,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define GRAD_SLOTS 3
 #define CH_FLOATS ((size_t)1 << 20) /* staging chunk: 4 MiB (with NVMe: --aio-block-size) */
@@ -636,6 +637,30 @@ int zd_begin_step(zr_zdev *d)
     return 0;
 }
 
+/* comm_wait's check: the host communicator's news of a dead peer, every 50 ms at most (a
+ * peer lost inside an NCCL call would otherwise leave this rank waiting for its launcher) */
+typedef struct {
+    zr_comm *comm;
+    struct timespec next;
+} peer_check;
+
+static int check_peers(void *ctx)
+{
+    peer_check *k = ctx;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec < k->next.tv_sec ||
+        (now.tv_sec == k->next.tv_sec && now.tv_nsec < k->next.tv_nsec))
+        return 0;
+    k->next = now;
+    k->next.tv_nsec += 50 * 1000 * 1000;
+    if (k->next.tv_nsec >= 1000000000L) {
+        k->next.tv_sec++;
+        k->next.tv_nsec -= 1000000000L;
+    }
+    return zr_comm_check(k->comm);
+}
+
 int zd_reduce(zr_zdev *d)
 {
     if (d->stage == 0)
@@ -643,8 +668,10 @@ int zd_reduce(zr_zdev *d)
     else if (d->stage == 1)
         for (size_t g = 0; g < d->ng; g++)
             ZR_TRY(c_reduce_scatter(d, d->fullg + d->G[g].foff, d->G[g].P));
-    if (d->dc) /* every reduction done (a failed or aborted NCCL call surfaces here) */
-        ZR_TRY(d->ops->comm_wait(d->dc, NULL, NULL));
+    if (d->dc) { /* every reduction done (a failed or aborted NCCL call surfaces here) */
+        peer_check k = {d->comm, {0, 0}};
+        ZR_TRY(d->ops->comm_wait(d->dc, check_peers, &k));
+    }
     return model_after_comm(d);
 }
 

@@ -455,6 +455,34 @@ ZT_TEST(comm_tcp_dead_peer_and_rendezvous_errors)
     clear_env();
 }
 
+/* zr_comm_check: nothing on a healthy world; a peer gone is noticed without a collective */
+static void check_rank(zr_comm *c, int r, int W, void *ctx)
+{
+    (void)W;
+    (void)ctx;
+    ZT_OK(zr_comm_check(c));
+    ZT_OK(zr_comm_barrier(c));
+    ZT_OK(zr_comm_check(c));
+    if (r == 1)
+        _exit(0); /* gone, between calls */
+    double t0 = now_s();
+    while (zr_comm_check(c) == 0) {
+        if (now_s() - t0 > 3.0)
+            ZT_FAIL("rank %d: the dead peer went unnoticed for 3 s", r);
+        sleep_ms(20);
+    }
+    ZT_CHECK_EQ(zr_err_code(), ZR_EIO);
+    ZT_CHECK(strstr(zr_err_msg(), use_tcp ? "rank 1 is gone" : "rank 1 (pid") != NULL);
+    ZT_ERR(zr_comm_barrier(c), ZR_EIO, "unusable after an earlier error");
+}
+
+ZT_TEST(comm_check_notices_a_dead_peer)
+{
+    for (use_tcp = 0; use_tcp < 2; use_tcp++)
+        run_world(2, SEG, check_rank, NULL);
+    use_tcp = 0;
+}
+
 /* ---------------------------------------------------------------- argument and env errors */
 
 ZT_TEST(comm_world_of_one_and_env_errors)
