@@ -813,9 +813,6 @@ static int open_device(run *r)
             return 0; /* the CPU engine */
     }
     ZR_TRY(agree(r, lrc));
-    if (o->offload_params == ZR_OFFLOAD_CPU)
-        return zr_err_set(ZR_EUNSUPPORTED, "--offload-params cpu: parameters in host memory "
-                          "are not implemented on the GPU yet (--device cpu keeps them there)");
     r->dev = ops;
     int local = r->rank, idx = 0, count = 1;
     const char *lr = getenv("ZR_LOCAL_RANK");
@@ -999,6 +996,8 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
         zo.swap_dir = r.swap_dir;
         if (r.dev && o->offload_optimizer == ZR_OFFLOAD_CPU)
             zo.offload_optimizer = 2; /* pinned host memory, AdamW on the CPU */
+        if (r.dev && o->offload_params == ZR_OFFLOAD_CPU)
+            zo.offload_params = 2; /* stage-3 partitions in pinned host memory */
         lrc = r.dev ? zr_zero_new_device(&r.zero, r.comm, r.L, &zo, r.dev, r.dcomm)
                     : zr_zero_new(&r.zero, r.comm, r.L, &zo);
     }

@@ -53,6 +53,7 @@ struct zr_zdev {
     zr_dev_stream *ms, *cs, *xs;
     zr_dev_event *e_m, *e_c, *e_x[2];
     int rank, W, stage, off_cpu, off_nvme;
+    int off_par;            /* stage 3: the parameter partitions in pinned host memory */
     zck_swap *osw;          /* off_nvme: exp_avg region, then exp_avg_sq region */
     uint64_t *soff, oreg;   /* per group: float offset of its opt range in a region */
     size_t ch;              /* floats per staging chunk */
@@ -127,9 +128,14 @@ int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts
     *out = NULL;
     if (o->stage < 0 || o->stage > 3)
         return zr_err_set(ZR_EINVAL, "ZeRO stage %d: expected 0..3", o->stage);
-    if (o->offload_params)
+    if (o->offload_params == 1)
         return zr_err_set(ZR_EUNSUPPORTED, "--offload-params nvme is not implemented on the GPU "
-                          "yet (it is on --device cpu)");
+                          "yet (--offload-params cpu is; nvme is on --device cpu)");
+    if (o->offload_params == 2 && o->stage != 3)
+        return zr_err_set(ZR_EINVAL, "--offload-params needs --zero 3");
+    if (o->offload_params == 2 && !o->offload_optimizer)
+        return zr_err_set(ZR_EINVAL, "--offload-params cpu on the GPU needs --offload-optimizer "
+                          "cpu or nvme (AdamW runs on the CPU, where the parameters live)");
     if (o->offload_optimizer == 1 && (!o->swap_dir || !o->swap_dir[0]))
         return zr_err_set(ZR_EINVAL, "offload to nvme needs --nvme-path DIR");
     if (o->offload_optimizer == 1 && (o->aio_block < 4096 || o->aio_block % 4096 ||
@@ -148,6 +154,7 @@ int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts
     d->prefetch = o->stage == 3 ? o->prefetch : 0;
     d->off_cpu = o->offload_optimizer == 2;
     d->off_nvme = o->offload_optimizer == 1;
+    d->off_par = o->offload_params == 2;
     d->ch = d->off_nvme ? o->aio_block / sizeof(float) : CH_FLOATS;
     d->L = L;
     int rc = size_groups(d);
@@ -176,8 +183,9 @@ int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts
     /* the states */
     int s = d->stage;
     if (!rc)
-        rc = s < 3 ? dev_alloc(d, &d->fullp, d->sum_full, &d->b_params)
-                   : dev_alloc(d, &d->ownp, d->sum_P, &d->b_params);
+        rc = s < 3     ? dev_alloc(d, &d->fullp, d->sum_full, &d->b_params)
+             : d->off_par ? host_alloc(d, &d->ownp, d->sum_P)
+                        : dev_alloc(d, &d->ownp, d->sum_P, &d->b_params);
     if (!rc)
         rc = s < 2 ? dev_alloc(d, &d->fullg, d->sum_full, &d->b_grads)
                    : dev_alloc(d, &d->owng, d->sum_P, &d->b_grads);
@@ -246,7 +254,10 @@ void zd_free(zr_zdev *d)
         ops->stream_sync(d->xs);
     ops->free(d->fullp);
     ops->free(d->fullg);
-    ops->free(d->ownp);
+    if (d->off_par)
+        ops->host_free(d->ownp);
+    else
+        ops->free(d->ownp);
     ops->free(d->owng);
     if (d->off_cpu) {
         ops->host_free(d->m);
@@ -346,7 +357,11 @@ static float *state_ptr(zr_zdev *d, size_t g, int s)
     }
 }
 
-static int on_host(const zr_zdev *d, int s) { return d->off_cpu && (s == 1 || s == 2); }
+/* State s (0 param, 1 exp_avg, 2 exp_avg_sq) in pinned host memory, not on the device. */
+static int on_host(const zr_zdev *d, int s)
+{
+    return s == 0 ? d->off_par : d->off_cpu && (s == 1 || s == 2);
+}
 
 /* A moment offloaded to NVMe: state s (1 or 2) of group g, whose opt range starts at this
  * float offset of the swap file. */
@@ -436,6 +451,23 @@ static int c_all_gather(zr_zdev *d, const float *send, float *recv, uint64_t P)
     return h2d(d, recv, d->hbuf, (uint64_t)d->W * P);
 }
 
+/* recv[W P] = every rank's partition, this rank's from pinned host memory: uploaded into its
+ * place of recv (on the comm stream with NCCL), then gathered in place */
+static int gather_host_part(zr_zdev *d, const float *part, float *recv, uint64_t P)
+{
+    float *mine = recv + (size_t)d->rank * P;
+    ZR_TRY(after_model(d));
+    if (d->dc || d->W == 1) {
+        ZR_TRY(d->ops->memcpy(mine, part, (size_t)P * sizeof(float), ZR_DEV_H2D,
+                              d->dc ? d->cs : NULL));
+        return d->W == 1 ? 0 : d->ops->all_gather(d->dc, mine, recv, (size_t)P, sizeof(float));
+    }
+    float *hm = d->hbuf + (size_t)d->rank * P;
+    memcpy(hm, part, (size_t)P * sizeof(float));
+    ZR_TRY(zr_comm_all_gather(d->comm, hm, d->hbuf, (size_t)P, sizeof(float)));
+    return h2d(d, recv, d->hbuf, (uint64_t)d->W * P);
+}
+
 /* ---------------------------------------------------------------- hooks */
 
 static void reset_buffers(zr_zdev *d)
@@ -457,7 +489,10 @@ static int gather_into(zr_zdev *d, size_t g, slot_t *s)
     const zr_zpart *p = &d->G[g];
     if (d->dc)
         ZR_TRY(d->ops->stream_wait(d->cs, s->freed));
-    ZR_TRY(c_all_gather(d, d->ownp + p->ooff, s->buf, p->P));
+    if (d->off_par)
+        ZR_TRY(gather_host_part(d, d->ownp + p->ooff, s->buf, p->P));
+    else
+        ZR_TRY(c_all_gather(d, d->ownp + p->ooff, s->buf, p->P));
     return d->ops->event_record(s->ready, d->dc ? d->cs : d->ms);
 }
 
@@ -798,8 +833,9 @@ static int adamw_offloaded(zr_zdev *d, uint64_t t, float lr, float clip, const z
     for (size_t k = 0; k <= nc && !rc; k++) {
         if (k < nc) { /* set k%2 was last used by chunk k-2, whose upload xs ordered before */
             const ck *e = &c[k];
-            rc = ops->memcpy(BUF(k, 0), state_ptr(d, e->g, 0) + e->off, e->cnt * sizeof(float),
-                             ZR_DEV_D2H, d->xs);
+            if (!on_host(d, 0))
+                rc = ops->memcpy(BUF(k, 0), state_ptr(d, e->g, 0) + e->off,
+                                 e->cnt * sizeof(float), ZR_DEV_D2H, d->xs);
             if (!rc)
                 rc = ops->memcpy(BUF(k, 1), state_ptr(d, e->g, 3) + e->off,
                                  e->cnt * sizeof(float), ZR_DEV_D2H, d->xs);
@@ -821,11 +857,12 @@ static int adamw_offloaded(zr_zdev *d, uint64_t t, float lr, float clip, const z
             break;
         uint64_t lo, n;
         zd_opt_range(d, e->g, &lo, &n);
-        adam_ctx a = {BUF(j, 0), BUF(j, 1),
+        float *par = on_host(d, 0) ? state_ptr(d, e->g, 0) + e->off : BUF(j, 0);
+        adam_ctx a = {par, BUF(j, 1),
                       d->osw ? BUF(j, 2) : state_ptr(d, e->g, 1) + e->off,
                       d->osw ? BUF(j, 3) : state_ptr(d, e->g, 2) + e->off, t, lr, clip, hp};
         rc = for_tensors(d, e->g, lo + e->off, e->cnt, adam_host, &a);
-        if (!rc)
+        if (!rc && !on_host(d, 0))
             rc = ops->memcpy(state_ptr(d, e->g, 0) + e->off, BUF(j, 0),
                              e->cnt * sizeof(float), ZR_DEV_H2D, d->xs);
         for (int s = 1; s <= 2 && !rc && d->osw; s++)
@@ -928,6 +965,11 @@ int zd_init_params(zr_zdev *d, zr_zero_fill_fn fill, void *ctx)
         if (d->stage == 3)
             zd_opt_range(d, g, &lo, &n);
         float *dst = d->stage < 3 ? d->fullp + d->G[g].foff : d->ownp + d->G[g].ooff;
+        if (on_host(d, 0)) {
+            if (n)
+                fill(ctx, g, lo, n, dst);
+            continue;
+        }
         fill_ctx f = {fill, ctx, g, lo};
         ZR_TRY(upload(d, dst, n, produce_fill, &f));
     }
