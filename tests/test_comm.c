@@ -463,6 +463,7 @@ static void check_rank(zr_comm *c, int r, int W, void *ctx)
     ZT_OK(zr_comm_check(c));
     ZT_OK(zr_comm_barrier(c));
     ZT_OK(zr_comm_check(c));
+    ZT_OK(zr_comm_barrier(c)); /* rank 1 leaves only after rank 0's checks */
     if (r == 1)
         _exit(0); /* gone, between calls */
     double t0 = now_s();
