@@ -762,8 +762,25 @@ static void swap_dir_release(run *r)
     free(r->swap_dir);
 }
 
-static void free_run(run *r)
+static int fail_now(void *ctx)
 {
+    (void)ctx;
+    return ZR_ECOMM;
+}
+
+/* failed: a collective may still be in flight on the device communicator: abort it first
+ * (comm_wait aborts when its check fails while work is pending), so that freeing the model
+ * and the buffers, which drains their streams, cannot wait for a peer that is gone */
+static void free_run(run *r, int failed)
+{
+    if (failed && r->dcomm) {
+        int keep = zr_err_code();
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", zr_err_msg());
+        r->dev->comm_wait(r->dcomm, fail_now, NULL);
+        if (keep)
+            zr_err_set(keep, "%s", msg); /* the run's error, not the abort's */
+    }
     zr_saver_free(r->saver); /* a write still running is joined, never committed */
     free(r->pend.staging);
     free(r->pend.train);
@@ -787,7 +804,8 @@ static void free_run(run *r)
 /* The device (o->device): cpu; cuda, which every rank must be able to use; or auto: cuda
  * when every rank can, else cpu. Then this rank's GPU (ZR_LOCAL_RANK, else the rank, modulo
  * the GPUs: ranks beyond the GPUs share them) and, with several ranks, the device
- * communicator: NCCL when every rank has a GPU of its own (its unique id from rank 0 through
+ * communicator: NCCL when every rank has a GPU of its own (no two ranks of a host on one device
+ * index of the same CUDA_VISIBLE_DEVICES; its unique id from rank 0 through
  * the shm rendezvous), else none (collectives staged through host memory over shm).
  * ZR_DEVICE_COMM=nccl or shm overrides the choice. */
 static int open_device(run *r)
@@ -826,15 +844,23 @@ static int open_device(run *r)
     if (!lrc)
         lrc = ops->info(name, sizeof name, &fb, &tb);
     ZR_TRY(agree(r, lrc));
-    /* a GPU of its own for every rank: its local rank below its node's GPU count */
+    /* a GPU of its own for every rank: no two ranks of a host on the same device (its index
+     * among the devices CUDA_VISIBLE_DEVICES shows it, which a scheduler may set per rank) */
     int nccl = r->W > 1;
     if (nccl) {
-        double mine = local < count ? 1 : 0, *all = calloc((size_t)r->W, sizeof *all);
+        enum { KEY = 160 };
+        char key[KEY], host[64] = "?", *all = calloc((size_t)r->W, KEY);
         if (!all)
             return zr_err_set(ZR_ENOMEM, "out of memory");
-        int rc = gather_f64(r, &mine, 1, all);
-        for (int q = 0; q < r->W; q++)
-            nccl &= all[q] != 0;
+        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+        gethostname(host, sizeof host - 1);
+        memset(key, 0, sizeof key);
+        snprintf(key, sizeof key, "%s|%.80s|%d", host, vis ? vis : "*", idx);
+        int rc = zr_comm_all_gather(r->comm, key, all, 1, KEY);
+        for (int q = 0; !rc && q < r->W; q++)
+            for (int p = 0; p < q; p++)
+                if (!strncmp(all + (size_t)q * KEY, all + (size_t)p * KEY, KEY))
+                    nccl = 0;
         free(all);
         if (rc)
             return rc;
@@ -1121,6 +1147,6 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
 out:
     zck_reader_free(rd);
     free(from);
-    free_run(&r);
+    free_run(&r, rc != 0);
     return rc;
 }

@@ -69,8 +69,11 @@ struct zr_zdev {
     float *xbuf;                                 /* pinned: 2 sets of 4 chunks */
     slot_t *ps, *gs;                             /* ordinary slots */
     size_t nps, ngs;
-    slot_t **pfree, **gfree;
-    size_t npf, ngf;
+    /* free buffers, oldest freed first: the next user waits the least for its `freed` */
+    struct ring {
+        slot_t **s;
+        size_t cap, head, n;
+    } pfree, gfree;
     dentry *sched;
     size_t n_sched, cursor, issued;
     uint64_t b_params, b_grads, b_opt, b_bufs, b_pinned;
@@ -206,9 +209,11 @@ int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts
         d->nps = s == 3 ? d->prefetch + 2 : 0;
         d->gs = calloc(d->ngs, sizeof *d->gs);
         d->ps = calloc(d->nps ? d->nps : 1, sizeof *d->ps);
-        d->gfree = calloc(d->ngs, sizeof *d->gfree);
-        d->pfree = calloc(d->nps ? d->nps : 1, sizeof *d->pfree);
-        if (!d->gs || !d->ps || !d->gfree || !d->pfree)
+        d->gfree.cap = d->ngs;
+        d->pfree.cap = d->nps;
+        d->gfree.s = calloc(d->ngs, sizeof *d->gfree.s);
+        d->pfree.s = calloc(d->nps ? d->nps : 1, sizeof *d->pfree.s);
+        if (!d->gs || !d->ps || !d->gfree.s || !d->pfree.s)
             rc = zr_err_set(ZR_ENOMEM, "out of memory");
         for (size_t i = 0; i < d->ngs && !rc; i++)
             rc = slot_init(d, &d->gs[i], d->slot);
@@ -246,8 +251,9 @@ void zd_free(zr_zdev *d)
     if (!d)
         return;
     const zr_device_ops *ops = d->ops;
-    if (d->ms)
-        ops->stream_sync(d->ms);
+    /* not ms: the model (freed first) drained and destroyed its stream */
+    zck_swap_close(d->osw, 1); /* scratch, removed; its transfers may use xbuf */
+    d->osw = NULL;
     if (d->cs)
         ops->stream_sync(d->cs);
     if (d->xs)
@@ -287,12 +293,11 @@ void zd_free(zr_zdev *d)
         ops->stream_free(d->xs);
     free(d->gs);
     free(d->ps);
-    free(d->gfree);
-    free(d->pfree);
+    free(d->gfree.s);
+    free(d->pfree.s);
     free(d->sched);
     free(d->G);
     free(d->B);
-    zck_swap_close(d->osw, 1); /* scratch: removed */
     free(d->soff);
     free(d);
 }
@@ -439,10 +444,10 @@ static int c_reduce_scatter(zr_zdev *d, float *buf, uint64_t P)
 static int c_all_gather(zr_zdev *d, const float *send, float *recv, uint64_t P)
 {
     float *mine = recv + (size_t)d->rank * P;
-    ZR_TRY(after_model(d));
-    if (d->W == 1)
+    if (d->W == 1) /* a copy, ordered on the model's stream */
         return send == mine ? 0 : d->ops->memcpy(mine, send, (size_t)P * sizeof(float),
-                                                 ZR_DEV_D2D, d->dc ? d->cs : NULL);
+                                                 ZR_DEV_D2D, d->ms);
+    ZR_TRY(after_model(d));
     if (d->dc)
         return d->ops->all_gather(d->dc, send, recv, (size_t)P, sizeof(float));
     float *hm = d->hbuf + (size_t)d->rank * P;
@@ -456,11 +461,12 @@ static int c_all_gather(zr_zdev *d, const float *send, float *recv, uint64_t P)
 static int gather_host_part(zr_zdev *d, const float *part, float *recv, uint64_t P)
 {
     float *mine = recv + (size_t)d->rank * P;
+    if (d->W == 1) /* an upload, ordered on the model's stream (the partition is pinned) */
+        return d->ops->memcpy(mine, part, (size_t)P * sizeof(float), ZR_DEV_H2D, d->ms);
     ZR_TRY(after_model(d));
-    if (d->dc || d->W == 1) {
-        ZR_TRY(d->ops->memcpy(mine, part, (size_t)P * sizeof(float), ZR_DEV_H2D,
-                              d->dc ? d->cs : NULL));
-        return d->W == 1 ? 0 : d->ops->all_gather(d->dc, mine, recv, (size_t)P, sizeof(float));
+    if (d->dc) {
+        ZR_TRY(d->ops->memcpy(mine, part, (size_t)P * sizeof(float), ZR_DEV_H2D, d->cs));
+        return d->ops->all_gather(d->dc, mine, recv, (size_t)P, sizeof(float));
     }
     float *hm = d->hbuf + (size_t)d->rank * P;
     memcpy(hm, part, (size_t)P * sizeof(float));
@@ -470,13 +476,25 @@ static int gather_host_part(zr_zdev *d, const float *part, float *recv, uint64_t
 
 /* ---------------------------------------------------------------- hooks */
 
+static void ring_put(struct ring *r, slot_t *s) { r->s[(r->head + r->n++) % r->cap] = s; }
+
+static slot_t *ring_take(struct ring *r)
+{
+    if (!r->n)
+        return NULL;
+    slot_t *s = r->s[r->head];
+    r->head = (r->head + 1) % r->cap;
+    r->n--;
+    return s;
+}
+
 static void reset_buffers(zr_zdev *d)
 {
-    d->npf = d->ngf = 0;
+    d->pfree.head = d->pfree.n = d->gfree.head = d->gfree.n = 0;
     for (size_t i = 0; i < d->nps; i++)
-        d->pfree[d->npf++] = &d->ps[i];
+        ring_put(&d->pfree, &d->ps[i]);
     for (size_t i = 0; i < d->ngs; i++)
-        d->gfree[d->ngf++] = &d->gs[i];
+        ring_put(&d->gfree, &d->gs[i]);
     for (size_t g = 0; g < d->ng; g++) {
         d->B[g].pb.busy = d->B[g].gb.busy = 0;
         d->B[g].plent = d->B[g].glent = NULL;
@@ -509,9 +527,8 @@ static int issue_more(zr_zdev *d, size_t upto)
             s = &b->pb;
             s->busy = 1;
         } else {
-            if (!d->npf)
+            if (!(s = ring_take(&d->pfree)))
                 break;
-            s = d->pfree[--d->npf];
         }
         e->s = s;
         ZR_TRY(gather_into(d, e->g, s));
@@ -557,7 +574,7 @@ static void hook_params_done(void *ctx, size_t g)
     if (d->G[g].big)
         s->busy = 0;
     else
-        d->pfree[d->npf++] = s;
+        ring_put(&d->pfree, s);
     issue_more(d, d->cursor + d->prefetch);
 }
 
@@ -578,10 +595,9 @@ static int hook_grads(void *ctx, size_t g, float **out)
         s = &b->gb;
         s->busy = 1;
     } else {
-        if (!d->ngf)
+        if (!(s = ring_take(&d->gfree)))
             return zr_err_set(ZR_ERROR, "ZeRO-%d: no gradient buffer free for group %zu",
                               d->stage, g);
-        s = d->gfree[--d->ngf];
     }
     /* the buffer's last reduction done before it is zeroed for this group */
     ZR_TRY(d->ops->stream_wait(d->ms, s->freed));
@@ -611,7 +627,7 @@ static int hook_grads_done(void *ctx, size_t g)
     if (p->big)
         s->busy = 0;
     else
-        d->gfree[d->ngf++] = s;
+        ring_put(&d->gfree, s);
     return 0;
 }
 

@@ -123,6 +123,17 @@ int zrc_comm_rank(const zr_dev_comm *c) { return c->rank; }
 int zrc_comm_world(const zr_dev_comm *c) { return c->world; }
 zr_dev_stream *zrc_comm_stream(zr_dev_comm *c) { return (zr_dev_stream *)c->stream; }
 
+/* An error while collectives may be in flight: abort now, so that the kernels of this
+ * communicator stop and the streams that wait for them drain (comm_free only frees). */
+static void abort_now(zr_dev_comm *c)
+{
+    c->aborted = 1;
+    if (c->comm) {
+        ncclCommAbort(c->comm);
+        c->comm = NULL;
+    }
+}
+
 static int usable(zr_dev_comm *c)
 {
     if (c->aborted)
@@ -138,19 +149,20 @@ int zrc_comm_wait(zr_dev_comm *c, int (*check)(void *ctx), void *ctx)
         if (e == cudaSuccess)
             return 0;
         if (e != cudaErrorNotReady) {
-            c->aborted = 1;
+            abort_now(c);
             return zrc_cuda_err(e, "waiting for a collective");
         }
         ncclResult_t ar = ncclSuccess;
         ncclResult_t r = ncclCommGetAsyncError(c->comm, &ar);
         if (r != ncclSuccess || (ar != ncclSuccess && ar != ncclInProgress)) {
-            c->aborted = 1;
-            return nccl_err(c, r != ncclSuccess ? r : ar, "a collective failed");
+            int rc = nccl_err(c, r != ncclSuccess ? r : ar, "a collective failed");
+            abort_now(c);
+            return rc;
         }
         if (check) {
             int rc = check(ctx);
             if (rc) {
-                c->aborted = 1;
+                abort_now(c);
                 return rc < 0 ? rc : zrc_err(ZR_ECOMM, "nccl: the job was aborted");
             }
         }
