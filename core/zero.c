@@ -621,11 +621,7 @@ int zr_zero_new_device(zr_zero **out, zr_comm *comm, const zck_layout *L,
     zr_zero *z = calloc(1, sizeof *z);
     if (!z)
         return zr_err_set(ZR_ENOMEM, "out of memory");
-    z->comm = comm;
-    z->rank = zr_comm_rank(comm);
-    z->W = zr_comm_world(comm);
-    z->stage = o->stage;
-    z->L = L;
+    z->comm = comm; /* the host's small collectives; the rest is the device engine's */
     int rc = zd_new(&z->dev, comm, L, o, ops, dc);
     if (rc) {
         free(z);
