@@ -54,7 +54,12 @@ struct zr_zdev {
     zr_dev_event *e_m, *e_c, *e_x[2];
     int rank, W, stage, off_cpu, off_nvme;
     int off_par;            /* stage 3: the parameter partitions in pinned host memory */
+    int off_par_nvme;       /* stage 3: the parameter partitions in a swap file */
     zck_swap *osw;          /* off_nvme: exp_avg region, then exp_avg_sq region */
+    zck_swap *psw;          /* off_par_nvme: the partitions, group g from float poff[g] */
+    uint64_t *poff;
+    float *gstage;          /* off_par_nvme: pinned, one partition on its way to a gather */
+    zr_dev_event *e_g;      /* its upload done */
     uint64_t *soff, oreg;   /* per group: float offset of its opt range in a region */
     size_t ch;              /* floats per staging chunk */
     unsigned prefetch;
@@ -131,18 +136,17 @@ int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts
     *out = NULL;
     if (o->stage < 0 || o->stage > 3)
         return zr_err_set(ZR_EINVAL, "ZeRO stage %d: expected 0..3", o->stage);
-    if (o->offload_params == 1)
-        return zr_err_set(ZR_EUNSUPPORTED, "--offload-params nvme is not implemented on the GPU "
-                          "yet (--offload-params cpu is; nvme is on --device cpu)");
-    if (o->offload_params == 2 && o->stage != 3)
+    if (o->offload_params && o->stage != 3)
         return zr_err_set(ZR_EINVAL, "--offload-params needs --zero 3");
-    if (o->offload_params == 2 && !o->offload_optimizer)
-        return zr_err_set(ZR_EINVAL, "--offload-params cpu on the GPU needs --offload-optimizer "
-                          "cpu or nvme (AdamW runs on the CPU, where the parameters live)");
-    if (o->offload_optimizer == 1 && (!o->swap_dir || !o->swap_dir[0]))
+    if (o->offload_params && !o->offload_optimizer)
+        return zr_err_set(ZR_EINVAL, "--offload-params %s on the GPU needs --offload-optimizer "
+                          "cpu or nvme (AdamW runs on the CPU, where the parameters live)",
+                          o->offload_params == 1 ? "nvme" : "cpu");
+    int nvme = o->offload_optimizer == 1 || o->offload_params == 1;
+    if (nvme && (!o->swap_dir || !o->swap_dir[0]))
         return zr_err_set(ZR_EINVAL, "offload to nvme needs --nvme-path DIR");
-    if (o->offload_optimizer == 1 && (o->aio_block < 4096 || o->aio_block % 4096 ||
-                                      o->aio_block > ((size_t)256 << 20)))
+    if (nvme && (o->aio_block < 4096 || o->aio_block % 4096 ||
+                 o->aio_block > ((size_t)256 << 20)))
         return zr_err_set(ZR_EINVAL, "--aio-block-size %zu: expected a multiple of 4096 up to "
                           "256 MiB", o->aio_block);
     zr_zdev *d = calloc(1, sizeof *d);
@@ -158,7 +162,8 @@ int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts
     d->off_cpu = o->offload_optimizer == 2;
     d->off_nvme = o->offload_optimizer == 1;
     d->off_par = o->offload_params == 2;
-    d->ch = d->off_nvme ? o->aio_block / sizeof(float) : CH_FLOATS;
+    d->off_par_nvme = o->offload_params == 1;
+    d->ch = nvme ? o->aio_block / sizeof(float) : CH_FLOATS;
     d->L = L;
     int rc = size_groups(d);
     if (!rc && d->off_nvme) { /* each group's opt range from a 4 KiB boundary */
@@ -173,6 +178,24 @@ int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts
             rc = zck_swap_open(&d->osw, path, 2 * d->oreg * sizeof(float), o->aio_depth,
                                d->ch * sizeof(float));
     }
+    if (!rc && d->off_par_nvme) { /* each group's partition from a 4 KiB boundary */
+        uint64_t maxP = 0;
+        if (!(d->poff = calloc(d->ng + 1, sizeof *d->poff)))
+            rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        for (size_t g = 0; !rc && g < d->ng; g++) {
+            d->poff[g + 1] = d->poff[g] + grain_up(d->G[g].P);
+            maxP = d->G[g].P > maxP ? d->G[g].P : maxP;
+        }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/params.swap", o->swap_dir);
+        if (!rc)
+            rc = zck_swap_open(&d->psw, path, d->poff[d->ng] * sizeof(float), o->aio_depth,
+                               d->ch * sizeof(float));
+        if (!rc)
+            rc = host_alloc(d, &d->gstage, grain_up(maxP));
+        if (!rc)
+            rc = ops->event_new(&d->e_g);
+    }
     if (!rc && d->dc)
         d->cs = ops->comm_stream(d->dc);
     if (!rc)
@@ -186,9 +209,10 @@ int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts
     /* the states */
     int s = d->stage;
     if (!rc)
-        rc = s < 3     ? dev_alloc(d, &d->fullp, d->sum_full, &d->b_params)
-             : d->off_par ? host_alloc(d, &d->ownp, d->sum_P)
-                        : dev_alloc(d, &d->ownp, d->sum_P, &d->b_params);
+        rc = s < 3              ? dev_alloc(d, &d->fullp, d->sum_full, &d->b_params)
+             : d->off_par       ? host_alloc(d, &d->ownp, d->sum_P)
+             : d->off_par_nvme  ? 0
+                                : dev_alloc(d, &d->ownp, d->sum_P, &d->b_params);
     if (!rc)
         rc = s < 2 ? dev_alloc(d, &d->fullg, d->sum_full, &d->b_grads)
                    : dev_alloc(d, &d->owng, d->sum_P, &d->b_grads);
@@ -252,8 +276,11 @@ void zd_free(zr_zdev *d)
         return;
     const zr_device_ops *ops = d->ops;
     /* not ms: the model (freed first) drained and destroyed its stream */
-    zck_swap_close(d->osw, 1); /* scratch, removed; its transfers may use xbuf */
-    d->osw = NULL;
+    zck_swap_close(d->osw, 1); /* scratch, removed; their transfers may use the staging */
+    zck_swap_close(d->psw, 1);
+    d->osw = d->psw = NULL;
+    if (d->e_g)
+        ops->event_sync(d->e_g);
     if (d->cs)
         ops->stream_sync(d->cs);
     if (d->xs)
@@ -264,6 +291,10 @@ void zd_free(zr_zdev *d)
         ops->host_free(d->ownp);
     else
         ops->free(d->ownp);
+    ops->host_free(d->gstage);
+    if (d->e_g)
+        ops->event_free(d->e_g);
+    free(d->poff);
     ops->free(d->owng);
     if (d->off_cpu) {
         ops->host_free(d->m);
@@ -310,12 +341,17 @@ void zd_mem(const zr_zdev *d, zr_zero_bytes *out)
     out->optimizer = d->b_opt;
     out->buffers = d->b_bufs;
     out->pinned = d->b_pinned;
-    out->nvme = d->osw ? zck_swap_size(d->osw) : 0;
+    out->nvme = (d->osw ? zck_swap_size(d->osw) : 0) + (d->psw ? zck_swap_size(d->psw) : 0);
 }
 
-int zd_offloaded(const zr_zdev *d) { return d->off_nvme; }
+int zd_offloaded(const zr_zdev *d) { return d->off_nvme || d->off_par_nvme; }
 
-int zd_check_swap(zr_zdev *d) { return d->osw ? zck_swap_check(d->osw) : 0; }
+int zd_check_swap(zr_zdev *d)
+{
+    if (d->osw)
+        ZR_TRY(zck_swap_check(d->osw));
+    return d->psw ? zck_swap_check(d->psw) : 0;
+}
 
 /* ---------------------------------------------------------------- ranges and pointers */
 
@@ -350,6 +386,8 @@ static float *state_ptr(zr_zdev *d, size_t g, int s)
     int st = d->stage;
     switch (s) {
     case 0:
+        if (d->off_par_nvme)
+            return NULL;
         return st == 0 ? d->fullp + p->foff : st < 3 ? d->fullp + p->foff + p->lo
                                                      : d->ownp + p->ooff;
     case 3:
@@ -368,12 +406,16 @@ static int on_host(const zr_zdev *d, int s)
     return s == 0 ? d->off_par : d->off_cpu && (s == 1 || s == 2);
 }
 
-/* A moment offloaded to NVMe: state s (1 or 2) of group g, whose opt range starts at this
- * float offset of the swap file. */
-static int on_nvme(const zr_zdev *d, int s) { return d->off_nvme && (s == 1 || s == 2); }
+/* State s of group g in a swap file (the moments, or the stage-3 parameter partitions): its
+ * file, and the float offset there of the start of the group's opt range. */
+static int on_nvme(const zr_zdev *d, int s)
+{
+    return s == 0 ? d->off_par_nvme : d->off_nvme && (s == 1 || s == 2);
+}
+static zck_swap *swap_of(const zr_zdev *d, int s) { return s == 0 ? d->psw : d->osw; }
 static uint64_t swap_at(const zr_zdev *d, size_t g, int s)
 {
-    return (s == 2 ? d->oreg : 0) + d->soff[g];
+    return s == 0 ? d->poff[g] : (s == 2 ? d->oreg : 0) + d->soff[g];
 }
 
 /* ---------------------------------------------------------------- collectives */
@@ -509,7 +551,15 @@ static int gather_into(zr_zdev *d, size_t g, slot_t *s)
         ZR_TRY(d->ops->stream_wait(d->cs, s->freed));
     if (d->off_par)
         ZR_TRY(gather_host_part(d, d->ownp + p->ooff, s->buf, p->P));
-    else
+    else if (d->off_par_nvme) { /* read the partition, upload it, gather */
+        uint64_t t;
+        ZR_TRY(d->ops->event_sync(d->e_g)); /* the last upload from the staging is done */
+        ZR_TRY(zck_swap_read(d->psw, d->gstage, grain_up(p->P) * sizeof(float),
+                             d->poff[g] * sizeof(float), &t));
+        ZR_TRY(zck_swap_wait(d->psw, t));
+        ZR_TRY(gather_host_part(d, d->gstage, s->buf, p->P));
+        ZR_TRY(d->ops->event_record(d->e_g, d->W == 1 ? d->ms : d->dc ? d->cs : d->ms));
+    } else
         ZR_TRY(c_all_gather(d, d->ownp + p->ooff, s->buf, p->P));
     return d->ops->event_record(s->ready, d->dc ? d->cs : d->ms);
 }
@@ -844,12 +894,15 @@ static int adamw_offloaded(zr_zdev *d, uint64_t t, float lr, float clip, const z
         if (!rc)
             rc = ops->stream_wait(d->xs, d->e_m);
     }
-    uint64_t rt[2] = {0, 0}, wt[2] = {0, 0}; /* swap tickets of each set: reads, write-backs */
+    /* swap tickets of each set and file (0 params, 1 moments): reads, write-backs */
+    uint64_t rt[2][2] = {{0, 0}, {0, 0}}, wt[2][2] = {{0, 0}, {0, 0}};
+    const int dev_par = !on_host(d, 0) && !on_nvme(d, 0); /* params on the device */
 #define BUF(k, i) (d->xbuf + ((size_t)((k) % 2) * 4 + (i)) * ch) /* i: 0 p, 1 g, 2 m, 3 v */
+#define STAGED(k, s) BUF(k, (s) == 0 ? 0 : (s) + 1)
     for (size_t k = 0; k <= nc && !rc; k++) {
         if (k < nc) { /* set k%2 was last used by chunk k-2, whose upload xs ordered before */
             const ck *e = &c[k];
-            if (!on_host(d, 0))
+            if (dev_par)
                 rc = ops->memcpy(BUF(k, 0), state_ptr(d, e->g, 0) + e->off,
                                  e->cnt * sizeof(float), ZR_DEV_D2H, d->xs);
             if (!rc)
@@ -857,11 +910,18 @@ static int adamw_offloaded(zr_zdev *d, uint64_t t, float lr, float clip, const z
                                  e->cnt * sizeof(float), ZR_DEV_D2H, d->xs);
             if (!rc)
                 rc = ops->event_record(d->e_x[k % 2], d->xs);
-            if (!rc && d->osw && wt[k % 2]) /* the set's moments written back first */
-                rc = zck_swap_wait(d->osw, wt[k % 2]);
-            for (int s = 1; s <= 2 && !rc && d->osw; s++)
-                rc = zck_swap_read(d->osw, BUF(k, s + 1), grain_up(e->cnt) * sizeof(float),
-                                   (swap_at(d, e->g, s) + e->off) * sizeof(float), &rt[k % 2]);
+            for (int s = 0; s <= 2 && !rc; s++) { /* after the set's last write-back */
+                if (!on_nvme(d, s))
+                    continue;
+                int f = s > 0;
+                if (wt[k % 2][f])
+                    rc = zck_swap_wait(swap_of(d, s), wt[k % 2][f]);
+                if (!rc)
+                    rc = zck_swap_read(swap_of(d, s), STAGED(k, s),
+                                       grain_up(e->cnt) * sizeof(float),
+                                       (swap_at(d, e->g, s) + e->off) * sizeof(float),
+                                       &rt[k % 2][f]);
+            }
         }
         if (rc || k == 0)
             continue;
@@ -869,29 +929,40 @@ static int adamw_offloaded(zr_zdev *d, uint64_t t, float lr, float clip, const z
         const ck *e = &c[j];
         if ((rc = ops->event_sync(d->e_x[j % 2])))
             break;
-        if (d->osw && (rc = zck_swap_wait(d->osw, rt[j % 2])))
+        float *ptr[3];
+        for (int s = 0; s <= 2 && !rc; s++) {
+            if (on_nvme(d, s)) {
+                ptr[s] = STAGED(j, s);
+                rc = zck_swap_wait(swap_of(d, s), rt[j % 2][s > 0]);
+            } else
+                ptr[s] = s == 0 && dev_par ? BUF(j, 0) : state_ptr(d, e->g, s) + e->off;
+        }
+        if (rc)
             break;
         uint64_t lo, n;
         zd_opt_range(d, e->g, &lo, &n);
-        float *par = on_host(d, 0) ? state_ptr(d, e->g, 0) + e->off : BUF(j, 0);
-        adam_ctx a = {par, BUF(j, 1),
-                      d->osw ? BUF(j, 2) : state_ptr(d, e->g, 1) + e->off,
-                      d->osw ? BUF(j, 3) : state_ptr(d, e->g, 2) + e->off, t, lr, clip, hp};
+        adam_ctx a = {ptr[0], BUF(j, 1), ptr[1], ptr[2], t, lr, clip, hp};
         rc = for_tensors(d, e->g, lo + e->off, e->cnt, adam_host, &a);
-        if (!rc && !on_host(d, 0))
+        if (!rc && dev_par)
             rc = ops->memcpy(state_ptr(d, e->g, 0) + e->off, BUF(j, 0),
                              e->cnt * sizeof(float), ZR_DEV_H2D, d->xs);
-        for (int s = 1; s <= 2 && !rc && d->osw; s++)
-            rc = zck_swap_write(d->osw, BUF(j, s + 1), grain_up(e->cnt) * sizeof(float),
-                                (swap_at(d, e->g, s) + e->off) * sizeof(float), &wt[j % 2]);
+        for (int s = 0; s <= 2 && !rc; s++)
+            if (on_nvme(d, s))
+                rc = zck_swap_write(swap_of(d, s), STAGED(j, s),
+                                    grain_up(e->cnt) * sizeof(float),
+                                    (swap_at(d, e->g, s) + e->off) * sizeof(float),
+                                    &wt[j % 2][s > 0]);
         /* the set is next written by chunk j+2's download, enqueued after this upload on
          * xs; the host touches it again only once that download is done */
     }
+#undef STAGED
 #undef BUF
     if (!rc)
         rc = ops->stream_sync(d->xs);
     if (!rc && d->osw)
         rc = zck_swap_wait(d->osw, UINT64_MAX);
+    if (!rc && d->psw)
+        rc = zck_swap_wait(d->psw, UINT64_MAX);
     free(c);
     return rc;
 }
@@ -945,19 +1016,20 @@ static int upload(zr_zdev *d, float *dst, uint64_t n, produce_fn f, void *ctx)
 
 /* The same into the swap file at float offset `at` (a 4 KiB boundary), two staging chunks in
  * turn, each written while the next is produced. */
-static int upload_swap(zr_zdev *d, uint64_t at, uint64_t n, produce_fn f, void *ctx)
+static int upload_swap(zr_zdev *d, zck_swap *sw, uint64_t at, uint64_t n, produce_fn f,
+                       void *ctx)
 {
     uint64_t t[2] = {0, 0};
     for (uint64_t off = 0, k = 0; off < n; off += d->ch, k++) {
         uint64_t cnt = n - off < d->ch ? n - off : d->ch;
         float *b = d->xbuf + (k % 2) * d->ch;
-        ZR_TRY(zck_swap_wait(d->osw, t[k % 2]));
+        ZR_TRY(zck_swap_wait(sw, t[k % 2]));
         memset(b + cnt, 0, (grain_up(cnt) - cnt) * sizeof(float));
         ZR_TRY(f(ctx, off, cnt, b));
-        ZR_TRY(zck_swap_write(d->osw, b, grain_up(cnt) * sizeof(float),
-                              (at + off) * sizeof(float), &t[k % 2]));
+        ZR_TRY(zck_swap_write(sw, b, grain_up(cnt) * sizeof(float), (at + off) * sizeof(float),
+                              &t[k % 2]));
     }
-    return zck_swap_wait(d->osw, UINT64_MAX);
+    return zck_swap_wait(sw, UINT64_MAX);
 }
 
 typedef struct {
@@ -980,13 +1052,17 @@ int zd_init_params(zr_zdev *d, zr_zero_fill_fn fill, void *ctx)
         uint64_t lo = 0, n = d->G[g].numel;
         if (d->stage == 3)
             zd_opt_range(d, g, &lo, &n);
+        fill_ctx f = {fill, ctx, g, lo};
+        if (on_nvme(d, 0)) {
+            ZR_TRY(upload_swap(d, d->psw, d->poff[g], n, produce_fill, &f));
+            continue;
+        }
         float *dst = d->stage < 3 ? d->fullp + d->G[g].foff : d->ownp + d->G[g].ooff;
         if (on_host(d, 0)) {
             if (n)
                 fill(ctx, g, lo, n, dst);
             continue;
         }
-        fill_ctx f = {fill, ctx, g, lo};
         ZR_TRY(upload(d, dst, n, produce_fill, &f));
     }
     return 0; /* the moments: zero on the device (dev_alloc) and in a fresh swap file */
@@ -1029,7 +1105,7 @@ int zd_load(zr_zdev *d, zck_reader *rd)
             if (on_host(d, s))
                 ZR_TRY(zck_reader_read_range(rd, g, st[s], a, cnt, dst));
             else if (on_nvme(d, s))
-                ZR_TRY(upload_swap(d, swap_at(d, g, s), cnt, produce_read, &r));
+                ZR_TRY(upload_swap(d, swap_of(d, s), swap_at(d, g, s), cnt, produce_read, &r));
             else
                 ZR_TRY(upload(d, dst, cnt, produce_read, &r));
         }
@@ -1039,19 +1115,20 @@ int zd_load(zr_zdev *d, zck_reader *rd)
 
 /* Floats [first, first+n) of the swap file to the sink: aligned windows of a chunk, the next
  * one read while the sink takes the current one. */
-static int swap_to_sink(zr_zdev *d, uint64_t first, uint64_t n, const zr_zero_sink *w)
+static int swap_to_sink(zr_zdev *d, zck_swap *sw, uint64_t first, uint64_t n,
+                        const zr_zero_sink *w)
 {
     uint64_t end = first + n, t[2] = {0, 0}, win = d->ch;
     uint64_t a = first / GRAIN * GRAIN;
-    ZR_TRY(zck_swap_read(d->osw, d->xbuf, grain_up(end - a < win ? end - a : win) *
+    ZR_TRY(zck_swap_read(sw, d->xbuf, grain_up(end - a < win ? end - a : win) *
                          sizeof(float), a * sizeof(float), &t[0]));
     for (uint64_t at = a, k = 0; at < end; at += win, k++) {
         uint64_t next = at + win;
         if (next < end)
-            ZR_TRY(zck_swap_read(d->osw, d->xbuf + ((k + 1) % 2) * win,
+            ZR_TRY(zck_swap_read(sw, d->xbuf + ((k + 1) % 2) * win,
                                  grain_up(end - next < win ? end - next : win) * sizeof(float),
                                  next * sizeof(float), &t[(k + 1) % 2]));
-        ZR_TRY(zck_swap_wait(d->osw, t[k % 2]));
+        ZR_TRY(zck_swap_wait(sw, t[k % 2]));
         const float *b = d->xbuf + (k % 2) * win;
         uint64_t from = at < first ? first : at, to = next < end ? next : end;
         ZR_TRY(w->write(w->ctx, b + (from - at), (size_t)(to - from) * sizeof(float)));
@@ -1076,7 +1153,7 @@ int zd_save_to(zr_zdev *d, const zr_zero_sink *w)
         for (int s = 0; s < 3; s++) {
             ZR_TRY(w->begin(w->ctx, g, (size_t)s, plo, pn));
             if (on_nvme(d, s)) {
-                ZR_TRY(swap_to_sink(d, swap_at(d, g, s) + (plo - olo), pn, w));
+                ZR_TRY(swap_to_sink(d, swap_of(d, s), swap_at(d, g, s) + (plo - olo), pn, w));
                 continue;
             }
             const float *src = state_ptr(d, g, s) + (plo - olo);

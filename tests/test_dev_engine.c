@@ -5,7 +5,7 @@
  * engine's kernels, so the results must have the CPU engine's bits. Stages 0-3 at worlds 1
  * and 2 with NCCL-style collectives (the device communicator) and host-staged ones (ranks
  * sharing a GPU) give exactly the CPU run's losses and checkpoint; the optimizer offloaded to
- * pinned host memory or to NVMe, and the stage-3 parameters to pinned memory, too; checkpoints move between the CPU and the device both ways; and the
+ * pinned host memory or to NVMe, and the stage-3 parameters to pinned memory or NVMe, too; checkpoints move between the CPU and the device both ways; and the
  * device options fail clearly where they cannot work. The CUDA kernels themselves are checked
  * on a GPU by tests/gpu/run.sh.
  */
@@ -133,12 +133,16 @@ ZT_TEST(dev_engine_offload_optimizer)
      * NCCL-style and staged, stopped and resumed */
     zt_zrun_ok(COMMON "--device cpu --nproc 2 --zero 3 --ckpt-dir c3 --log-json c3.json",
                "c3.log");
-    for (int m = 0; m < 2; m++) {
-        setenv("ZR_DEVICE_COMM", m ? "nccl" : "shm", 1);
-        const char *dir = m ? "pn" : "ps", *js = m ? "pn.json" : "ps.json";
-        char args[512];
+    for (int m = 0; m < 4; m++) { /* params in pinned memory, then on NVMe; both modes */
+        setenv("ZR_DEVICE_COMM", m % 2 ? "nccl" : "shm", 1);
+        static const char *dirs[4] = {"ps", "pn", "vs", "vn"};
+        const char *dir = dirs[m];
+        char js[32], args[512];
+        snprintf(js, sizeof js, "%s.json", dir);
         snprintf(args, sizeof args, COMMON "--device cuda --nproc 2 --zero 3 --offload-optimizer "
-                 "cpu --offload-params cpu --ckpt-dir %s --log-json %s --stop-after 3", dir, js);
+                 "%s --offload-params %s --nvme-path sw --aio-block-size 8192 --ckpt-dir %s "
+                 "--log-json %s --stop-after 3", m < 2 ? "cpu" : "nvme", m < 2 ? "cpu" : "nvme",
+                 dir, js);
         zt_zrun_ok(args, "p1.log");
         char *cut = strstr(args, " --stop-after");
         *cut = 0;
@@ -146,7 +150,8 @@ ZT_TEST(dev_engine_offload_optimizer)
         same_losses("c3.json", js);
         zt_same_latest("c3", dir, 0, 0);
         ZT_CHECK_EQ(last_mem(js, "params"), 0); /* only gather buffers on the device */
-        ZT_CHECK(last_mem(js, "pinned") > last_mem("c3.json", "params"));
+        ZT_CHECK(m < 2 ? last_mem(js, "pinned") > last_mem("c3.json", "params")
+                       : last_mem(js, "nvme") > last_mem("c3.json", "params"));
     }
     unsetenv("ZR_DEVICE_COMM");
 }
@@ -207,8 +212,8 @@ ZT_TEST(dev_engine_errors)
     } bad[] = {
         {"--nproc 2", "bogus", "ZR_DEVICE_COMM=bogus: expected nccl or shm"},
         {"--zero 3 --offload-params cpu", NULL, "needs --offload-optimizer cpu or nvme"},
-        {"--zero 3 --offload-params nvme --nvme-path swap", NULL, "--offload-params nvme is "
-                                                                  "not implemented on the GPU"},
+        {"--zero 3 --offload-params nvme --nvme-path swap", NULL, "--offload-params nvme on "
+                                                                  "the GPU needs"},
         {"--device mps", NULL, "--device 'mps': expected cpu, cuda or auto"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
