@@ -94,7 +94,7 @@ static const char *usage_text =
     "  --offload-optimizer none|cpu|nvme   AdamW states (none); cpu: host memory, which on the\n"
     "                      CPU device is where they are anyway (on cuda: pinned host memory,\n"
     "                      AdamW on the CPU overlapping the copies); nvme: swap files,\n"
-    "                      streamed chunk by chunk through the optimizer step (cpu device)\n"
+    "                      streamed chunk by chunk through the optimizer step\n"
     "  --offload-params none|cpu|nvme      stage 3: the parameter partitions (none); nvme: read\n"
     "                      ahead of each group's gather; cpu on a GPU: pinned memory,\n"
     "                      uploaded at each gather (on a GPU both need --offload-optimizer)\n"

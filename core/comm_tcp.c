@@ -177,12 +177,14 @@ static int begin(zr_tcp *t, uint32_t op, uint64_t count, uint32_t es, int root)
         if (p.magic != MAGIC)
             snprintf(bad, sizeof bad, "tcp: rank %d sent a header that is not this protocol's",
                      q);
-        else if (!bad[0] && (p.op != op || p.count != count || p.es != es || p.root != root))
-            snprintf(bad, sizeof bad, "collective mismatch: rank %d called %s (count %llu, "
-                     "element %u bytes, root %d) while rank 0 called %s (count %llu, element "
-                     "%u bytes, root %d)", q, p.op < 7 ? op_names[p.op] : "?",
-                     (unsigned long long)p.count, p.es, p.root, op_names[op],
-                     (unsigned long long)count, es, root);
+        else if (!bad[0] && (p.op != op || p.count != count || p.es != es || p.root != root ||
+                             p.seq != h.seq))
+            snprintf(bad, sizeof bad, "collective mismatch: rank %d's call %llu is %s (count "
+                     "%llu, element %u bytes, root %d) while rank 0's call %llu is %s (count "
+                     "%llu, element %u bytes, root %d)", q, (unsigned long long)p.seq,
+                     p.op < sizeof op_names / sizeof *op_names ? op_names[p.op] : "?",
+                     (unsigned long long)p.count, p.es, p.root, (unsigned long long)h.seq,
+                     op_names[op], (unsigned long long)count, es, root);
     }
     if (bad[0])
         return die_all(t, ZR_ECOMM, bad);

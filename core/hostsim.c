@@ -8,7 +8,7 @@
  *
  * What it checks that a sloppy engine would get wrong on a GPU: "device" memory from
  * ops->malloc is filled with 0xA5 bytes (a GPU's cudaMalloc does not zero either), ops->free of
- * a pointer ops->malloc did not return is ignored rather than crashing, and comm_new's rank and
+ * a pointer ops->malloc did not return aborts the process, naming it, and comm_new's rank and
  * world must be this process's communicator's. Errors go to zr_err_set directly (this file is
  * part of libzr); last_error is zr_err_msg.
  */
@@ -155,10 +155,13 @@ static void dev_free(void *p)
             break;
         }
     pthread_mutex_unlock(&mem_mu);
-    if (found) { /* a pointer ops->malloc did not return is not freed (cudaFree refuses too) */
-        free(p);
-        free(found);
+    if (!found) { /* a host pointer, a double free: a bug in the caller that a GPU would
+                   * also refuse; the simulation exists to show such bugs, so it stops here */
+        fprintf(stderr, "hostsim: ops->free(%p): not a pointer ops->malloc returned\n", p);
+        abort();
     }
+    free(p);
+    free(found);
 }
 
 static int host_alloc(void **out, size_t bytes)
@@ -428,6 +431,7 @@ struct zr_dev_comm {
     zr_comm *c;           /* this process's shm communicator; NULL: a world of one on its own */
     zr_dev_stream stream; /* comm_stream: a token */
     int rank, world, aborted;
+    char why[400]; /* the error that aborted it */
 };
 
 static int comm_unique_id(void *id, size_t cap)
@@ -480,7 +484,8 @@ static zr_dev_stream *comm_stream(zr_dev_comm *c) { return &c->stream; }
 static int usable(const zr_dev_comm *c)
 {
     if (c->aborted)
-        return zr_err_set(ZR_ECOMM, "hostsim: the communicator was aborted after an error");
+        return zr_err_set(ZR_ECOMM, "hostsim: the communicator was aborted after an error: %s",
+                          c->why);
     if (c->c && zr_comm_env() != c->c)
         return zr_err_set(ZR_ECOMM, "hostsim: the shm communicator under this one was closed");
     return 0;
@@ -488,11 +493,17 @@ static int usable(const zr_dev_comm *c)
 
 /* A collective's outcome: an error other than an argument error aborts the communicator (as
  * comm.h's own does: after it, the communicator may only be closed). */
+static int abort_with(zr_dev_comm *c, int rc)
+{
+    if (!c->aborted)
+        snprintf(c->why, sizeof c->why, "%s", zr_err_msg());
+    c->aborted = 1;
+    return rc;
+}
+
 static int outcome(zr_dev_comm *c, int rc)
 {
-    if (rc < 0 && rc != ZR_EINVAL)
-        c->aborted = 1;
-    return rc;
+    return rc < 0 && rc != ZR_EINVAL ? abort_with(c, rc) : rc;
 }
 
 static int comm_wait(zr_dev_comm *c, int (*check)(void *ctx), void *ctx)
@@ -500,11 +511,10 @@ static int comm_wait(zr_dev_comm *c, int (*check)(void *ctx), void *ctx)
     ZR_TRY(usable(c));
     if (check) { /* the work is done already: one look at the job's state */
         int rc = check(ctx);
-        if (rc) {
-            c->aborted = 1;
-            return rc < 0 ? rc : zr_err_set(ZR_EIO, "hostsim: the job was aborted (the "
-                                            "check returned %d)", rc);
-        }
+        if (rc)
+            return abort_with(c, rc < 0 ? rc : zr_err_set(ZR_EIO, "hostsim: the job was "
+                                                          "aborted (the check returned %d)",
+                                                          rc));
     }
     return 0;
 }
@@ -533,7 +543,9 @@ static void copy(void *dst, const void *src, size_t bytes)
         memmove(dst, src, bytes);
 }
 
-static int all_reduce(zr_dev_comm *c, const void *send, void *recv, size_t n, zr_dev_dtype dt)
+/* all_reduce (scatter 0) or reduce_scatter (1) of n elements per rank */
+static int reduce(zr_dev_comm *c, const void *send, void *recv, size_t n, zr_dev_dtype dt,
+                  int scatter)
 {
     zr_comm_dtype t = ZR_COMM_F32;
     size_t es = 4;
@@ -543,21 +555,19 @@ static int all_reduce(zr_dev_comm *c, const void *send, void *recv, size_t n, zr
         copy(recv, send, n * es);
         return 0;
     }
-    return outcome(c, zr_comm_all_reduce(c->c, send, recv, n, t));
+    return outcome(c, scatter ? zr_comm_reduce_scatter(c->c, send, recv, n, t)
+                              : zr_comm_all_reduce(c->c, send, recv, n, t));
+}
+
+static int all_reduce(zr_dev_comm *c, const void *send, void *recv, size_t n, zr_dev_dtype dt)
+{
+    return reduce(c, send, recv, n, dt, 0);
 }
 
 static int reduce_scatter(zr_dev_comm *c, const void *send, void *recv, size_t n,
                           zr_dev_dtype dt)
 {
-    zr_comm_dtype t = ZR_COMM_F32;
-    size_t es = 4;
-    ZR_TRY(dtype(dt, &t, &es));
-    ZR_TRY(usable(c));
-    if (!c->c) {
-        copy(recv, send, n * es);
-        return 0;
-    }
-    return outcome(c, zr_comm_reduce_scatter(c->c, send, recv, n, t));
+    return reduce(c, send, recv, n, dt, 1);
 }
 
 static int all_gather(zr_dev_comm *c, const void *send, void *recv, size_t n, size_t elem_bytes)

@@ -596,17 +596,17 @@ static void log_step(run *r, int json, float loss, float lr, float norm, double 
     else
         zr_model_bytes(r->model, NULL, NULL, &ab);
     double mib = 1.0 / (1 << 20);
-    char nvme[48] = "";
+    char nvme[48] = "", pinned[48] = "";
     if (zb.nvme)
         snprintf(nvme, sizeof nvme, " | nvme %.1f", zb.nvme * mib);
-    else if (zb.pinned)
-        snprintf(nvme, sizeof nvme, " | pinned %.1f", zb.pinned * mib);
+    if (zb.pinned)
+        snprintf(pinned, sizeof pinned, " | pinned %.1f", zb.pinned * mib);
     if (r->log && !json)
         fprintf(r->log, "step %6llu/%llu | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | "
-                        "%.1f ms | %s MiB p %.1f g %.1f o %.1f b %.1f a %.1f%s\n",
+                        "%.1f ms | %s MiB p %.1f g %.1f o %.1f b %.1f a %.1f%s%s\n",
                 (unsigned long long)r->step, (unsigned long long)o->steps, loss, lr, norm, tps,
-                dt * 1e3, r->dev ? "gpu/rank" : "mem/rank", zb.params * mib, zb.grads * mib, zb.optimizer * mib,
-                zb.buffers * mib, ab * mib, nvme);
+                dt * 1e3, r->dev ? "gpu/rank" : "mem/rank", zb.params * mib, zb.grads * mib,
+                zb.optimizer * mib, zb.buffers * mib, ab * mib, nvme, pinned);
     if (r->jlog && json) {
         fprintf(r->jlog, "{\"step\":%llu,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
                          "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"save_blocked_ms\":%.3f,"
@@ -616,7 +616,8 @@ static void log_step(run *r, int json, float loss, float lr, float norm, double 
                          "\"pinned\":%llu},"
                          "\"rss_peak\":%llu}\n",
                 (unsigned long long)r->step, loss, lr, norm, tps, dt * 1e3, save_ms, r->W,
-                o->zero_stage, r->dev ? r->dev->name : "cpu", (unsigned long long)zb.params, (unsigned long long)zb.grads,
+                o->zero_stage, r->dev ? r->dev->name : "cpu", (unsigned long long)zb.params,
+                (unsigned long long)zb.grads,
                 (unsigned long long)zb.optimizer, (unsigned long long)zb.buffers,
                 (unsigned long long)ab, (unsigned long long)zb.nvme,
                 (unsigned long long)zb.pinned,
@@ -804,10 +805,10 @@ static void free_run(run *r, int failed)
 /* The device (o->device): cpu; cuda, which every rank must be able to use; or auto: cuda
  * when every rank can, else cpu. Then this rank's GPU (ZR_LOCAL_RANK, else the rank, modulo
  * the GPUs: ranks beyond the GPUs share them) and, with several ranks, the device
- * communicator: NCCL when every rank has a GPU of its own (no two ranks of a host on one device
- * index of the same CUDA_VISIBLE_DEVICES; its unique id from rank 0 through
- * the shm rendezvous), else none (collectives staged through host memory over shm).
- * ZR_DEVICE_COMM=nccl or shm overrides the choice. */
+ * communicator: NCCL when every rank has a GPU of its own (no two ranks of a host on one
+ * device index of the same CUDA_VISIBLE_DEVICES; its unique id from rank 0 through the host
+ * communicator: shm on one node, TCP across nodes), else none (collectives staged through
+ * host memory over the host communicator). ZR_DEVICE_COMM=nccl or shm overrides the choice. */
 static int open_device(run *r)
 {
     const zr_train_opts *o = r->o;
@@ -866,12 +867,14 @@ static int open_device(run *r)
             return rc;
     }
     const char *mode = getenv("ZR_DEVICE_COMM");
+    lrc = 0;
     if (mode && !strcmp(mode, "nccl"))
         nccl = r->W > 1;
     else if (mode && !strcmp(mode, "shm"))
         nccl = 0;
     else if (mode && *mode)
-        return zr_err_set(ZR_EINVAL, "ZR_DEVICE_COMM=%s: expected nccl or shm", mode);
+        lrc = zr_err_set(ZR_EINVAL, "ZR_DEVICE_COMM=%s: expected nccl or shm", mode);
+    ZR_TRY(agree(r, lrc)); /* the same choice on every rank, or none goes on */
     if (nccl) {
         char id[ZR_NCCL_ID_BYTES];
         memset(id, 0, sizeof id);

@@ -185,6 +185,106 @@ int zr__zero_schedule(const size_t *fwd, size_t nf, const size_t *bwd, size_t nb
     return 0;
 }
 
+int zr__zero_tensors(const zck_layout *L, size_t g, uint64_t a0, uint64_t cnt, zr_ztensor_fn f,
+                     void *ctx)
+{
+    for (size_t k = 0; k < zck_layout_group_n_tensors(L, g); k++) {
+        zck_tensor_info ti;
+        zck_layout_tensor(L, g, k, &ti);
+        uint64_t a = ti.offset > a0 ? ti.offset : a0;
+        uint64_t b = ti.offset + ti.numel < a0 + cnt ? ti.offset + ti.numel : a0 + cnt;
+        if (a < b)
+            ZR_TRY(f(ctx, a - a0, b - a, ti.ndim >= 2));
+    }
+    return 0;
+}
+
+int zr__zero_chunks(const zck_layout *L, int W, int rank, int stage, uint64_t chunk,
+                    zr_zchunk **out, size_t *n)
+{
+    size_t ng = zck_layout_n_groups(L), cnt = 0;
+    for (int pass = 0; pass < 2; pass++) { /* count, then fill */
+        cnt = 0;
+        for (size_t g = 0; g < ng; g++) {
+            uint64_t lo = 0, m = zck_layout_group_numel(L, g);
+            if (stage > 0)
+                zck_partition(m, (uint32_t)W, (uint32_t)rank, ZR_ZERO_ALIGN, &lo, &m);
+            for (uint64_t off = 0; off < m; off += chunk, cnt++)
+                if (pass)
+                    (*out)[cnt] = (zr_zchunk){g, off, m - off < chunk ? m - off : chunk};
+        }
+        if (!pass && !(*out = calloc(cnt ? cnt : 1, sizeof **out)))
+            return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    *n = cnt;
+    return 0;
+}
+
+int zr__zero_part_sumsq(const zck_layout *L, int W, int q, float *const *base, zr_zsumsq_fn sq,
+                        void *ctx, double *out)
+{
+    double s = 0;
+    for (size_t g = 0; g < zck_layout_n_groups(L); g++) {
+        uint64_t lo, n;
+        zck_partition(zck_layout_group_numel(L, g), (uint32_t)W, (uint32_t)q, ZR_ZERO_ALIGN,
+                      &lo, &n);
+        double x = 0;
+        if (n)
+            ZR_TRY(sq(ctx, base[g] + lo, (size_t)n, &x));
+        s += x;
+    }
+    *out = s;
+    return 0;
+}
+
+int zr__zero_swap_fill(zck_swap *sw, float *stage, uint64_t win, uint64_t at, uint64_t n,
+                       zr_zproduce_fn produce, void *ctx)
+{
+    uint64_t t[2] = {0, 0};
+    for (uint64_t off = 0, k = 0; off < n; off += win, k++) {
+        uint64_t cnt = n - off < win ? n - off : win;
+        float *b = stage + (k % 2) * win;
+        ZR_TRY(zck_swap_wait(sw, t[k % 2])); /* this window's last write is done */
+        memset(b + cnt, 0, (grain_up(cnt) - cnt) * sizeof(float));
+        ZR_TRY(produce(ctx, off, cnt, b));
+        ZR_TRY(zck_swap_write(sw, b, grain_up(cnt) * sizeof(float), (at + off) * sizeof(float),
+                              &t[k % 2]));
+    }
+    return zck_swap_wait(sw, UINT64_MAX);
+}
+
+int zr__zero_swap_to_sink(zck_swap *sw, float *stage, uint64_t win, uint64_t first, uint64_t n,
+                          const zr_zero_sink *w)
+{
+    uint64_t end = first + n, t[2] = {0, 0}, a = first / SWAP_GRAIN * SWAP_GRAIN;
+    ZR_TRY(zck_swap_read(sw, stage, grain_up(end - a < win ? end - a : win) * sizeof(float),
+                         a * sizeof(float), &t[0]));
+    for (uint64_t at = a, k = 0; at < end; at += win, k++) {
+        uint64_t next = at + win;
+        if (next < end)
+            ZR_TRY(zck_swap_read(sw, stage + ((k + 1) % 2) * win,
+                                 grain_up(end - next < win ? end - next : win) * sizeof(float),
+                                 next * sizeof(float), &t[(k + 1) % 2]));
+        ZR_TRY(zck_swap_wait(sw, t[k % 2]));
+        const float *b = stage + (k % 2) * win;
+        uint64_t from = at < first ? first : at, to = next < end ? next : end;
+        ZR_TRY(w->write(w->ctx, b + (from - at), (size_t)(to - from) * sizeof(float)));
+    }
+    return 0;
+}
+
+int zr__zero_check_swap_opts(const zr_zero_opts *o)
+{
+    if (!o->swap_dir || !o->swap_dir[0])
+        return zr_err_set(ZR_EINVAL, "offload to nvme needs --nvme-path DIR");
+    if (o->aio_block < 4096 || o->aio_block % 4096 || o->aio_block > ((size_t)256 << 20))
+        return zr_err_set(ZR_EINVAL, "--aio-block-size %zu: expected a multiple of 4096 up to "
+                          "256 MiB", o->aio_block);
+    if (o->aio_depth < 1 || o->aio_depth > 1024)
+        return zr_err_set(ZR_EINVAL, "--aio-queue-depth %u: expected 1..1024", o->aio_depth);
+    return 0;
+}
+
 static int size_groups(zr_zero *z, const zck_layout *L)
 {
     z->ng = zck_layout_n_groups(L);
@@ -263,13 +363,7 @@ static int offload_setup(zr_zero *z, const zr_zero_opts *o)
                           "every rank holds all parameters)");
     if (!z->off_opt && !z->off_par)
         return 0;
-    if (!o->swap_dir || !o->swap_dir[0])
-        return zr_err_set(ZR_EINVAL, "offload to nvme needs --nvme-path DIR");
-    if (o->aio_block < 4096 || o->aio_block % 4096 || o->aio_block > ((size_t)256 << 20))
-        return zr_err_set(ZR_EINVAL, "--aio-block-size %zu: expected a multiple of 4096 up to "
-                          "256 MiB", o->aio_block);
-    if (o->aio_depth < 1 || o->aio_depth > 1024)
-        return zr_err_set(ZR_EINVAL, "--aio-queue-depth %u: expected 1..1024", o->aio_depth);
+    ZR_TRY(zr__zero_check_swap_opts(o));
     if (o->buffers < 2 || o->buffers > 64)
         return zr_err_set(ZR_EINVAL, "--offload-buffers %u: expected 2..64 (double buffering "
                           "at least)", o->buffers);
@@ -915,39 +1009,36 @@ int zr_zero_reduce(zr_zero *z)
     return drain(z);
 }
 
-/* Sum of squares of rank q's partition of every group, in group order. */
-static double part_sumsq(const float *const *base, const zr_zero *z, int q)
+static int host_sumsq(void *ctx, const float *x, size_t n, double *out)
 {
-    double s = 0;
-    for (size_t g = 0; g < z->ng; g++) {
-        uint64_t lo, n;
-        zck_partition(z->G[g].numel, (uint32_t)z->W, (uint32_t)q, ZR_ZERO_ALIGN, &lo, &n);
-        if (n)
-            s += zr_sumsq(base[g] + lo, n);
-    }
-    return s;
+    (void)ctx;
+    *out = zr_sumsq(x, n);
+    return 0;
 }
 
 int zr_zero_sumsq(zr_zero *z, double *out)
 {
     DEV_RETURN(zd_sumsq(z->dev, out));
-    const float **base = calloc(z->ng ? z->ng : 1, sizeof *base);
+    float **base = calloc(z->ng ? z->ng : 1, sizeof *base);
     double *all = calloc((size_t)z->W, sizeof *all);
     int rc = 0;
     if (!base || !all) {
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
         goto out;
     }
-    double total = 0;
+    double total = 0, x;
     if (z->stage == 0) { /* every partition is here: the same sums as the ranks of stage 1+ */
         for (size_t g = 0; g < z->ng; g++)
             base[g] = z->fullg + z->G[g].foff;
-        for (int q = 0; q < z->W; q++)
-            total += part_sumsq(base, z, q);
+        for (int q = 0; q < z->W; q++) {
+            zr__zero_part_sumsq(z->L, z->W, q, base, host_sumsq, NULL, &x);
+            total += x;
+        }
     } else {
         for (size_t g = 0; g < z->ng; g++) /* element i of group g at base[g][i] */
             base[g] = zr_zero_grad(z, g) - z->G[g].lo;
-        double mine = part_sumsq(base, z, z->rank);
+        double mine = 0;
+        zr__zero_part_sumsq(z->L, z->W, z->rank, base, host_sumsq, NULL, &mine);
         if ((rc = zr_zero_gather_f64(z, &mine, 1, all)))
             goto out;
         for (int q = 0; q < z->W; q++)
@@ -1022,6 +1113,19 @@ static void locate(zr_zero *z, size_t g, int s, float **mem, zck_swap **sw, uint
                                                      : zr_zero_exp_avg_sq(z, g);
 }
 
+int zr__zero_produce_fill(void *ctx, uint64_t off, uint64_t cnt, float *dst)
+{
+    zr_zfill *f = ctx;
+    f->fill(f->ctx, f->g, f->lo + off, cnt, dst);
+    return 0;
+}
+
+int zr__zero_produce_read(void *ctx, uint64_t off, uint64_t cnt, float *dst)
+{
+    zr_zread *r = ctx;
+    return zck_reader_read_range(r->rd, r->g, r->st, r->lo + off, cnt, dst);
+}
+
 int zr_zero_init_params(zr_zero *z, zr_zero_fill_fn fill, void *ctx)
 {
     DEV_RETURN(zd_init_params(z->dev, fill, ctx));
@@ -1039,17 +1143,9 @@ int zr_zero_init_params(zr_zero *z, zr_zero_fill_fn fill, void *ctx)
             continue;
         }
         /* chunk by chunk into the swap file, two staging chunks in turn */
-        uint64_t t[2] = {0, 0};
-        for (uint64_t off = 0, k = 0; off < n; off += z->chunk, k++) {
-            float *b = z->cbuf + (k % 2) * z->chunk;
-            uint64_t cnt = n - off < z->chunk ? n - off : z->chunk;
-            ZR_TRY(zck_swap_wait(z->psw, t[k % 2]));
-            memset(b, 0, grain_up(cnt) * sizeof(float));
-            fill(ctx, g, lo + off, cnt, b);
-            ZR_TRY(zck_swap_write(z->psw, b, grain_up(cnt) * sizeof(float),
-                                  (z->poff[g] + off) * sizeof(float), &t[k % 2]));
-        }
-        ZR_TRY(zck_swap_wait(z->psw, t[0] > t[1] ? t[0] : t[1]));
+        zr_zfill fr = {fill, ctx, g, lo};
+        ZR_TRY(zr__zero_swap_fill(z->psw, z->cbuf, z->chunk, z->poff[g], n,
+                                  zr__zero_produce_fill, &fr));
     }
     return 0;
 }
@@ -1104,17 +1200,9 @@ int zr_zero_load(zr_zero *z, zck_reader *rd, int verify, unsigned jobs)
             locate(z, g, s, &mem, &sw, &base);
             if (!sw)
                 continue;
-            uint64_t t[2] = {0, 0};
-            for (uint64_t off = 0, k = 0; off < n; off += z->chunk, k++) {
-                float *b = z->cbuf + (k % 2) * z->chunk;
-                uint64_t cnt = n - off < z->chunk ? n - off : z->chunk;
-                ZR_TRY(zck_swap_wait(sw, t[k % 2]));
-                memset(b + cnt, 0, (grain_up(cnt) - cnt) * sizeof(float));
-                ZR_TRY(zck_reader_read_range(rd, g, st[s], lo + off, cnt, b));
-                ZR_TRY(zck_swap_write(sw, b, grain_up(cnt) * sizeof(float),
-                                      (base + off) * sizeof(float), &t[k % 2]));
-            }
-            ZR_TRY(zck_swap_wait(sw, t[0] > t[1] ? t[0] : t[1]));
+            zr_zread r = {rd, g, st[s], lo};
+            ZR_TRY(zr__zero_swap_fill(sw, z->cbuf, z->chunk, base, n, zr__zero_produce_read,
+                                      &r));
         }
     }
     return 0;
@@ -1164,28 +1252,26 @@ int zr_zero_save_to(zr_zero *z, const zr_zero_sink *w)
                 ZR_TRY(w->write(w->ctx, mem + (plo - olo), (size_t)pn * sizeof(float)));
                 continue;
             }
-            /* straight from the swap file: aligned windows, the next one read while the
-             * sink takes the current one */
-            uint64_t first = base + (plo - olo), a = first / SWAP_GRAIN * SWAP_GRAIN;
-            uint64_t end = first + pn, t[2] = {0, 0}, k = 0;
-            size_t win = z->chunk;
-            uint64_t at = a;
-            ZR_TRY(zck_swap_read(sw, z->cbuf, grain_up((end - at < win ? end - at : win)) *
-                                 sizeof(float), at * sizeof(float), &t[0]));
-            for (; at < end; at += win, k++) {
-                uint64_t next = at + win;
-                if (next < end)
-                    ZR_TRY(zck_swap_read(sw, z->cbuf + ((k + 1) % 2) * z->chunk,
-                                         grain_up(end - next < win ? end - next : win) *
-                                             sizeof(float),
-                                         next * sizeof(float), &t[(k + 1) % 2]));
-                ZR_TRY(zck_swap_wait(sw, t[k % 2]));
-                const float *b = z->cbuf + (k % 2) * z->chunk;
-                uint64_t from = at < first ? first : at, to = next < end ? next : end;
-                ZR_TRY(w->write(w->ctx, b + (from - at), (to - from) * sizeof(float)));
-            }
+            /* straight from the swap file */
+            ZR_TRY(zr__zero_swap_to_sink(sw, z->cbuf, z->chunk, base + (plo - olo), pn, w));
         }
     }
+    return 0;
+}
+
+typedef struct {
+    float *p, *m, *v;
+    const float *g;
+    uint64_t t;
+    float lr, clip;
+    const zr_adamw_hp *hp;
+} adam_args;
+
+static int adam_part(void *ctx, uint64_t at, uint64_t cnt, int decay)
+{
+    const adam_args *a = ctx;
+    zr_adamw_update(a->p + at, a->g + at, a->m + at, a->v + at, (size_t)cnt, a->t, a->lr,
+                    a->clip, decay, a->hp);
     return 0;
 }
 
@@ -1195,24 +1281,9 @@ static void adamw_range(zr_zero *z, size_t g, uint64_t a0, uint64_t cnt, float *
 {
     uint64_t lo, n;
     zr_zero_opt_range(z, g, &lo, &n);
-    const float *grad = zr_zero_grad(z, g) + (a0 - lo);
-    for (size_t k = 0; k < zck_layout_group_n_tensors(z->L, g); k++) {
-        zck_tensor_info ti;
-        zck_layout_tensor(z->L, g, k, &ti);
-        uint64_t a = ti.offset > a0 ? ti.offset : a0;
-        uint64_t b = ti.offset + ti.numel < a0 + cnt ? ti.offset + ti.numel : a0 + cnt;
-        if (a >= b)
-            continue;
-        size_t at = (size_t)(a - a0);
-        zr_adamw_update(p + at, grad + at, m + at, v + at, (size_t)(b - a), t, lr, clip,
-                        ti.ndim >= 2, hp);
-    }
+    adam_args a = {p, m, v, zr_zero_grad(z, g) + (a0 - lo), t, lr, clip, hp};
+    zr__zero_tensors(z->L, g, a0, cnt, adam_part, &a);
 }
-
-typedef struct {
-    size_t g;
-    uint64_t off, cnt; /* within the group's opt range */
-} chunk_t;
 
 int zr_zero_adamw(zr_zero *z, uint64_t t, float lr, float clip, const zr_adamw_hp *hp)
 {
@@ -1229,24 +1300,9 @@ int zr_zero_adamw(zr_zero *z, uint64_t t, float lr, float clip, const zr_adamw_h
     }
     /* streamed: every chunk of every group in one pipeline over the staging sets; chunk k
      * uses set k mod nbufs, read nbufs-1 chunks ahead, written back right after its update */
-    size_t nc = 0, cap = 0;
-    chunk_t *c = NULL;
-    for (size_t g = 0; g < z->ng; g++) {
-        uint64_t lo, n;
-        zr_zero_opt_range(z, g, &lo, &n);
-        for (uint64_t off = 0; off < n; off += z->chunk) {
-            if (nc == cap) {
-                cap = cap ? 2 * cap : 64;
-                chunk_t *nc2 = realloc(c, cap * sizeof *c);
-                if (!nc2) {
-                    free(c);
-                    return zr_err_set(ZR_ENOMEM, "out of memory");
-                }
-                c = nc2;
-            }
-            c[nc++] = (chunk_t){g, off, n - off < z->chunk ? n - off : z->chunk};
-        }
-    }
+    size_t nc = 0;
+    zr_zchunk *c = NULL;
+    ZR_TRY(zr__zero_chunks(z->L, z->W, z->rank, z->stage, z->chunk, &c, &nc));
     /* tickets per (staging set, file): index 2 set + (0 params, 1 optimizer) */
     uint64_t *rt = calloc(4 * (size_t)z->nbufs, sizeof *rt), *wt = rt ? rt + 2 * z->nbufs : NULL;
     int rc = rt ? 0 : zr_err_set(ZR_ENOMEM, "out of memory");

@@ -81,6 +81,8 @@ struct zr_zdev {
     } pfree, gfree;
     dentry *sched;
     size_t n_sched, cursor, issued;
+    int hook_err;        /* a failure in params_done (which cannot return it), for the next */
+    char hook_msg[512];  /* params hook to return with its message */
     uint64_t b_params, b_grads, b_opt, b_bufs, b_pinned;
 };
 
@@ -143,12 +145,8 @@ int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts
                           "cpu or nvme (AdamW runs on the CPU, where the parameters live)",
                           o->offload_params == 1 ? "nvme" : "cpu");
     int nvme = o->offload_optimizer == 1 || o->offload_params == 1;
-    if (nvme && (!o->swap_dir || !o->swap_dir[0]))
-        return zr_err_set(ZR_EINVAL, "offload to nvme needs --nvme-path DIR");
-    if (nvme && (o->aio_block < 4096 || o->aio_block % 4096 ||
-                 o->aio_block > ((size_t)256 << 20)))
-        return zr_err_set(ZR_EINVAL, "--aio-block-size %zu: expected a multiple of 4096 up to "
-                          "256 MiB", o->aio_block);
+    if (nvme)
+        ZR_TRY(zr__zero_check_swap_opts(o));
     zr_zdev *d = calloc(1, sizeof *d);
     if (!d)
         return zr_err_set(ZR_ENOMEM, "out of memory");
@@ -482,36 +480,27 @@ static int c_reduce_scatter(zr_zdev *d, float *buf, uint64_t P)
     return h2d(d, mine, hm, P);
 }
 
-/* recv[W P] = every rank's send[P] (send == recv + rank P: in place) */
-static int c_all_gather(zr_zdev *d, const float *send, float *recv, uint64_t P)
+/* recv[W P] = every rank's send[P] (send == recv + rank P: in place). With host, send is
+ * pinned host memory (an offloaded partition): uploaded into its place of recv (on the comm
+ * stream with NCCL), then gathered in place. */
+static int c_all_gather(zr_zdev *d, const float *send, int host, float *recv, uint64_t P)
 {
     float *mine = recv + (size_t)d->rank * P;
+    size_t bytes = (size_t)P * sizeof(float);
+    int kind = host ? ZR_DEV_H2D : ZR_DEV_D2D;
     if (d->W == 1) /* a copy, ordered on the model's stream */
-        return send == mine ? 0 : d->ops->memcpy(mine, send, (size_t)P * sizeof(float),
-                                                 ZR_DEV_D2D, d->ms);
-    ZR_TRY(after_model(d));
-    if (d->dc)
-        return d->ops->all_gather(d->dc, send, recv, (size_t)P, sizeof(float));
-    float *hm = d->hbuf + (size_t)d->rank * P;
-    ZR_TRY(d2h(d, hm, send, P));
-    ZR_TRY(zr_comm_all_gather(d->comm, hm, d->hbuf, (size_t)P, sizeof(float)));
-    return h2d(d, recv, d->hbuf, (uint64_t)d->W * P);
-}
-
-/* recv[W P] = every rank's partition, this rank's from pinned host memory: uploaded into its
- * place of recv (on the comm stream with NCCL), then gathered in place */
-static int gather_host_part(zr_zdev *d, const float *part, float *recv, uint64_t P)
-{
-    float *mine = recv + (size_t)d->rank * P;
-    if (d->W == 1) /* an upload, ordered on the model's stream (the partition is pinned) */
-        return d->ops->memcpy(mine, part, (size_t)P * sizeof(float), ZR_DEV_H2D, d->ms);
+        return send == mine ? 0 : d->ops->memcpy(mine, send, bytes, kind, d->ms);
     ZR_TRY(after_model(d));
     if (d->dc) {
-        ZR_TRY(d->ops->memcpy(mine, part, (size_t)P * sizeof(float), ZR_DEV_H2D, d->cs));
-        return d->ops->all_gather(d->dc, mine, recv, (size_t)P, sizeof(float));
+        if (host)
+            ZR_TRY(d->ops->memcpy(mine, send, bytes, ZR_DEV_H2D, d->cs));
+        return d->ops->all_gather(d->dc, host ? mine : send, recv, (size_t)P, sizeof(float));
     }
     float *hm = d->hbuf + (size_t)d->rank * P;
-    memcpy(hm, part, (size_t)P * sizeof(float));
+    if (host)
+        memcpy(hm, send, bytes);
+    else
+        ZR_TRY(d2h(d, hm, send, P));
     ZR_TRY(zr_comm_all_gather(d->comm, hm, d->hbuf, (size_t)P, sizeof(float)));
     return h2d(d, recv, d->hbuf, (uint64_t)d->W * P);
 }
@@ -549,18 +538,16 @@ static int gather_into(zr_zdev *d, size_t g, slot_t *s)
     const zr_zpart *p = &d->G[g];
     if (d->dc)
         ZR_TRY(d->ops->stream_wait(d->cs, s->freed));
-    if (d->off_par)
-        ZR_TRY(gather_host_part(d, d->ownp + p->ooff, s->buf, p->P));
-    else if (d->off_par_nvme) { /* read the partition, upload it, gather */
+    if (d->off_par_nvme) { /* read the partition, upload it, gather */
         uint64_t t;
         ZR_TRY(d->ops->event_sync(d->e_g)); /* the last upload from the staging is done */
         ZR_TRY(zck_swap_read(d->psw, d->gstage, grain_up(p->P) * sizeof(float),
                              d->poff[g] * sizeof(float), &t));
         ZR_TRY(zck_swap_wait(d->psw, t));
-        ZR_TRY(gather_host_part(d, d->gstage, s->buf, p->P));
-        ZR_TRY(d->ops->event_record(d->e_g, d->W == 1 ? d->ms : d->dc ? d->cs : d->ms));
+        ZR_TRY(c_all_gather(d, d->gstage, 1, s->buf, p->P));
+        ZR_TRY(d->ops->event_record(d->e_g, d->W > 1 && d->dc ? d->cs : d->ms));
     } else
-        ZR_TRY(c_all_gather(d, d->ownp + p->ooff, s->buf, p->P));
+        ZR_TRY(c_all_gather(d, d->ownp + p->ooff, d->off_par, s->buf, p->P));
     return d->ops->event_record(s->ready, d->dc ? d->cs : d->ms);
 }
 
@@ -594,6 +581,8 @@ static int hook_params(void *ctx, size_t g, const float **out)
         *out = d->fullp + d->G[g].foff;
         return 0;
     }
+    if (d->hook_err)
+        return zr_err_set(d->hook_err, "%s", d->hook_msg);
     size_t c = d->cursor;
     if (c >= d->n_sched || d->sched[c].g != g)
         return zr_err_set(ZR_ERROR, "ZeRO-3: the model asked for group %zu out of the gather "
@@ -618,14 +607,18 @@ static void hook_params_done(void *ctx, size_t g)
         return;
     slot_t *s = b->plent;
     b->plent = NULL;
-    /* an error here resurfaces at the next fetch (the model's reads stay ordered) */
-    if (d->ops->event_record(s->freed, d->ms))
-        return;
-    if (d->G[g].big)
-        s->busy = 0;
-    else
-        ring_put(&d->pfree, s);
-    issue_more(d, d->cursor + d->prefetch);
+    int rc = d->ops->event_record(s->freed, d->ms);
+    if (!rc) {
+        if (d->G[g].big)
+            s->busy = 0;
+        else
+            ring_put(&d->pfree, s);
+        rc = issue_more(d, d->cursor + d->prefetch);
+    }
+    if (rc && !d->hook_err) { /* returned by the next fetch, with its cause */
+        d->hook_err = rc;
+        snprintf(d->hook_msg, sizeof d->hook_msg, "%s", zr_err_msg());
+    }
 }
 
 static int hook_grads(void *ctx, size_t g, float **out)
@@ -722,6 +715,8 @@ int zd_attach(zr_zdev *d, zr_dev_model *m, unsigned n_micro)
 int zd_begin_step(zr_zdev *d)
 {
     ZR_TRY(model_after_comm(d)); /* the last step's gathers (publish) before the forward */
+    if (d->hook_err) /* a failed step is not retried: the run stops */
+        return zr_err_set(d->hook_err, "%s", d->hook_msg);
     if (d->stage >= 2)
         reset_buffers(d);
     if (d->stage < 2)
@@ -742,23 +737,18 @@ int zd_begin_step(zr_zdev *d)
  * peer lost inside an NCCL call would otherwise leave this rank waiting for its launcher) */
 typedef struct {
     zr_comm *comm;
-    struct timespec next;
+    double next; /* seconds, CLOCK_MONOTONIC */
 } peer_check;
 
 static int check_peers(void *ctx)
 {
     peer_check *k = ctx;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    if (now.tv_sec < k->next.tv_sec ||
-        (now.tv_sec == k->next.tv_sec && now.tv_nsec < k->next.tv_nsec))
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double now = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    if (now < k->next)
         return 0;
-    k->next = now;
-    k->next.tv_nsec += 50 * 1000 * 1000;
-    if (k->next.tv_nsec >= 1000000000L) {
-        k->next.tv_sec++;
-        k->next.tv_nsec -= 1000000000L;
-    }
+    k->next = now + 0.05;
     return zr_comm_check(k->comm);
 }
 
@@ -770,26 +760,22 @@ int zd_reduce(zr_zdev *d)
         for (size_t g = 0; g < d->ng; g++)
             ZR_TRY(c_reduce_scatter(d, d->fullg + d->G[g].foff, d->G[g].P));
     if (d->dc) { /* every reduction done (a failed or aborted NCCL call surfaces here) */
-        peer_check k = {d->comm, {0, 0}};
+        peer_check k = {d->comm, 0};
         ZR_TRY(d->ops->comm_wait(d->dc, check_peers, &k));
     }
     return model_after_comm(d);
 }
 
+static int dev_sumsq(void *ctx, const float *x, size_t n, double *out)
+{
+    zr_zdev *d = ctx;
+    return d->ops->sumsq(x, n, out, d->ms);
+}
+
 /* Sum of squares of rank q's partition of every group, in group order (zero.c's sums). */
 static int part_sumsq(zr_zdev *d, float *const *base, int q, double *out)
 {
-    double s = 0;
-    for (size_t g = 0; g < d->ng; g++) {
-        uint64_t lo, n;
-        zck_partition(d->G[g].numel, (uint32_t)d->W, (uint32_t)q, ZR_ZERO_ALIGN, &lo, &n);
-        double x = 0;
-        if (n)
-            ZR_TRY(d->ops->sumsq(base[g] + lo, (size_t)n, &x, d->ms));
-        s += x;
-    }
-    *out = s;
-    return 0;
+    return zr__zero_part_sumsq(d->L, d->W, q, base, dev_sumsq, d, out);
 }
 
 int zd_sumsq(zr_zdev *d, double *out)
@@ -824,39 +810,24 @@ out:
     return rc;
 }
 
-/* The tensors of group g that meet [a0, a0+cnt) of the group, with their decay flag:
- * calls f(at, count, decay) with `at` relative to a0. */
-typedef int (*tensor_fn)(zr_zdev *d, void *ctx, uint64_t at, uint64_t cnt, int decay);
-static int for_tensors(zr_zdev *d, size_t g, uint64_t a0, uint64_t cnt, tensor_fn f, void *ctx)
-{
-    for (size_t k = 0; k < zck_layout_group_n_tensors(d->L, g); k++) {
-        zck_tensor_info ti;
-        zck_layout_tensor(d->L, g, k, &ti);
-        uint64_t a = ti.offset > a0 ? ti.offset : a0;
-        uint64_t b = ti.offset + ti.numel < a0 + cnt ? ti.offset + ti.numel : a0 + cnt;
-        if (a < b)
-            ZR_TRY(f(d, ctx, a - a0, b - a, ti.ndim >= 2));
-    }
-    return 0;
-}
-
 typedef struct {
+    zr_zdev *d;
     float *p, *g, *m, *v;
     uint64_t t;
     float lr, clip;
     const zr_adamw_hp *hp;
 } adam_ctx;
 
-static int adam_dev(zr_zdev *d, void *ctx, uint64_t at, uint64_t cnt, int decay)
+/* AdamW on one tensor's part (zr__zero_tensors), on the device or on the host */
+static int adam_dev(void *ctx, uint64_t at, uint64_t cnt, int decay)
 {
     adam_ctx *a = ctx;
-    return d->ops->adamw(a->p + at, a->g + at, a->m + at, a->v + at, (size_t)cnt, a->t, a->lr,
-                         a->clip, decay, a->hp, d->ms);
+    return a->d->ops->adamw(a->p + at, a->g + at, a->m + at, a->v + at, (size_t)cnt, a->t,
+                            a->lr, a->clip, decay, a->hp, a->d->ms);
 }
 
-static int adam_host(zr_zdev *d, void *ctx, uint64_t at, uint64_t cnt, int decay)
+static int adam_host(void *ctx, uint64_t at, uint64_t cnt, int decay)
 {
-    (void)d;
     adam_ctx *a = ctx;
     zr_adamw_update(a->p + at, a->g + at, a->m + at, a->v + at, (size_t)cnt, a->t, a->lr,
                     a->clip, decay, a->hp);
@@ -869,25 +840,9 @@ static int adam_host(zr_zdev *d, void *ctx, uint64_t at, uint64_t cnt, int decay
 static int adamw_offloaded(zr_zdev *d, uint64_t t, float lr, float clip, const zr_adamw_hp *hp)
 {
     const zr_device_ops *ops = d->ops;
-    typedef struct { size_t g; uint64_t off, cnt; } ck;
-    size_t nc = 0, cap = 0, ch = d->ch;
-    ck *c = NULL;
-    for (size_t g = 0; g < d->ng; g++) {
-        uint64_t lo, n;
-        zd_opt_range(d, g, &lo, &n);
-        for (uint64_t off = 0; off < n; off += ch) {
-            if (nc == cap) {
-                cap = cap ? 2 * cap : 64;
-                ck *c2 = realloc(c, cap * sizeof *c);
-                if (!c2) {
-                    free(c);
-                    return zr_err_set(ZR_ENOMEM, "out of memory");
-                }
-                c = c2;
-            }
-            c[nc++] = (ck){g, off, n - off < ch ? n - off : ch};
-        }
-    }
+    size_t nc = 0, ch = d->ch;
+    zr_zchunk *c = NULL;
+    ZR_TRY(zr__zero_chunks(d->L, d->W, d->rank, d->stage, ch, &c, &nc));
     int rc = 0;
     if (d->ms) { /* the gradients are complete on ms */
         rc = ops->event_record(d->e_m, d->ms);
@@ -901,7 +856,7 @@ static int adamw_offloaded(zr_zdev *d, uint64_t t, float lr, float clip, const z
 #define STAGED(k, s) BUF(k, (s) == 0 ? 0 : (s) + 1)
     for (size_t k = 0; k <= nc && !rc; k++) {
         if (k < nc) { /* set k%2 was last used by chunk k-2, whose upload xs ordered before */
-            const ck *e = &c[k];
+            const zr_zchunk *e = &c[k];
             if (dev_par)
                 rc = ops->memcpy(BUF(k, 0), state_ptr(d, e->g, 0) + e->off,
                                  e->cnt * sizeof(float), ZR_DEV_D2H, d->xs);
@@ -926,7 +881,7 @@ static int adamw_offloaded(zr_zdev *d, uint64_t t, float lr, float clip, const z
         if (rc || k == 0)
             continue;
         size_t j = k - 1; /* update chunk j on the CPU, then upload it */
-        const ck *e = &c[j];
+        const zr_zchunk *e = &c[j];
         if ((rc = ops->event_sync(d->e_x[j % 2])))
             break;
         float *ptr[3];
@@ -941,8 +896,8 @@ static int adamw_offloaded(zr_zdev *d, uint64_t t, float lr, float clip, const z
             break;
         uint64_t lo, n;
         zd_opt_range(d, e->g, &lo, &n);
-        adam_ctx a = {ptr[0], BUF(j, 1), ptr[1], ptr[2], t, lr, clip, hp};
-        rc = for_tensors(d, e->g, lo + e->off, e->cnt, adam_host, &a);
+        adam_ctx a = {d, ptr[0], BUF(j, 1), ptr[1], ptr[2], t, lr, clip, hp};
+        rc = zr__zero_tensors(d->L, e->g, lo + e->off, e->cnt, adam_host, &a);
         if (!rc && dev_par)
             rc = ops->memcpy(state_ptr(d, e->g, 0) + e->off, BUF(j, 0),
                              e->cnt * sizeof(float), ZR_DEV_H2D, d->xs);
@@ -976,9 +931,9 @@ int zd_adamw(zr_zdev *d, uint64_t t, float lr, float clip, const zr_adamw_hp *hp
         zd_opt_range(d, g, &lo, &n);
         if (!n)
             continue;
-        adam_ctx a = {state_ptr(d, g, 0), state_ptr(d, g, 3), state_ptr(d, g, 1),
+        adam_ctx a = {d,  state_ptr(d, g, 0), state_ptr(d, g, 3), state_ptr(d, g, 1),
                       state_ptr(d, g, 2), t, lr, clip, hp};
-        ZR_TRY(for_tensors(d, g, lo, n, adam_dev, &a));
+        ZR_TRY(zr__zero_tensors(d->L, g, lo, n, adam_dev, &a));
     }
     return 0;
 }
@@ -989,7 +944,7 @@ int zd_publish(zr_zdev *d)
         return 0;
     for (size_t g = 0; g < d->ng; g++) {
         float *full = d->fullp + d->G[g].foff;
-        ZR_TRY(c_all_gather(d, full + (size_t)d->rank * d->G[g].P, full, d->G[g].P));
+        ZR_TRY(c_all_gather(d, full + (size_t)d->rank * d->G[g].P, 0, full, d->G[g].P));
     }
     return 0; /* the next step's begin orders ms after these */
 }
@@ -998,8 +953,7 @@ int zd_publish(zr_zdev *d)
 
 /* Host data into device memory dst[0, n), chunk by chunk: produce(ctx, off, cnt, buf) fills
  * a staging chunk; the upload of one chunk overlaps the production of the next. */
-typedef int (*produce_fn)(void *ctx, uint64_t off, uint64_t cnt, float *dst);
-static int upload(zr_zdev *d, float *dst, uint64_t n, produce_fn f, void *ctx)
+static int upload(zr_zdev *d, float *dst, uint64_t n, zr_zproduce_fn f, void *ctx)
 {
     const zr_device_ops *ops = d->ops;
     for (uint64_t off = 0, k = 0; off < n; off += d->ch, k++) {
@@ -1014,47 +968,16 @@ static int upload(zr_zdev *d, float *dst, uint64_t n, produce_fn f, void *ctx)
     return ops->stream_sync(d->xs);
 }
 
-/* The same into the swap file at float offset `at` (a 4 KiB boundary), two staging chunks in
- * turn, each written while the next is produced. */
-static int upload_swap(zr_zdev *d, zck_swap *sw, uint64_t at, uint64_t n, produce_fn f,
-                       void *ctx)
-{
-    uint64_t t[2] = {0, 0};
-    for (uint64_t off = 0, k = 0; off < n; off += d->ch, k++) {
-        uint64_t cnt = n - off < d->ch ? n - off : d->ch;
-        float *b = d->xbuf + (k % 2) * d->ch;
-        ZR_TRY(zck_swap_wait(sw, t[k % 2]));
-        memset(b + cnt, 0, (grain_up(cnt) - cnt) * sizeof(float));
-        ZR_TRY(f(ctx, off, cnt, b));
-        ZR_TRY(zck_swap_write(sw, b, grain_up(cnt) * sizeof(float), (at + off) * sizeof(float),
-                              &t[k % 2]));
-    }
-    return zck_swap_wait(sw, UINT64_MAX);
-}
-
-typedef struct {
-    zr_zero_fill_fn fill;
-    void *ctx;
-    size_t g;
-    uint64_t lo;
-} fill_ctx;
-
-static int produce_fill(void *ctx, uint64_t off, uint64_t cnt, float *dst)
-{
-    fill_ctx *f = ctx;
-    f->fill(f->ctx, f->g, f->lo + off, cnt, dst);
-    return 0;
-}
-
 int zd_init_params(zr_zdev *d, zr_zero_fill_fn fill, void *ctx)
 {
     for (size_t g = 0; g < d->ng; g++) {
         uint64_t lo = 0, n = d->G[g].numel;
         if (d->stage == 3)
             zd_opt_range(d, g, &lo, &n);
-        fill_ctx f = {fill, ctx, g, lo};
+        zr_zfill f = {fill, ctx, g, lo};
         if (on_nvme(d, 0)) {
-            ZR_TRY(upload_swap(d, d->psw, d->poff[g], n, produce_fill, &f));
+            ZR_TRY(zr__zero_swap_fill(d->psw, d->xbuf, d->ch, d->poff[g], n,
+                                      zr__zero_produce_fill, &f));
             continue;
         }
         float *dst = d->stage < 3 ? d->fullp + d->G[g].foff : d->ownp + d->G[g].ooff;
@@ -1063,21 +986,9 @@ int zd_init_params(zr_zdev *d, zr_zero_fill_fn fill, void *ctx)
                 fill(ctx, g, lo, n, dst);
             continue;
         }
-        ZR_TRY(upload(d, dst, n, produce_fill, &f));
+        ZR_TRY(upload(d, dst, n, zr__zero_produce_fill, &f));
     }
     return 0; /* the moments: zero on the device (dev_alloc) and in a fresh swap file */
-}
-
-typedef struct {
-    zck_reader *rd;
-    size_t g, st;
-    uint64_t lo;
-} read_ctx;
-
-static int produce_read(void *ctx, uint64_t off, uint64_t cnt, float *dst)
-{
-    read_ctx *r = ctx;
-    return zck_reader_read_range(r->rd, r->g, r->st, r->lo + off, cnt, dst);
 }
 
 int zd_load(zr_zdev *d, zck_reader *rd)
@@ -1101,37 +1012,15 @@ int zd_load(zr_zdev *d, zck_reader *rd)
             }
             if (!cnt)
                 continue;
-            read_ctx r = {rd, g, st[s], a};
+            zr_zread r = {rd, g, st[s], a};
             if (on_host(d, s))
                 ZR_TRY(zck_reader_read_range(rd, g, st[s], a, cnt, dst));
             else if (on_nvme(d, s))
-                ZR_TRY(upload_swap(d, swap_of(d, s), swap_at(d, g, s), cnt, produce_read, &r));
+                ZR_TRY(zr__zero_swap_fill(swap_of(d, s), d->xbuf, d->ch, swap_at(d, g, s), cnt,
+                                          zr__zero_produce_read, &r));
             else
-                ZR_TRY(upload(d, dst, cnt, produce_read, &r));
+                ZR_TRY(upload(d, dst, cnt, zr__zero_produce_read, &r));
         }
-    }
-    return 0;
-}
-
-/* Floats [first, first+n) of the swap file to the sink: aligned windows of a chunk, the next
- * one read while the sink takes the current one. */
-static int swap_to_sink(zr_zdev *d, zck_swap *sw, uint64_t first, uint64_t n,
-                        const zr_zero_sink *w)
-{
-    uint64_t end = first + n, t[2] = {0, 0}, win = d->ch;
-    uint64_t a = first / GRAIN * GRAIN;
-    ZR_TRY(zck_swap_read(sw, d->xbuf, grain_up(end - a < win ? end - a : win) *
-                         sizeof(float), a * sizeof(float), &t[0]));
-    for (uint64_t at = a, k = 0; at < end; at += win, k++) {
-        uint64_t next = at + win;
-        if (next < end)
-            ZR_TRY(zck_swap_read(sw, d->xbuf + ((k + 1) % 2) * win,
-                                 grain_up(end - next < win ? end - next : win) * sizeof(float),
-                                 next * sizeof(float), &t[(k + 1) % 2]));
-        ZR_TRY(zck_swap_wait(sw, t[k % 2]));
-        const float *b = d->xbuf + (k % 2) * win;
-        uint64_t from = at < first ? first : at, to = next < end ? next : end;
-        ZR_TRY(w->write(w->ctx, b + (from - at), (size_t)(to - from) * sizeof(float)));
     }
     return 0;
 }
@@ -1153,7 +1042,8 @@ int zd_save_to(zr_zdev *d, const zr_zero_sink *w)
         for (int s = 0; s < 3; s++) {
             ZR_TRY(w->begin(w->ctx, g, (size_t)s, plo, pn));
             if (on_nvme(d, s)) {
-                ZR_TRY(swap_to_sink(d, swap_of(d, s), swap_at(d, g, s) + (plo - olo), pn, w));
+                ZR_TRY(zr__zero_swap_to_sink(swap_of(d, s), d->xbuf, d->ch,
+                                             swap_at(d, g, s) + (plo - olo), pn, w));
                 continue;
             }
             const float *src = state_ptr(d, g, s) + (plo - olo);

@@ -36,6 +36,51 @@ int zr__zero_parts(const zck_layout *L, int W, int rank, zr_zpart **out, uint64_
 int zr__zero_schedule(const size_t *fwd, size_t nf, const size_t *bwd, size_t nb,
                       unsigned n_micro, size_t **out, size_t *n);
 
+/* Elements [a0, a0+cnt) of group g of L cut by its tensors: f(ctx, at, count, decay) for each
+ * tensor's part (at relative to a0; decay for tensors of two or more dimensions). */
+typedef int (*zr_ztensor_fn)(void *ctx, uint64_t at, uint64_t cnt, int decay);
+int zr__zero_tensors(const zck_layout *L, size_t g, uint64_t a0, uint64_t cnt, zr_ztensor_fn f,
+                     void *ctx);
+/* The optimizer step's chunks: every group's opt range (stage 0: the whole group; else this
+ * rank's partition) cut in pieces of at most `chunk` elements, in group order. */
+typedef struct {
+    size_t g;
+    uint64_t off, cnt; /* within the group's opt range */
+} zr_zchunk;
+int zr__zero_chunks(const zck_layout *L, int W, int rank, int stage, uint64_t chunk,
+                    zr_zchunk **out, size_t *n);
+/* The sum of squares of rank q's partition of every group, in group order; base[g][i] is
+ * element i of group g, sq(ctx, x, n, &out) sums one range (zr_sumsq's bits). */
+typedef int (*zr_zsumsq_fn)(void *ctx, const float *x, size_t n, double *out);
+int zr__zero_part_sumsq(const zck_layout *L, int W, int q, float *const *base, zr_zsumsq_fn sq,
+                        void *ctx, double *out);
+/* A swap file through two staging windows of `win` floats (stage[2 win], 4 KiB aligned; win
+ * a multiple of 1024): floats [at, at+n) (at on a 4 KiB boundary) filled with produce(ctx,
+ * off, cnt, buf) window by window, each written while the next is produced; and floats
+ * [first, first+n) to a sink, the next window read while the sink takes the current one. */
+typedef int (*zr_zproduce_fn)(void *ctx, uint64_t off, uint64_t cnt, float *dst);
+/* Producers for both: a range of init values (fill(ctx, g, lo + off, cnt, dst)), a range of a
+ * checkpoint's state (zck_reader_read_range of st, elements lo + off ...). */
+typedef struct {
+    zr_zero_fill_fn fill;
+    void *ctx;
+    size_t g;
+    uint64_t lo;
+} zr_zfill;
+int zr__zero_produce_fill(void *ctx, uint64_t off, uint64_t cnt, float *dst);
+typedef struct {
+    zck_reader *rd;
+    size_t g, st;
+    uint64_t lo;
+} zr_zread;
+int zr__zero_produce_read(void *ctx, uint64_t off, uint64_t cnt, float *dst);
+int zr__zero_swap_fill(zck_swap *sw, float *stage, uint64_t win, uint64_t at, uint64_t n,
+                       zr_zproduce_fn produce, void *ctx);
+int zr__zero_swap_to_sink(zck_swap *sw, float *stage, uint64_t win, uint64_t first, uint64_t n,
+                          const zr_zero_sink *w);
+/* The swap options (directory, request size, queue depth) when offload to NVMe is asked. */
+int zr__zero_check_swap_opts(const zr_zero_opts *o);
+
 typedef struct zr_zdev zr_zdev;
 
 int zd_new(zr_zdev **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts *o,

@@ -2,6 +2,7 @@
  * ckutil.c: shared helpers of the ckpt tests (see ckutil.h).
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include "ckutil.h"
@@ -200,6 +201,42 @@ int zck__read_small_for_tests(char **out, const char *path)
 }
 
 int zck__mkdir_for_tests(const char *path) { return zck__mkdir(path); }
+
+pid_t zt_spawn_zrun(const char *env, const char *args, const char *log)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s exec %s %s > %s 2>&1", env, zt_zrun_path(), args, log);
+    fflush(NULL);
+    pid_t p = fork();
+    ZT_CHECK(p >= 0);
+    if (p == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return p;
+}
+
+int zt_wait_status(pid_t p)
+{
+    int st;
+    while (waitpid(p, &st, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int zt_children(pid_t p, pid_t *out, int cap)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)p, (int)p);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    int n = 0, v;
+    while (n < cap && fscanf(f, "%d", &v) == 1)
+        out[n++] = v;
+    fclose(f);
+    return n;
+}
 
 int zt_free_port(void)
 {

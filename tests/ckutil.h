@@ -6,6 +6,7 @@
 #ifndef ZT_CKUTIL_H
 #define ZT_CKUTIL_H
 
+#include <sys/types.h>
 #include "harness.h"
 
 /* States: param f32, exp_avg f32, exp_avg_sq bf16 (a 2-byte state exercises sizes). */
@@ -32,6 +33,12 @@ int zck__read_small_for_tests(char **out, const char *path);
 int zck__mkdir_for_tests(const char *path);
 
 /* The zrun binary (ZT_ZRUN, set by make test); skips the test when unset. */
+/* zrun args > log 2>&1 in the background (sh -c exec: the pid is zrun's), with environment
+ * assignments before it (or ""); its exit status as a shell gives it (128 + N for signal N);
+ * the pids of p's children (the ranks of a launcher) into out[cap], their count. */
+pid_t zt_spawn_zrun(const char *env, const char *args, const char *log);
+int zt_wait_status(pid_t p);
+int zt_children(pid_t p, pid_t *out, int cap);
 /* A TCP port free on 127.0.0.1 now (for ranks that rendezvous over TCP). */
 int zt_free_port(void);
 const char *zt_zrun_path(void);

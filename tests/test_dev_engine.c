@@ -14,8 +14,10 @@
 #include "zr.h"
 
 #include <jansson.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define SMALL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
 #define COMMON "--model " SMALL " --seq 32 --batch 8 --micro-batch 2 --threads 1 --steps 8 "
@@ -229,4 +231,43 @@ ZT_TEST(dev_engine_errors)
         free(t);
         unsetenv("ZR_DEVICE_COMM");
     }
+}
+
+/* a rank killed while the device path runs (NCCL-style collectives on hostsim): the job stops
+ * within seconds, the launcher names the rank, the survivor's error names the cause (not only
+ * "aborted"), and `latest` stays sound */
+ZT_TEST(dev_engine_rank_killed_names_the_cause)
+{
+    pid_t p = zt_spawn_zrun("ZR_CUDA_LIB=hostsim ZR_DEVICE_COMM=nccl",
+                            "--model " SMALL " --seq 32 --batch 8 --threads 1 --steps 100000 "
+                            "--device cuda --nproc 2 --zero 3 --save-every 5 --ckpt-dir run",
+                            "run.log");
+    for (int i = 0;; i++) { /* training and a checkpoint, then SIGKILL rank 1 */
+        char *t = access("run.log", F_OK) == 0 ? zt_slurp("run.log") : NULL;
+        int going = t && strstr(t, "saved run/step-00000005");
+        free(t);
+        if (going)
+            break;
+        if (i > 1200)
+            ZT_FAIL("no checkpoint at step 5 within 60 s:\n%s", zt_slurp("run.log"));
+        usleep(50000);
+    }
+    pid_t kids[4];
+    int nk = zt_children(p, kids, 4);
+    if (nk != 2)
+        ZT_SKIP("cannot find the ranks (/proc/PID/task/PID/children: %d)", nk);
+    ZT_CHECK(kill(kids[1], SIGKILL) == 0);
+    ZT_CHECK_EQ(zt_wait_status(p), 137);
+    char *t = zt_slurp("run.log");
+    if (!strstr(t, "zrun: rank 1 was killed by signal 9") ||
+        !strstr(t, "[rank 0] zrun: error:") || !strstr(t, "rank 1"))
+        ZT_FAIL("the stop does not name rank 1:\n%s", t);
+    /* the survivor's message carries the cause */
+    const char *e = strstr(t, "[rank 0] zrun: error:");
+    if (strstr(e, "aborted after an error") && !strstr(e, "rank 1"))
+        ZT_FAIL("rank 0's error hides the cause:\n%s", e);
+    free(t);
+    setenv("ZR_CUDA_LIB", "hostsim", 1);
+    zt_zrun_ok("--model " SMALL " --seq 32 --batch 8 --threads 1 --steps 100000 --stop-after 1 "
+               "--device cuda --nproc 2 --zero 3 --ckpt-dir run", "resume.log");
 }

@@ -22,29 +22,6 @@
 #define COMMON "--model " SMALL " --seq 32 --batch 8 --micro-batch 2 --threads 1 "
 
 
-/* zrun args > log 2>&1 in the background, with extra environment assignments (or "") */
-static pid_t spawn_zrun(const char *env, const char *args, const char *log)
-{
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s exec %s %s > %s 2>&1", env, zt_zrun_path(), args, log);
-    fflush(NULL);
-    pid_t p = fork();
-    ZT_CHECK(p >= 0);
-    if (p == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    return p;
-}
-
-static int wait_status(pid_t p)
-{
-    int st;
-    while (waitpid(p, &st, 0) < 0 && errno == EINTR)
-        ;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -63,10 +40,10 @@ ZT_TEST(multinode_two_nodes_match_one)
                  "--node-rank %d --master %s --ckpt-dir two", k, master);
         char log[32];
         snprintf(log, sizeof log, "node%d.log", k);
-        p[k] = spawn_zrun("", args, log);
+        p[k] = zt_spawn_zrun("", args, log);
     }
     for (int k = 0; k < 2; k++)
-        if (wait_status(p[k]) != 0)
+        if (zt_wait_status(p[k]) != 0)
             ZT_FAIL("node %d failed:\n%s", k, zt_slurp(k ? "node1.log" : "node0.log"));
     zt_same_latest("one", "two", 0, 0);
     char *t = zt_slurp("node0.log");
@@ -90,11 +67,11 @@ ZT_TEST(multinode_under_mpirun_and_srun)
         for (int r = 0; r < 2; r++) {
             snprintf(env, sizeof env, fmt[m], r, r, port);
             snprintf(log, sizeof log, "mpi%d-%d.log", m, r);
-            p[r] = spawn_zrun(env, args, log);
+            p[r] = zt_spawn_zrun(env, args, log);
         }
         for (int r = 0; r < 2; r++) {
             snprintf(log, sizeof log, "mpi%d-%d.log", m, r);
-            if (wait_status(p[r]) != 0)
+            if (zt_wait_status(p[r]) != 0)
                 ZT_FAIL("%s rank %d failed:\n%s", m ? "srun" : "mpirun", r, zt_slurp(log));
         }
         zt_same_latest("ref", dir, 0, 0);
@@ -113,21 +90,6 @@ ZT_TEST(multinode_under_mpirun_and_srun)
     free(t);
 }
 
-/* The pids of p's children (/proc/p/task/p/children), into out[cap]; the count. */
-static int children(pid_t p, pid_t *out, int cap)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)p, (int)p);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    int n = 0, v;
-    while (n < cap && fscanf(f, "%d", &v) == 1)
-        out[n++] = v;
-    fclose(f);
-    return n;
-}
-
 ZT_TEST(multinode_rank_killed_on_one_node_stops_the_other)
 {
     char args[1024], master[64];
@@ -137,7 +99,7 @@ ZT_TEST(multinode_rank_killed_on_one_node_stops_the_other)
         snprintf(args, sizeof args, COMMON "--steps 100000 --save-every 5 --zero 1 --nproc 2 "
                  "--nnodes 2 --node-rank %d --master %s --ckpt-dir run --log-ranks all", k,
                  master);
-        p[k] = spawn_zrun("", args, k ? "node1.log" : "node0.log");
+        p[k] = zt_spawn_zrun("", args, k ? "node1.log" : "node0.log");
     }
     /* wait until training is under way and a checkpoint exists, then SIGKILL global rank 3 */
     double t0 = now_s();
@@ -157,12 +119,12 @@ ZT_TEST(multinode_rank_killed_on_one_node_stops_the_other)
     }
     /* node 1's launcher runs sh -c exec zrun: its children are the two rank processes */
     pid_t kids[4];
-    int nk = children(p[1], kids, 4);
+    int nk = zt_children(p[1], kids, 4);
     if (nk != 2)
         ZT_SKIP("cannot find node 1's ranks (/proc/PID/task/PID/children: %d)", nk);
     ZT_CHECK(kill(kids[1], SIGKILL) == 0);
     double tk = now_s();
-    int s1 = wait_status(p[1]), s0 = wait_status(p[0]);
+    int s1 = zt_wait_status(p[1]), s0 = zt_wait_status(p[0]);
     double dt = now_s() - tk;
     char *n0 = zt_slurp("node0.log"), *n1 = zt_slurp("node1.log");
     if (s1 == 0 || s0 == 0)
@@ -222,11 +184,11 @@ ZT_TEST(multinode_device_path_on_hostsim)
     for (int k = 1; k >= 0; k--) {
         snprintf(args, sizeof args, COMMON "--steps 6 --zero 3 --nproc 1 --nnodes 2 "
                  "--node-rank %d --master %s --ckpt-dir dev --device cuda", k, master);
-        p[k] = spawn_zrun("ZR_CUDA_LIB=hostsim ZR_DEVICE_COMM=nccl", args,
+        p[k] = zt_spawn_zrun("ZR_CUDA_LIB=hostsim ZR_DEVICE_COMM=nccl", args,
                           k ? "dev1.log" : "dev0.log");
     }
     for (int k = 0; k < 2; k++)
-        if (wait_status(p[k]) != 0)
+        if (zt_wait_status(p[k]) != 0)
             ZT_FAIL("node %d failed:\n%s", k, zt_slurp(k ? "dev1.log" : "dev0.log"));
     char *t = zt_slurp("dev0.log");
     ZT_CHECK(strstr(t, "device: hostsim") && strstr(t, "; NCCL"));

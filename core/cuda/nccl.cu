@@ -26,6 +26,7 @@ struct zr_dev_comm {
     cudaStream_t stream;
     float *scratch; /* the barrier's element */
     int rank, world, aborted;
+    const char *why; /* what aborted it */
 };
 
 const char *zrc_nccl_version(void)
@@ -125,8 +126,10 @@ zr_dev_stream *zrc_comm_stream(zr_dev_comm *c) { return (zr_dev_stream *)c->stre
 
 /* An error while collectives may be in flight: abort now, so that the kernels of this
  * communicator stop and the streams that wait for them drain (comm_free only frees). */
-static void abort_now(zr_dev_comm *c)
+static void abort_now(zr_dev_comm *c, const char *why)
 {
+    if (!c->aborted)
+        c->why = why;
     c->aborted = 1;
     if (c->comm) {
         ncclCommAbort(c->comm);
@@ -137,7 +140,8 @@ static void abort_now(zr_dev_comm *c)
 static int usable(zr_dev_comm *c)
 {
     if (c->aborted)
-        return zrc_err(ZR_ECOMM, "nccl: the communicator was aborted after an error");
+        return zrc_err(ZR_ECOMM, "nccl: the communicator was aborted after an error (%s)",
+                       c->why ? c->why : "?");
     return zrc_ensure_device();
 }
 
@@ -149,20 +153,20 @@ int zrc_comm_wait(zr_dev_comm *c, int (*check)(void *ctx), void *ctx)
         if (e == cudaSuccess)
             return 0;
         if (e != cudaErrorNotReady) {
-            abort_now(c);
+            abort_now(c, "a CUDA error while waiting for a collective");
             return zrc_cuda_err(e, "waiting for a collective");
         }
         ncclResult_t ar = ncclSuccess;
         ncclResult_t r = ncclCommGetAsyncError(c->comm, &ar);
         if (r != ncclSuccess || (ar != ncclSuccess && ar != ncclInProgress)) {
             int rc = nccl_err(c, r != ncclSuccess ? r : ar, "a collective failed");
-            abort_now(c);
+            abort_now(c, "a collective failed");
             return rc;
         }
         if (check) {
             int rc = check(ctx);
             if (rc) {
-                abort_now(c);
+                abort_now(c, "the job failed elsewhere: a peer is gone, or this rank failed");
                 return rc < 0 ? rc : zrc_err(ZR_ECOMM, "nccl: the job was aborted");
             }
         }
