@@ -222,6 +222,7 @@ bench: $(BUILD)/bench_ckpt $(BUILD)/mkckpt $(BUILD)/zckpt
 	tests/bench/zero_bench.sh
 	tests/bench/offload_bench.sh
 	tests/bench/save_bench.sh
+	ZRUN=$(BUILD)/zrun tests/bench/tcp_bench.sh
 
 clean:
 	rm -rf build build-san
