@@ -55,15 +55,27 @@ deps:
 	fi
 
 # ------------------------------------------------------------------ libraries
-# Each folder may include its own headers and those below it: ckpt <- core, ckpt <- formats,
-# cli -> all of them.
+# Each folder compiles with the include paths of what it may use, so a wrong include fails the
+# build (docs/ARCHITECTURE.md section 2 draws the graph; tests/deps.sh checks it):
+#   ckpt <- formats;  ckpt <- core/model, core/dist;  core/device <- model, dist;
+#   core/zero <- device, model, dist;  core/train <- everything in core;  cli -> public headers.
 CKPT_SRC := $(wildcard ckpt/*.c)
 CKPT_OBJ := $(CKPT_SRC:%.c=$(BUILD)/%.o)
 FMT_SRC  := $(wildcard formats/*.c)
 FMT_OBJ  := $(FMT_SRC:%.c=$(BUILD)/%.o)
-CORE_SRC := $(wildcard core/*.c)
+CORE_DIRS := model dist device zero train
+CORE_SRC := $(foreach d,$(CORE_DIRS),$(wildcard core/$(d)/*.c))
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
 CLI_COMMON := $(BUILD)/cli/common.o
+INC_model  := -Icore/model -Ickpt
+INC_dist   := -Icore/dist -Ickpt
+INC_device := -Icore/device -Icore/model -Icore/dist -Ickpt
+INC_zero   := -Icore/zero -Icore/device -Icore/model -Icore/dist -Ickpt
+INC_train  := -Icore/train -Icore/zero -Icore/device -Icore/model -Icore/dist -Ickpt
+INC_cuda   := -Icore/device/cuda -Icore/device -Icore/model -Ickpt
+# the tests reach internal headers of every folder; cli/ only the public ones
+INC_tests  := -Itests -Icli -Iformats -Icore $(foreach d,$(CORE_DIRS),-Icore/$(d)) -Ickpt
+INC_cli    := -Icli -Iformats -Icore -Ickpt
 
 $(BUILD)/ckpt/%.o: ckpt/%.c | deps
 	@mkdir -p $(dir $@)
@@ -78,11 +90,15 @@ $(BUILD)/formats/%.o: formats/%.c | deps
 CORE_OPT := $(if $(filter 1,$(SAN)),,-O3) -fno-math-errno
 $(BUILD)/core/%.o: core/%.c | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(CORE_OPT) $(BLAS_CFLAGS) -Icore -Ickpt -c $< -o $@
+	$(CC) $(CFLAGS) $(CORE_OPT) $(BLAS_CFLAGS) $(INC_$(firstword $(subst /, ,$*))) -c $< -o $@
 
-$(BUILD)/%.o: %.c | deps
+$(BUILD)/cli/%.o: cli/%.c | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Icore -Iformats -Ickpt -Icli -c $< -o $@
+	$(CC) $(CFLAGS) $(INC_cli) -c $< -o $@
+
+$(BUILD)/tests/%.o: tests/%.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(INC_tests) -c $< -o $@
 
 $(BUILD)/libzck.a: $(CKPT_OBJ)
 	@rm -f $@
@@ -114,7 +130,7 @@ run: $(BUILD)/zrun $(BUILD)/zckpt
 	$(BUILD)/zckpt verify $(RUN_DIR)
 
 # ------------------------------------------------------------------ CUDA backend (optional)
-# build/libzr_cuda.so (core/cuda/*.cu), loaded at run time by core/device.c through dlopen:
+# build/libzr_cuda.so (core/device/cuda/*.cu), loaded at run time by core/device/device.c through dlopen:
 # libzr, zrun and the tests never link CUDA and run anywhere. Built when nvcc is found (on the
 # PATH, else /usr/local/cuda/bin/nvcc; `make NVCC=` builds without it): sm_90 code (H100/H200)
 # and compute_90 PTX that newer GPUs compile at load. Always in build/ (nvcc objects take no
@@ -137,25 +153,25 @@ NCCL_LIBS   := $(if $(NCCL_H),$(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -Xlinker -rpa
 NVCC_FLAGS  := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 \
                -gencode arch=compute_90,code=compute_90 -Xcompiler -fPIC,-fvisibility=hidden,-Wall \
                $(if $(filter 1,$(WERROR)),-Werror all-warnings -Xcompiler -Werror) \
-               -Icore -Ickpt $(NCCL_FLAGS)
-CUDA_SRC := $(wildcard core/cuda/*.cu)
+               $(INC_cuda) $(NCCL_FLAGS)
+CUDA_SRC := $(wildcard core/device/cuda/*.cu)
 CUDA_OBJ := $(CUDA_SRC:%.cu=build/cuda-obj/%.o)
 
 build/cuda-obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
 
-build/libzr_cuda.so: $(CUDA_OBJ) core/cuda/exports.map
+build/libzr_cuda.so: $(CUDA_OBJ) core/device/cuda/exports.map
 	$(NVCC) -shared -cudart shared -o $@ $(CUDA_OBJ) -L$(CUDA_LIBDIR) -lcublasLt -lcublas \
 	  $(NCCL_LIBS) -lcudart -Xlinker -rpath,$(CUDA_LIBDIR) \
-	  -Xlinker --version-script=core/cuda/exports.map
+	  -Xlinker --version-script=core/device/cuda/exports.map
 
 all test: $(BUILD)/libzr_cuda.so
 ifneq ($(BUILD),build)
 $(BUILD)/libzr_cuda.so: build/libzr_cuda.so
 	@mkdir -p $(BUILD)
 	cp $< $@
--include $(wildcard build/cuda-obj/core/cuda/*.d)
+-include $(wildcard build/cuda-obj/core/device/cuda/*.d)
 endif
 endif
 

@@ -1,5 +1,5 @@
 /*
- * test_comm.c: the shm communicator (core/comm.h) and the launcher (zr_launch, core/zr.h).
+ * test_comm.c: the shm communicator (core/dist/comm.h) and the launcher (zr_launch, core/zr.h).
  *
  * Communicator: worlds of 1 to 4 forked ranks on a small segment (64 KiB per rank, so sizes
  * above it stream in several rounds cheaply) run every collective, out of place and in place,

@@ -1,5 +1,5 @@
 /*
- * test_device.c: the device loader (core/device.c) on every machine. Without the CUDA backend
+ * test_device.c: the device loader (core/device/device.c) on every machine. Without the CUDA backend
  * or without a GPU, zr_device_open must fail with ZR_EUNSUPPORTED and a message that says
  * which (never crash); with nvcc on the machine, make must have built build/libzr_cuda.so
  * (so CI catches a broken CUDA build); with a GPU, the GPU checks (build/gpu_kernels --quick)
@@ -8,7 +8,7 @@
  * make test exports ZT_NVCC: the nvcc the Makefile used ("" when it built without CUDA). Run
  * by hand without it, the test looks for nvcc as the Makefile does.
  *
- * The host simulation (ZR_CUDA_LIB=hostsim, core/hostsim.c) on every machine: its table, its
+ * The host simulation (ZR_CUDA_LIB=hostsim, core/device/hostsim.c) on every machine: its table, its
  * memory, and that its optimizer, model and collectives give the CPU engine's bits.
  */
 #include "comm.h"
@@ -166,7 +166,7 @@ ZT_TEST(device_gpu_checks_or_one_skip_line)
 }
 
 /* ---------------------------------------------------------------- the host simulation */
-/* core/hostsim.c (ZR_CUDA_LIB=hostsim): the device table on host memory with the CPU engine's
+/* core/device/hostsim.c (ZR_CUDA_LIB=hostsim): the device table on host memory with the CPU engine's
  * code, so its results must have the CPU's bits exactly. */
 
 static uint64_t hs_rng(uint64_t *s)

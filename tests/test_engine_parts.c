@@ -3,7 +3,7 @@
  * errors, the model section JSON (byte-identical to formats/') and the layout (identical to
  * zfmt_gpt2_layout, group by group and tensor by tensor), AdamW against a double-precision
  * reference, the LR schedule, the sum of squares, the vectorizable exp of the model's loops
- * (core/fastmath.h) against libm, the same bits from AdamW and the sum of squares whatever the
+ * (core/model/fastmath.h) against libm, the same bits from AdamW and the sum of squares whatever the
  * thread count, and the data sources: the synthetic corpus, raw-byte files and llm.c token
  * files with each kind of damage.
  */
@@ -569,7 +569,7 @@ static void expf_check(float x, int64_t worst[2], float *worst_x)
 
 ZT_TEST(engine_fast_expf)
 {
-    /* the bound of core/fastmath.h: within 1 ulp of e^x where e^x is a normal float, one step
+    /* the bound of core/model/fastmath.h: within 1 ulp of e^x where e^x is a normal float, one step
      * where it is subnormal, the same 0 and inf; every 4099th float bit pattern (about 1M
      * values, each sign and magnitude) and chosen ones around the limits */
     const float special[] = {0.0f, -0.0f, 1.0f, -1.0f, 0x1p-149f, -0x1p-149f, 0x1p-24f,

@@ -1,5 +1,5 @@
 /*
- * test_model.c: the GPT-2 model of core/model.c. Its arena layout against the checkpoint naming
+ * test_model.c: the GPT-2 model of core/model/model.c. Its arena layout against the checkpoint naming
  * contract (zfmt_gpt2_layout); its loss, probabilities and the gradient of every parameter of
  * every tensor against a double-precision reference forward written here (finite differences);
  * determinism of init, forward and gradient accumulation; that plain SGD on a fixed batch

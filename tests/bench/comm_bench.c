@@ -1,5 +1,5 @@
 /*
- * comm_bench.c: the shm communicator (core/comm.h) at world 2 against a single-thread memcpy.
+ * comm_bench.c: the shm communicator (core/dist/comm.h) at world 2 against a single-thread memcpy.
  *
  *   comm_bench [MiB (256)] [iterations (5)] [segment KiB per rank (0: the default, 4096)]
  *

@@ -4,7 +4,7 @@
  *   cc -O2 tests/bench/sgemm_bench.c $(pkg-config --cflags --libs openblas) -o build/sgemm_bench
  * Usage: sgemm_bench [THREADS [SECONDS_PER_SHAPE]]   (defaults 2 and 1.0)
  *
- * Times cblas_sgemm, row-major as core/model.c calls it, on square-ish shapes and on the
+ * Times cblas_sgemm, row-major as core/model/model.c calls it, on square-ish shapes and on the
  * shapes of one GPT-2 124M training step at batch 4 x 64 tokens (N = 256 rows, C = 768):
  * the forward (NoTrans x Trans, out = inp W^T), the input gradient (NoTrans x NoTrans) and the
  * weight gradient (Trans x NoTrans). For each shape it repeats the call for about

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """torch_gpt2.py: the PyTorch baseline of tests/bench/train_bench.sh.
 
-A nanoGPT-style GPT-2 with the architecture of core/model.c: token + learned position
+A nanoGPT-style GPT-2 with the architecture of core/model/model.c: token + learned position
 embeddings, pre-LN blocks (ln_1 -> c_attn -> causal self-attention -> c_proj -> residual;
 ln_2 -> c_fc -> GELU(tanh) -> c_proj -> residual), ln_f, logits through the tied token
 embedding, mean cross-entropy; biases everywhere; GPT-2 initialization; AdamW in fp32

@@ -238,7 +238,7 @@ print(f"  sgemm ({threads} threads, OpenBLAS): best {sg['best']:.1f} GFLOP/s, 12
 
 # memory: params + grads + AdamW m and v = 16 bytes/param; activations as zero allocates them
 # (the log's mem.activations: since 769c986 the arena is sized for batch x --seq) and as B x T
-# needs them (the buffers of core/model.c's acts_layout at T)
+# needs them (the buffers of core/model/model.c's acts_layout at T)
 sixteen = 16 * n_params
 def acts(Tn):
     N = B * Tn

@@ -1,12 +1,12 @@
 /*
  * tests/gpu/kernels.c (build/gpu_kernels): the CUDA backend against the CPU, on a GPU machine.
- * Loads build/libzr_cuda.so through core/device.c (plain C, no CUDA header) and checks:
+ * Loads build/libzr_cuda.so through core/device/device.c (plain C, no CUDA header) and checks:
  *
  *   - every layer's forward and backward (zr_device_kernels) against references written here
  *     in double precision, on random inputs of awkward sizes (not multiples of 32, T = 1,
  *     odd vocabularies, several chunks in the head);
  *   - AdamW and the sum of squares: the same bits as zr_adamw_update and zr_sumsq;
- *   - the device model against the CPU model (core/model.c through zr_model): loss,
+ *   - the device model against the CPU model (core/model/model.c through zr_model): loss,
  *     probabilities, every group's gradient; determinism; the hooks (fetch order, at most two
  *     groups lent at once, the same results as the own arenas); accumulation; argument errors;
  *   - 30 training steps (device model + device AdamW and norm clipping, against zr_model +

@@ -2,7 +2,7 @@
 # tests/gpu/run.sh: build the CUDA backend (build/libzr_cuda.so) and the GPU checks
 # (build/gpu_kernels, tests/gpu/kernels.c), then run them all: every layer's kernels forward and
 # backward against CPU references, AdamW and the norm bit for bit, the device model against
-# core/model.c, 30 training steps against the CPU engine's arithmetic, NCCL; then the engine
+# core/model/model.c, 30 training steps against the CPU engine's arithmetic, NCCL; then the engine
 # through zrun (tests/gpu/engine.sh: GPU vs CPU losses, world 2 sharing the GPU at stages 0-3,
 # the pinned-memory optimizer, a checkpoint GPU -> CPU -> GPU). Well under the 8 minutes the
 # issue allows (a minute of GPU work; the build takes the most).

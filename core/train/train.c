@@ -14,7 +14,8 @@
 #include "device.h"
 #include "saver.h"
 #include "zero.h"
-#include "zr.h"
+#include "model.h"
+#include "train.h"
 
 #include <errno.h>
 #include <jansson.h>

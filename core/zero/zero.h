@@ -27,7 +27,7 @@
 
 #include "comm.h"
 #include "device.h"
-#include "zr.h"
+#include "model.h"
 
 #define ZR_ZERO_ALIGN 64 /* partition granule, elements (the checkpoints' too) */
 

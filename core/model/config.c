@@ -8,7 +8,7 @@
  * may not include formats/, so this is a second, independent implementation; the engine tests
  * (tests/test_engine_parts.c) check that both give the same layout and byte-identical JSON.
  */
-#include "zr.h"
+#include "model.h"
 
 #include <assert.h>
 #include <jansson.h>

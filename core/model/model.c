@@ -16,7 +16,7 @@
  * Shapes in comments: B batch, T sequence, C channels, NH heads, hs = C / NH, V vocabulary,
  * N = B * T positions.
  */
-#include "zr.h"
+#include "model.h"
 #include "par.h"
 
 #include <assert.h>

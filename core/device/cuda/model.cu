@@ -38,7 +38,7 @@
 #define BUF_ALIGN 256                      /* every buffer of the arena */
 #define BLAS_WORKSPACE ((size_t)32 << 20) /* cuBLAS workspace per handle */
 
-/* The 12 tensors of a block, in layout order (as core/model.c). */
+/* The 12 tensors of a block, in layout order (as core/model/model.c). */
 enum {
     K_LN1W, K_LN1B, K_QKVW, K_QKVB, K_ATTPROJW, K_ATTPROJB,
     K_LN2W, K_LN2B, K_FCW, K_FCB, K_FCPROJW, K_FCPROJB, K_COUNT

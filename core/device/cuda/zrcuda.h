@@ -1,5 +1,5 @@
 /*
- * zrcuda.h: internal header of the CUDA backend (core/cuda/, built into build/libzr_cuda.so).
+ * zrcuda.h: internal header of the CUDA backend (core/device/cuda/, built into build/libzr_cuda.so).
  * Nothing here is exported: the shared object is compiled with hidden visibility and exports
  * only the getter of device.h (ZR_DEVICE_SYMBOL).
  *
@@ -57,7 +57,7 @@ void zrc_free(void *p);
 
 /* ---------------------------------------------------------------- kernels (kernels.cu) */
 /* Every launcher enqueues on s and returns 0 or ZR_EDEVICE (a launch error). Shapes as in
- * core/model.c: N = B T rows, C channels, NH heads, hs = C / NH, V vocabulary. */
+ * core/model/model.c: N = B T rows, C channels, NH heads, hs = C / NH, V vocabulary. */
 
 int zrk_cast_bf16(bf16 *dst, const float *src, size_t n, cudaStream_t s);
 int zrk_to_f32(float *dst, const bf16 *src, size_t n, cudaStream_t s);

@@ -3,9 +3,9 @@
  * object loaded at run time (dlopen), so that libzr, zrun and the tests never link against
  * CUDA: the same binaries run on machines without a GPU and pick the CPU there.
  *
- * The CUDA backend is build/libzr_cuda.so (core/cuda/, built by the Makefile when nvcc is
+ * The CUDA backend is build/libzr_cuda.so (core/device/cuda/, built by the Makefile when nvcc is
  * found). It exports one symbol, the getter ZR_DEVICE_SYMBOL ("zr_cuda_ops_v1"), which returns
- * its table of operations (zr_device_ops). core/device.c finds and loads it: zr_device_open.
+ * its table of operations (zr_device_ops). core/device/device.c finds and loads it: zr_device_open.
  *
  * Conventions (ckpt's, zck.h): functions return 0 or a negative ZR_E* code after setting a
  * one-line message; the loader installs an error handler in the backend that forwards every
@@ -27,7 +27,7 @@
 #ifndef ZR_DEVICE_H
 #define ZR_DEVICE_H
 
-#include "zr.h"
+#include "model.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -59,7 +59,7 @@ typedef enum { ZR_DEV_H2D = 1, ZR_DEV_D2H = 2, ZR_DEV_D2D = 3 } zr_dev_copy;
  * rounded to bf16 on the way in, exactly where the model rounds them. Every pointer is a device
  * pointer to fp32, row-major, unless it says host; scratch is allocated and freed inside; each
  * call is synchronous. Gradients marked += add into what the buffer holds; outputs marked out
- * may be NULL when not wanted. Shapes as in core/model.c: N = B T rows, C channels, NH heads.
+ * may be NULL when not wanted. Shapes as in core/model/model.c: N = B T rows, C channels, NH heads.
  */
 typedef struct zr_device_kernels {
     /* out[N,C] = wte[tok] + wpe[t]; backward: dwte[V,C] +=, dwpe[T,C] += dout summed over the
@@ -266,7 +266,7 @@ int zr_device_open_at(const char *path, const zr_device_ops **out);
 /* Where zr_device_open looks: into buf[cap]; ZR_EINVAL when it does not fit. */
 int zr_device_lib_path(char *buf, size_t cap);
 /*
- * The host simulation of a device (core/hostsim.c), selected with ZR_CUDA_LIB=hostsim: the
+ * The host simulation of a device (core/device/hostsim.c), selected with ZR_CUDA_LIB=hostsim: the
  * same table on ordinary memory, run on the CPU with the CPU engine's own code (zr_model for
  * model_*, zr_adamw_update, zr_sumsq), every call synchronous, streams and events trivial, the
  * communicator (comm_*) riding on this process's shm communicator (zr_comm_env). It lets the

@@ -13,7 +13,7 @@
  * hub's connection close and fail naming it.
  */
 #include "comm_tcp.h"
-#include "zr.h"
+#include "zck.h"
 
 #include <errno.h>
 #include <netdb.h>

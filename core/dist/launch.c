@@ -19,7 +19,7 @@
  * 200 ms more, then dropped.
  */
 #include "comm.h"
-#include "zr.h"
+#include "dist.h"
 
 #include <errno.h>
 #include <fcntl.h>

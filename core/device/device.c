@@ -8,7 +8,7 @@
  * process: CUDA's libraries do not survive dlclose well, and there is nothing to gain.
  *
  * ZR_CUDA_LIB=hostsim (exactly that word; a file of that name is ./hostsim) selects the host
- * simulation built into libzr (core/hostsim.c, zr_hostsim_ops): no library is loaded, and the
+ * simulation built into libzr (core/device/hostsim.c, zr_hostsim_ops): no library is loaded, and the
  * table goes through the same checks (ABI, error handler, probe) as a loaded one.
  */
 #include "device.h"

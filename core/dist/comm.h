@@ -28,7 +28,7 @@
 #ifndef ZR_COMM_H
 #define ZR_COMM_H
 
-#include "zr.h"
+#include "zck.h"
 
 #include <stddef.h>
 #include <stdint.h>

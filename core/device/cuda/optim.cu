@@ -1,6 +1,6 @@
 /*
  * optim.cu: AdamW, the sum of squares and y += x on device arrays, with the CPU's bits
- * (core/optim.c).
+ * (core/model/optim.c).
  *
  * AdamW is elementwise; every operation is spelled with an IEEE round-to-nearest intrinsic
  * (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn), which nvcc never contracts into an FMA, in
@@ -19,7 +19,7 @@
 
 #include <math.h>
 
-#define SUMSQ_BLOCK ((size_t)16384) /* core/optim.c's */
+#define SUMSQ_BLOCK ((size_t)16384) /* core/model/optim.c's */
 
 namespace {
 

@@ -15,7 +15,7 @@
  *     summed in double (eight partial sums, combined pairwise), and the block sums are added
  *     in block order, whichever thread computed them.
  */
-#include "zr.h"
+#include "model.h"
 #include "fastmath.h"
 #include "par.h"
 

@@ -38,7 +38,7 @@
  * as damaged when only the magic is wrong (version 1 and the size agreeing with header[2]).
  * Every token is checked against the model's vocabulary at open.
  */
-#include "zr.h"
+#include "model.h"
 
 #include <assert.h>
 #include <errno.h>

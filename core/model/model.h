@@ -1,0 +1,152 @@
+/*
+ * model.h: the model maths of core/ (part of the public zr.h): model configuration, the GPT-2
+ * model (forward and backward in C, matmuls through BLAS), AdamW, the LR schedule and the token
+ * data. Nothing here knows of ranks, devices or communicators; core/model/ is compiled with
+ * only its own folder and ckpt/ on the include path.
+ */
+#ifndef ZR_MODEL_H
+#define ZR_MODEL_H
+
+#include "zck.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- model configuration */
+
+typedef struct {
+    uint32_t layers, heads, dim, ctx, vocab; /* L, NH, C, maximum T, V */
+} zr_gpt2_config;
+
+/*
+ * "tiny" (L=4, NH=4, C=128, T=128, V=256: the default run), "gpt2" (12, 12, 768, 1024, 50257),
+ * "gpt2-medium" (24, 16, 1024, 1024, 50257), or fields: "gpt2:layers=4,heads=4,dim=256,ctx=128,
+ * vocab=256" (fields not given keep the tiny values). ZR_EINVAL naming the bad part; dim must
+ * be a multiple of heads.
+ */
+int zr_gpt2_config_parse(zr_gpt2_config *out, const char *spec);
+/* The manifest's model section, exactly as formats/ writes it:
+ * {"arch":"gpt2","layers":L,"heads":NH,"dim":C,"ctx":T,"vocab":V}. */
+int zr_gpt2_config_to_json(char **out, const zr_gpt2_config *c);
+int zr_gpt2_config_from_json(zr_gpt2_config *out, const char *json);
+/* The checkpoint layout: the GPT-2 naming contract of docs/FORMAT.md (the same groups, tensor
+ * names, shapes [out, in] and states param/exp_avg/exp_avg_sq f32 as zfmt_gpt2_layout). */
+int zr_gpt2_layout(zck_layout **out, const zr_gpt2_config *c);
+
+/* ---------------------------------------------------------------- model */
+
+/*
+ * The model owns one parameter arena and one gradient arena (huge-page advised), each holding
+ * the groups of zr_gpt2_layout end to end in layout order: group g's tensors are contiguous at
+ * zr_model_param(m, g), in the layout's tensor order and shapes, row-major. Activations for up
+ * to max_B sequences of up to ctx tokens are allocated once at creation and reused.
+ */
+typedef struct zr_model zr_model;
+int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B);
+
+/*
+ * Hooks (ZeRO): where the model finds a group's parameters and where it adds a group's
+ * gradient, one group at a time, instead of its own arenas. params lends group g's whole
+ * parameters (layout order, as in the arena) before the model reads them; params_done says they
+ * are no longer read. The model asks in the order zr_model_fetch_order gives, at most two groups
+ * at once (wte and wpe for the embedding). grads lends a buffer of group g's size that the
+ * model adds scale x the gradient into (accumulation is the lender's business: a zeroed buffer
+ * or the previous micro-batch's sums); grads_done says group g's gradient of this backward is
+ * complete (wte's comes last: the head and the embedding both add to it). A hook returns 0 or
+ * a ZR_E* code with the error set, which the forward or backward returns. Either pair may be
+ * NULL: then that side lives in the model's own arena (zr_model_param/grad return NULL for a
+ * side that is lent).
+ */
+typedef struct {
+    void *ctx;
+    int (*params)(void *ctx, size_t g, const float **out);
+    void (*params_done)(void *ctx, size_t g);
+    int (*grads)(void *ctx, size_t g, float **out);
+    int (*grads_done)(void *ctx, size_t g);
+} zr_model_hooks;
+/* As zr_model_new, activations sized for max_T <= ctx tokens per sequence, with hooks (or
+ * NULL). */
+int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size_t max_T,
+                     const zr_model_hooks *hooks);
+/* The groups a forward (backward 0) or backward (1) asks for, in order, into order[] (room for
+ * layers + 4); returns the count. A group may appear twice (wte: embedding and head). */
+size_t zr_model_fetch_order(const zr_model *m, int backward, size_t *order);
+void zr_model_free(zr_model *m);
+const zr_gpt2_config *zr_model_config(const zr_model *m);
+size_t zr_model_n_groups(const zr_model *m);
+uint64_t zr_model_group_numel(const zr_model *m, size_t g);
+uint64_t zr_model_numel(const zr_model *m);       /* all groups */
+float *zr_model_param(zr_model *m, size_t g);     /* borrowed; arena + group offset */
+float *zr_model_grad(zr_model *m, size_t g);
+/* GPT-2 initialization from seed alone: weights N(0, 0.02), the two residual projections
+ * (attn.c_proj.weight, mlp.c_proj.weight) N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1
+ * and biases 0. Deterministic: same seed, same bits, and each element depends only on (seed,
+ * its index), so init_range of any part of a group gives the bits init_weights puts there.
+ * init_weights fills the own parameter arena (nothing when parameters are lent). */
+void zr_model_init_weights(zr_model *m, uint64_t seed);
+void zr_model_init_range(const zr_model *m, uint64_t seed, size_t g, uint64_t off, uint64_t n,
+                         float *dst);
+/* Forward B sequences of T tokens (B <= max_B, T <= ctx): inputs [B*T] token ids < V; with
+ * targets [B*T], *loss is the mean cross-entropy over the B*T positions (else *loss is 0 and
+ * only logits are computed). ZR_EINVAL on sizes or token ids out of range. */
+int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets, size_t B,
+                     size_t T, float *loss);
+/* Probabilities of the last forward, [B*T, V] (borrowed, valid until the next forward). */
+const float *zr_model_probs(const zr_model *m);
+void zr_model_zero_grad(zr_model *m);
+/* Backward of the last forward (which had targets): grads += scale * d(mean loss)/d(params).
+ * The trainer passes scale = 1 / micro-batches so accumulated grads are those of the mean
+ * loss over the whole global batch. */
+int zr_model_backward(zr_model *m, float scale);
+/* Bytes held: parameters, gradients (0 for a lent side), activations (the memory report). */
+/* The activation bytes a model would allocate for max_B x max_T, without allocating. */
+uint64_t zr_model_activation_bytes(const zr_gpt2_config *c, size_t max_B, size_t max_T);
+void zr_model_bytes(const zr_model *m, uint64_t *params, uint64_t *grads, uint64_t *acts);
+/* BLAS threads (and any other threads the model uses). */
+void zr_set_threads(int n);
+
+/* ---------------------------------------------------------------- optimizer */
+
+typedef struct {
+    float beta1, beta2, eps, weight_decay;
+} zr_adamw_hp;
+#define ZR_ADAMW_HP_INIT {0.9f, 0.95f, 1e-8f, 0.1f}
+
+/* One AdamW update of n elements (decoupled weight decay, bias correction with the 1-based
+ * optimizer step t): g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * param -= lr * (mhat / (sqrt(vhat) + eps) + (decay ? wd * param : 0)). */
+void zr_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, uint64_t t,
+                     float lr, float grad_scale, int decay, const zr_adamw_hp *hp);
+/* Sum of squares in double (for the global gradient norm). */
+double zr_sumsq(const float *x, size_t n);
+/* Learning rate after `step` completed optimizer steps (0-based): linear warmup
+ * lr * (step + 1) / warmup for step < warmup, then cosine decay from lr to lr * min_ratio at
+ * step = total - 1 (and lr * min_ratio after). */
+float zr_lr_at(uint64_t step, uint64_t warmup, uint64_t total, float lr, float min_ratio);
+
+/* ---------------------------------------------------------------- data */
+
+/*
+ * A token source. spec is "synthetic" (a built-in deterministic corpus, vocab 256, learnable:
+ * see docs), or a file: an llm.c token file (int32 header[256] with magic 20240520, version 1,
+ * header[2] = token count, then uint16 tokens) when its magic matches, else any file as raw
+ * bytes (vocab 256). Sample `index` is T+1 consecutive tokens at a position that depends only
+ * on (seed, index): the sequence of global batches is fixed by the seed and the global batch,
+ * whatever the world size. ZR_ENOTFOUND / ZR_ECORRUPT naming the file; ZR_EINVAL when the data
+ * has fewer than T+1 tokens or tokens >= vocab.
+ */
+typedef struct zr_data zr_data;
+int zr_data_open(zr_data **out, const char *spec, uint32_t vocab, uint32_t T, uint64_t seed);
+void zr_data_free(zr_data *d);
+const char *zr_data_describe(const zr_data *d); /* "synthetic corpus (1048576 tokens)" ... */
+uint64_t zr_data_tokens(const zr_data *d);
+void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens /* T+1 */);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
