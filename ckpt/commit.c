@@ -17,80 +17,10 @@
 #include <time.h>
 #include <unistd.h>
 
-void zck_step_dirname(char out[32], uint64_t step)
-{
-    snprintf(out, 32, "step-%08llu", (unsigned long long)step);
-}
-
-int zck_latest(char **out, const char *run_dir)
-{
-    char *lp = zck__path_join(run_dir, "latest"), *txt = NULL;
-    if (!lp)
-        return ZR_ENOMEM;
-    int rc = zck__read_small(&txt, NULL, lp, 4096);
-    if (rc == ZR_ENOTFOUND)
-        rc = zr_err_set(ZR_ENOTFOUND, "%s: no 'latest' file: no committed checkpoint here",
-                        run_dir);
-    if (rc)
-        goto out;
-    size_t n = strlen(txt);
-    while (n && (txt[n - 1] == '\n' || txt[n - 1] == '\r' || txt[n - 1] == ' '))
-        txt[--n] = 0;
-    uint64_t step;
-    if (!zck__parse_step_name(txt, &step)) {
-        rc = zr_err_set(ZR_ECORRUPT, "%s: expected a name like step-00001000, found '%.64s'", lp,
-                        txt);
-        goto out;
-    }
-    if (!(*out = zck__path_join(run_dir, txt)))
-        rc = ZR_ENOMEM;
-out:
-    free(lp);
-    free(txt);
-    return rc;
-}
-
 static int cmp_rank(const void *a, const void *b)
 {
     const zck_shard *x = *(zck_shard *const *)a, *y = *(zck_shard *const *)b;
     return x->rank < y->rank ? -1 : x->rank > y->rank;
-}
-
-static int write_latest(const char *run_dir, const char *name)
-{
-    char tmpname[64], line[64];
-    snprintf(tmpname, sizeof tmpname, ".latest.tmp-%ld", (long)getpid());
-    snprintf(line, sizeof line, "%s\n", name);
-    char *tmp = zck__path_join(run_dir, tmpname), *dst = zck__path_join(run_dir, "latest");
-    int rc = 0;
-    if (!tmp || !dst) {
-        rc = ZR_ENOMEM;
-        goto out;
-    }
-    ZR_TRY_GOTO(zck__write_small(tmp, line, strlen(line)), rc, out);
-    ZR_TRY_GOTO(zck__rename(tmp, dst), rc, out);
-    ZR_TRY_GOTO(zck__fsync_dir(run_dir), rc, out);
-out:
-    if (rc && tmp)
-        unlink(tmp);
-    free(tmp);
-    free(dst);
-    return rc;
-}
-
-int zck_latest_set(const char *run_dir, uint64_t step)
-{
-    char name[32];
-    zck_step_dirname(name, step);
-    char *p = zck__path_join(run_dir, name);
-    if (!p)
-        return ZR_ENOMEM;
-    struct stat st;
-    int ok = stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-    free(p);
-    if (!ok)
-        return zr_err_set(ZR_ENOTFOUND, "%s/%s: no such checkpoint directory", run_dir, name);
-    return write_latest(run_dir, name);
 }
 
 int zck_commit(char **out, const char *run_dir, const char *staging_dir, const zck_layout *L,
@@ -192,7 +122,7 @@ int zck_commit(char **out, const char *run_dir, const char *staging_dir, const z
     }
     ZR_TRY_GOTO(zck__rename_noreplace(staging_dir, final), rc, out);
     ZR_TRY_GOTO(zck__fsync_dir(run_dir), rc, out);
-    ZR_TRY_GOTO(write_latest(run_dir, dirname), rc, out);
+    ZR_TRY_GOTO(zck__write_latest(run_dir, dirname), rc, out);
     zck_prune_opts po = ZCK_PRUNE_OPTS_INIT;
     po.keep_last = opts->keep_last;
     po.gc_tmp = opts->gc_tmp;

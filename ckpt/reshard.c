@@ -112,29 +112,6 @@ static void *worker(void *arg)
     return NULL;
 }
 
-static int first_problem(const char *src, const zck_report *rep)
-{
-    const zck_problem *p = zck_report_get(rep, 0);
-    return zr_err_set(ZR_ECORRUPT, "%s: %s: %s: %s (%zu problem%s; run zckpt verify)", src,
-                      p->file, zck_problem_kind_name(p->kind), p->detail, zck_report_count(rep),
-                      zck_report_count(rep) == 1 ? "" : "s");
-}
-
-int zck__verify_or_fail(const char *path, unsigned jobs, const zck_progress *progress)
-{
-    zck_report *rep = NULL;
-    zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
-    /* buffered: the hash pass leaves the shards in the page cache for the pass that follows */
-    vo.io.io = ZCK_IO_BUFFERED;
-    vo.jobs = jobs ? jobs : 1;
-    if (progress)
-        vo.progress = *progress;
-    ZR_TRY(zck_verify(&rep, path, &vo));
-    int rc = zck_report_count(rep) ? first_problem(path, rep) : 0;
-    zck_report_free(rep);
-    return rc;
-}
-
 int zck_reshard(char **out, const char *src, const char *out_run_dir, uint32_t world,
                 const zck_reshard_opts *opts)
 {

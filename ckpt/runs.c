@@ -12,23 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-bool zck__parse_step_name(const char *name, uint64_t *step)
-{
-    if (strncmp(name, "step-", 5))
-        return false;
-    const char *d = name + 5;
-    if (!*d || strlen(d) > 19)
-        return false;
-    uint64_t v = 0;
-    for (; *d; d++) {
-        if (*d < '0' || *d > '9')
-            return false;
-        v = v * 10 + (uint64_t)(*d - '0');
-    }
-    *step = v;
-    return true;
-}
-
 void zck_namelist_free(zck_namelist *l)
 {
     if (!l)

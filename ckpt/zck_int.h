@@ -190,6 +190,8 @@ char *zck__path_join(const char *a, const char *b);  /* NULL on ENOMEM (error se
 
 /* "step-<1-19 digits>" -> step; false for anything else */
 bool zck__parse_step_name(const char *name, uint64_t *step);
+/* replace run_dir/latest by a file naming `name` (write-temp + rename + fsync of the directory) */
+int zck__write_latest(const char *run_dir, const char *name);
 /* Retention and garbage collection in run_dir around the checkpoint `keep` of step `step`
  * (the directory latest names): never touches it or step directories above it. Names removed (or, with
  * dry_run, that would be) go to *removed when it is not NULL. */

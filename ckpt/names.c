@@ -1,0 +1,101 @@
+/*
+ * names.c: the names a run directory holds: step directories (step-<8+ digits>) and the
+ * `latest` file that names the newest committed one, read and replaced atomically
+ * (write-temp + rename + fsync of the directory). Used by the commit, the reader, the run
+ * listing and retention, and by nothing else below them, so no two files of ckpt/ depend on
+ * each other.
+ */
+#include "zck_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+bool zck__parse_step_name(const char *name, uint64_t *step)
+{
+    if (strncmp(name, "step-", 5))
+        return false;
+    const char *d = name + 5;
+    if (!*d || strlen(d) > 19)
+        return false;
+    uint64_t v = 0;
+    for (; *d; d++) {
+        if (*d < '0' || *d > '9')
+            return false;
+        v = v * 10 + (uint64_t)(*d - '0');
+    }
+    *step = v;
+    return true;
+}
+
+void zck_step_dirname(char out[32], uint64_t step)
+{
+    snprintf(out, 32, "step-%08llu", (unsigned long long)step);
+}
+
+int zck_latest(char **out, const char *run_dir)
+{
+    char *lp = zck__path_join(run_dir, "latest"), *txt = NULL;
+    if (!lp)
+        return ZR_ENOMEM;
+    int rc = zck__read_small(&txt, NULL, lp, 4096);
+    if (rc == ZR_ENOTFOUND)
+        rc = zr_err_set(ZR_ENOTFOUND, "%s: no 'latest' file: no committed checkpoint here",
+                        run_dir);
+    if (rc)
+        goto out;
+    size_t n = strlen(txt);
+    while (n && (txt[n - 1] == '\n' || txt[n - 1] == '\r' || txt[n - 1] == ' '))
+        txt[--n] = 0;
+    uint64_t step;
+    if (!zck__parse_step_name(txt, &step)) {
+        rc = zr_err_set(ZR_ECORRUPT, "%s: expected a name like step-00001000, found '%.64s'", lp,
+                        txt);
+        goto out;
+    }
+    if (!(*out = zck__path_join(run_dir, txt)))
+        rc = ZR_ENOMEM;
+out:
+    free(lp);
+    free(txt);
+    return rc;
+}
+
+int zck__write_latest(const char *run_dir, const char *name)
+{
+    char tmpname[64], line[64];
+    snprintf(tmpname, sizeof tmpname, ".latest.tmp-%ld", (long)getpid());
+    snprintf(line, sizeof line, "%s\n", name);
+    char *tmp = zck__path_join(run_dir, tmpname), *dst = zck__path_join(run_dir, "latest");
+    int rc = 0;
+    if (!tmp || !dst) {
+        rc = ZR_ENOMEM;
+        goto out;
+    }
+    ZR_TRY_GOTO(zck__write_small(tmp, line, strlen(line)), rc, out);
+    ZR_TRY_GOTO(zck__rename(tmp, dst), rc, out);
+    ZR_TRY_GOTO(zck__fsync_dir(run_dir), rc, out);
+out:
+    if (rc && tmp)
+        unlink(tmp);
+    free(tmp);
+    free(dst);
+    return rc;
+}
+
+int zck_latest_set(const char *run_dir, uint64_t step)
+{
+    char name[32];
+    zck_step_dirname(name, step);
+    char *p = zck__path_join(run_dir, name);
+    if (!p)
+        return ZR_ENOMEM;
+    struct stat st;
+    int ok = stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+    free(p);
+    if (!ok)
+        return zr_err_set(ZR_ENOTFOUND, "%s/%s: no such checkpoint directory", run_dir, name);
+    return zck__write_latest(run_dir, name);
+}
