@@ -319,6 +319,342 @@ static void free_env(char **env)
     free(env);
 }
 
+/* One launch: the ranks of this node, their output streams, the signal plumbing, and the
+ * failure bookkeeping of the loop. */
+typedef struct {
+    const zr_launch_opts *o;
+    int W;                           /* ranks on this node */
+    int base;                        /* global rank of the first */
+    int nodes, piped;
+    char *shm;
+    char **envs[MAX_NPROC];
+    rank_proc *P;
+    int self[2], devnull;
+    struct sigaction old_act[N_ALL];
+    sigset_t old_mask;
+    int handlers, blocked, started;
+    int running, first_fail, fail_status, killed;
+    int64_t kill_at, all_done_at;
+    struct pollfd *pf;
+    int *pf_rank;                    /* 2r: rank r's stdout, 2r+1 its stderr, -1 the self-pipe */
+} launch;
+
+/* Everything before the forks: the shm segment, per-rank buffers and environments, the
+ * self-pipe, /dev/null, the handlers, the poll arrays; the signals end up blocked. */
+static int launch_prepare(launch *L)
+{
+    const zr_launch_opts *o = L->o;
+    const int W = L->W;
+    fflush(NULL);
+    if (W > 1 && L->nodes == 1)
+        ZR_TRY(zr_comm_shm_create(&L->shm, W, 0));
+    L->P = calloc((size_t)W, sizeof *L->P);
+    L->pf = calloc((size_t)(2 * W + 1), sizeof *L->pf);
+    L->pf_rank = calloc((size_t)(2 * W + 1), sizeof *L->pf_rank);
+    if (!L->P || !L->pf || !L->pf_rank)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    for (int r = 0; r < W; r++) {
+        rank_proc *p = &L->P[r];
+        p->out.fd = p->err.fd = -1;
+        if (L->piped) {
+            p->out.buf = malloc(LINE_CAP);
+            p->err.buf = malloc(LINE_CAP);
+        }
+        L->envs[r] = make_env(L->base + r, W * L->nodes, L->shm, r,
+                              L->nodes > 1 ? o->master : NULL);
+        if (!L->envs[r] || (L->piped && (!p->out.buf || !p->err.buf)))
+            return zr_err_set(ZR_ENOMEM, "out of memory");
+        p->plen = L->piped ? (size_t)snprintf(p->prefix, sizeof p->prefix, "[rank %d] ",
+                                              L->base + r)
+                           : 0;
+        p->out.dest = 1;
+        p->out.show = L->base + r == 0 || o->log_all_ranks;
+        p->err.dest = 2;
+        p->err.show = 1;
+    }
+    if (pipe2(L->self, O_CLOEXEC | O_NONBLOCK) < 0)
+        return zr_err_sys(errno, "launch: pipe");
+    L->devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    self_w = L->self[1];
+    for (int i = 0; i < N_ALL; i++) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sa.sa_flags = SA_RESTART | (all_sigs[i] == SIGCHLD ? SA_NOCLDSTOP : 0);
+        sigemptyset(&sa.sa_mask);
+        sigaction(all_sigs[i], &sa, &L->old_act[i]);
+    }
+    L->handlers = 1;
+    sigset_t block;
+    sigemptyset(&block);
+    for (int i = 0; i < N_ALL; i++)
+        sigaddset(&block, all_sigs[i]);
+    sigprocmask(SIG_BLOCK, &block, &L->old_mask);
+    L->blocked = 1;
+    return 0;
+}
+
+/* Fork and exec every rank (signals blocked throughout), then unblock them. */
+static int launch_spawn(launch *L, char *const argv[])
+{
+    pid_t me = getpid();
+    for (int r = 0; r < L->W; r++) {
+        int po[2] = {-1, -1}, pe[2] = {-1, -1};
+        if (L->piped && (pipe2(po, O_CLOEXEC) < 0 || pipe2(pe, O_CLOEXEC) < 0)) {
+            int rc = zr_err_sys(errno, "launch: pipe for rank %d", r);
+            if (po[0] >= 0) {
+                close(po[0]);
+                close(po[1]);
+            }
+            return rc;
+        }
+        pid_t pid = fork();
+        if (pid == 0)
+            child_exec(r, argv, L->envs[r], L->devnull, po[1], pe[1], L->old_act, &L->old_mask,
+                       me);
+        int e = errno;
+        if (L->piped) {
+            close(po[1]);
+            close(pe[1]);
+        }
+        if (pid < 0) {
+            if (L->piped) {
+                close(po[0]);
+                close(pe[0]);
+            }
+            return zr_err_sys(e, "launch: fork of rank %d", r);
+        }
+        setpgid(pid, pid); /* also done by the child: whichever runs first */
+        L->P[r].pid = pid;
+        L->P[r].running = 1;
+        L->started++;
+        if (L->piped) {
+            fcntl(po[0], F_SETFL, O_NONBLOCK);
+            fcntl(pe[0], F_SETFL, O_NONBLOCK);
+            L->P[r].out.fd = po[0];
+            L->P[r].err.fd = pe[0];
+        }
+    }
+    sigprocmask(SIG_SETMASK, &L->old_mask, NULL);
+    L->blocked = 0;
+    return 0;
+}
+
+/* Rank r failed first (wait status st): its last words, the segment's abort record, a line
+ * naming it, and SIGTERM (or SIGKILL without a grace period) to every rank. */
+static void launch_rank_failed(launch *L, int r, int st)
+{
+    L->first_fail = r;
+    L->fail_status = st;
+    rank_proc *p = &L->P[r];
+    if (L->piped) { /* its last words before ours */
+        stream_read(p, &p->err);
+        stream_read(p, &p->out);
+    }
+    if (L->shm)
+        zr_comm_shm_abort(L->shm, r, st);
+    if (L->piped) {
+        char d[96];
+        if (WIFEXITED(st))
+            snprintf(d, sizeof d, "exited with status %d", WEXITSTATUS(st));
+        else if (WIFSIGNALED(st))
+            snprintf(d, sizeof d, "was killed by signal %d (%s)", WTERMSIG(st),
+                     zr__signal_name(WTERMSIG(st)));
+        else
+            snprintf(d, sizeof d, "failed (wait status %d)", st);
+        if (L->running > 0)
+            say("zrun: rank %d %s; stopping the other %d rank%s", L->base + r, d, L->running,
+                L->running == 1 ? "" : "s");
+        else
+            say("zrun: rank %d %s", L->base + r, d);
+    }
+    int grace_ms = L->o->kill_grace_s > 0 ? (int)(L->o->kill_grace_s * 1000) : 0;
+    for (int q = 0; q < L->W; q++)
+        signal_group(&L->P[q], grace_ms > 0 ? SIGTERM : SIGKILL);
+    if (grace_ms > 0)
+        L->kill_at = now_ms() + grace_ms;
+    else
+        L->killed = 1;
+}
+
+/* Reap the ranks that exited (WNOHANG); the first that failed stops the others. */
+static void launch_reap(launch *L)
+{
+    for (int r = 0; r < L->W; r++) {
+        if (!L->P[r].running)
+            continue;
+        int st;
+        pid_t k;
+        do
+            k = waitpid(L->P[r].pid, &st, WNOHANG);
+        while (k < 0 && errno == EINTR);
+        if (k == 0)
+            continue;
+        if (k < 0)
+            st = 0x7f00; /* cannot happen with our handler; treat as exit 127 */
+        L->P[r].running = 0;
+        L->P[r].status = st;
+        L->running--;
+        int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+        if (!ok && L->first_fail < 0)
+            launch_rank_failed(L, r, st);
+    }
+}
+
+/* After a failure, SIGKILL what still runs once the grace period is over. */
+static void launch_escalate(launch *L, int64_t t)
+{
+    if (L->first_fail < 0 || L->killed || L->kill_at < 0 || t < L->kill_at || L->running <= 0)
+        return;
+    for (int q = 0; q < L->W; q++)
+        if (L->P[q].running)
+            say("zrun: rank %d still running %.1f s after SIGTERM: sending SIGKILL",
+                L->base + q, L->o->kill_grace_s);
+    for (int q = 0; q < L->W; q++)
+        signal_group(&L->P[q], SIGKILL);
+    L->killed = 1;
+}
+
+/* Signals the handler wrote to the self-pipe, forwarded to every running rank's group. */
+static void launch_forward_signals(launch *L)
+{
+    unsigned char sig[64];
+    ssize_t got;
+    while ((got = read(L->self[0], sig, sizeof sig)) > 0 || (got < 0 && errno == EINTR))
+        for (ssize_t j = 0; j < got; j++)
+            for (size_t f = 0; f < sizeof fwd_sigs / sizeof *fwd_sigs; f++)
+                if (sig[j] == fwd_sigs[f])
+                    for (int q = 0; q < L->W; q++)
+                        if (L->P[q].running)
+                            signal_group(&L->P[q], sig[j]);
+}
+
+/* One wait of at most TICK_MS (less when a SIGKILL is due): copy rank output, forward
+ * signals. */
+static void launch_pump(launch *L, int64_t t)
+{
+    int timeout = TICK_MS;
+    if (L->first_fail >= 0 && !L->killed && L->kill_at >= 0 && L->running > 0 &&
+        L->kill_at - t < timeout)
+        timeout = L->kill_at - t < 0 ? 0 : (int)(L->kill_at - t);
+    struct pollfd *pf = L->pf;
+    int n = 0;
+    pf[n].fd = L->self[0];
+    pf[n].events = POLLIN;
+    L->pf_rank[n++] = -1;
+    for (int r = 0; r < L->W; r++) {
+        if (L->P[r].out.fd >= 0) {
+            pf[n].fd = L->P[r].out.fd;
+            pf[n].events = POLLIN;
+            L->pf_rank[n++] = 2 * r;
+        }
+        if (L->P[r].err.fd >= 0) {
+            pf[n].fd = L->P[r].err.fd;
+            pf[n].events = POLLIN;
+            L->pf_rank[n++] = 2 * r + 1;
+        }
+    }
+    int k = poll(pf, (nfds_t)n, timeout);
+    if (k < 0) {
+        if (errno == EINTR)
+            return;
+        k = 0; /* unexpected; the tick still reaps */
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    for (int i = 0; i < n && k > 0; i++) {
+        if (!pf[i].revents)
+            continue;
+        if (L->pf_rank[i] < 0) {
+            launch_forward_signals(L);
+            continue;
+        }
+        rank_proc *p = &L->P[L->pf_rank[i] / 2];
+        stream_read(p, L->pf_rank[i] % 2 ? &p->err : &p->out);
+    }
+}
+
+/* Until every rank has exited and its streams are drained (or TICK_MS after the last exit,
+ * when a grandchild holds a pipe). The exit code of the first failing rank, else 0. */
+static int launch_wait(launch *L)
+{
+    L->running = L->W;
+    L->first_fail = -1;
+    L->kill_at = L->all_done_at = -1;
+    for (;;) {
+        launch_reap(L);
+        int64_t t = now_ms();
+        launch_escalate(L, t);
+        int open_streams = 0;
+        for (int r = 0; r < L->W; r++)
+            open_streams += (L->P[r].out.fd >= 0) + (L->P[r].err.fd >= 0);
+        if (L->running == 0) {
+            if (!open_streams)
+                break;
+            if (L->all_done_at < 0)
+                L->all_done_at = t;
+            else if (t - L->all_done_at >= TICK_MS)
+                break;
+        }
+        launch_pump(L, t);
+    }
+    L->started = 0; /* all reaped */
+    if (L->first_fail < 0)
+        return 0;
+    /* anything a rank left in its process group goes with the job */
+    for (int q = 0; q < L->W; q++)
+        kill(-L->P[q].pid, SIGKILL);
+    int st = L->fail_status;
+    int code = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 1;
+    return code ? code : 1;
+}
+
+/* Undo everything launch_prepare and launch_spawn did; ranks still running after a failed
+ * launch are killed and reaped. */
+static void launch_cleanup(launch *L)
+{
+    const int W = L->W;
+    if (L->started) {
+        for (int r = 0; r < W; r++)
+            if (L->P[r].running) {
+                signal_group(&L->P[r], SIGKILL);
+                while (waitpid(L->P[r].pid, NULL, 0) < 0 && errno == EINTR)
+                    ;
+                L->P[r].running = 0;
+            }
+    }
+    if (L->blocked)
+        sigprocmask(SIG_SETMASK, &L->old_mask, NULL);
+    if (L->handlers) {
+        for (int i = 0; i < N_ALL; i++)
+            sigaction(all_sigs[i], &L->old_act[i], NULL);
+        self_w = -1;
+    }
+    if (L->P) {
+        for (int r = 0; r < W; r++) {
+            stream_close(&L->P[r], &L->P[r].out);
+            stream_close(&L->P[r], &L->P[r].err);
+            free(L->P[r].out.buf);
+            free(L->P[r].err.buf);
+        }
+        free(L->P);
+    }
+    for (int r = 0; r < W; r++)
+        free_env(L->envs[r]);
+    free(L->pf);
+    free(L->pf_rank);
+    if (L->self[0] >= 0) {
+        close(L->self[0]);
+        close(L->self[1]);
+    }
+    if (L->devnull >= 0)
+        close(L->devnull);
+    if (L->shm) {
+        zr_comm_shm_unlink(L->shm);
+        free(L->shm);
+    }
+}
+
 int zr_launch(int *exit_code, const zr_launch_opts *o, char *const argv[])
 {
     *exit_code = 0;
@@ -331,289 +667,21 @@ int zr_launch(int *exit_code, const zr_launch_opts *o, char *const argv[])
     if (nodes > 1 && (o->node_rank < 0 || o->node_rank >= nodes || !o->master || !*o->master))
         return zr_err_set(ZR_EINVAL, "launch: %d nodes need a node rank in [0, %d) and the "
                           "master's HOST:PORT", nodes, nodes);
-    const int W = o->nproc;                       /* ranks on this node */
-    const int base = nodes > 1 ? o->node_rank * W : 0; /* global rank of the first */
-    const int piped = W > 1 || nodes > 1;
-    int rc = 0;
-    char *shm = NULL;
-    char **envs[MAX_NPROC] = {0};
-    rank_proc *P = NULL;
-    int self[2] = {-1, -1}, devnull = -1;
-    struct sigaction old_act[N_ALL];
-    sigset_t block, old_mask;
-    int handlers = 0, blocked = 0, started = 0;
-
-    fflush(NULL);
-    if (W > 1 && nodes == 1)
-        ZR_TRY(zr_comm_shm_create(&shm, W, 0));
-    P = calloc((size_t)W, sizeof *P);
-    if (!P) {
-        rc = zr_err_set(ZR_ENOMEM, "out of memory");
-        goto out;
-    }
-    for (int r = 0; r < W; r++) {
-        P[r].out.fd = P[r].err.fd = -1;
-        if (piped) {
-            P[r].out.buf = malloc(LINE_CAP);
-            P[r].err.buf = malloc(LINE_CAP);
-        }
-        envs[r] = make_env(base + r, W * nodes, shm, r, nodes > 1 ? o->master : NULL);
-        if (!envs[r] || (piped && (!P[r].out.buf || !P[r].err.buf))) {
-            rc = zr_err_set(ZR_ENOMEM, "out of memory");
-            goto out;
-        }
-        P[r].plen = piped ? (size_t)snprintf(P[r].prefix, sizeof P[r].prefix, "[rank %d] ",
-                                             base + r)
-                          : 0;
-        P[r].out.dest = 1;
-        P[r].out.show = base + r == 0 || o->log_all_ranks;
-        P[r].err.dest = 2;
-        P[r].err.show = 1;
-    }
-    if (pipe2(self, O_CLOEXEC | O_NONBLOCK) < 0) {
-        rc = zr_err_sys(errno, "launch: pipe");
-        goto out;
-    }
-    devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    self_w = self[1];
-    for (int i = 0; i < N_ALL; i++) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_signal;
-        sa.sa_flags = SA_RESTART | (all_sigs[i] == SIGCHLD ? SA_NOCLDSTOP : 0);
-        sigemptyset(&sa.sa_mask);
-        sigaction(all_sigs[i], &sa, &old_act[i]);
-    }
-    handlers = 1;
-    sigemptyset(&block);
-    for (int i = 0; i < N_ALL; i++)
-        sigaddset(&block, all_sigs[i]);
-    sigprocmask(SIG_BLOCK, &block, &old_mask);
-    blocked = 1;
-
-    pid_t me = getpid();
-    for (int r = 0; r < W; r++) {
-        int po[2] = {-1, -1}, pe[2] = {-1, -1};
-        if (piped && (pipe2(po, O_CLOEXEC) < 0 || pipe2(pe, O_CLOEXEC) < 0)) {
-            rc = zr_err_sys(errno, "launch: pipe for rank %d", r);
-            if (po[0] >= 0) {
-                close(po[0]);
-                close(po[1]);
-            }
-            goto out;
-        }
-        pid_t pid = fork();
-        if (pid == 0)
-            child_exec(r, argv, envs[r], devnull, po[1], pe[1], old_act, &old_mask, me);
-        int e = errno;
-        if (piped) {
-            close(po[1]);
-            close(pe[1]);
-        }
-        if (pid < 0) {
-            if (piped) {
-                close(po[0]);
-                close(pe[0]);
-            }
-            rc = zr_err_sys(e, "launch: fork of rank %d", r);
-            goto out;
-        }
-        setpgid(pid, pid); /* also done by the child: whichever runs first */
-        P[r].pid = pid;
-        P[r].running = 1;
-        started++;
-        if (piped) {
-            fcntl(po[0], F_SETFL, O_NONBLOCK);
-            fcntl(pe[0], F_SETFL, O_NONBLOCK);
-            P[r].out.fd = po[0];
-            P[r].err.fd = pe[0];
-        }
-    }
-    sigprocmask(SIG_SETMASK, &old_mask, NULL);
-    blocked = 0;
-
-    /* ------------------------------------------------ the loop */
-    int running = W, first_fail = -1, fail_status = 0, killed = 0;
-    int64_t kill_at = -1, all_done_at = -1;
-    struct pollfd *pf = calloc((size_t)(2 * W + 1), sizeof *pf);
-    int *pf_rank = calloc((size_t)(2 * W + 1), sizeof *pf_rank);
-    if (!pf || !pf_rank) {
-        free(pf);
-        free(pf_rank);
-        rc = zr_err_set(ZR_ENOMEM, "out of memory");
-        goto out;
-    }
-    for (;;) {
-        /* reap */
-        for (int r = 0; r < W; r++) {
-            if (!P[r].running)
-                continue;
-            int st;
-            pid_t k;
-            do
-                k = waitpid(P[r].pid, &st, WNOHANG);
-            while (k < 0 && errno == EINTR);
-            if (k == 0)
-                continue;
-            if (k < 0)
-                st = 0x7f00; /* cannot happen with our handler; treat as exit 127 */
-            P[r].running = 0;
-            P[r].status = st;
-            running--;
-            int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-            if (ok || first_fail >= 0)
-                continue;
-            first_fail = r;
-            fail_status = st;
-            if (piped) { /* its last words before ours */
-                stream_read(&P[r], &P[r].err);
-                stream_read(&P[r], &P[r].out);
-            }
-            if (shm)
-                zr_comm_shm_abort(shm, r, st);
-            if (piped) {
-                char d[96];
-                if (WIFEXITED(st))
-                    snprintf(d, sizeof d, "exited with status %d", WEXITSTATUS(st));
-                else if (WIFSIGNALED(st))
-                    snprintf(d, sizeof d, "was killed by signal %d (%s)", WTERMSIG(st),
-                             zr__signal_name(WTERMSIG(st)));
-                else
-                    snprintf(d, sizeof d, "failed (wait status %d)", st);
-                if (running > 0)
-                    say("zrun: rank %d %s; stopping the other %d rank%s", base + r, d, running,
-                        running == 1 ? "" : "s");
-                else
-                    say("zrun: rank %d %s", base + r, d);
-            }
-            int grace_ms = o->kill_grace_s > 0 ? (int)(o->kill_grace_s * 1000) : 0;
-            for (int q = 0; q < W; q++)
-                signal_group(&P[q], grace_ms > 0 ? SIGTERM : SIGKILL);
-            if (grace_ms > 0)
-                kill_at = now_ms() + grace_ms;
-            else
-                killed = 1;
-        }
-        int64_t t = now_ms();
-        if (first_fail >= 0 && !killed && kill_at >= 0 && t >= kill_at && running > 0) {
-            for (int q = 0; q < W; q++)
-                if (P[q].running)
-                    say("zrun: rank %d still running %.1f s after SIGTERM: sending SIGKILL",
-                        base + q, o->kill_grace_s);
-            for (int q = 0; q < W; q++)
-                signal_group(&P[q], SIGKILL);
-            killed = 1;
-        }
-        int open_streams = 0;
-        for (int r = 0; r < W; r++)
-            open_streams += (P[r].out.fd >= 0) + (P[r].err.fd >= 0);
-        if (running == 0) {
-            if (!open_streams)
-                break;
-            if (all_done_at < 0)
-                all_done_at = t;
-            else if (t - all_done_at >= TICK_MS)
-                break;
-        }
-        /* wait */
-        int timeout = TICK_MS;
-        if (first_fail >= 0 && !killed && kill_at >= 0 && running > 0 && kill_at - t < timeout)
-            timeout = kill_at - t < 0 ? 0 : (int)(kill_at - t);
-        int n = 0;
-        pf[n].fd = self[0];
-        pf[n].events = POLLIN;
-        pf_rank[n++] = -1;
-        for (int r = 0; r < W; r++) {
-            if (P[r].out.fd >= 0) {
-                pf[n].fd = P[r].out.fd;
-                pf[n].events = POLLIN;
-                pf_rank[n++] = 2 * r;
-            }
-            if (P[r].err.fd >= 0) {
-                pf[n].fd = P[r].err.fd;
-                pf[n].events = POLLIN;
-                pf_rank[n++] = 2 * r + 1;
-            }
-        }
-        int k = poll(pf, (nfds_t)n, timeout);
-        if (k < 0) {
-            if (errno == EINTR)
-                continue;
-            k = 0; /* unexpected; the tick still reaps */
-            struct timespec ts = {0, 10000000};
-            nanosleep(&ts, NULL);
-        }
-        for (int i = 0; i < n && k > 0; i++) {
-            if (!pf[i].revents)
-                continue;
-            if (pf_rank[i] < 0) {
-                unsigned char sig[64];
-                ssize_t got;
-                while ((got = read(self[0], sig, sizeof sig)) > 0 || (got < 0 && errno == EINTR))
-                    for (ssize_t j = 0; j < got; j++)
-                        for (size_t f = 0; f < sizeof fwd_sigs / sizeof *fwd_sigs; f++)
-                            if (sig[j] == fwd_sigs[f])
-                                for (int q = 0; q < W; q++)
-                                    if (P[q].running)
-                                        signal_group(&P[q], sig[j]);
-                continue;
-            }
-            rank_proc *p = &P[pf_rank[i] / 2];
-            stream_read(p, pf_rank[i] % 2 ? &p->err : &p->out);
-        }
-    }
-    free(pf);
-    free(pf_rank);
-    if (first_fail >= 0) {
-        /* anything a rank left in its process group goes with the job */
-        for (int q = 0; q < W; q++)
-            kill(-P[q].pid, SIGKILL);
-        *exit_code = WIFEXITED(fail_status)     ? WEXITSTATUS(fail_status)
-                     : WIFSIGNALED(fail_status) ? 128 + WTERMSIG(fail_status)
-                                                : 1;
-        if (*exit_code == 0)
-            *exit_code = 1;
-    }
-    started = 0; /* all reaped */
-
-out:
-    if (started) {
-        /* the launch failed midway: stop and reap what was started */
-        for (int r = 0; r < W; r++)
-            if (P[r].running) {
-                signal_group(&P[r], SIGKILL);
-                while (waitpid(P[r].pid, NULL, 0) < 0 && errno == EINTR)
-                    ;
-                P[r].running = 0;
-            }
-    }
-    if (blocked)
-        sigprocmask(SIG_SETMASK, &old_mask, NULL);
-    if (handlers) {
-        for (int i = 0; i < N_ALL; i++)
-            sigaction(all_sigs[i], &old_act[i], NULL);
-        self_w = -1;
-    }
-    if (P) {
-        for (int r = 0; r < W; r++) {
-            stream_close(&P[r], &P[r].out);
-            stream_close(&P[r], &P[r].err);
-            free(P[r].out.buf);
-            free(P[r].err.buf);
-        }
-        free(P);
-    }
-    for (int r = 0; r < W; r++)
-        free_env(envs[r]);
-    if (self[0] >= 0) {
-        close(self[0]);
-        close(self[1]);
-    }
-    if (devnull >= 0)
-        close(devnull);
-    if (shm) {
-        zr_comm_shm_unlink(shm);
-        free(shm);
-    }
+    launch *L = calloc(1, sizeof *L);
+    if (!L)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    L->o = o;
+    L->W = o->nproc;
+    L->nodes = nodes;
+    L->base = nodes > 1 ? o->node_rank * L->W : 0;
+    L->piped = L->W > 1 || nodes > 1;
+    L->self[0] = L->self[1] = L->devnull = -1;
+    int rc = launch_prepare(L);
+    if (!rc)
+        rc = launch_spawn(L, argv);
+    if (!rc)
+        *exit_code = launch_wait(L);
+    launch_cleanup(L);
+    free(L);
     return rc;
 }
