@@ -64,7 +64,8 @@ CKPT_OBJ := $(CKPT_SRC:%.c=$(BUILD)/%.o)
 FMT_SRC  := $(wildcard formats/*.c)
 FMT_OBJ  := $(FMT_SRC:%.c=$(BUILD)/%.o)
 CORE_DIRS := model dist device zero train
-CORE_SRC := $(foreach d,$(CORE_DIRS),$(wildcard core/$(d)/*.c))
+# core/device/hostsim.c is test scaffolding: its own loadable backend (below), not in libzr
+CORE_SRC := $(filter-out core/device/hostsim.c,$(foreach d,$(CORE_DIRS),$(wildcard core/$(d)/*.c)))
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
 CLI_COMMON := $(BUILD)/cli/common.o
 INC_model  := -Icore/model -Ickpt
@@ -116,8 +117,18 @@ $(BUILD)/libzr.a: $(CORE_OBJ)
 $(BUILD)/zckpt: $(BUILD)/cli/zckpt.o $(CLI_COMMON) $(BUILD)/libzfmt.a $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
+# -rdynamic: a device backend loaded at run time may take the engine's functions from the
+# program (the host simulation does)
 $(BUILD)/zrun: $(BUILD)/cli/zrun.o $(CLI_COMMON) $(BUILD)/libzr.a $(BUILD)/libzck.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(BLAS_LIBS)
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LIBS) $(BLAS_LIBS)
+
+# The host simulation of a device (ZR_CUDA_LIB=hostsim): a loadable backend for the tests, built
+# next to zrun and zt, linked into neither; its undefined zr_* symbols resolve against the
+# program that loads it.
+$(BUILD)/libzr_hostsim.so: core/device/hostsim.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CORE_OPT) $(INC_device) -fPIC -fvisibility=hidden -shared $< -o $@
+all test: $(BUILD)/libzr_hostsim.so
 
 # The main job: train the tiny GPT-2 on the built-in corpus on 2 CPU ranks with ZeRO stage 3 and
 # checkpoints (resumes when run again), then list and verify what was saved.
@@ -178,10 +189,10 @@ endif
 # the GPU test programs (tests/gpu/run.sh, bench.sh; test_device runs gpu_kernels when a GPU is
 # present): plain C, reaching CUDA only through the loader, so they build everywhere
 $(BUILD)/gpu_kernels: $(BUILD)/tests/gpu/kernels.o $(BUILD)/libzr.a $(BUILD)/libzck.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(BLAS_LIBS)
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
 $(BUILD)/gpu_bench: $(BUILD)/tests/gpu/bench.o $(BUILD)/libzr.a $(BUILD)/libzck.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(BLAS_LIBS)
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
 test: $(BUILD)/gpu_kernels $(BUILD)/gpu_bench
 # test_device asserts that the backend was built when there is an nvcc ("": built without)
@@ -192,7 +203,7 @@ TEST_SRC := $(wildcard tests/*.c) tests/fuzz/fuzz_manifest.c
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 $(BUILD)/zt: $(TEST_OBJ) $(BUILD)/libzr.a $(BUILD)/libzfmt.a $(BUILD)/libzck.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(BLAS_LIBS)
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
 # the CLI tests run the real zckpt binary (ZT_ZCKPT)
 test: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun

@@ -195,7 +195,7 @@ static const zr_device_ops *hs_open(void)
     ZT_CHECK(setenv("ZR_CUDA_LIB", "hostsim", 1) == 0);
     const zr_device_ops *ops = NULL;
     ZT_OK(zr_device_open(&ops));
-    ZT_CHECK(ops == zr_hostsim_ops());
+    ZT_CHECK(!strcmp(ops->name, "hostsim"));
     return ops;
 }
 

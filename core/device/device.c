@@ -8,8 +8,9 @@
  * process: CUDA's libraries do not survive dlclose well, and there is nothing to gain.
  *
  * ZR_CUDA_LIB=hostsim (exactly that word; a file of that name is ./hostsim) selects the host
- * simulation built into libzr (core/device/hostsim.c, zr_hostsim_ops): no library is loaded, and the
- * table goes through the same checks (ABI, error handler, probe) as a loaded one.
+ * simulation, libzr_hostsim.so next to the running executable (core/device/hostsim.c, a test
+ * backend built by the Makefile and not linked into any program), loaded and checked as the
+ * CUDA backend is.
  */
 #include "device.h"
 
@@ -28,6 +29,24 @@ static int forward_error(int code, const char *msg)
     return zr_err_set(code, "%s", msg);
 }
 
+/* buf[cap] = the directory of the running executable + "/" + lib */
+static int next_to_exe(char *buf, size_t cap, const char *lib)
+{
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return zr_err_sys(errno, "cuda: cannot find the running executable (/proc/self/exe)");
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    size_t dir = slash ? (size_t)(slash - exe) : 0;
+    int w = slash ? snprintf(buf, cap, "%.*s/%s", (int)dir, exe, lib)
+                  : snprintf(buf, cap, "./%s", lib);
+    if (w < 0 || (size_t)w >= cap)
+        return zr_err_set(ZR_EINVAL, "cuda: the path of %s next to %s does not fit in %zu "
+                          "bytes", lib, exe, cap);
+    return 0;
+}
+
 int zr_device_lib_path(char *buf, size_t cap)
 {
     const char *env = getenv("ZR_CUDA_LIB");
@@ -37,19 +56,7 @@ int zr_device_lib_path(char *buf, size_t cap)
         memcpy(buf, env, strlen(env) + 1);
         return 0;
     }
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
-        return zr_err_sys(errno, "cuda: cannot find the running executable (/proc/self/exe)");
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    size_t dir = slash ? (size_t)(slash - exe) : 0;
-    int w = slash ? snprintf(buf, cap, "%.*s/%s", (int)dir, exe, ZR_DEVICE_LIB)
-                  : snprintf(buf, cap, "./%s", ZR_DEVICE_LIB);
-    if (w < 0 || (size_t)w >= cap)
-        return zr_err_set(ZR_EINVAL, "cuda: the path of %s next to %s does not fit in %zu "
-                          "bytes", ZR_DEVICE_LIB, exe, cap);
-    return 0;
+    return next_to_exe(buf, cap, ZR_DEVICE_LIB);
 }
 
 /* The checks every backend's table goes through, then the handler and the probe. */
@@ -72,8 +79,14 @@ static int accept_ops(const zr_device_ops *ops, const char *path, const zr_devic
 int zr_device_open_at(const char *path, const zr_device_ops **out)
 {
     *out = NULL;
-    if (!strcmp(path, "hostsim"))
-        return accept_ops(zr_hostsim_ops(), "hostsim (the host simulation)", out);
+    char sim[4096];
+    if (!strcmp(path, "hostsim")) {
+        ZR_TRY(next_to_exe(sim, sizeof sim, ZR_HOSTSIM_LIB));
+        if (access(sim, F_OK) != 0)
+            return zr_err_set(ZR_EUNSUPPORTED, "hostsim: no %s (the host simulation is a test "
+                              "backend: make builds it)", sim);
+        path = sim;
+    }
     if (access(path, F_OK) != 0) {
         if (getenv("ZR_CUDA_LIB") && *getenv("ZR_CUDA_LIB"))
             return zr_err_set(ZR_EUNSUPPORTED, "cuda: ZR_CUDA_LIB names %s, which does not "

@@ -266,14 +266,15 @@ int zr_device_open_at(const char *path, const zr_device_ops **out);
 /* Where zr_device_open looks: into buf[cap]; ZR_EINVAL when it does not fit. */
 int zr_device_lib_path(char *buf, size_t cap);
 /*
- * The host simulation of a device (core/device/hostsim.c), selected with ZR_CUDA_LIB=hostsim: the
- * same table on ordinary memory, run on the CPU with the CPU engine's own code (zr_model for
- * model_*, zr_adamw_update, zr_sumsq), every call synchronous, streams and events trivial, the
- * communicator (comm_*) riding on this process's shm communicator (zr_comm_env). It lets the
- * engine's device path (zero_dev.c, train.c) run and be tested on machines without a GPU; its
- * results have the CPU engine's bits. It is not a GPU emulator: kernels are the CPU's.
+ * The host simulation of a device (core/device/hostsim.c), selected with ZR_CUDA_LIB=hostsim:
+ * libzr_hostsim.so next to the running executable, a test backend (the Makefile builds it; no
+ * program links it). The same table on ordinary memory, run on the CPU with the CPU engine's own
+ * code (zr_model for model_*, zr_adamw_update, zr_sumsq), every call synchronous, streams and
+ * events trivial, the communicator (comm_*) riding on this process's shm communicator
+ * (zr_comm_env). It lets the engine's device path (zero_dev.c, train.c) run and be tested on
+ * machines without a GPU; its results have the CPU engine's bits. It is not a GPU emulator.
  */
-const zr_device_ops *zr_hostsim_ops(void);
+#define ZR_HOSTSIM_LIB "libzr_hostsim.so"
 
 /* 1 when zr_device_open succeeds (--device auto picks cuda then), else 0 (the reason stays in
  * zr_err_msg()). Without /dev/nvidiactl (no NVIDIA driver) it answers 0 without loading the

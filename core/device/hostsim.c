@@ -1,6 +1,9 @@
 /*
- * hostsim.c: the host simulation of a device (device.h, zr_hostsim_ops; selected with
- * ZR_CUDA_LIB=hostsim). The whole table of zr_device_ops on ordinary memory, run on the CPU with
+ * hostsim.c: the host simulation of a device (device.h; selected with ZR_CUDA_LIB=hostsim). It is
+ * test scaffolding, not part of libzr: the Makefile builds it into its own loadable backend,
+ * libzr_hostsim.so, which exports the device ABI's getter (ZR_DEVICE_SYMBOL) as the CUDA backend
+ * does and takes the engine's functions (zr_model_*, zr_comm_*, zr_err_*) from the program that
+ * loads it: zrun and the test runner are linked with -rdynamic for that. The whole table of zr_device_ops on ordinary memory, run on the CPU with
  * the CPU engine's own code: zr_model for the model, zr_adamw_update and zr_sumsq for the
  * optimizer, the shm communicator of this process (zr_comm_env) for the collectives. Every call
  * is synchronous, so streams and events are tokens: waits return at once and an event is always
@@ -9,8 +12,8 @@
  * What it checks that a sloppy engine would get wrong on a GPU: "device" memory from
  * ops->malloc is filled with 0xA5 bytes (a GPU's cudaMalloc does not zero either), ops->free of
  * a pointer ops->malloc did not return aborts the process, naming it, and comm_new's rank and
- * world must be this process's communicator's. Errors go to zr_err_set directly (this file is
- * part of libzr); last_error is zr_err_msg.
+ * world must be this process's communicator's. Errors go to zr_err_set directly (the loading
+ * program's); last_error is zr_err_msg.
  */
 #include "comm.h"
 #include "device.h"
@@ -675,4 +678,6 @@ static const zr_device_ops hostsim_ops = {
     .kernels = NULL, /* the per-layer test kernels are the CUDA backend's */
 };
 
-const zr_device_ops *zr_hostsim_ops(void) { return &hostsim_ops; }
+/* the getter the loader looks for (device.h), the only symbol this library exports */
+__attribute__((visibility("default"))) const zr_device_ops *zr_cuda_ops_v1(void);
+const zr_device_ops *zr_cuda_ops_v1(void) { return &hostsim_ops; }

@@ -50,7 +50,7 @@ typedef struct zr_comm zr_comm;
 int zr_comm_open_env(zr_comm **out);
 void zr_comm_close(zr_comm *c);
 /* The communicator zr_comm_open_env opened in this process and has not closed (NULL: none);
- * the host-simulated device's communicator rides on it (device.h, zr_hostsim_ops). */
+ * the host-simulated device's communicator rides on it (device.h, ZR_HOSTSIM_LIB). */
 zr_comm *zr_comm_env(void);
 int zr_comm_rank(const zr_comm *c);
 int zr_comm_world(const zr_comm *c);
