@@ -101,7 +101,7 @@ const char *zr_err_name(int code)
 int zr_log_level(void)
 {
     if (log_level < 0) {
-        const char *e = getenv("ZR_LOG");
+        const char *e = zr_env(ZR_ENV_LOG);
         int lv = ZR_LOG_WARN;
         if (e && !strcmp(e, "error")) lv = ZR_LOG_ERROR;
         else if (e && !strcmp(e, "info")) lv = ZR_LOG_INFO;

@@ -62,6 +62,21 @@ void zr_log_set_rank(int rank);
 int zr_log_level(void);
 void zr_log_trace(const char *file, int line, int rc); /* ZR_TRY hop, shown at debug level */
 
+/* Every environment variable the project reads, named once (ckpt/env.c) and listed in
+ * docs/RUNNING.md. zr_env: its value, NULL when unset or empty; zr_env_name: "ZR_LOG" ...;
+ * zr_env_doc: one line of what it does. */
+typedef enum {
+    ZR_ENV_LOG, ZR_ENV_RANK, ZR_ENV_WORLD, ZR_ENV_LOCAL_RANK, ZR_ENV_COMM_SHM, ZR_ENV_COMM_TCP,
+    ZR_ENV_COMM_TCP_TIMEOUT, ZR_ENV_DEVICE, ZR_ENV_DEVICE_COMM, ZR_ENV_CUDA_LIB,
+    ZR_ENV_CUDA_VISIBLE_DEVICES, ZR_ENV_MASTER_ADDR, ZR_ENV_MASTER_PORT, ZR_ENV_OMPI_RANK,
+    ZR_ENV_OMPI_SIZE, ZR_ENV_OMPI_LOCAL_RANK, ZR_ENV_PMI_RANK, ZR_ENV_PMI_SIZE,
+    ZR_ENV_PMI_LOCAL_RANK, ZR_ENV_SLURM_PROCID, ZR_ENV_SLURM_NTASKS, ZR_ENV_SLURM_LOCALID,
+    ZR_ENV_COUNT
+} zr_env_var;
+const char *zr_env(zr_env_var v);
+const char *zr_env_name(zr_env_var v);
+const char *zr_env_doc(zr_env_var v);
+
 #define ZR_TRY(x)                                                                              \
     do {                                                                                       \
         int zr_try_rc_ = (x);                                                                  \

@@ -49,8 +49,8 @@ static int next_to_exe(char *buf, size_t cap, const char *lib)
 
 int zr_device_lib_path(char *buf, size_t cap)
 {
-    const char *env = getenv("ZR_CUDA_LIB");
-    if (env && *env) {
+    const char *env = zr_env(ZR_ENV_CUDA_LIB);
+    if (env) {
         if (strlen(env) >= cap)
             return zr_err_set(ZR_EINVAL, "cuda: ZR_CUDA_LIB is longer than %zu bytes", cap - 1);
         memcpy(buf, env, strlen(env) + 1);
@@ -88,7 +88,7 @@ int zr_device_open_at(const char *path, const zr_device_ops **out)
         path = sim;
     }
     if (access(path, F_OK) != 0) {
-        if (getenv("ZR_CUDA_LIB") && *getenv("ZR_CUDA_LIB"))
+        if (zr_env(ZR_ENV_CUDA_LIB))
             return zr_err_set(ZR_EUNSUPPORTED, "cuda: ZR_CUDA_LIB names %s, which does not "
                               "exist", path);
         return zr_err_set(ZR_EUNSUPPORTED, "cuda: built without CUDA: no %s (make builds it "
@@ -141,7 +141,7 @@ int zr_device_cuda_available(void)
     /* Loading the backend maps CUDA, cuBLAS and NCCL (some 150 MiB of resident memory per
      * process) even when the probe then finds no GPU: without the NVIDIA driver's control
      * device there is none to find, and `--device auto` stays light on CPU machines. */
-    const char *env = getenv("ZR_CUDA_LIB");
+    const char *env = zr_env(ZR_ENV_CUDA_LIB);
     if (!(env && !strcmp(env, "hostsim")) && access("/dev/nvidiactl", F_OK) != 0) {
         zr_err_set(ZR_EUNSUPPORTED, "cuda: no GPU: /dev/nvidiactl is absent (no NVIDIA "
                    "driver)");

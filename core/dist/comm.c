@@ -760,10 +760,10 @@ int zr_comm_rank(const zr_comm *c) { return c->rank; }
 int zr_comm_world(const zr_comm *c) { return c->world; }
 
 /* a decimal environment variable in [lo, hi]; *present 0 when unset or empty */
-static int env_int(int *out, int *present, const char *name, long lo, long hi)
+static int env_int(int *out, int *present, zr_env_var var, long lo, long hi)
 {
-    const char *s = getenv(name);
-    *present = s && *s;
+    const char *s = zr_env(var), *name = zr_env_name(var);
+    *present = s != NULL;
     if (!*present)
         return 0;
     char *end;
@@ -846,8 +846,8 @@ int zr_comm_open_env(zr_comm **out)
 {
     *out = NULL;
     int world = 1, rank = 0, has_w, has_r;
-    ZR_TRY(env_int(&world, &has_w, "ZR_WORLD", 1, SHM_MAX_WORLD));
-    ZR_TRY(env_int(&rank, &has_r, "ZR_RANK", 0, SHM_MAX_WORLD - 1));
+    ZR_TRY(env_int(&world, &has_w, ZR_ENV_WORLD, 1, SHM_MAX_WORLD));
+    ZR_TRY(env_int(&rank, &has_r, ZR_ENV_RANK, 0, SHM_MAX_WORLD - 1));
     if (!has_w)
         world = 1;
     if (has_r && rank >= world)
@@ -855,13 +855,13 @@ int zr_comm_open_env(zr_comm **out)
                           world);
     if (world > 1 && !has_r)
         return zr_err_set(ZR_EINVAL, "ZR_RANK is not set (ZR_WORLD=%d)", world);
-    const char *name = getenv("ZR_COMM_SHM"), *tcp = getenv("ZR_COMM_TCP");
+    const char *name = zr_env(ZR_ENV_COMM_SHM), *tcp = zr_env(ZR_ENV_COMM_TCP);
     if (tcp && !*tcp)
         tcp = NULL;
     if (world > 1 && !tcp && (!name || !*name))
         return zr_err_set(ZR_EINVAL, "ZR_COMM_SHM is not set (ZR_WORLD=%d)", world);
     int timeout = 300, has_t;
-    ZR_TRY(env_int(&timeout, &has_t, "ZR_COMM_TCP_TIMEOUT", 1, 86400));
+    ZR_TRY(env_int(&timeout, &has_t, ZR_ENV_COMM_TCP_TIMEOUT, 1, 86400));
     zr_comm *c = calloc(1, sizeof *c);
     if (!c)
         return zr_err_set(ZR_ENOMEM, "out of memory");

@@ -264,11 +264,18 @@ static void signal_group(const rank_proc *p, int sig)
 
 /* environment of rank r: environ without ZR_RANK, ZR_WORLD, ZR_COMM_SHM, ZR_COMM_TCP and
  * ZR_LOCAL_RANK, plus ours (the shm segment on one node, the master's address on several) */
+static const zr_env_var launcher_vars[] = {ZR_ENV_RANK, ZR_ENV_WORLD, ZR_ENV_COMM_SHM,
+                                           ZR_ENV_COMM_TCP, ZR_ENV_LOCAL_RANK};
+
 static int ours(const char *e)
 {
-    return !strncmp(e, "ZR_RANK=", 8) || !strncmp(e, "ZR_WORLD=", 9) ||
-           !strncmp(e, "ZR_COMM_SHM=", 12) || !strncmp(e, "ZR_COMM_TCP=", 12) ||
-           !strncmp(e, "ZR_LOCAL_RANK=", 14);
+    for (size_t i = 0; i < sizeof launcher_vars / sizeof *launcher_vars; i++) {
+        const char *name = zr_env_name(launcher_vars[i]);
+        size_t n = strlen(name);
+        if (!strncmp(e, name, n) && e[n] == '=')
+            return 1;
+    }
+    return 0;
 }
 
 static char **make_env(int rank, int world, const char *shm, int local, const char *tcp)
@@ -294,14 +301,14 @@ static char **make_env(int rank, int world, const char *shm, int local, const ch
         free(env);
         return NULL;
     }
-    snprintf(a, 32, "ZR_RANK=%d", rank);
-    snprintf(b, 32, "ZR_WORLD=%d", world);
-    snprintf(l, 32, "ZR_LOCAL_RANK=%d", local);
+    snprintf(a, 32, "%s=%d", zr_env_name(ZR_ENV_RANK), rank);
+    snprintf(b, 32, "%s=%d", zr_env_name(ZR_ENV_WORLD), world);
+    snprintf(l, 32, "%s=%d", zr_env_name(ZR_ENV_LOCAL_RANK), local);
     env[k++] = a;
     env[k++] = b;
     env[k++] = l;
     if (where) {
-        sprintf(c, "%s=%s", shm ? "ZR_COMM_SHM" : "ZR_COMM_TCP", where);
+        sprintf(c, "%s=%s", zr_env_name(shm ? ZR_ENV_COMM_SHM : ZR_ENV_COMM_TCP), where);
         env[k++] = c;
     }
     env[k] = NULL;

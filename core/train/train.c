@@ -835,8 +835,8 @@ static int open_device(run *r)
     ZR_TRY(agree(r, lrc));
     r->dev = ops;
     int local = r->rank, idx = 0, count = 1;
-    const char *lr = getenv("ZR_LOCAL_RANK");
-    if (lr && *lr)
+    const char *lr = zr_env(ZR_ENV_LOCAL_RANK);
+    if (lr)
         local = atoi(lr);
     char name[96] = "?";
     uint64_t fb = 0, tb = 0;
@@ -854,7 +854,7 @@ static int open_device(run *r)
         char key[KEY], host[64] = "?", *all = calloc((size_t)r->W, KEY);
         if (!all)
             return zr_err_set(ZR_ENOMEM, "out of memory");
-        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+        const char *vis = zr_env(ZR_ENV_CUDA_VISIBLE_DEVICES);
         gethostname(host, sizeof host - 1);
         memset(key, 0, sizeof key);
         snprintf(key, sizeof key, "%s|%.80s|%d", host, vis ? vis : "*", idx);
@@ -867,7 +867,7 @@ static int open_device(run *r)
         if (rc)
             return rc;
     }
-    const char *mode = getenv("ZR_DEVICE_COMM");
+    const char *mode = zr_env(ZR_ENV_DEVICE_COMM);
     lrc = 0;
     if (mode && !strcmp(mode, "nccl"))
         nccl = r->W > 1;
