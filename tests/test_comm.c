@@ -1047,3 +1047,39 @@ ZT_TEST(launch_e2e_abort)
     }
     launched_free(&L);
 }
+
+/* issue 13: a launcher killed by SIGKILL leaves its segment in /dev/shm; the next launch (any
+ * zr_comm_shm_create) reclaims it, and never a live launcher's */
+ZT_TEST(comm_stale_segments_are_reclaimed)
+{
+    int pfd[2];
+    ZT_CHECK(pipe(pfd) == 0);
+    pid_t p = fork();
+    ZT_CHECK(p >= 0);
+    if (p == 0) { /* a "launcher" that dies without unlinking */
+        char *nm = NULL;
+        if (zr_comm_shm_create(&nm, 2, 0) != 0)
+            _exit(1);
+        (void)!write(pfd[1], nm, strlen(nm) + 1);
+        pause();
+        _exit(0);
+    }
+    close(pfd[1]);
+    char dead[64] = {0};
+    ZT_CHECK(read(pfd[0], dead, sizeof dead - 1) > 0);
+    close(pfd[0]);
+    char *live = NULL;
+    ZT_OK(zr_comm_shm_create(&live, 2, 0)); /* ours, alive */
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm%s", dead);
+    ZT_CHECK(access(path, F_OK) == 0);
+    kill(p, SIGKILL);
+    ZT_CHECK(waitpid(p, NULL, 0) == p);
+    ZT_CHECK(access(path, F_OK) == 0); /* left behind */
+    ZT_CHECK(zr_comm_shm_reclaim() >= 1);
+    ZT_CHECK(access(path, F_OK) != 0);
+    snprintf(path, sizeof path, "/dev/shm%s", live);
+    ZT_CHECK(access(path, F_OK) == 0); /* a live creator's segment stays */
+    zr_comm_shm_unlink(live);
+    free(live);
+}

@@ -57,6 +57,7 @@
 #include "comm.h"
 #include "comm_tcp.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -896,8 +897,57 @@ void zr_comm_close(zr_comm *c)
 
 /* ---------------------------------------------------------------- segment management */
 
+/* 1 when /dev/shm/<d> (a name "zr-<pid>-<hex>") is a communicator segment of this user whose
+ * creator (a launcher) is dead: a launcher killed by SIGKILL cannot unlink its segment. */
+static int shm_stale(const char *d)
+{
+    int pid;
+    unsigned x;
+    char tail;
+    if (sscanf(d, "zr-%d-%8x%c", &pid, &x, &tail) != 2 || pid <= 0)
+        return 0;
+    char name[300];
+    snprintf(name, sizeof name, "/%s", d);
+    int fd = shm_open(name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
+    if (fd < 0)
+        return 0;
+    struct stat st;
+    int stale = 0;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+        (size_t)st.st_size >= sizeof(shm_hdr)) {
+        shm_hdr *h = mmap(NULL, sizeof(shm_hdr), PROT_READ, MAP_SHARED, fd, 0);
+        if (h != MAP_FAILED) {
+            char why[96];
+            stale = h->magic == SHM_MAGIC && h->creator_pid == pid &&
+                    process_dead(h->creator_pid, h->creator_start, why, sizeof why);
+            munmap(h, sizeof(shm_hdr));
+        }
+    }
+    close(fd);
+    return stale;
+}
+
+int zr_comm_shm_reclaim(void)
+{
+    DIR *dir = opendir("/dev/shm");
+    if (!dir)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)))
+        if (!strncmp(e->d_name, "zr-", 3) && shm_stale(e->d_name)) {
+            char name[300];
+            snprintf(name, sizeof name, "/%s", e->d_name);
+            if (shm_unlink(name) == 0)
+                n++;
+        }
+    closedir(dir);
+    return n;
+}
+
 int zr_comm_shm_create(char **name_out, int world, size_t seg_bytes)
 {
+    zr_comm_shm_reclaim(); /* what launchers killed by SIGKILL left behind */
     *name_out = NULL;
     if (world < 1 || world > SHM_MAX_WORLD)
         return zr_err_set(ZR_EINVAL, "world %d outside [1, %d]", world, SHM_MAX_WORLD);

@@ -87,6 +87,9 @@ int zr_comm_check(zr_comm *c);
 int zr_comm_shm_create(char **name_out, int world, size_t seg_bytes);
 void zr_comm_shm_abort(const char *name, int rank, int status);
 void zr_comm_shm_unlink(const char *name);
+/* Unlink this user's segments in /dev/shm whose creating launcher is dead (a launcher killed by
+ * SIGKILL leaves its segment behind); zr_comm_shm_create calls it. Returns how many. */
+int zr_comm_shm_reclaim(void);
 
 /* The name of signal s ("SIGKILL"), for messages about ranks that died (comm, launcher). */
 const char *zr__signal_name(int s);
