@@ -47,6 +47,13 @@ static const struct {
     [ZR_ENV_SLURM_PROCID] = {"SLURM_PROCID", "Slurm's rank (srun)"},
     [ZR_ENV_SLURM_NTASKS] = {"SLURM_NTASKS", "Slurm's world size"},
     [ZR_ENV_SLURM_LOCALID] = {"SLURM_LOCALID", "Slurm's local rank"},
+    [ZR_ENV_JOB_ID] = {"ZR_JOB_ID",
+                       "a job's identity across nodes (same on every node): the TCP rendezvous "
+                       "turns away ranks of another job"},
+    [ZR_ENV_SLURM_JOB_ID] = {"SLURM_JOB_ID", "Slurm's job, the job's identity without ZR_JOB_ID"},
+    [ZR_ENV_SLURM_STEP_ID] = {"SLURM_STEP_ID", "Slurm's job step, with SLURM_JOB_ID"},
+    [ZR_ENV_PMIX_NAMESPACE] = {"PMIX_NAMESPACE",
+                               "Open MPI's job (PMIx), the job's identity under mpirun"},
 };
 
 const char *zr_env_name(zr_env_var v) { return v < ZR_ENV_COUNT ? table[v].name : NULL; }

@@ -1083,3 +1083,69 @@ ZT_TEST(comm_stale_segments_are_reclaimed)
     zr_comm_shm_unlink(live);
     free(live);
 }
+
+/* issue 13: the TCP rendezvous turns away a rank of another job (another job token) and a
+ * client that connects and says nothing, without waiting on it, and the job's own ranks meet */
+ZT_TEST(comm_tcp_rendezvous_turns_away_strangers)
+{
+    char master[64];
+    int port = zt_free_port();
+    snprintf(master, sizeof master, "127.0.0.1:%d", port);
+    double t0 = now_s();
+    fflush(NULL);
+    pid_t hub = fork();
+    if (hub == 0) {
+        set_rank_env(NULL, 0, 2);
+        setenv("ZR_COMM_TCP", master, 1);
+        setenv("ZR_JOB_ID", "job-a", 1);
+        zr_comm *c;
+        ZT_OK(zr_comm_open_env(&c));
+        ZT_OK(zr_comm_barrier(c));
+        zr_comm_close(c);
+        _exit(0);
+    }
+    /* a silent client: connects and sends nothing */
+    int s = -1;
+    for (int i = 0; i < 100 && s < 0; i++) {
+        s = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(s, (struct sockaddr *)&a, sizeof a) < 0) {
+            close(s);
+            s = -1;
+            sleep_ms(20);
+        }
+    }
+    ZT_CHECK(s >= 0);
+    /* rank 1 of another job on the same port: turned away, it fails */
+    pid_t other = fork();
+    if (other == 0) {
+        set_rank_env(NULL, 1, 2);
+        setenv("ZR_COMM_TCP", master, 1);
+        setenv("ZR_JOB_ID", "job-b", 1);
+        setenv("ZR_COMM_TCP_TIMEOUT", "3", 1);
+        zr_comm *c;
+        _exit(zr_comm_open_env(&c) == 0 ? 0 : 3);
+    }
+    int st;
+    ZT_CHECK(waitpid(other, &st, 0) == other);
+    ZT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 3);
+    /* the job's own rank 1 joins at once, the silent client still connected */
+    pid_t mine = fork();
+    if (mine == 0) {
+        set_rank_env(NULL, 1, 2);
+        setenv("ZR_COMM_TCP", master, 1);
+        setenv("ZR_JOB_ID", "job-a", 1);
+        zr_comm *c;
+        ZT_OK(zr_comm_open_env(&c));
+        ZT_OK(zr_comm_barrier(c));
+        zr_comm_close(c);
+        _exit(0);
+    }
+    ZT_CHECK(waitpid(mine, &st, 0) == mine && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ZT_CHECK(waitpid(hub, &st, 0) == hub && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(s);
+    if (now_s() - t0 > 5.0)
+        ZT_FAIL("the rendezvous took %.1f s: a silent client held it up", now_s() - t0);
+    clear_env();
+}

@@ -760,6 +760,30 @@ int zr_comm_check(zr_comm *c)
 int zr_comm_rank(const zr_comm *c) { return c->rank; }
 int zr_comm_world(const zr_comm *c) { return c->world; }
 
+/* The token every rank of a TCP job puts in its hello: FNV-1a of the job's identity (ZR_JOB_ID,
+ * else Slurm's job and step, else PMIx's namespace under mpirun), the master and the world, so
+ * a rank of another job that reaches the same port is turned away. */
+static uint64_t job_token(const char *master, int world)
+{
+    char id[512];
+    const char *job = zr_env(ZR_ENV_JOB_ID), *sj = zr_env(ZR_ENV_SLURM_JOB_ID);
+    if (job)
+        snprintf(id, sizeof id, "zr:%s", job);
+    else if (sj)
+        snprintf(id, sizeof id, "slurm:%s.%s", sj,
+                 zr_env(ZR_ENV_SLURM_STEP_ID) ? zr_env(ZR_ENV_SLURM_STEP_ID) : "");
+    else if (zr_env(ZR_ENV_PMIX_NAMESPACE))
+        snprintf(id, sizeof id, "pmix:%s", zr_env(ZR_ENV_PMIX_NAMESPACE));
+    else
+        id[0] = 0;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s|%s|%d", id, master, world);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *p = buf; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    return h;
+}
+
 /* a decimal environment variable in [lo, hi]; *present 0 when unset or empty */
 static int env_int(int *out, int *present, zr_env_var var, long lo, long hi)
 {
@@ -869,7 +893,7 @@ int zr_comm_open_env(zr_comm **out)
     c->rank = world > 1 ? rank : 0;
     c->world = world;
     if (world > 1) {
-        int rc = tcp ? ztcp_open(&c->tcp, tcp, rank, world, timeout)
+        int rc = tcp ? ztcp_open(&c->tcp, tcp, rank, world, timeout, job_token(tcp, world))
                      : open_shm(c, name, rank, world);
         if (rc < 0) {
             free(c);

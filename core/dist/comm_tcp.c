@@ -16,6 +16,7 @@
 #include "zck.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -39,7 +40,7 @@ static const char *op_names[] = {"hello", "all_reduce", "reduce_scatter", "all_g
 
 typedef struct {
     uint32_t magic, op;
-    uint64_t count; /* elements (reductions, all_gather: bytes) */
+    uint64_t count; /* elements (reductions, all_gather: bytes); hello: the job token */
     uint32_t es;    /* element size; hello: the world */
     int32_t root;   /* hello: the rank */
     uint64_t seq;
@@ -52,6 +53,7 @@ typedef struct {
 
 struct zr_tcp {
     int rank, world;
+    uint64_t token; /* the job's (ztcp_open): another job's ranks are turned away */
     int *fd; /* the hub: fd[q] for rank q >= 1; the others: fd[0], to the hub */
     uint64_t seq;
     int dead, dead_code;
@@ -371,6 +373,96 @@ static int split_master(const char *master, char *host, size_t hcap, char *port,
     return 0;
 }
 
+/* A connection accepted by the hub whose hello is still being read. */
+typedef struct {
+    int fd;
+    size_t got;
+    double since;
+    hdr h;
+} pending;
+
+#define MAX_PENDING 64
+#define HELLO_S 10.0 /* a client silent for longer is dropped (it holds nobody up meanwhile) */
+
+/* A complete hello from pending client c: 1 when it joined, 0 when it was dropped (not one of
+ * ours, or another job's: a stale rank on the same port), an error when it is one of ours but
+ * does not fit this job. */
+static int hub_hello(zr_tcp *t, pending *c, int *joined)
+{
+    hdr h = c->h;
+    if (h.magic != MAGIC || h.op != T_HELLO || h.count != t->token) {
+        if (h.magic == MAGIC && h.op == T_HELLO)
+            zr_log(ZR_LOG_INFO, "tcp: dropped a connection from another job (token %016llx, "
+                   "ours %016llx)", (unsigned long long)h.count, (unsigned long long)t->token);
+        close(c->fd); /* not one of ours: a port scanner, a stale client of another job */
+        return 0;
+    }
+    if ((int)h.es != t->world || h.root < 1 || h.root >= t->world || t->fd[h.root] >= 0) {
+        close(c->fd);
+        return zr_err_set(ZR_EINVAL, "tcp: a rank connected as rank %d of %u, but rank 0 "
+                          "expects ranks 1..%d of %d, each once (same --nnodes and --nproc on "
+                          "every node?)", h.root, h.es, t->world - 1, t->world);
+    }
+    int fl = fcntl(c->fd, F_GETFL);
+    fcntl(c->fd, F_SETFL, fl & ~O_NONBLOCK);
+    nodelay(c->fd);
+    t->fd[h.root] = c->fd;
+    (*joined)++;
+    return 1;
+}
+
+/* The hub's rendezvous: accept connections and read their hellos together (poll), so a client
+ * that connects and says nothing delays no one; until every other rank joined or the
+ * deadline. */
+static int hub_accept(zr_tcp *t, int lfd, const char *port, const char *master,
+                      double deadline)
+{
+    pending pend[MAX_PENDING];
+    struct pollfd pf[MAX_PENDING + 1];
+    int np = 0, joined = 0, rc = 0;
+    while (!rc && joined < t->world - 1) {
+        double now = now_s(), left = deadline - now;
+        if (left <= 0) {
+            rc = zr_err_set(ZR_EIO, "tcp: only %d of the %d other ranks connected to port %s "
+                            "in time (ZR_COMM_TCP_TIMEOUT): are the other nodes started, "
+                            "with --master %s?", joined, t->world - 1, port, master);
+            break;
+        }
+        int n = 0;
+        pf[n++] = (struct pollfd){lfd, (short)(np < MAX_PENDING ? POLLIN : 0), 0};
+        for (int i = 0; i < np; i++)
+            pf[n++] = (struct pollfd){pend[i].fd, POLLIN, 0};
+        int k = poll(pf, (nfds_t)n, left > 1.0 ? 1000 : (int)(left * 1000) + 1);
+        if (k < 0 && errno != EINTR) {
+            rc = zr_err_sys(errno, "tcp: poll on port %s", port);
+            break;
+        }
+        if (k > 0 && (pf[0].revents & POLLIN)) {
+            int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (c >= 0)
+                pend[np++] = (pending){c, 0, now_s(), {0}};
+        }
+        for (int i = np - 1; i >= 0 && !rc; i--) { /* hellos that came, clients that idle */
+            pending *c = &pend[i];
+            ssize_t got = recv(c->fd, (char *)&c->h + c->got, sizeof c->h - c->got, 0);
+            int done = 0;
+            if (got > 0 && (c->got += (size_t)got) == sizeof c->h) {
+                rc = hub_hello(t, c, &joined) < 0 ? ZR_EINVAL : 0;
+                done = 1;
+            } else if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR) ||
+                       now_s() - c->since > HELLO_S) {
+                close(c->fd);
+                done = 1;
+            }
+            if (done)
+                pend[i] = pend[--np];
+        }
+    }
+    for (int i = 0; i < np; i++)
+        close(pend[i].fd);
+    return rc;
+}
+
 static int hub_open(zr_tcp *t, const char *port, const char *master, double deadline)
 {
     struct addrinfo hints, *ai = NULL;
@@ -403,45 +495,7 @@ static int hub_open(zr_tcp *t, const char *port, const char *master, double dead
     if (fd < 0)
         return zr_err_sys(errno, "tcp: rank 0 cannot listen on port %s (--master %s)", port,
                           master);
-    int rc = 0, joined = 0;
-    while (!rc && joined < t->world - 1) {
-        double left = deadline - now_s();
-        struct pollfd p = {fd, POLLIN, 0};
-        int k = left > 0 ? poll(&p, 1, (int)(left * 1000) + 1) : 0;
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0) {
-            rc = zr_err_set(ZR_EIO, "tcp: only %d of the %d other ranks connected to port %s "
-                            "in time (ZR_COMM_TCP_TIMEOUT): are the other nodes started, "
-                            "with --master %s?", joined, t->world - 1, port, master);
-            break;
-        }
-        int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
-        if (c < 0)
-            continue;
-        struct timeval tv = {10, 0}; /* a hello takes no longer */
-        setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        hdr h;
-        ssize_t got = recv(c, &h, sizeof h, MSG_WAITALL);
-        if (got != (ssize_t)sizeof h || h.magic != MAGIC || h.op != T_HELLO) {
-            close(c); /* not one of ours: a port scanner, a stale client */
-            continue;
-        }
-        struct timeval none = {0, 0};
-        setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
-        if ((int)h.es != t->world || h.root < 1 || h.root >= t->world || t->fd[h.root] >= 0) {
-            char msg[256];
-            snprintf(msg, sizeof msg, "tcp: a rank connected as rank %d of %u, but rank 0 "
-                     "expects ranks 1..%d of %d, each once (same --nnodes and --nproc on "
-                     "every node?)", h.root, h.es, t->world - 1, t->world);
-            close(c);
-            rc = zr_err_set(ZR_EINVAL, "%s", msg);
-            break;
-        }
-        nodelay(c);
-        t->fd[h.root] = c;
-        joined++;
-    }
+    int rc = hub_accept(t, fd, port, master, deadline);
     close(fd);
     if (rc) {
         char msg[512];
@@ -489,12 +543,13 @@ static int peer_open(zr_tcp *t, const char *host, const char *port, const char *
     }
     freeaddrinfo(ai);
     nodelay(t->fd[0]);
-    hdr h = {MAGIC, T_HELLO, 0, (uint32_t)t->world, t->rank, 0};
+    hdr h = {MAGIC, T_HELLO, t->token, (uint32_t)t->world, t->rank, 0};
     ZR_TRY(xfer(t, 0, &h, sizeof h, 1));
     return read_reply(t);
 }
 
-int ztcp_open(zr_tcp **out, const char *master, int rank, int world, double timeout_s)
+int ztcp_open(zr_tcp **out, const char *master, int rank, int world, double timeout_s,
+              uint64_t token)
 {
     *out = NULL;
     char host[256], port[16];
@@ -513,6 +568,7 @@ int ztcp_open(zr_tcp **out, const char *master, int rank, int world, double time
         t->fd[q] = -1;
     t->rank = rank;
     t->world = world;
+    t->token = token;
     double deadline = now_s() + timeout_s;
     int rc = rank == 0 ? hub_open(t, port, master, deadline)
                        : peer_open(t, host, port, master, deadline);

@@ -12,12 +12,17 @@
 #define ZR_COMM_TCP_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct zr_tcp zr_tcp;
 
 /* master "HOST:PORT": rank 0 listens on PORT (every interface), the others connect to
- * HOST:PORT, retrying until timeout_s seconds have passed (nodes start at different times). */
-int ztcp_open(zr_tcp **out, const char *master, int rank, int world, double timeout_s);
+ * HOST:PORT, retrying until timeout_s seconds have passed (nodes start at different times).
+ * token: the job's, in every rank's hello; rank 0 turns away (closes) a connection with another
+ * token (a stale rank of another job on the same port) and one silent for 10 s, and keeps
+ * waiting for its own ranks. */
+int ztcp_open(zr_tcp **out, const char *master, int rank, int world, double timeout_s,
+              uint64_t token);
 void ztcp_close(zr_tcp *t);
 /* es: element size (4 f32, 8 f64) */
 int ztcp_all_reduce(zr_tcp *t, const void *send, void *recv, size_t n, size_t es);
