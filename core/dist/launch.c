@@ -58,6 +58,7 @@ typedef struct {
     stream out, err;
     char prefix[32];
     size_t plen;
+    int grank;                      /* its global rank */
 } rank_proc;
 
 static const int fwd_sigs[] = {SIGINT, SIGTERM, SIGUSR1};
@@ -105,10 +106,101 @@ static void write_all(int fd, struct iovec *iov, int n)
     }
 }
 
+/*
+ * Error lines held back: when every rank of a job finds the same problem (a bad option, a
+ * checkpoint that does not fit), each prints the same "zrun: error: ..." and "hint: ..." lines.
+ * Lines of stderr that say "error:" or start with "hint:" wait up to HOLD_MS in this queue;
+ * the same text from several ranks becomes one line ("... (all 4 ranks)"). The launcher's own
+ * messages queue behind them, so the order stays as it happened. One launch at a time per
+ * process (as for the signal plumbing).
+ */
+#define HOLD_MAX 64
+#define HOLD_MS 300
+
+typedef struct {
+    char *text;
+    size_t n;
+    int rank, count, launcher;
+    int64_t t0;
+} held;
+
+static struct {
+    held e[HOLD_MAX];
+    int n;
+    int world;   /* ranks of this launcher; holding is off below 2 */
+    int nodes;
+} hold;
+
+static int holdable(const char *line, size_t n)
+{
+    return memmem(line, n, "error:", 6) || (n >= 5 && !memcmp(line, "hint:", 5));
+}
+
+static void hold_print(const held *h)
+{
+    char pre[32] = "", post[64] = "";
+    if (!h->launcher) {
+        if (h->count == hold.world)
+            snprintf(post, sizeof post, " (all %d ranks%s)", h->count,
+                     hold.nodes > 1 ? " of this node" : "");
+        else {
+            snprintf(pre, sizeof pre, "[rank %d] ", h->rank);
+            if (h->count > 1)
+                snprintf(post, sizeof post, " (and %d other rank%s)", h->count - 1,
+                         h->count == 2 ? "" : "s");
+        }
+    }
+    struct iovec iov[4] = {{pre, strlen(pre)}, {h->text, h->n}, {post, strlen(post)}, {"\n", 1}};
+    write_all(2, iov, 4);
+}
+
+/* Print the queue's head while it is due: a launcher message, a line every rank printed, one
+ * older than HOLD_MS, or everything when forced. */
+static void hold_flush(int force)
+{
+    int64_t t = now_ms();
+    int k = 0;
+    while (k < hold.n) {
+        held *h = &hold.e[k];
+        if (!force && !h->launcher && h->count < hold.world && t - h->t0 < HOLD_MS)
+            break;
+        hold_print(h);
+        free(h->text);
+        k++;
+    }
+    memmove(hold.e, hold.e + k, (size_t)(hold.n - k) * sizeof *hold.e);
+    hold.n -= k;
+}
+
+static void hold_add(int rank, int launcher, const char *line, size_t n)
+{
+    if (!launcher)
+        for (int i = 0; i < hold.n; i++)
+            if (!hold.e[i].launcher && hold.e[i].n == n && !memcmp(hold.e[i].text, line, n)) {
+                hold.e[i].count++;
+                return;
+            }
+    if (hold.n == HOLD_MAX)
+        hold_flush(1);
+    char *text = malloc(n ? n : 1);
+    if (!text) { /* print it now rather than lose it */
+        held h = {(char *)line, n, rank, 1, launcher, 0};
+        hold_flush(1);
+        hold_print(&h);
+        return;
+    }
+    memcpy(text, line, n);
+    hold.e[hold.n++] = (held){text, n, rank, 1, launcher, now_ms()};
+}
+
 static void emit_line(const rank_proc *p, const stream *s, const char *line, size_t n)
 {
     if (!s->show)
         return;
+    if (s->dest == 2 && hold.world > 1 && holdable(line, n)) {
+        hold_add(p->grank, 0, line, n);
+        return;
+    }
     struct iovec iov[3] = {{(void *)p->prefix, p->plen}, {(void *)line, n}, {"\n", 1}};
     write_all(s->dest, iov, 3);
 }
@@ -172,6 +264,10 @@ static void say(const char *fmt, ...)
         return;
     if ((size_t)n > sizeof buf - 2)
         n = (int)sizeof buf - 2;
+    if (hold.n > 0) { /* behind the ranks' lines it follows */
+        hold_add(-1, 1, buf, (size_t)n);
+        return;
+    }
     buf[n++] = '\n';
     struct iovec iov = {buf, (size_t)n};
     write_all(2, &iov, 1);
@@ -341,7 +437,7 @@ typedef struct {
     sigset_t old_mask;
     int handlers, blocked, started;
     int running, first_fail, fail_status, killed;
-    int64_t kill_at, all_done_at;
+    int64_t term_at, kill_at, all_done_at;
     struct pollfd *pf;
     int *pf_rank;                    /* 2r: rank r's stdout, 2r+1 its stderr, -1 the self-pipe */
 } launch;
@@ -374,6 +470,7 @@ static int launch_prepare(launch *L)
         p->plen = L->piped ? (size_t)snprintf(p->prefix, sizeof p->prefix, "[rank %d] ",
                                               L->base + r)
                            : 0;
+        p->grank = L->base + r;
         p->out.dest = 1;
         p->out.show = L->base + r == 0 || o->log_all_ranks;
         p->err.dest = 2;
@@ -475,13 +572,38 @@ static void launch_rank_failed(launch *L, int r, int st)
         else
             say("zrun: rank %d %s", L->base + r, d);
     }
-    int grace_ms = L->o->kill_grace_s > 0 ? (int)(L->o->kill_grace_s * 1000) : 0;
+    /* the others hear of it through the segment at once; the signals wait HOLD_MS, so ranks
+     * that found the same problem say so before they are stopped (their lines become one) */
+    L->term_at = now_ms() + (L->piped && L->o->kill_grace_s > 0 ? HOLD_MS : 0);
+}
+
+/* The stop after a failure: SIGTERM to every rank once term_at has come (SIGKILL at once
+ * without a grace period), then SIGKILL to what still runs kill_grace_s later. */
+static void launch_escalate(launch *L, int64_t t)
+{
+    if (L->first_fail < 0 || L->killed || L->running <= 0)
+        return;
+    if (L->kill_at < 0) {
+        if (t < L->term_at)
+            return;
+        int grace_ms = L->o->kill_grace_s > 0 ? (int)(L->o->kill_grace_s * 1000) : 0;
+        for (int q = 0; q < L->W; q++)
+            signal_group(&L->P[q], grace_ms > 0 ? SIGTERM : SIGKILL);
+        if (grace_ms > 0)
+            L->kill_at = t + grace_ms;
+        else
+            L->killed = 1;
+        return;
+    }
+    if (t < L->kill_at)
+        return;
     for (int q = 0; q < L->W; q++)
-        signal_group(&L->P[q], grace_ms > 0 ? SIGTERM : SIGKILL);
-    if (grace_ms > 0)
-        L->kill_at = now_ms() + grace_ms;
-    else
-        L->killed = 1;
+        if (L->P[q].running)
+            say("zrun: rank %d still running %.1f s after SIGTERM: sending SIGKILL",
+                L->base + q, L->o->kill_grace_s);
+    for (int q = 0; q < L->W; q++)
+        signal_group(&L->P[q], SIGKILL);
+    L->killed = 1;
 }
 
 /* Reap the ranks that exited (WNOHANG); the first that failed stops the others. */
@@ -508,20 +630,6 @@ static void launch_reap(launch *L)
     }
 }
 
-/* After a failure, SIGKILL what still runs once the grace period is over. */
-static void launch_escalate(launch *L, int64_t t)
-{
-    if (L->first_fail < 0 || L->killed || L->kill_at < 0 || t < L->kill_at || L->running <= 0)
-        return;
-    for (int q = 0; q < L->W; q++)
-        if (L->P[q].running)
-            say("zrun: rank %d still running %.1f s after SIGTERM: sending SIGKILL",
-                L->base + q, L->o->kill_grace_s);
-    for (int q = 0; q < L->W; q++)
-        signal_group(&L->P[q], SIGKILL);
-    L->killed = 1;
-}
-
 /* Signals the handler wrote to the self-pipe, forwarded to every running rank's group. */
 static void launch_forward_signals(launch *L)
 {
@@ -540,10 +648,12 @@ static void launch_forward_signals(launch *L)
  * signals. */
 static void launch_pump(launch *L, int64_t t)
 {
-    int timeout = TICK_MS;
-    if (L->first_fail >= 0 && !L->killed && L->kill_at >= 0 && L->running > 0 &&
-        L->kill_at - t < timeout)
-        timeout = L->kill_at - t < 0 ? 0 : (int)(L->kill_at - t);
+    int timeout = hold.n > 0 ? HOLD_MS / 3 : TICK_MS;
+    if (L->first_fail >= 0 && !L->killed && L->running > 0) {
+        int64_t due = L->kill_at >= 0 ? L->kill_at : L->term_at;
+        if (due - t < timeout)
+            timeout = due - t < 0 ? 0 : (int)(due - t);
+    }
     struct pollfd *pf = L->pf;
     int n = 0;
     pf[n].fd = L->self[0];
@@ -603,6 +713,7 @@ static int launch_wait(launch *L)
             else if (t - L->all_done_at >= TICK_MS)
                 break;
         }
+        hold_flush(0);
         launch_pump(L, t);
     }
     L->started = 0; /* all reaped */
@@ -683,12 +794,17 @@ int zr_launch(int *exit_code, const zr_launch_opts *o, char *const argv[])
     L->base = nodes > 1 ? o->node_rank * L->W : 0;
     L->piped = L->W > 1 || nodes > 1;
     L->self[0] = L->self[1] = L->devnull = -1;
+    hold.n = 0;
+    hold.world = L->piped ? L->W : 0;
+    hold.nodes = nodes;
     int rc = launch_prepare(L);
     if (!rc)
         rc = launch_spawn(L, argv);
     if (!rc)
         *exit_code = launch_wait(L);
     launch_cleanup(L);
+    hold_flush(1);
+    hold.world = 0;
     free(L);
     return rc;
 }
