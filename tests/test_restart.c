@@ -4,8 +4,8 @@
  * --max-restarts ends byte-identical to an uninterrupted run; SIGKILL during asynchronous saves
  * never leaves `latest` naming anything but a sound checkpoint; a damaged newest checkpoint
  * is moved aside and the run falls back to the previous one, and a run whose every
- * checkpoint is damaged stops instead of starting over; a full disk during an asynchronous save stops the run
- * uncommitted with the file named; SIGTERM to the launcher saves and exits 0 with the path in
+ * checkpoint is damaged stops instead of starting over; a full disk during an asynchronous
+ * save stops the run uncommitted with the file named; SIGTERM to the launcher saves and exits 0 with the path in
  * the last line; --verify-on-resume says what it checked.
  */
 #include "ckutil.h"

@@ -53,9 +53,9 @@ static int train_logged(zr_train_result *r, zr_train_opts *o, char **log)
     return rc;
 }
 
-/* A run stopped after 20 of 30 steps with checkpoints at 10 and 20 in dir, then damage(dir's step 20), then the
- * resume to 30: the damaged step-20 is moved aside naming `what`, the run resumes from 10,
- * saves step 20 again and ends as the straight run does. */
+/* A run stopped after 20 of 30 steps with checkpoints at 10 and 20 in dir, then damage(dir's
+ * step 20), then the resume to 30: the damaged step-20 is moved aside naming `what`, the run
+ * resumes from 10, saves step 20 again and ends as the straight run does. */
 static void resume_past(const char *dir, void (*damage)(const char *step20), const char *what,
                         const char *aside)
 {
