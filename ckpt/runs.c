@@ -306,29 +306,3 @@ void zck_run_list_free(zck_run_list *l)
     zck_namelist_free(&l->stale);
     free(l);
 }
-
-int zck_resume_point(char **out, int *is_latest, const char *run_dir)
-{
-    zck_run_list *l = NULL;
-    int rc = zck_run_list_open(&l, run_dir);
-    if (rc == ZR_ENOTFOUND)
-        return zr_err_set(ZR_ENOTFOUND, "%s: no such run directory", run_dir);
-    if (rc)
-        return rc;
-    if (!l->n) {
-        zck_run_list_free(l);
-        return zr_err_set(ZR_ENOTFOUND, "%s: no checkpoint", run_dir);
-    }
-    for (size_t i = l->n; i-- > 0;)
-        if (l->ckpt[i].status == ZCK_CKPT_COMPLETE) {
-            if (is_latest)
-                *is_latest = l->ckpt[i].is_latest;
-            *out = zck__path_join(run_dir, l->ckpt[i].name);
-            zck_run_list_free(l);
-            return *out ? 0 : ZR_ENOMEM;
-        }
-    rc = zr_err_set(ZR_ECORRUPT, "%s: %zu checkpoints, none complete (newest %s: %s)", run_dir,
-                    l->n, l->ckpt[l->n - 1].name, l->ckpt[l->n - 1].detail);
-    zck_run_list_free(l);
-    return rc;
-}

@@ -338,13 +338,39 @@ int zck_run_list_open(zck_run_list **out, const char *run_dir);
 void zck_run_list_free(zck_run_list *l);
 const char *zck_ckpt_status_name(zck_ckpt_status s); /* "complete", "incomplete", "corrupt" */
 
-/* The checkpoint a run should resume from: the newest step directory that is complete on a
- * quick check. Usually what latest names; newer when a commit was interrupted between the
- * rename of its directory and the update of latest (the directory is complete then). *out is
- * the malloc'ed path, *is_latest (may be NULL) says whether latest names it. ZR_ENOTFOUND when
- * the run directory has no step directory at all; ZR_ECORRUPT when it has some but none is
- * complete. */
-int zck_resume_point(char **out, int *is_latest, const char *run_dir);
+/* ---------------------------------------------------------------- resuming a run */
+
+/* How zck_resume_pick checks each candidate: FULL (the default) is what `zckpt verify` checks,
+ * every shard hashed and manifest.json against SHA256SUMS; QUICK and OFF check everything but
+ * the hashes (manifest, SHA256SUMS, every shard present with its size). OFF means only that the
+ * caller will then read the pick without verifying it again; the pick itself is checked as
+ * QUICK. The values are those of ZR_VERIFY_* (train.h). */
+enum { ZCK_RESUME_VERIFY_FULL = 0, ZCK_RESUME_VERIFY_QUICK = 1, ZCK_RESUME_VERIFY_OFF = 2 };
+
+typedef struct {
+    int verify;          /* ZCK_RESUME_VERIFY_* */
+    unsigned jobs;       /* files hashed in parallel */
+    int dry_run;         /* decide and say what would be done, change nothing */
+    /* each line of what was done (damaged checkpoints moved aside, an interrupted commit),
+     * complete sentences without a trailing newline; NULL: not told */
+    void (*say)(void *ctx, const char *line);
+    void *say_ctx;
+} zck_resume_opts;
+#define ZCK_RESUME_OPTS_INIT {ZCK_RESUME_VERIFY_FULL, 2, 0, NULL, NULL}
+
+/* The one resume policy of a run directory (a plain `--resume auto` and the restart
+ * supervisor alike): the checkpoint to resume from is the newest step directory that passes
+ * o->verify and whose name agrees with the step in its manifest (a renamed directory is
+ * damaged). Every newer step directory is damaged: each is renamed to damaged-step-N
+ * (damaged-step-N.2, ... when taken), never deleted, so that the resumed run can save that
+ * step again; `latest` is rewritten to name the pick. Each move is told through o->say with the
+ * directory's name and its first problem; so is the note of an interrupted commit, only when
+ * the pick is newer than what latest names (a commit that stopped between the rename of its
+ * directory and the update of latest). *out: the malloc'ed path of the pick, or NULL (and 0
+ * returned) when run_dir is absent or holds no step directory. ZR_ECORRUPT when it holds some
+ * but none passes (nothing is moved then); ZR_EINVAL for a bad o->verify; errors of the
+ * renames and of the rewrite of latest as they come. */
+int zck_resume_pick(char **out, const char *run_dir, const zck_resume_opts *o);
 
 /* ---------------------------------------------------------------- reading a checkpoint */
 

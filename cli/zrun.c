@@ -8,13 +8,10 @@
 #include "common.h"
 #include "zr.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define PROG "zrun"
@@ -139,156 +136,43 @@ static bool parse_float(const char *opt, const char *v, float *out)
     return true;
 }
 
-/* Move a damaged checkpoint out of the way of the resumed run (which will save that step
- * again), keeping it for inspection as damaged-step-N (damaged-step-N.2, ... if taken). */
-static void move_aside(const char *run_dir, const char *name)
-{
-    char from[4096], to[4200];
-    snprintf(from, sizeof from, "%s/%s", run_dir, name);
-    for (int k = 1; k < 1000; k++) {
-        if (k == 1)
-            snprintf(to, sizeof to, "%s/damaged-%s", run_dir, name);
-        else
-            snprintf(to, sizeof to, "%s/damaged-%s.%d", run_dir, name, k);
-        if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0) {
-            fprintf(stderr, PROG ": moved the damaged %s aside to %s\n", from, to);
-            return;
-        }
-        if (errno != EEXIST)
-            break;
-    }
-    fprintf(stderr, PROG ": warning: could not move %s aside (%s); saving that step again "
-                    "will fail\n", from, strerror(errno));
-}
-
-/* The newest checkpoint of run_dir that verifies in full, falling back to older ones and
- * saying so; damaged newer ones are moved aside and `latest` names the sound one. 0 with *out
- * NULL when the run has no checkpoint yet; ZR_ECORRUPT when it has some and none verifies. */
-static int newest_sound(char **out, const char *run_dir)
-{
-    *out = NULL;
-    zck_run_list *l = NULL;
-    int rc = zck_run_list_open(&l, run_dir);
-    if (rc == ZR_ENOTFOUND) {
-        zr_err_clear();
-        return 0;
-    }
-    if (rc)
-        return rc;
-    size_t n = l->n, i = l->n;
-    while (i-- > 0) {
-        char *path = NULL;
-        if (asprintf(&path, "%s/%s", run_dir, l->ckpt[i].name) < 0) {
-            zck_run_list_free(l);
-            return zr_err_set(ZR_ENOMEM, "out of memory");
-        }
-        zck_report *rep = NULL;
-        zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
-        int vrc = zck_verify(&rep, path, &vo);
-        if (!vrc && zck_report_count(rep) == 0) {
-            zck_report_free(rep);
-            *out = path;
-            break;
-        }
-        const zck_problem *p = !vrc && rep ? zck_report_get(rep, 0) : NULL;
-        fprintf(stderr, PROG ": %s does not verify (%s%s%s): falling back to an older "
-                        "checkpoint\n", path, p ? p->file : zr_err_msg(), p ? ": " : "",
-                p ? zck_problem_kind_name(p->kind) : "");
-        zck_report_free(rep);
-        free(path);
-    }
-    if (*out) {
-        for (size_t j = i + 1; j < n; j++)
-            move_aside(run_dir, l->ckpt[j].name);
-        if (i + 1 < n && zck_latest_set(run_dir, l->ckpt[i].step) < 0)
-            fprintf(stderr, PROG ": warning: %s\n", zr_err_msg());
-    }
-    zck_run_list_free(l);
-    if (*out || !n)
-        return 0;
-    return zr_err_set(ZR_ECORRUPT, "%s: none of its %zu checkpoint%s verifies; not starting "
-                      "over from scratch (move the run directory away to do that)", run_dir, n,
-                      n == 1 ? "" : "s");
-}
-
-/*
- * The launcher: start the ranks (zr_launch), and when the job fails and restarts are left,
- * find the newest checkpoint that verifies and start the ranks again from it (with
- * --nproc-on-restart ranks if given), after the backoff. Each restart is logged with its
- * cause.
- */
 typedef struct {
     uint32_t nnodes, node_rank;
     const char *master;
 } nodes_opts;
 
-static int supervise(int argc, char **argv, const zr_train_opts *o, uint32_t nproc, int log_all,
+/* The launcher: the ranks, restarted from the newest sound checkpoint when the job fails and
+ * restarts are left (zr_supervise). A signal between launches ends the job. */
+static int supervise(char **argv, const zr_train_opts *o, uint32_t nproc, int log_all,
                      uint32_t max_restarts, double backoff, uint32_t nproc_restart,
                      const nodes_opts *no)
 {
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
-        return zcli_fail(PROG, NULL, "cannot find this program's path (/proc/self/exe)");
-    self[n] = 0;
-    struct sigaction sa; /* between launches (backoff): a signal ends the job */
+    struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
-    /* room for the arguments a restart appends: --resume PATH --nproc N */
-    char **args = calloc((size_t)argc + 5, sizeof *args);
-    if (!args)
-        return zcli_fail(PROG, NULL, "out of memory");
-    memcpy(args, argv, (size_t)argc * sizeof *args);
-    args[0] = self;
-    char *resume = NULL, nbuf[16];
+    zr_supervise_opts so = ZR_SUPERVISE_OPTS_INIT;
+    so.nproc = (int)nproc;
+    so.nproc_on_restart = (int)nproc_restart;
+    so.log_all_ranks = log_all;
+    so.nnodes = (int)no->nnodes;
+    so.node_rank = (int)no->node_rank;
+    so.master = no->master;
+    so.max_restarts = max_restarts;
+    so.backoff_s = backoff;
+    so.ckpt_dir = o->ckpt_dir;
+    so.verify = o->verify_on_resume;
+    so.jobs = o->threads > 0 ? (unsigned)o->threads : 1;
+    so.stop = &stop_flag;
+    so.log = stderr;
+    so.name = PROG;
     int code = 0;
-    for (uint32_t attempt = 0;; attempt++) {
-        zr_launch_opts lo = ZR_LAUNCH_OPTS_INIT;
-        lo.nproc = (int)nproc;
-        lo.log_all_ranks = log_all;
-        lo.nnodes = (int)no->nnodes;
-        lo.node_rank = (int)no->node_rank;
-        lo.master = no->master;
-        if (zr_launch(&code, &lo, args) < 0) {
-            code = zcli_fail_lib(PROG, NULL);
-            break;
-        }
-        if (code == 0 || attempt >= max_restarts)
-            break;
-        /* the job failed: restart from the newest sound checkpoint */
-        free(resume);
-        resume = NULL;
-        if (newest_sound(&resume, o->ckpt_dir) < 0) {
-            code = zcli_fail_lib(PROG, "inspect it with `zckpt ls` and `zckpt verify`");
-            break;
-        }
-        if (nproc_restart)
-            nproc = nproc_restart;
-        fprintf(stderr, PROG ": restart %u of %u after the job failed (exit status %d): %s%s "
-                        "with %u rank%s in %.1f s\n", attempt + 1, max_restarts, code,
-                resume ? "resuming from " : "starting over (no checkpoint yet)",
-                resume ? resume : "", nproc, nproc == 1 ? "" : "s", backoff);
-        fflush(stderr);
-        struct timespec ts = {(time_t)backoff, (long)((backoff - (double)(time_t)backoff) * 1e9)};
-        while (nanosleep(&ts, &ts) < 0 && !stop_flag)
-            ;
-        if (stop_flag)
-            break;
-        int k = argc;
-        if (resume) {
-            args[k++] = "--resume";
-            args[k++] = resume;
-        }
-        snprintf(nbuf, sizeof nbuf, "%u", nproc);
-        args[k++] = "--nproc";
-        args[k++] = nbuf;
-        args[k] = NULL;
-    }
-    free(resume);
-    free(args);
+    if (zr_supervise(&code, &so, argv) < 0)
+        return zcli_fail_lib(PROG, zr_err_code() == ZR_ECORRUPT
+                                       ? "inspect it with `zckpt ls` and `zckpt verify`"
+                                       : NULL);
     return code;
 }
 
@@ -539,8 +423,7 @@ int main(int argc, char **argv)
                              "--nproc-on-restart work on one node only");
     }
     if (!world_env && (nproc > 1 || max_restarts > 0 || no.nnodes > 1)) /* the launcher */
-        return supervise(argc, argv, &o, nproc, log_all, max_restarts, backoff, nproc_restart,
-                         &no);
+        return supervise(argv, &o, nproc, log_all, max_restarts, backoff, nproc_restart, &no);
     if (world_env && rc == 0 && strtoul(world_env, NULL, 10) != nproc * no.nnodes)
         return zcli_fail(PROG, "leave ZR_WORLD to the launcher", "ZR_WORLD=%s in the "
                          "environment but --nproc %u x --nnodes %u", world_env, nproc,

@@ -239,6 +239,13 @@ ZT_TEST(train_time_limit_stops_with_a_checkpoint)
     ZT_CHECK_EQ(r2.step, r.step + 2);
 }
 
+/* a zck_resume_opts.say that appends each line to the char[4096] ctx */
+static void collect_line(void *ctx, const char *line)
+{
+    size_t n = strlen(ctx);
+    snprintf((char *)ctx + n, 4096 - n, "%s\n", line);
+}
+
 ZT_TEST(train_resumes_from_a_commit_interrupted_before_latest)
 {
     /* a crash between the rename of step-20 into place and the update of latest leaves latest
@@ -253,10 +260,13 @@ ZT_TEST(train_resumes_from_a_commit_interrupted_before_latest)
     ZT_OK(zr_train(&r, &b));
     ZT_CHECK_EQ(r.step, 20);
     ZT_OK(zck_latest_set("crashed", 10));
-    char *p;
-    int is_latest = 1;
-    ZT_OK(zck_resume_point(&p, &is_latest, "crashed"));
-    ZT_CHECK(strstr(p, "step-00000020") && !is_latest);
+    char *p, said[4096] = "";
+    zck_resume_opts ro = ZCK_RESUME_OPTS_INIT;
+    ro.dry_run = 1;
+    ro.say = collect_line;
+    ro.say_ctx = said;
+    ZT_OK(zck_resume_pick(&p, "crashed", &ro));
+    ZT_CHECK(strstr(p, "step-00000020") && strstr(said, "its commit was interrupted"));
     free(p);
     b.stop_after = 0;
     ZT_OK(zr_train(&r, &b));
@@ -266,7 +276,7 @@ ZT_TEST(train_resumes_from_a_commit_interrupted_before_latest)
     ZT_OK(zck__mkdir_for_tests("broken"));
     ZT_OK(zck__mkdir_for_tests("broken/step-00000005"));
     b = small_opts("broken", 30);
-    ZT_ERR(zr_train(&r, &b), ZR_ECORRUPT, "none complete");
+    ZT_ERR(zr_train(&r, &b), ZR_ECORRUPT, "none of its 1 checkpoint verifies");
 }
 
 ZT_TEST(train_resume_is_bit_exact_with_two_threads)

@@ -43,6 +43,9 @@ typedef struct {
     int rank, W;
     size_t ng;
     char *swap_dir;          /* this rank's offload directory (NULL: none) */
+    char *from;              /* the checkpoint resumed from (NULL: a fresh start) */
+    int picked;              /* from was picked (and checked) by zck_resume_pick */
+    zck_reader *rd;          /* it, open */
     uint32_t T, mb, n_micro; /* mb: sequences per forward on this rank */
     uint64_t step, next_sample;
     int32_t *tokens, *inputs, *targets;
@@ -358,8 +361,21 @@ static int check_layout(const zck_layout *ck, const zck_layout *want, const char
     return 0;
 }
 
-/* Find what to resume from: NULL path when starting fresh. */
-static int resume_path(char **out, const zr_train_opts *o, FILE *log)
+static void say_line(void *ctx, const char *line)
+{
+    if (ctx)
+        fprintf(ctx, "%s\n", line);
+}
+
+/* Find what to resume from: NULL path when starting fresh. With "auto", the pick of
+ * zck_resume_pick (damaged newer checkpoints moved aside, said on log; nothing changed when
+ * dry), checked as --verify-on-resume says. */
+_Static_assert((int)ZR_VERIFY_FULL == (int)ZCK_RESUME_VERIFY_FULL &&
+               (int)ZR_VERIFY_QUICK == (int)ZCK_RESUME_VERIFY_QUICK &&
+               (int)ZR_VERIFY_OFF == (int)ZCK_RESUME_VERIFY_OFF,
+               "ZR_VERIFY_* and ZCK_RESUME_VERIFY_* must agree");
+
+static int resume_path(char **out, const zr_train_opts *o, FILE *log, int dry)
 {
     *out = NULL;
     if (!o->resume || !strcmp(o->resume, "never")) {
@@ -376,18 +392,13 @@ static int resume_path(char **out, const zr_train_opts *o, FILE *log)
         return 0;
     }
     if (!strcmp(o->resume, "auto")) {
-        /* the newest complete checkpoint: normally what latest names, or a newer one whose
-         * commit was interrupted after its directory was renamed into place */
-        int is_latest = 1;
-        int rc = zck_resume_point(out, &is_latest, o->ckpt_dir);
-        if (rc == ZR_ENOTFOUND) {
-            zr_err_clear();
-            *out = NULL;
-            return 0;
-        }
-        if (!rc && !is_latest && log)
-            fprintf(log, "note: %s is complete and newer than what %s/latest names (its "
-                            "commit was interrupted): resuming from it\n", *out, o->ckpt_dir);
+        zck_resume_opts ro = ZCK_RESUME_OPTS_INIT;
+        ro.verify = o->verify_on_resume; /* ZR_VERIFY_* == ZCK_RESUME_VERIFY_* */
+        ro.jobs = o->threads > 0 ? (unsigned)o->threads : 1;
+        ro.dry_run = dry;
+        ro.say = say_line;
+        ro.say_ctx = log;
+        int rc = zck_resume_pick(out, o->ckpt_dir, &ro);
         if (rc)
             zr_err_prefix("--resume auto: ");
         return rc;
@@ -435,7 +446,8 @@ static int load(run *r, zck_reader *rd)
 {
     ZR_TRY(check_layout(zck_reader_layout(rd), r->L, zck_reader_path(rd)));
     unsigned jobs = r->o->threads > 0 ? (unsigned)r->o->threads : 1;
-    int rc = 0, how = r->o->verify_on_resume;
+    /* a pick of --resume auto was checked as --verify-on-resume says already (rank 0) */
+    int rc = 0, how = r->picked ? ZR_VERIFY_OFF : r->o->verify_on_resume;
     if (how == ZR_VERIFY_FULL && r->W == 1 && !zr_zero_offloaded(r->zero) && !r->dev)
         return zr_zero_load(r->zero, rd, 1, jobs) ? zr_err_code() : load_training(r, rd);
     if (how == ZR_VERIFY_FULL)
@@ -642,10 +654,70 @@ static void make_parent_dirs(const char *path)
     free(p);
 }
 
-static int check_opts(const zr_train_opts *o, int W)
+/* Every option, whatever the world size: ZR_EINVAL naming the first bad one. */
+static int check_opts(const zr_train_opts *o)
 {
     if (o->batch < 1)
         return zr_err_set(ZR_EINVAL, "--batch %u: at least 1", o->batch);
+    if (o->steps < 1)
+        return zr_err_set(ZR_EINVAL, "--steps must be at least 1");
+    if (!(o->lr > 0) || !isfinite(o->lr))
+        return zr_err_set(ZR_EINVAL, "--lr %g: expected a finite number > 0", (double)o->lr);
+    if (!(o->min_lr_ratio >= 0 && o->min_lr_ratio <= 1))
+        return zr_err_set(ZR_EINVAL, "--min-lr-ratio %g: expected 0..1",
+                          (double)o->min_lr_ratio);
+    if (!(o->weight_decay >= 0) || !isfinite(o->weight_decay))
+        return zr_err_set(ZR_EINVAL, "--weight-decay %g: expected a finite number >= 0",
+                          (double)o->weight_decay);
+    if (!(o->grad_clip >= 0) || !isfinite(o->grad_clip))
+        return zr_err_set(ZR_EINVAL, "--grad-clip %g: expected a finite number >= 0",
+                          (double)o->grad_clip);
+    if (!(o->time_limit >= 0) || !isfinite(o->time_limit))
+        return zr_err_set(ZR_EINVAL, "--time-limit %g: expected a finite number >= 0",
+                          o->time_limit);
+    if (o->zero_stage < 0 || o->zero_stage > 3)
+        return zr_err_set(ZR_EINVAL, "--zero %d: expected 0..3", o->zero_stage);
+    if (o->threads < 0 || o->threads > 4096)
+        return zr_err_set(ZR_EINVAL, "--threads %d: expected 1..4096 (0: 1)", o->threads);
+    if (!o->ckpt_dir || !o->ckpt_dir[0])
+        return zr_err_set(ZR_EINVAL, "--ckpt-dir: empty");
+    if (!o->data || !o->data[0])
+        return zr_err_set(ZR_EINVAL, "--data: empty");
+    if (o->verify_on_resume < ZR_VERIFY_FULL || o->verify_on_resume > ZR_VERIFY_OFF)
+        return zr_err_set(ZR_EINVAL, "--verify-on-resume %d: expected ZR_VERIFY_FULL, _QUICK "
+                          "or _OFF (0..2)", o->verify_on_resume);
+    if (o->device < ZR_DEVICE_CPU || o->device > ZR_DEVICE_AUTO)
+        return zr_err_set(ZR_EINVAL, "--device %d: expected ZR_DEVICE_CPU, _CUDA or _AUTO "
+                          "(0..2)", o->device);
+    if (o->async_save < -1 || o->async_save > 1)
+        return zr_err_set(ZR_EINVAL, "--async-save %d: expected -1 (auto), 0 (off) or 1 (on)",
+                          o->async_save);
+    if (o->offload_optimizer < ZR_OFFLOAD_NONE || o->offload_optimizer > ZR_OFFLOAD_NVME)
+        return zr_err_set(ZR_EINVAL, "--offload-optimizer %d: expected ZR_OFFLOAD_NONE, _CPU "
+                          "or _NVME (0..2)", o->offload_optimizer);
+    if (o->offload_params < ZR_OFFLOAD_NONE || o->offload_params > ZR_OFFLOAD_NVME)
+        return zr_err_set(ZR_EINVAL, "--offload-params %d: expected ZR_OFFLOAD_NONE, _CPU or "
+                          "_NVME (0..2)", o->offload_params);
+    if (o->offload_params != ZR_OFFLOAD_NONE && o->zero_stage != 3)
+        return zr_err_set(ZR_EINVAL, "--offload-params needs ZeRO stage 3, not %d",
+                          o->zero_stage);
+    if (o->offload_optimizer != ZR_OFFLOAD_NVME && o->offload_params != ZR_OFFLOAD_NVME)
+        return 0;
+    if (!o->nvme_path || !o->nvme_path[0])
+        return zr_err_set(ZR_EINVAL, "offload to nvme needs --nvme-path DIR");
+    if (o->aio_depth < 1)
+        return zr_err_set(ZR_EINVAL, "--aio-queue-depth 0: at least 1");
+    if (o->offload_buffers < 2)
+        return zr_err_set(ZR_EINVAL, "--offload-buffers %u: at least 2", o->offload_buffers);
+    if (!o->aio_block || o->aio_block % 4096)
+        return zr_err_set(ZR_EINVAL, "--aio-block-size %zu: expected a multiple of 4096",
+                          o->aio_block);
+    return 0;
+}
+
+/* The options that depend on the world size W. */
+static int check_world(const zr_train_opts *o, int W)
+{
     if (o->batch % (uint32_t)W)
         return zr_err_set(ZR_EINVAL, "--batch %u is not a multiple of the world size %d (each "
                           "rank takes an equal share of the global batch)", o->batch, W);
@@ -654,16 +726,6 @@ static int check_opts(const zr_train_opts *o, int W)
         return zr_err_set(ZR_EINVAL, "--micro-batch %u does not divide the %u sequences per "
                           "rank (--batch %u over %d rank%s)", o->micro_batch, per_rank,
                           o->batch, W, W == 1 ? "" : "s");
-    if (o->steps < 1)
-        return zr_err_set(ZR_EINVAL, "--steps must be at least 1");
-    if (!(o->lr > 0) || !(o->min_lr_ratio >= 0 && o->min_lr_ratio <= 1))
-        return zr_err_set(ZR_EINVAL, "--lr must be positive (min ratio in [0, 1])");
-    if (!(o->weight_decay >= 0) || !(o->grad_clip >= 0))
-        return zr_err_set(ZR_EINVAL, "weight decay and gradient clipping must be >= 0");
-    if (o->zero_stage < 0 || o->zero_stage > 3)
-        return zr_err_set(ZR_EINVAL, "--zero %d: expected 0..3", o->zero_stage);
-    if (!o->ckpt_dir || !o->ckpt_dir[0])
-        return zr_err_set(ZR_EINVAL, "--ckpt-dir: empty");
     return 0;
 }
 
@@ -801,6 +863,8 @@ static void free_run(run *r, int failed)
     zr_data_free(r->data);
     if (r->jlog)
         fclose(r->jlog);
+    zck_reader_free(r->rd);
+    free(r->from);
 }
 
 /* The device (o->device): cpu; cuda, which every rank must be able to use; or auto: cuda
@@ -917,13 +981,14 @@ static int pick_config(zr_gpt2_config *cfg, const zr_train_opts *o, zck_reader *
 
 int zr_train_dry_run(const zr_train_opts *o, int world, FILE *f)
 {
-    ZR_TRY(check_opts(o, world));
+    ZR_TRY(check_opts(o));
+    ZR_TRY(check_world(o, world));
     char *from = NULL;
     zck_reader *rd = NULL;
     zck_layout *L = NULL;
     zr_gpt2_config cfg;
     int rc = 0;
-    ZR_TRY_GOTO(resume_path(&from, o, NULL), rc, out);
+    ZR_TRY_GOTO(resume_path(&from, o, NULL, 1), rc, out);
     if (from)
         ZR_TRY_GOTO(zck_reader_open(&rd, from), rc, out);
     ZR_TRY_GOTO(pick_config(&cfg, o, rd), rc, out);
@@ -976,181 +1041,216 @@ out:
     return rc;
 }
 
-int zr_train(zr_train_result *out, const zr_train_opts *o)
-{
-    memset(out, 0, sizeof *out);
-    run r;
-    memset(&r, 0, sizeof r);
-    r.o = o;
-    zck_reader *rd = NULL;
-    char *from = NULL;
-    int rc = 0, lrc = 0;
-    ZR_TRY(zr_comm_open_env(&r.comm));
-    r.rank = zr_comm_rank(r.comm);
-    r.W = zr_comm_world(r.comm);
-    r.log = r.rank == 0 ? o->log : NULL;
-    ZR_TRY_GOTO(check_opts(o, r.W), rc, out);
-    zr_set_threads(o->threads > 0 ? o->threads : 1);
-    ZR_TRY_GOTO(open_device(&r), rc, out);
+/* ---------------------------------------------------------------- the run, top to bottom */
 
-    /* what to resume from (rank 0 decides for all), and the model */
-    if (r.rank == 0)
-        lrc = resume_path(&from, o, r.log);
-    {
-        char *shared = NULL;
-        ZR_TRY_GOTO(share_text(&r, 0, lrc, lrc ? zr_err_msg() : (from ? from : ""), &shared),
-                    rc, out);
-        free(from);
-        from = shared[0] ? shared : NULL;
-        if (!from)
-            free(shared);
-    }
-    lrc = from ? zck_reader_open(&rd, from) : 0;
+/* The world (the launcher's ranks, else one rank), the options it constrains, the device. */
+static int open_world(run *r)
+{
+    ZR_TRY(zr_comm_open_env(&r->comm));
+    r->rank = zr_comm_rank(r->comm);
+    r->W = zr_comm_world(r->comm);
+    r->log = r->rank == 0 ? r->o->log : NULL;
+    ZR_TRY(check_world(r->o, r->W));
+    zr_set_threads(r->o->threads > 0 ? r->o->threads : 1);
+    return open_device(r);
+}
+
+/* What to resume from (rank 0 decides for all; the others learn its pick or its error), then
+ * the model and the shapes. Returns this rank's result, still to be agreed. */
+static int pick_start(run *r)
+{
+    const zr_train_opts *o = r->o;
+    char *from = NULL, *shared = NULL;
+    int lrc = r->rank == 0 ? resume_path(&from, o, r->log, 0) : 0;
+    lrc = share_text(r, 0, lrc, lrc ? zr_err_msg() : (from ? from : ""), &shared);
+    free(from);
+    if (lrc)
+        return lrc;
+    if (shared[0])
+        r->from = shared;
+    else
+        free(shared);
+    r->picked = r->from && !strcmp(o->resume, "auto");
+    lrc = r->from ? zck_reader_open(&r->rd, r->from) : 0;
     if (!lrc)
-        lrc = pick_config(&r.cfg, o, rd);
-    r.T = o->seq ? o->seq : r.cfg.ctx;
-    if (!lrc && r.T > r.cfg.ctx)
-        lrc = zr_err_set(ZR_EINVAL, "--seq %u is longer than the model's context %u", r.T,
-                         r.cfg.ctx);
-    r.mb = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)r.W;
-    r.n_micro = o->batch / (uint32_t)r.W / r.mb;
-    if (!lrc)
-        lrc = zr_data_open(&r.data, o->data, r.cfg.vocab, r.T, o->seed);
-    if (!lrc)
-        lrc = zr_gpt2_layout(&r.L, &r.cfg);
-    if (!lrc && (o->offload_optimizer == ZR_OFFLOAD_NVME ||
-                 o->offload_params == ZR_OFFLOAD_NVME))
-        lrc = swap_dir_claim(&r);
-    if (!lrc) {
-        zr_zero_opts zo = zero_opts(o);
-        zo.swap_dir = r.swap_dir;
-        if (r.dev && o->offload_optimizer == ZR_OFFLOAD_CPU)
-            zo.offload_optimizer = 2; /* pinned host memory, AdamW on the CPU */
-        if (r.dev && o->offload_params == ZR_OFFLOAD_CPU)
-            zo.offload_params = 2; /* stage-3 partitions in pinned host memory */
-        lrc = r.dev ? zr_zero_new_device(&r.zero, r.comm, r.L, &zo, r.dev, r.dcomm)
-                    : zr_zero_new(&r.zero, r.comm, r.L, &zo);
-    }
+        lrc = pick_config(&r->cfg, o, r->rd);
+    r->T = o->seq ? o->seq : r->cfg.ctx;
+    if (!lrc && r->T > r->cfg.ctx)
+        lrc = zr_err_set(ZR_EINVAL, "--seq %u is longer than the model's context %u", r->T,
+                         r->cfg.ctx);
+    r->mb = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)r->W;
+    r->n_micro = o->batch / (uint32_t)r->W / r->mb;
+    return lrc;
+}
+
+/* The data, the ZeRO engine (on the device, with its offload), the saver, the model and the
+ * batch buffers. Returns this rank's result, still to be agreed. */
+static int build_engine(run *r)
+{
+    const zr_train_opts *o = r->o;
+    int offloaded = o->offload_optimizer == ZR_OFFLOAD_NVME ||
+                    o->offload_params == ZR_OFFLOAD_NVME;
+    ZR_TRY(zr_data_open(&r->data, o->data, r->cfg.vocab, r->T, o->seed));
+    ZR_TRY(zr_gpt2_layout(&r->L, &r->cfg));
+    if (offloaded)
+        ZR_TRY(swap_dir_claim(r));
+    zr_zero_opts zo = zero_opts(o);
+    zo.swap_dir = r->swap_dir;
+    if (r->dev && o->offload_optimizer == ZR_OFFLOAD_CPU)
+        zo.offload_optimizer = 2; /* pinned host memory, AdamW on the CPU */
+    if (r->dev && o->offload_params == ZR_OFFLOAD_CPU)
+        zo.offload_params = 2; /* stage-3 partitions in pinned host memory */
+    ZR_TRY(r->dev ? zr_zero_new_device(&r->zero, r->comm, r->L, &zo, r->dev, r->dcomm)
+                  : zr_zero_new(&r->zero, r->comm, r->L, &zo));
     /* asynchronous saves need a host copy of this rank's partitions: by default not when the
      * states were moved to NVMe to free that memory */
-    int offloaded = o->offload_optimizer == ZR_OFFLOAD_NVME || o->offload_params == ZR_OFFLOAD_NVME;
-    if (!lrc && (o->async_save > 0 || (o->async_save < 0 && !offloaded)))
-        lrc = zr_saver_new(&r.saver, r.L, r.W, r.rank);
-    if (!lrc && r.saver) /* the staging area, faulted in before the first step */
-        lrc = zr_saver_prepare(r.saver, r.zero);
-    if (!lrc) {
-        zr_model_hooks h;
-        zr_zero_hooks(r.zero, &h);
-        if (r.dev) { /* the CPU model only gives the initial values: the smallest one */
-            lrc = r.dev->model_new(&r.dmodel, &r.cfg, r.mb, r.T, &h);
-            if (!lrc)
-                lrc = zr_zero_attach_device(r.zero, r.dmodel, r.n_micro);
-            if (!lrc)
-                lrc = zr_model_new_ext(&r.model, &r.cfg, 1, 1, &h);
-        } else {
-            lrc = zr_model_new_ext(&r.model, &r.cfg, r.mb, r.T, &h);
-            if (!lrc)
-                zr_zero_attach(r.zero, r.model, r.n_micro);
-        }
+    if (o->async_save > 0 || (o->async_save < 0 && !offloaded)) {
+        ZR_TRY(zr_saver_new(&r->saver, r->L, r->W, r->rank));
+        ZR_TRY(zr_saver_prepare(r->saver, r->zero)); /* faulted in before the first step */
     }
-    if (!lrc) {
-        r.ng = zr_model_n_groups(r.model);
-        if (!(r.tokens = malloc((r.T + 1) * sizeof *r.tokens)) ||
-            !(r.inputs = malloc((size_t)r.mb * r.T * sizeof *r.inputs)) ||
-            !(r.targets = malloc((size_t)r.mb * r.T * sizeof *r.targets)))
-            lrc = zr_err_set(ZR_ENOMEM, "out of memory");
+    zr_model_hooks h;
+    zr_zero_hooks(r->zero, &h);
+    if (r->dev) { /* the CPU model only gives the initial values: the smallest one */
+        ZR_TRY(r->dev->model_new(&r->dmodel, &r->cfg, r->mb, r->T, &h));
+        ZR_TRY(zr_zero_attach_device(r->zero, r->dmodel, r->n_micro));
+        ZR_TRY(zr_model_new_ext(&r->model, &r->cfg, 1, 1, &h));
+    } else {
+        ZR_TRY(zr_model_new_ext(&r->model, &r->cfg, r->mb, r->T, &h));
+        zr_zero_attach(r->zero, r->model, r->n_micro);
     }
-    ZR_TRY_GOTO(agree(&r, lrc), rc, out);
-    uint64_t total = zr_model_numel(r.model);
-    if (rd) {
+    r->ng = zr_model_n_groups(r->model);
+    if (!(r->tokens = malloc((r->T + 1) * sizeof *r->tokens)) ||
+        !(r->inputs = malloc((size_t)r->mb * r->T * sizeof *r->inputs)) ||
+        !(r->targets = malloc((size_t)r->mb * r->T * sizeof *r->targets)))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* The states from the checkpoint, or each rank initializes what it holds; then the JSON log
+ * and the first lines. */
+static int resume_or_init(run *r)
+{
+    const zr_train_opts *o = r->o;
+    if (r->rd) {
         double t0 = now_s();
-        ZR_TRY_GOTO(agree(&r, load(&r, rd)), rc, out);
-        if (r.log)
-            fprintf(r.log, "resumed from %s (world %u, ZeRO %d; %s, %.2f s) at world %d, "
-                           "ZeRO %d: continuing at step %llu, next sample %llu\n",
-                    zck_reader_path(rd), zck_reader_world(rd), zck_reader_zero_stage(rd),
-                    verify_words[o->verify_on_resume], now_s() - t0, r.W, o->zero_stage,
-                    (unsigned long long)r.step + 1, (unsigned long long)r.next_sample);
-    } else { /* each rank initializes what it holds */
-        init_ctx ic = {r.model, o->seed};
-        ZR_TRY_GOTO(agree(&r, zr_zero_init_params(r.zero, init_fill, &ic)), rc, out);
+        ZR_TRY(agree(r, load(r, r->rd)));
+        if (r->log)
+            fprintf(r->log, "resumed from %s (world %u, ZeRO %d; %s, %.2f s) at world %d, "
+                            "ZeRO %d: continuing at step %llu, next sample %llu\n",
+                    zck_reader_path(r->rd), zck_reader_world(r->rd),
+                    zck_reader_zero_stage(r->rd), verify_words[o->verify_on_resume],
+                    now_s() - t0, r->W, o->zero_stage, (unsigned long long)r->step + 1,
+                    (unsigned long long)r->next_sample);
+    } else {
+        init_ctx ic = {r->model, o->seed};
+        ZR_TRY(agree(r, zr_zero_init_params(r->zero, init_fill, &ic)));
     }
-    lrc = 0;
-    if (o->log_json && r.rank == 0) {
+    int lrc = 0;
+    if (o->log_json && r->rank == 0) {
         make_parent_dirs(o->log_json); /* fopen says what is wrong if this was not enough */
-        if (!(r.jlog = fopen(o->log_json, "a")))
+        if (!(r->jlog = fopen(o->log_json, "a")))
             lrc = zr_err_sys(errno, "%s: open for appending", o->log_json);
     }
-    ZR_TRY_GOTO(agree(&r, lrc), rc, out);
-    if (r.log && r.dev)
-        fprintf(r.log, "device: %s\n", r.dev_name);
-    if (r.log && !rd)
-        fprintf(r.log, "training a %u-layer GPT-2 (%llu parameters) on %s, %llu steps, batch "
-                       "%u x %u tokens, %d rank%s, ZeRO stage %d\n", r.cfg.layers,
-                (unsigned long long)total, zr_data_describe(r.data),
-                (unsigned long long)o->steps, o->batch, r.T, r.W, r.W == 1 ? "" : "s",
+    ZR_TRY(agree(r, lrc));
+    if (r->log && r->dev)
+        fprintf(r->log, "device: %s\n", r->dev_name);
+    if (r->log && !r->rd)
+        fprintf(r->log, "training a %u-layer GPT-2 (%llu parameters) on %s, %llu steps, batch "
+                        "%u x %u tokens, %d rank%s, ZeRO stage %d\n", r->cfg.layers,
+                (unsigned long long)zr_model_numel(r->model), zr_data_describe(r->data),
+                (unsigned long long)o->steps, o->batch, r->T, r->W, r->W == 1 ? "" : "s",
                 o->zero_stage);
+    return 0;
+}
 
-    out->start_step = r.step;
+/* Steps until the end, a stop (signal, --stop-after, time limit) or an error; saves every
+ * save_every steps. *done: steps taken here, *saved_now: the last one was just saved. */
+static int train_loop(run *r, zr_train_result *out, float *loss, uint64_t *done,
+                      int *saved_now)
+{
+    const zr_train_opts *o = r->o;
     double t_start = now_s(), slowest = 0;
-    float loss = 0;
-    uint64_t done_here = 0;
-    int saved_now = 0;
-    while (r.step < o->steps) {
-        if (o->stop_after && done_here >= o->stop_after) {
+    while (r->step < o->steps) {
+        if (o->stop_after && *done >= o->stop_after) {
             out->stopped = 1;
             break;
         }
         /* a signal, or no time for another step after this one */
         double t0 = now_s(), el = t0 - t_start;
         int sig = o->stop && *o->stop, tl = o->time_limit > 0;
-        if (r.W == 1 && (sig || (tl && el + 2 * slowest + 1.0 > o->time_limit))) {
+        if (r->W == 1 && (sig || (tl && el + 2 * slowest + 1.0 > o->time_limit))) {
             out->stopped = 1; /* nothing to agree on: stop before the step */
             break;
         }
         int wish = sig || (tl && el + 3 * slowest + 1.0 > o->time_limit);
         float lr = 0, norm = 0;
         int stop = 0, saves = 0;
-        ZR_TRY_GOTO(train_step(&r, wish, &stop, &saves, &loss, &lr, &norm), rc, out);
+        ZR_TRY(train_step(r, wish, &stop, &saves, loss, &lr, &norm));
         /* an asynchronous save whose shards are all durable is committed at this step
          * boundary; a failed one stops the run here, naming the file, without a commit */
         if (saves == 2 || saves < 0)
-            ZR_TRY_GOTO(finish_pending(&r, out->ckpt, sizeof out->ckpt), rc, out);
+            ZR_TRY(finish_pending(r, out->ckpt, sizeof out->ckpt));
         double dt = now_s() - t0;
         if (dt > slowest)
             slowest = dt;
-        done_here++;
-        log_step(&r, 0, loss, lr, norm, dt, 0);
-        saved_now = 0;
-        if (o->save_every && r.step % o->save_every == 0 && r.step < o->steps) {
-            ZR_TRY_GOTO(save(&r, loss, out->ckpt, sizeof out->ckpt), rc, out);
-            saved_now = 1;
+        (*done)++;
+        log_step(r, 0, *loss, lr, norm, dt, 0);
+        *saved_now = 0;
+        if (o->save_every && r->step % o->save_every == 0 && r->step < o->steps) {
+            ZR_TRY(save(r, *loss, out->ckpt, sizeof out->ckpt));
+            *saved_now = 1;
         }
-        log_step(&r, 1, loss, lr, norm, dt, saved_now ? r.blocked_s * 1e3 : 0);
-        if (stop && r.step < o->steps) {
+        log_step(r, 1, *loss, lr, norm, dt, *saved_now ? r->blocked_s * 1e3 : 0);
+        if (stop && r->step < o->steps) {
             out->stopped = 1;
             break;
         }
     }
-    /* the final (or stopping) checkpoint, unless this exact step was just saved; then no save
-     * is left in flight */
-    if (done_here && !saved_now)
-        ZR_TRY_GOTO(save(&r, loss, out->ckpt, sizeof out->ckpt), rc, out);
-    ZR_TRY_GOTO(finish_pending(&r, out->ckpt, sizeof out->ckpt), rc, out);
-    out->step = r.step;
+    return 0;
+}
+
+/* The final (or stopping) checkpoint, unless this exact step was just saved; then no save is
+ * left in flight; the summary line. */
+static int finish(run *r, zr_train_result *out, float loss, uint64_t done, int saved_now)
+{
+    const zr_train_opts *o = r->o;
+    if (done && !saved_now)
+        ZR_TRY(save(r, loss, out->ckpt, sizeof out->ckpt));
+    ZR_TRY(finish_pending(r, out->ckpt, sizeof out->ckpt));
+    out->step = r->step;
     out->loss = loss;
-    if (r.log && !done_here)
-        fprintf(r.log, "nothing to do: %llu of %llu steps already done%s%s\n",
-                (unsigned long long)r.step, (unsigned long long)o->steps,
-                from ? "; newest checkpoint " : "", from ? from : "");
-    else if (r.log)
-        fprintf(r.log, "%s at step %llu/%llu, loss %.4f, peak RSS %.1f MiB (rank 0)%s%s\n",
-                out->stopped ? "stopped" : "done", (unsigned long long)r.step,
+    if (r->log && !done)
+        fprintf(r->log, "nothing to do: %llu of %llu steps already done%s%s\n",
+                (unsigned long long)r->step, (unsigned long long)o->steps,
+                r->from ? "; newest checkpoint " : "", r->from ? r->from : "");
+    else if (r->log)
+        fprintf(r->log, "%s at step %llu/%llu, loss %.4f, peak RSS %.1f MiB (rank 0)%s%s\n",
+                out->stopped ? "stopped" : "done", (unsigned long long)r->step,
                 (unsigned long long)o->steps, loss, rss_peak() / 1048576.0,
                 out->ckpt[0] ? "; checkpoint " : "", out->ckpt);
+    return 0;
+}
+
+int zr_train(zr_train_result *out, const zr_train_opts *o)
+{
+    memset(out, 0, sizeof *out);
+    ZR_TRY(check_opts(o));
+    run r;
+    memset(&r, 0, sizeof r);
+    r.o = o;
+    int rc = 0, lrc = 0, saved_now = 0;
+    float loss = 0;
+    uint64_t done = 0;
+    ZR_TRY_GOTO(open_world(&r), rc, out);
+    lrc = pick_start(&r);
+    if (!lrc)
+        lrc = build_engine(&r);
+    ZR_TRY_GOTO(agree(&r, lrc), rc, out);
+    ZR_TRY_GOTO(resume_or_init(&r), rc, out);
+    out->start_step = r.step;
+    ZR_TRY_GOTO(train_loop(&r, out, &loss, &done, &saved_now), rc, out);
+    ZR_TRY_GOTO(finish(&r, out, loss, done, saved_now), rc, out);
 out:
-    zck_reader_free(rd);
-    free(from);
     free_run(&r, rc != 0);
     return rc;
 }

@@ -89,6 +89,40 @@ int zr_train(zr_train_result *out, const zr_train_opts *opts);
  * nothing. */
 int zr_train_dry_run(const zr_train_opts *opts, int world, FILE *out);
 
+/* ---------------------------------------------------------------- restarts */
+
+typedef struct {
+    int nproc;               /* ranks of the first launch (>= 1) */
+    int nproc_on_restart;    /* ranks from the first restart on (0: nproc) */
+    int log_all_ranks;       /* zr_launch_opts.log_all_ranks */
+    int nnodes, node_rank;   /* zr_launch_opts: several nodes */
+    const char *master;
+    unsigned max_restarts;   /* restarts after a failed job (0: none) */
+    double backoff_s;        /* seconds before a restart, 0..86400 */
+    const char *ckpt_dir;    /* the run directory a restart resumes from */
+    int verify;              /* ZR_VERIFY_*: how the restart checks the checkpoints */
+    unsigned jobs;           /* files hashed in parallel for that check */
+    const char *program;     /* the ranks' executable (a path); NULL: this program */
+    volatile int *stop;      /* set asynchronously (a signal): no restart after this launch */
+    FILE *log;               /* a line per restart and per damaged checkpoint, or NULL */
+    const char *name;        /* prefix of those lines ("zrun" -> "zrun: restart 1 of 2 ..."),
+                                or NULL */
+} zr_supervise_opts;
+#define ZR_SUPERVISE_OPTS_INIT                                                                 \
+    {1, 0, 0, 1, 0, NULL, 0, 1.0, "runs/default", ZR_VERIFY_FULL, 2, NULL, NULL, NULL, NULL}
+
+/* Run a job and restart it when it fails: start the ranks with zr_launch (o->nproc, nodes,
+ * output as zr_launch says; argv is the ranks' argument vector, argv[0] replaced by
+ * o->program); when the job fails and restarts are left, pick the checkpoint with
+ * zck_resume_pick (o->ckpt_dir, o->verify: damaged newer ones are moved aside, each said on
+ * o->log), wait o->backoff_s (cut short by *o->stop, which then ends the job), and start the
+ * ranks again with "--resume PATH" (no checkpoint yet: nothing) and "--nproc N" appended.
+ * *exit_code: the last job's status as zr_launch reports it (0: the job succeeded). Returns 0
+ * when the jobs ran, whatever they returned; ZR_ECORRUPT when the run directory has
+ * checkpoints but none verifies (no fresh start from scratch); ZR_EINVAL for bad options; the
+ * errors of zr_launch when a launch itself failed. */
+int zr_supervise(int *exit_code, const zr_supervise_opts *o, char *const argv[]);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,326 @@
+/*
+ * test_resume.c: the one resume policy (zck_resume_pick) through zr_train's --resume auto, the
+ * restart supervisor (zr_supervise, with a shell script as the ranks, and zrun
+ * --max-restarts): a damaged newest checkpoint (shard missing, truncated, SHA256SUMS missing,
+ * manifest.json edited, directory renamed so its name disagrees with its manifest) is moved
+ * aside with its name and its problem said, the run falls back to the newest sound one and
+ * saves the damaged step again without a collision, ending byte-identical to a straight run;
+ * the interrupted-commit note only when true; zr_train refuses every bad option by name.
+ */
+#include "ckutil.h"
+#include "zr.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SMALL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
+
+static zr_train_opts small_opts(const char *dir, uint64_t steps)
+{
+    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
+    o.model = SMALL;
+    o.batch = 4;
+    o.micro_batch = 2;
+    o.steps = steps;
+    o.warmup = 5;
+    o.lr = 3e-3f;
+    o.ckpt_dir = dir;
+    o.threads = 1;
+    o.save_every = 10;
+    o.keep_last = 0;
+    return o;
+}
+
+static bool is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* zr_train with its log into a file; the log's text (caller frees) into *log. */
+static int train_logged(zr_train_result *r, zr_train_opts *o, char **log)
+{
+    FILE *f = fopen("train.log", "w");
+    ZT_CHECK(f != NULL);
+    o->log = f;
+    int rc = zr_train(r, o);
+    fclose(f);
+    o->log = NULL;
+    *log = zt_slurp("train.log");
+    return rc;
+}
+
+/* A run stopped after 20 of 30 steps with checkpoints at 10 and 20 in dir, then damage(dir's
+ * step 20), then the resume to 30: the damaged step-20 is moved aside naming `what`, the run
+ * resumes from 10, saves step 20 again and ends as the straight run does. */
+static void resume_past(const char *dir, void (*damage)(const char *step20), const char *what,
+                        const char *aside)
+{
+    zr_train_opts o = small_opts(dir, 30);
+    o.stop_after = 20;
+    zr_train_result r;
+    ZT_OK(zr_train(&r, &o));
+    char p[256], q[256];
+    snprintf(p, sizeof p, "%s/step-00000020", dir);
+    damage(p);
+    o.stop_after = 0;
+    char *t = NULL;
+    int rc = train_logged(&r, &o, &t);
+    snprintf(q, sizeof q, "%s/%s", dir, aside);
+    if (rc || r.start_step != 10 || !strstr(t, "does not verify") || !strstr(t, what) ||
+        !strstr(t, q) || strstr(t, "interrupted"))
+        ZT_FAIL("%s: rc %d (%s), start %llu; expected a move aside to %s naming '%s', no "
+                "interrupted-commit note:\n%s", dir, rc, rc ? zr_err_msg() : "",
+                (unsigned long long)r.start_step, q, what, t);
+    free(t);
+    ZT_CHECK(is_dir(q));
+    ZT_CHECK_EQ(zt_verify_count(p, 0), 0); /* saved again */
+    zt_same_latest("straight", dir, 0, 0);
+}
+
+static void rm_shard(const char *d)
+{
+    char f[512];
+    snprintf(f, sizeof f, "%s/shard-00000-of-00001.bin", d);
+    ZT_CHECK(unlink(f) == 0);
+}
+
+static void cut_shard(const char *d)
+{
+    char f[512];
+    snprintf(f, sizeof f, "%s/shard-00000-of-00001.bin", d);
+    zt_truncate(f, 1000);
+}
+
+static void rm_sums(const char *d)
+{
+    char f[512];
+    snprintf(f, sizeof f, "%s/SHA256SUMS", d);
+    ZT_CHECK(unlink(f) == 0);
+}
+
+/* the training section says 28 steps were done (8 skipped); the hash in SHA256SUMS does not
+ * match any more */
+static void edit_manifest(const char *d)
+{
+    char f[512], *t = NULL;
+    snprintf(f, sizeof f, "%s/manifest.json", d);
+    ZT_OK(zck__read_small_for_tests(&t, f));
+    char *a = strstr(t, "\"optimizer_step\": 20,");
+    ZT_CHECK(a != NULL);
+    a[19] = '8';
+    zt_write_file(f, t);
+    free(t);
+}
+
+static void straight(void)
+{
+    zr_train_opts o = small_opts("straight", 30);
+    zr_train_result r;
+    ZT_OK(zr_train(&r, &o));
+}
+
+ZT_TEST(resume_moves_a_damaged_latest_aside_and_saves_its_step_again)
+{
+    straight();
+    resume_past("missing", rm_shard, "shard-00000-of-00001.bin: missing",
+                "damaged-step-00000020");
+    resume_past("truncated", cut_shard, "shard-00000-of-00001.bin: truncated",
+                "damaged-step-00000020");
+    resume_past("nosums", rm_sums, "SHA256SUMS: SHA256SUMS mismatch: missing",
+                "damaged-step-00000020");
+    /* a second damaged step 20 goes next to the first */
+    zr_train_opts o = small_opts("missing", 30);
+    rm_shard("missing/step-00000030");
+    rm_shard("missing/step-00000020");
+    zr_train_result r;
+    char *t = NULL;
+    ZT_OK(train_logged(&r, &o, &t));
+    ZT_CHECK(strstr(t, "moved aside to missing/damaged-step-00000030") &&
+             strstr(t, "moved aside to missing/damaged-step-00000020.2"));
+    ZT_CHECK_EQ(r.start_step, 10);
+    free(t);
+    zt_same_latest("straight", "missing", 0, 0);
+}
+
+ZT_TEST(resume_refuses_an_edited_manifest)
+{
+    straight();
+    resume_past("edited", edit_manifest, "manifest.json: SHA256SUMS mismatch",
+                "damaged-step-00000020");
+    /* the only checkpoint edited: an error naming it, nothing moved */
+    zr_train_opts o = small_opts("one", 10);
+    zr_train_result r;
+    ZT_OK(zr_train(&r, &o));
+    char *t = NULL;
+    ZT_OK(zck__read_small_for_tests(&t, "one/step-00000010/manifest.json"));
+    char *a = strstr(t, "\"optimizer_step\": 10,");
+    ZT_CHECK(a != NULL);
+    a[19] = '8';
+    zt_write_file("one/step-00000010/manifest.json", t);
+    free(t);
+    o.steps = 20;
+    ZT_ERR(zr_train(&r, &o), ZR_ECORRUPT, "manifest.json: SHA256SUMS mismatch");
+    ZT_CHECK(is_dir("one/step-00000010"));
+}
+
+ZT_TEST(resume_treats_a_renamed_step_directory_as_damaged)
+{
+    straight();
+    zr_train_opts o = small_opts("renamed", 30);
+    o.stop_after = 20;
+    zr_train_result r;
+    ZT_OK(zr_train(&r, &o));
+    ZT_CHECK(rename("renamed/step-00000020", "renamed/step-00000030") == 0);
+    o.stop_after = 0;
+    char *t = NULL;
+    int rc = train_logged(&r, &o, &t);
+    if (rc || r.start_step != 10 || !strstr(t, "step 20, the directory name says 30") ||
+        !strstr(t, "moved aside to renamed/damaged-step-00000030"))
+        ZT_FAIL("rc %d (%s), start %llu:\n%s", rc, rc ? zr_err_msg() : "",
+                (unsigned long long)r.start_step, t);
+    free(t);
+    zt_same_latest("straight", "renamed", 0, 0);
+}
+
+ZT_TEST(resume_says_an_interrupted_commit_only_when_true)
+{
+    zr_train_opts o = small_opts("crashed", 30);
+    o.stop_after = 20;
+    zr_train_result r;
+    ZT_OK(zr_train(&r, &o));
+    ZT_OK(zck_latest_set("crashed", 10)); /* step-20 renamed into place, latest not updated */
+    o.stop_after = 5;
+    char *t = NULL;
+    ZT_OK(train_logged(&r, &o, &t));
+    ZT_CHECK_EQ(r.start_step, 20);
+    ZT_CHECK(strstr(t, "crashed/step-00000020 is complete and newer than what crashed/latest "
+                       "names (its commit was interrupted)") != NULL);
+    free(t);
+    /* a plain resume: no note */
+    o.stop_after = 0;
+    ZT_OK(train_logged(&r, &o, &t));
+    ZT_CHECK_EQ(r.start_step, 25);
+    ZT_CHECK(!strstr(t, "interrupted") && !strstr(t, "does not verify"));
+    free(t);
+}
+
+/* ---------------------------------------------------------------- the supervisor */
+
+static int supervise(int *code, const char *run, unsigned restarts)
+{
+    zt_write_file("rank.sh", "echo \"$@\" >> args.txt\n"
+                             "case \"$*\" in *--resume*) exit 0;; *) exit 3;; esac\n");
+    zr_supervise_opts so = ZR_SUPERVISE_OPTS_INIT;
+    so.program = "/bin/sh";
+    so.max_restarts = restarts;
+    so.backoff_s = 0;
+    so.ckpt_dir = run;
+    so.nproc_on_restart = 1;
+    FILE *f = fopen("sup.log", "w");
+    so.log = f;
+    so.name = "sup";
+    char *argv[] = {"sh", "rank.sh", "--ckpt-dir", (char *)run, NULL};
+    int rc = zr_supervise(code, &so, argv);
+    fclose(f);
+    return rc;
+}
+
+ZT_TEST(resume_supervisor_restarts_from_the_newest_sound_checkpoint)
+{
+    uint64_t numel[2] = {1000, 300};
+    zck_layout *L = zt_layout(2, numel);
+    free(zt_save("run", L, 2, 10, 1, 0));
+    free(zt_save("run", L, 2, 20, 2, 0));
+    zt_truncate("run/step-00000020/shard-00001-of-00002.bin", 100);
+    int code = -1;
+    ZT_OK(supervise(&code, "run", 1));
+    ZT_CHECK_EQ(code, 0);
+    char *args = zt_slurp("args.txt"), *log = zt_slurp("sup.log");
+    if (strncmp(args, "--ckpt-dir run\n", 15) ||
+        !strstr(args, "--ckpt-dir run --resume run/step-00000010 --nproc 1\n") ||
+        !strstr(log, "sup: run/step-00000020 does not verify (shard-00001-of-00002.bin: "
+                     "truncated") ||
+        !strstr(log, "moved aside to run/damaged-step-00000020") ||
+        !strstr(log, "sup: restart 1 of 1 after the job failed (exit status 3): resuming from "
+                     "run/step-00000010"))
+        ZT_FAIL("arguments:\n%s\nlog:\n%s", args, log);
+    free(args);
+    free(log);
+    char *p = NULL;
+    ZT_OK(zck_latest(&p, "run"));
+    ZT_CHECK(strstr(p, "step-00000010") != NULL);
+    free(p);
+    ZT_CHECK(is_dir("run/damaged-step-00000020"));
+    /* no restarts left: the job's status */
+    unlink("args.txt");
+    ZT_OK(supervise(&code, "fresh", 0));
+    ZT_CHECK_EQ(code, 3);
+    /* every checkpoint damaged: no fresh start, nothing moved */
+    zt_truncate("run/step-00000010/shard-00000-of-00002.bin", 10);
+    ZT_ERR(supervise(&code, "run", 2), ZR_ECORRUPT, "none of its 1 checkpoint verifies");
+    ZT_CHECK(is_dir("run/step-00000010"));
+    zck_layout_free(L);
+}
+
+ZT_TEST(resume_zrun_max_restarts_moves_a_damaged_latest_aside)
+{
+    const char *common = "--model " SMALL " --batch 4 --threads 1 --save-every 10 "
+                         "--keep-last 0 --ckpt-dir run";
+    char args[1024];
+    snprintf(args, sizeof args, "%s --steps 20", common);
+    zt_zrun_ok(args, "a.log");
+    rm_shard("run/step-00000020");
+    snprintf(args, sizeof args, "%s --steps 30 --max-restarts 1 --restart-backoff 0", common);
+    int st = zt_zrun(args, "b.log");
+    char *t = zt_slurp("b.log");
+    if (st != 0 || !strstr(t, "run/step-00000020 does not verify (shard-00000-of-00001.bin: "
+                              "missing") ||
+        !strstr(t, "moved aside to run/damaged-step-00000020") || strstr(t, "already exists") ||
+        !strstr(t, "done at step 30/30"))
+        ZT_FAIL("exit %d:\n%s", st, t);
+    free(t);
+    ZT_CHECK_EQ(zt_verify_count("run/step-00000020", 0), 0);
+}
+
+/* ---------------------------------------------------------------- options */
+
+ZT_TEST(resume_train_refuses_each_bad_option_by_name)
+{
+    zr_train_result r;
+    zr_train_opts o;
+#define EXPECT(stmt, what)                                                                     \
+    do {                                                                                       \
+        o = small_opts("run", 10);                                                             \
+        stmt;                                                                                  \
+        ZT_ERR(zr_train(&r, &o), ZR_EINVAL, what);                                             \
+    } while (0)
+    EXPECT(o.verify_on_resume = 7, "--verify-on-resume 7");
+    EXPECT(o.verify_on_resume = -1, "--verify-on-resume -1");
+    EXPECT(o.device = 9, "--device 9");
+    EXPECT(o.offload_optimizer = 5, "--offload-optimizer 5");
+    EXPECT(o.offload_params = -1, "--offload-params -1");
+    EXPECT(o.offload_params = ZR_OFFLOAD_CPU, "--offload-params needs ZeRO stage 3");
+    EXPECT(o.offload_optimizer = ZR_OFFLOAD_NVME, "--nvme-path");
+    EXPECT(o.zero_stage = 4, "--zero 4");
+    EXPECT(o.batch = 0, "--batch 0");
+    EXPECT(o.steps = 0, "--steps");
+    EXPECT(o.lr = 0, "--lr 0");
+    EXPECT(o.lr = -1e-3f, "--lr -0.001");
+    EXPECT(o.lr = NAN, "--lr nan");
+    EXPECT(o.lr = INFINITY, "--lr inf");
+    EXPECT(o.min_lr_ratio = 2, "--min-lr-ratio 2");
+    EXPECT(o.weight_decay = NAN, "--weight-decay nan");
+    EXPECT(o.grad_clip = -1, "--grad-clip -1");
+    EXPECT(o.time_limit = NAN, "--time-limit nan");
+    EXPECT(o.threads = -2, "--threads -2");
+    EXPECT(o.async_save = 3, "--async-save 3");
+    EXPECT(o.data = NULL, "--data");
+    EXPECT(o.ckpt_dir = "", "--ckpt-dir");
+    EXPECT(o.micro_batch = 3, "--micro-batch 3");
+#undef EXPECT
+    ZT_CHECK(access("run", F_OK) != 0); /* nothing was started */
+}
