@@ -66,7 +66,7 @@ FMT_OBJ  := $(FMT_SRC:%.c=$(BUILD)/%.o)
 CORE_DIRS := model dist device zero train
 CORE_SRC := $(foreach d,$(CORE_DIRS),$(wildcard core/$(d)/*.c))
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
-CLI_COMMON := $(BUILD)/cli/common.o
+CLI_COMMON := $(BUILD)/cli/common.o $(BUILD)/cli/opts.o
 INC_model  := -Icore/model -Ickpt
 INC_dist   := -Icore/dist -Ickpt
 INC_device := -Icore/device -Icore/model -Icore/dist -Ickpt
