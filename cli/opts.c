@@ -162,7 +162,7 @@ static int set_value(const zcli_opts *p, const zcli_opt *e, void *base, const ch
         *(const char **)dst = v;
         return 0;
     case ZCLI_OPT_FLAG:
-        *(int *)dst = e->flag_value ? e->flag_value : 1;
+        *(int *)dst = e->flag_value;
         return 0;
     case ZCLI_OPT_SECTION:
         break;
@@ -269,6 +269,8 @@ static void format_bytes(char *buf, size_t cap, size_t b)
 static void format_default(char *buf, size_t cap, const zcli_opt *e, const void *defaults)
 {
     buf[0] = 0;
+    if (e->flags & ZCLI_OPT_REQUIRED)
+        return;
     if (e->def || !defaults) {
         snprintf(buf, cap, "%s", e->def ? e->def : "");
         return;

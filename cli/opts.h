@@ -14,7 +14,7 @@
 
 typedef enum {
     ZCLI_OPT_SECTION,  /* not an option: a heading of the --help list ("checkpoints:") */
-    ZCLI_OPT_FLAG,     /* no value: stores flag_value (an int; 1 unless said) */
+    ZCLI_OPT_FLAG,     /* no value: stores flag_value (an int) */
     ZCLI_OPT_U32,      /* uint32_t (or unsigned) within [lo, hi] */
     ZCLI_OPT_INT,      /* int within [lo, hi] */
     ZCLI_OPT_U64,      /* uint64_t within [lo, hi], a multiple of `multiple` when set */
@@ -42,7 +42,7 @@ typedef struct {
     double flo, fhi;       /* ZCLI_OPT_FLOAT, ZCLI_OPT_DOUBLE: the range */
     const char *const *choices; /* ZCLI_OPT_ENUM: the names, NULL-terminated */
     const int *values;     /* ZCLI_OPT_ENUM: the value stored for each name */
-    int flag_value;        /* ZCLI_OPT_FLAG: the value stored (0 means 1) */
+    int flag_value;        /* ZCLI_OPT_FLAG: the value stored (ZCLI_FLAG: 1) */
     const char *def;       /* default shown by --help; NULL: read from the defaults struct;
                               "": none shown */
     const char *help;      /* one paragraph, wrapped by --help */
@@ -64,7 +64,8 @@ typedef struct {
     {.name = nm, .kind = ZCLI_OPT_ENUM, .off = offsetof(ZCLI_ARGS, fld), .choices = names,    \
      .values = vals, .def = d, .help = txt}
 #define ZCLI_FLAG(nm, fld, txt)                                                                 \
-    {.name = nm, .kind = ZCLI_OPT_FLAG, .off = offsetof(ZCLI_ARGS, fld), .help = txt}
+    {.name = nm, .kind = ZCLI_OPT_FLAG, .off = offsetof(ZCLI_ARGS, fld), .flag_value = 1,     \
+     .help = txt}
 #define ZCLI_POSITIONAL(nm, fld)                                                                \
     {.name = nm, .kind = ZCLI_OPT_STRING, .flags = ZCLI_OPT_POSITIONAL,                       \
      .off = offsetof(ZCLI_ARGS, fld)}
