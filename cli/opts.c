@@ -14,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* ZCLI_OPT_U32 also holds the library options' `unsigned` fields */
+_Static_assert(sizeof(unsigned) == sizeof(uint32_t), "unsigned is not 32 bits");
+
 #define MAX_OPTS 64
 #define HELP_COL 24  /* where the help text of an option begins */
 #define HELP_WIDTH 96
