@@ -67,7 +67,7 @@ CORE_DIRS := model dist device zero train
 # core/device/hostsim.c is test scaffolding: its own loadable backend (below), not in libzr
 CORE_SRC := $(filter-out core/device/hostsim.c,$(foreach d,$(CORE_DIRS),$(wildcard core/$(d)/*.c)))
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
-CLI_COMMON := $(BUILD)/cli/common.o
+CLI_COMMON := $(BUILD)/cli/common.o $(BUILD)/cli/opts.o
 INC_model  := -Icore/model -Ickpt
 INC_dist   := -Icore/dist -Ickpt
 INC_device := -Icore/device -Icore/model -Icore/dist -Ickpt

@@ -4,7 +4,6 @@
 #include "common.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,33 +38,6 @@ int zcli_fail_lib(const char *prog, const char *hint)
             hint = "lower --buffer or --jobs";
     }
     return zcli_fail(prog, hint, "%s", zr_err_msg()[0] ? zr_err_msg() : "unknown error");
-}
-
-bool zcli_parse_u32(const char *prog, const char *opt, const char *text, uint32_t lo,
-                    uint32_t hi, uint32_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (!*text || *end || errno || text[0] == '-' || v < lo || v > hi) {
-        zcli_fail(prog, NULL, "%s '%s': expected an integer from %u to %u", opt, text, lo, hi);
-        return false;
-    }
-    *out = (uint32_t)v;
-    return true;
-}
-
-bool zcli_parse_double(const char *prog, const char *opt, const char *text, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (!*text || *end || errno || !(v >= 0) || isinf(v)) {
-        zcli_fail(prog, NULL, "%s '%s': expected a non-negative number", opt, text);
-        return false;
-    }
-    *out = v;
-    return true;
 }
 
 bool zcli_parse_size(const char *prog, const char *opt, const char *text, size_t *out)

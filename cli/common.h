@@ -1,6 +1,6 @@
 /*
  * common.h: what the command-line programs share: exit codes, error and hint messages,
- * option parsing helpers, sizes, and the progress bar drawn from zck_progress callbacks.
+ * sizes, and the progress bar drawn from zck_progress callbacks.
  */
 #ifndef ZCLI_COMMON_H
 #define ZCLI_COMMON_H
@@ -19,11 +19,8 @@ int zcli_fail(const char *prog, const char *hint, const char *fmt, ...)
 /* The library's last error as above, with a hint chosen from its code when hint is NULL. */
 int zcli_fail_lib(const char *prog, const char *hint);
 
-/* Parse helpers: false (after printing a usage error) when the text is not valid. */
-bool zcli_parse_u32(const char *prog, const char *opt, const char *text, uint32_t lo,
-                    uint32_t hi, uint32_t *out);
-bool zcli_parse_double(const char *prog, const char *opt, const char *text, double *out);
-/* "256M", "1G", "4096", "64KiB" -> bytes */
+/* "256M", "1G", "4096", "64KiB" -> bytes; false (after printing the error naming opt) when the
+ * text is not a size. Options are parsed by their table (opts.h), which uses this. */
 bool zcli_parse_size(const char *prog, const char *opt, const char *text, size_t *out);
 
 /* "1.2 GiB" into buf */

@@ -1,12 +1,15 @@
 /*
- * zckpt.c: the shard-management CLI. Each subcommand parses its arguments, calls one library
+ * zckpt.c: the shard-management CLI. Each subcommand declares its options in a table (parsed,
+ * and printed by `zckpt COMMAND --help`, by cli/opts.c), calls one library
  * function of ckpt/ or formats/, and prints the result (text, or JSON with --json). Exit codes:
  * 0 ok, 1 the check found a problem (verify, diff), 2 usage, I/O or any other error.
  */
 #include "common.h"
+#include "opts.h"
 #include "zfmt.h"
 
 #include <errno.h>
+#include <float.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,35 +19,42 @@
 
 #define PROG "zckpt"
 
+/* What the options of every subcommand set; each subcommand's table (commands[] below) names
+ * the fields it uses. */
 typedef struct {
-    const char *name;
-    int (*fn)(int argc, char **argv);
-    const char *usage;
-    const char *help;
-} command;
+    const char *path, *path2; /* the positional arguments: CKPT, RUNDIR, SRC, A and B */
+    const char *out;          /* -o */
+    int json, tensors, force, params_only, all;
+    int format;               /* FMT_*, -1: from the output's name */
+    int dtype;                /* a zck_dtype, -1: as stored */
+    uint32_t world;
+    zck_verify_opts verify;
+    zck_reshard_opts reshard;
+    zck_diff_opts diff;
+    zck_prune_opts prune;
+    zfmt_import_opts import;
+} zckpt_args;
+#define ZCLI_ARGS zckpt_args
+enum { FMT_ZCKPT, FMT_SAFETENSORS, FMT_LLMC };
 
-static const command *current;
-
-static int usage_error(const char *fmt, const char *arg)
+static void args_init(zckpt_args *a)
 {
-    fprintf(stderr, PROG ": error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nusage: " PROG " %s\n(" PROG " %s --help for details)\n", current->usage,
-            current->name);
-    return ZCLI_ERROR;
+    zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
+    zck_reshard_opts ro = ZCK_RESHARD_OPTS_INIT;
+    zck_diff_opts d = ZCK_DIFF_OPTS_INIT;
+    zck_prune_opts po = ZCK_PRUNE_OPTS_INIT;
+    zfmt_import_opts io = ZFMT_IMPORT_OPTS_INIT;
+    memset(a, 0, sizeof *a);
+    a->format = -1;
+    a->dtype = -1;
+    a->verify = vo;
+    a->reshard = ro;
+    a->diff = d;
+    a->prune = po;
+    a->import = io;
 }
 
 static bool is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
-
-/* Options: a tiny table-free parser. Each command walks argv itself with these helpers. */
-static const char *need_value(int argc, char **argv, int *i)
-{
-    if (*i + 1 >= argc) {
-        usage_error("%s needs a value", argv[*i]);
-        return NULL;
-    }
-    return argv[++*i];
-}
 
 static void print_json(json_t *j)
 {
@@ -64,22 +74,10 @@ static bool exists(const char *path)
 
 /* ------------------------------------------------------------------ ls */
 
-static int cmd_ls(int argc, char **argv)
+static int cmd_ls(const zckpt_args *a)
 {
-    const char *run = NULL;
-    int json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else if (argv[i][0] == '-')
-            return usage_error("unknown option %s", argv[i]);
-        else if (!run)
-            run = argv[i];
-        else
-            return usage_error("unexpected argument %s", argv[i]);
-    }
-    if (!run)
-        return usage_error("%s", "missing RUNDIR");
+    const char *run = a->path;
+    int json = a->json;
     zck_run_list *l;
     if (zck_run_list_open(&l, run) < 0)
         return zcli_fail_lib(PROG, NULL);
@@ -141,24 +139,10 @@ static json_t *shards_holding(const zck_reader *r, size_t g, const zck_tensor_in
     return arr;
 }
 
-static int cmd_inspect(int argc, char **argv)
+static int cmd_inspect(const zckpt_args *a)
 {
-    const char *path = NULL;
-    int json = 0, tensors = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else if (!strcmp(argv[i], "--tensors"))
-            tensors = 1;
-        else if (argv[i][0] == '-')
-            return usage_error("unknown option %s", argv[i]);
-        else if (!path)
-            path = argv[i];
-        else
-            return usage_error("unexpected argument %s", argv[i]);
-    }
-    if (!path)
-        return usage_error("%s", "missing CKPT");
+    const char *path = a->path;
+    int json = a->json, tensors = a->tensors;
     zck_reader *r;
     if (zck_reader_open(&r, path) < 0)
         return zcli_fail_lib(PROG, NULL);
@@ -276,30 +260,11 @@ static bool is_archive(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static int cmd_verify(int argc, char **argv)
+static int cmd_verify(const zckpt_args *a)
 {
-    const char *path = NULL;
-    int json = 0;
-    zck_verify_opts o = ZCK_VERIFY_OPTS_INIT;
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else if (!strcmp(argv[i], "--quick"))
-            o.quick = 1;
-        else if (!strcmp(argv[i], "--jobs")) {
-            if (!(v = need_value(argc, argv, &i)) ||
-                !zcli_parse_u32(PROG, "--jobs", v, 1, 256, &o.jobs))
-                return ZCLI_ERROR;
-        } else if (argv[i][0] == '-')
-            return usage_error("unknown option %s", argv[i]);
-        else if (!path)
-            path = argv[i];
-        else
-            return usage_error("unexpected argument %s", argv[i]);
-    }
-    if (!path)
-        return usage_error("%s", "missing CKPT");
+    const char *path = a->path;
+    int json = a->json;
+    zck_verify_opts o = a->verify;
     zcli_bar bar;
     o.progress = zcli_progress_init(&bar);
     zck_report *rep;
@@ -392,58 +357,16 @@ static int reshard_common(const char *src, const char *out, uint32_t world, bool
     return rc;
 }
 
-static int cmd_reshard(int argc, char **argv)
+static int cmd_reshard(const zckpt_args *a)
 {
-    const char *src = NULL, *out = NULL, *v;
-    uint32_t world = 0;
-    bool force = false;
-    zck_reshard_opts o = ZCK_RESHARD_OPTS_INIT;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--world")) {
-            if (!(v = need_value(argc, argv, &i)) ||
-                !zcli_parse_u32(PROG, "--world", v, 1, ZCK_MAX_WORLD, &world))
-                return ZCLI_ERROR;
-        } else if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) {
-            if (!(out = need_value(argc, argv, &i)))
-                return ZCLI_ERROR;
-        } else if (!strcmp(argv[i], "--buffer")) {
-            if (!(v = need_value(argc, argv, &i)) ||
-                !zcli_parse_size(PROG, "--buffer", v, &o.buf_bytes))
-                return ZCLI_ERROR;
-        } else if (!strcmp(argv[i], "--jobs")) {
-            if (!(v = need_value(argc, argv, &i)) ||
-                !zcli_parse_u32(PROG, "--jobs", v, 1, 64, &o.jobs))
-                return ZCLI_ERROR;
-        } else if (!strcmp(argv[i], "--force"))
-            force = true;
-        else if (argv[i][0] == '-')
-            return usage_error("unknown option %s", argv[i]);
-        else if (!src)
-            src = argv[i];
-        else
-            return usage_error("unexpected argument %s", argv[i]);
-    }
-    if (!src || !out || !world)
-        return usage_error("%s", !src ? "missing CKPT" : !out ? "missing -o OUT"
-                                                             : "missing --world N");
-    return reshard_common(src, out, world, force, &o);
+    zck_reshard_opts o = a->reshard;
+    return reshard_common(a->path, a->out, a->world, a->force, &o);
 }
 
 static bool ends_with(const char *s, const char *suf)
 {
     size_t a = strlen(s), b = strlen(suf);
     return a >= b && !strcmp(s + a - b, suf);
-}
-
-static bool parse_dtype(const char *v, int *out)
-{
-    zck_dtype t;
-    if (zck_dtype_parse(&t, v) < 0 || (t != ZCK_F32 && t != ZCK_BF16 && t != ZCK_F16)) {
-        zcli_fail(PROG, NULL, "--dtype '%s': expected f32, bf16 or f16", v);
-        return false;
-    }
-    *out = (int)t;
-    return true;
 }
 
 static int export_st(const char *src, const char *out, bool force, zfmt_st_opts *so)
@@ -461,44 +384,15 @@ static int export_st(const char *src, const char *out, bool force, zfmt_st_opts 
     return ZCLI_OK;
 }
 
-static int cmd_consolidate(int argc, char **argv)
+static int cmd_consolidate(const zckpt_args *a)
 {
-    const char *src = NULL, *out = NULL, *fmt = NULL, *v;
-    bool force = false;
-    int dtype = -1, params_only = 0;
-    zck_reshard_opts o = ZCK_RESHARD_OPTS_INIT;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) {
-            if (!(out = need_value(argc, argv, &i)))
-                return ZCLI_ERROR;
-        } else if (!strcmp(argv[i], "--format")) {
-            if (!(fmt = need_value(argc, argv, &i)))
-                return ZCLI_ERROR;
-            if (strcmp(fmt, "zckpt") && strcmp(fmt, "safetensors"))
-                return usage_error("--format %s: expected zckpt or safetensors", fmt);
-        } else if (!strcmp(argv[i], "--dtype")) {
-            if (!(v = need_value(argc, argv, &i)) || !parse_dtype(v, &dtype))
-                return ZCLI_ERROR;
-        } else if (!strcmp(argv[i], "--params-only"))
-            params_only = 1;
-        else if (!strcmp(argv[i], "--buffer")) {
-            if (!(v = need_value(argc, argv, &i)) ||
-                !zcli_parse_size(PROG, "--buffer", v, &o.buf_bytes))
-                return ZCLI_ERROR;
-        } else if (!strcmp(argv[i], "--force"))
-            force = true;
-        else if (argv[i][0] == '-')
-            return usage_error("unknown option %s", argv[i]);
-        else if (!src)
-            src = argv[i];
-        else
-            return usage_error("unexpected argument %s", argv[i]);
-    }
-    if (!src || !out)
-        return usage_error("%s", !src ? "missing CKPT" : "missing -o OUT");
-    if (!fmt)
-        fmt = ends_with(out, ".safetensors") ? "safetensors" : "zckpt";
-    if (!strcmp(fmt, "safetensors")) {
+    const char *src = a->path, *out = a->out;
+    bool force = a->force;
+    int dtype = a->dtype, params_only = a->params_only;
+    zck_reshard_opts o = a->reshard;
+    int fmt = a->format >= 0 ? a->format
+                             : ends_with(out, ".safetensors") ? FMT_SAFETENSORS : FMT_ZCKPT;
+    if (fmt == FMT_SAFETENSORS) {
         zfmt_st_opts so = ZFMT_ST_OPTS_INIT;
         so.dtype = dtype;
         so.params_only = params_only;
@@ -513,36 +407,12 @@ static int cmd_consolidate(int argc, char **argv)
 
 /* ------------------------------------------------------------------ export, import */
 
-static int cmd_export(int argc, char **argv)
+static int cmd_export(const zckpt_args *a)
 {
-    const char *src = NULL, *out = NULL, *fmt = NULL, *v;
-    bool force = false;
-    int dtype = -1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) {
-            if (!(out = need_value(argc, argv, &i)))
-                return ZCLI_ERROR;
-        } else if (!strcmp(argv[i], "--format")) {
-            if (!(fmt = need_value(argc, argv, &i)))
-                return ZCLI_ERROR;
-            if (strcmp(fmt, "safetensors") && strcmp(fmt, "llmc"))
-                return usage_error("--format %s: expected safetensors or llmc", fmt);
-        } else if (!strcmp(argv[i], "--dtype")) {
-            if (!(v = need_value(argc, argv, &i)) || !parse_dtype(v, &dtype))
-                return ZCLI_ERROR;
-        } else if (!strcmp(argv[i], "--force"))
-            force = true;
-        else if (argv[i][0] == '-')
-            return usage_error("unknown option %s", argv[i]);
-        else if (!src)
-            src = argv[i];
-        else
-            return usage_error("unexpected argument %s", argv[i]);
-    }
-    if (!src || !out || !fmt)
-        return usage_error("%s", !src ? "missing CKPT" : !out ? "missing -o FILE"
-                                                             : "missing --format");
-    if (!strcmp(fmt, "safetensors")) {
+    const char *src = a->path, *out = a->out;
+    bool force = a->force;
+    int dtype = a->dtype;
+    if (a->format == FMT_SAFETENSORS) {
         zfmt_st_opts so = ZFMT_ST_OPTS_INIT;
         so.dtype = dtype;
         so.params_only = 1;
@@ -563,31 +433,10 @@ static int cmd_export(int argc, char **argv)
     return ZCLI_OK;
 }
 
-static int cmd_import(int argc, char **argv)
+static int cmd_import(const zckpt_args *a)
 {
-    const char *src = NULL, *out = NULL, *v;
-    zfmt_import_opts o = ZFMT_IMPORT_OPTS_INIT;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) {
-            if (!(out = need_value(argc, argv, &i)))
-                return ZCLI_ERROR;
-        } else if (!strcmp(argv[i], "--world")) {
-            if (!(v = need_value(argc, argv, &i)) ||
-                !zcli_parse_u32(PROG, "--world", v, 1, ZCK_MAX_WORLD, &o.world))
-                return ZCLI_ERROR;
-        } else if (!strcmp(argv[i], "--heads")) {
-            if (!(v = need_value(argc, argv, &i)) ||
-                !zcli_parse_u32(PROG, "--heads", v, 1, 65536, &o.heads))
-                return ZCLI_ERROR;
-        } else if (argv[i][0] == '-')
-            return usage_error("unknown option %s", argv[i]);
-        else if (!src)
-            src = argv[i];
-        else
-            return usage_error("unexpected argument %s", argv[i]);
-    }
-    if (!src || !out)
-        return usage_error("%s", !src ? "missing FILE" : "missing -o RUNDIR");
+    const char *src = a->path, *out = a->out;
+    zfmt_import_opts o = a->import;
     zcli_bar bar;
     o.progress = zcli_progress_init(&bar);
     int rc = zfmt_import(src, out, &o);
@@ -600,36 +449,15 @@ static int cmd_import(int argc, char **argv)
 
 /* ------------------------------------------------------------------ pack, unpack */
 
-static int two_paths(int argc, char **argv, const char **src, const char **out)
-{
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) {
-            if (!(*out = need_value(argc, argv, &i)))
-                return ZCLI_ERROR;
-        } else if (argv[i][0] == '-')
-            return usage_error("unknown option %s", argv[i]);
-        else if (!*src)
-            *src = argv[i];
-        else
-            return usage_error("unexpected argument %s", argv[i]);
-    }
-    if (!*src || !*out)
-        return usage_error("%s", !*src ? "missing input" : "missing -o OUTPUT");
-    return ZCLI_OK;
-}
-
 /* pack and unpack: input, -o output, one library call that streams with progress */
-static int archive_cmd(int argc, char **argv,
+static int archive_cmd(const zckpt_args *a,
                        int (*fn)(const char *, const char *, const zck_progress *),
                        const char *done)
 {
-    const char *src = NULL, *out = NULL;
-    int rc = two_paths(argc, argv, &src, &out);
-    if (rc)
-        return rc;
+    const char *src = a->path, *out = a->out;
     zcli_bar bar;
     zck_progress p = zcli_progress_init(&bar);
-    rc = fn(src, out, &p);
+    int rc = fn(src, out, &p);
     zcli_progress_end(&bar);
     if (rc < 0)
         return zcli_fail_lib(PROG, NULL);
@@ -637,49 +465,23 @@ static int archive_cmd(int argc, char **argv,
     return ZCLI_OK;
 }
 
-static int cmd_pack(int argc, char **argv)
+static int cmd_pack(const zckpt_args *a)
 {
-    return archive_cmd(argc, argv, zfmt_pack, "archive of");
+    return archive_cmd(a, zfmt_pack, "archive of");
 }
 
-static int cmd_unpack(int argc, char **argv)
+static int cmd_unpack(const zckpt_args *a)
 {
-    return archive_cmd(argc, argv, zfmt_unpack, "unpacked and verified");
+    return archive_cmd(a, zfmt_unpack, "unpacked and verified");
 }
 
 /* ------------------------------------------------------------------ diff */
 
-static int cmd_diff(int argc, char **argv)
+static int cmd_diff(const zckpt_args *args)
 {
-    const char *a = NULL, *b = NULL, *v;
-    int json = 0, all = 0;
-    zck_diff_opts o = ZCK_DIFF_OPTS_INIT;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--atol")) {
-            if (!(v = need_value(argc, argv, &i)) ||
-                !zcli_parse_double(PROG, "--atol", v, &o.atol))
-                return ZCLI_ERROR;
-        } else if (!strcmp(argv[i], "--rtol")) {
-            if (!(v = need_value(argc, argv, &i)) ||
-                !zcli_parse_double(PROG, "--rtol", v, &o.rtol))
-                return ZCLI_ERROR;
-        } else if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else if (!strcmp(argv[i], "--all"))
-            all = 1;
-        else if (!strcmp(argv[i], "--no-verify"))
-            o.verify = 0;
-        else if (argv[i][0] == '-')
-            return usage_error("unknown option %s", argv[i]);
-        else if (!a)
-            a = argv[i];
-        else if (!b)
-            b = argv[i];
-        else
-            return usage_error("unexpected argument %s", argv[i]);
-    }
-    if (!a || !b)
-        return usage_error("%s", "missing A or B");
+    const char *a = args->path, *b = args->path2;
+    int json = args->json, all = args->all;
+    zck_diff_opts o = args->diff;
     zck_diff *d;
     if (zck_diff_run(&d, a, b, &o) < 0)
         return zcli_fail_lib(PROG, NULL);
@@ -723,37 +525,11 @@ static int cmd_diff(int argc, char **argv)
 
 /* ------------------------------------------------------------------ prune */
 
-static int cmd_prune(int argc, char **argv)
+static int cmd_prune(const zckpt_args *a)
 {
-    const char *run = NULL, *v;
-    int json = 0, have_keep = 0;
-    zck_prune_opts o = ZCK_PRUNE_OPTS_INIT;
-    for (int i = 1; i < argc; i++) {
-        uint32_t x;
-        if (!strcmp(argv[i], "--keep-last")) {
-            if (!(v = need_value(argc, argv, &i)) ||
-                !zcli_parse_u32(PROG, "--keep-last", v, 1, UINT32_MAX, &x))
-                return ZCLI_ERROR;
-            o.keep_last = x;
-            have_keep = 1;
-        } else if (!strcmp(argv[i], "--keep-every")) {
-            if (!(v = need_value(argc, argv, &i)) ||
-                !zcli_parse_u32(PROG, "--keep-every", v, 1, UINT32_MAX, &x))
-                return ZCLI_ERROR;
-            o.keep_every = x;
-        } else if (!strcmp(argv[i], "--dry-run"))
-            o.dry_run = 1;
-        else if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else if (argv[i][0] == '-')
-            return usage_error("unknown option %s", argv[i]);
-        else if (!run)
-            run = argv[i];
-        else
-            return usage_error("unexpected argument %s", argv[i]);
-    }
-    if (!run || !have_keep)
-        return usage_error("%s", !run ? "missing RUNDIR" : "missing --keep-last K");
+    const char *run = a->path;
+    int json = a->json;
+    zck_prune_opts o = a->prune;
     zck_namelist removed = {0, NULL};
     if (zck_prune(&removed, run, &o) < 0) {
         zck_namelist_free(&removed);
@@ -775,68 +551,197 @@ static int cmd_prune(int argc, char **argv)
     return ZCLI_OK;
 }
 
+/* ------------------------------------------------------------------ options */
+
+/* options several subcommands share */
+#define OPT_JSON ZCLI_FLAG("--json", json, "print one JSON object on stdout (docs/CLI.md)")
+#define OPT_FORCE                                                                               \
+    ZCLI_FLAG("--force", force, "replace the output when it exists (a run directory only once " \
+                                "the new one is complete)")
+#define OPT_OUTPUT(mt, txt)                                                                     \
+    {.name = "-o", .alias = "--output", .kind = ZCLI_OPT_STRING, .flags = ZCLI_OPT_REQUIRED,   \
+     .off = offsetof(zckpt_args, out), .meta = mt, .help = txt}
+#define OPT_BUFFER(txt) {.name = "--buffer", .kind = ZCLI_OPT_BYTES,                            \
+                         .off = offsetof(zckpt_args, reshard.buf_bytes), .meta = "SIZE",       \
+                         .help = txt}
+#define OPT_DTYPE                                                                               \
+    ZCLI_ENUM("--dtype", dtype, dtype_names, dtype_values, "as stored",                         \
+              "convert every tensor to this dtype")
+
+static const char *const dtype_names[] = {"f32", "bf16", "f16", NULL};
+static const int dtype_values[] = {ZCK_F32, ZCK_BF16, ZCK_F16};
+static const char *const consolidate_formats[] = {"zckpt", "safetensors", NULL};
+static const int consolidate_format_values[] = {FMT_ZCKPT, FMT_SAFETENSORS};
+static const char *const export_formats[] = {"safetensors", "llmc", NULL};
+static const int export_format_values[] = {FMT_SAFETENSORS, FMT_LLMC};
+
+static const zcli_opt ls_opts[] = {ZCLI_POSITIONAL("RUNDIR", path), OPT_JSON};
+static const zcli_opt inspect_opts[] = {
+    ZCLI_POSITIONAL("CKPT", path),
+    ZCLI_FLAG("--tensors", tensors,
+              "list every tensor's name, dtype, shape and the shard files that hold its params"),
+    OPT_JSON,
+};
+static const zcli_opt verify_opts[] = {
+    ZCLI_POSITIONAL("CKPT|ARCHIVE", path),
+    ZCLI_FLAG("--quick", verify.quick, "skip hashing: presence, sizes, coverage"),
+    ZCLI_INTEGER(U32, "--jobs", verify.jobs, "N", 1, 256, NULL, "shards hashed in parallel"),
+    OPT_JSON,
+};
+static const zcli_opt reshard_opts[] = {
+    ZCLI_POSITIONAL("CKPT", path),
+    {.name = "--world", .kind = ZCLI_OPT_U32, .flags = ZCLI_OPT_REQUIRED,
+     .off = offsetof(zckpt_args, world), .meta = "N", .lo = 1, .hi = ZCK_MAX_WORLD,
+     .help = "ranks of the new checkpoint"},
+    OPT_OUTPUT("OUT", "the new run directory"),
+    OPT_BUFFER("working memory for data, whatever the checkpoint size"),
+    ZCLI_INTEGER(U32, "--jobs", reshard.jobs, "N", 1, 64, NULL, "shards written in parallel"),
+    OPT_FORCE,
+};
+static const zcli_opt consolidate_opts[] = {
+    ZCLI_POSITIONAL("CKPT", path),
+    OPT_OUTPUT("OUT", "the safetensors file, or the run directory of the world-1 checkpoint"),
+    ZCLI_ENUM("--format", format, consolidate_formats, consolidate_format_values,
+              "safetensors when OUT ends in .safetensors, else zckpt", "what OUT is"),
+    OPT_DTYPE,
+    ZCLI_FLAG("--params-only", params_only, "safetensors: only the param state"),
+    OPT_BUFFER("working memory (safetensors: at most 64M)"),
+    OPT_FORCE,
+};
+static const zcli_opt export_opts[] = {
+    ZCLI_POSITIONAL("CKPT", path),
+    OPT_OUTPUT("FILE", "the model file"),
+    {.name = "--format", .kind = ZCLI_OPT_ENUM, .flags = ZCLI_OPT_REQUIRED,
+     .off = offsetof(zckpt_args, format), .choices = export_formats,
+     .values = export_format_values,
+     .help = "safetensors in our tensor names, or llm.c's GPT-2 model file"},
+    OPT_DTYPE,
+    OPT_FORCE,
+};
+static const zcli_opt import_opts[] = {
+    ZCLI_POSITIONAL("SRC", path),
+    OPT_OUTPUT("RUNDIR", "the run directory of the new checkpoint"),
+    ZCLI_INTEGER(U32, "--world", import.world, "N", 1, ZCK_MAX_WORLD, NULL,
+                 "shards of the new checkpoint"),
+    ZCLI_INTEGER(U32, "--heads", import.heads, "N", 1, 65536, "from the source",
+                 "attention heads, when the source does not say"),
+};
+static const zcli_opt pack_opts[] = {
+    ZCLI_POSITIONAL("CKPT", path),
+    OPT_OUTPUT("FILE.tar[.gz|.zst]", "the archive; compression from the suffix (also .tgz)"),
+};
+static const zcli_opt unpack_opts[] = {
+    ZCLI_POSITIONAL("FILE", path),
+    OPT_OUTPUT("RUNDIR", "the run directory to unpack into"),
+};
+static const zcli_opt diff_opts[] = {
+    ZCLI_POSITIONAL("A", path),
+    ZCLI_POSITIONAL("B", path2),
+    ZCLI_REAL(DOUBLE, "--atol", diff.atol, "X", 0, DBL_MAX, NULL, "absolute tolerance"),
+    ZCLI_REAL(DOUBLE, "--rtol", diff.rtol, "Y", 0, DBL_MAX, NULL, "relative tolerance"),
+    ZCLI_FLAG("--all", all, "list matching tensors too"),
+    OPT_JSON,
+    {.name = "--no-verify", .kind = ZCLI_OPT_FLAG, .off = offsetof(zckpt_args, diff.verify),
+     .help = "compare without verifying both checkpoints first", .flag_value = 0},
+};
+static const zcli_opt prune_opts[] = {
+    ZCLI_POSITIONAL("RUNDIR", path),
+    {.name = "--keep-last", .kind = ZCLI_OPT_U32, .flags = ZCLI_OPT_REQUIRED,
+     .off = offsetof(zckpt_args, prune.keep_last), .meta = "K", .lo = 1, .hi = UINT32_MAX,
+     .help = "keep the newest K checkpoints"},
+    ZCLI_INTEGER(U64, "--keep-every", prune.keep_every, "N", 1, UINT32_MAX, "",
+                 "also keep those whose step is a multiple of N"),
+    ZCLI_FLAG("--dry-run", prune.dry_run, "only say what would be removed"),
+    OPT_JSON,
+};
+
 /* ------------------------------------------------------------------ main */
 
+typedef struct {
+    const char *name;
+    int (*fn)(const zckpt_args *a);
+    const zcli_opt *opt;
+    size_t n_opt;
+    const char *help;
+} command;
+#define TABLE(t) t, sizeof t / sizeof *t
+
 static const command commands[] = {
-    {"ls", cmd_ls, "ls RUNDIR [--json]",
+    {"ls", cmd_ls, TABLE(ls_opts),
      "List every checkpoint of a run directory with its step, world size, ZeRO stage, bytes\n"
      "and status from a quick check (complete, incomplete, corrupt), which one `latest`\n"
      "names, and stale temporaries.\n"},
-    {"inspect", cmd_inspect, "inspect CKPT [--tensors] [--json]",
-     "Summarize a checkpoint's manifest. --tensors lists every tensor's name, dtype, shape and\n"
-     "the shard files that hold its params. CKPT is a checkpoint directory or a run directory\n"
+    {"inspect", cmd_inspect, TABLE(inspect_opts),
+     "Summarize a checkpoint's manifest. CKPT is a checkpoint directory or a run directory\n"
      "(its `latest` is used).\n"},
-    {"verify", cmd_verify, "verify CKPT|ARCHIVE [--quick] [--jobs N] [--json]",
+    {"verify", cmd_verify, TABLE(verify_opts),
      "Check a checkpoint: manifest, SHA256SUMS, presence and size of every shard, coverage of\n"
-     "every (group, state), stray files and, unless --quick, the SHA-256 of every shard\n"
-     "(hashed on N threads, default 2). An archive made by `zckpt pack` is verified while it\n"
-     "streams, without extracting. Exit 0 when sound, 1 when a problem is found, 2 on error.\n"},
-    {"reshard", cmd_reshard,
-     "reshard CKPT --world N -o OUT [--buffer SIZE] [--jobs N] [--force]",
+     "every (group, state), stray files and, unless --quick, the SHA-256 of every shard.\n"
+     "An archive made by `zckpt pack` is verified while it streams, without extracting.\n"
+     "Exit 0 when sound, 1 when a problem is found, 2 on error.\n"},
+    {"reshard", cmd_reshard, TABLE(reshard_opts),
      "Write the checkpoint again for N ranks into the new run directory OUT (same step).\n"
      "The source is verified first; the output is hashed and committed atomically. Memory\n"
-     "stays within --buffer (default 256M) whatever the checkpoint size. OUT must not exist,\n"
-     "unless --force, which replaces it only once the new one is complete.\n"},
-    {"consolidate", cmd_consolidate,
-     "consolidate CKPT -o OUT [--format zckpt|safetensors] [--dtype f32|bf16|f16] "
-     "[--params-only] [--buffer SIZE] [--force]",
-     "One file or one shard: --format safetensors (the default when OUT ends in\n"
-     ".safetensors) writes every tensor (states other than param as <state>/<name>) into one\n"
-     "safetensors file, optionally converted (--dtype) or params only; --format zckpt writes a\n"
-     "world-1 checkpoint into the run directory OUT. Streaming, bounded memory.\n"},
-    {"export", cmd_export,
-     "export CKPT -o FILE --format safetensors|llmc [--dtype f32|bf16|f16] [--force]",
+     "stays within --buffer whatever the checkpoint size. OUT must not exist, unless --force,\n"
+     "which replaces it only once the new one is complete.\n"},
+    {"consolidate", cmd_consolidate, TABLE(consolidate_opts),
+     "One file or one shard: --format safetensors writes every tensor (states other than\n"
+     "param as <state>/<name>) into one safetensors file, optionally converted (--dtype) or\n"
+     "params only; --format zckpt writes a world-1 checkpoint into the run directory OUT.\n"
+     "Streaming, bounded memory.\n"},
+    {"export", cmd_export, TABLE(export_opts),
      "Export the model (params) of a GPT-2 checkpoint: safetensors in our tensor names, or\n"
      "llm.c's model file (gpt2_124M.bin layout).\n"},
-    {"import", cmd_import, "import SRC -o RUNDIR [--world N] [--heads N]",
-     "Make a step-0 checkpoint (N shards, default 1) from a GPT-2 model: a safetensors file in\n"
-     "our names, a Hugging Face GPT-2 directory (config.json + model.safetensors), or an llm.c\n"
+    {"import", cmd_import, TABLE(import_opts),
+     "Make a step-0 checkpoint (N shards) from a GPT-2 model: a safetensors file in our\n"
+     "names, a Hugging Face GPT-2 directory (config.json + model.safetensors), or an llm.c\n"
      "model file. Optimizer states start at zero; `zrun` can resume training from it.\n"},
-    {"pack", cmd_pack, "pack CKPT -o FILE.tar[.gz|.zst]",
+    {"pack", cmd_pack, TABLE(pack_opts),
      "Pack a checkpoint into a tar archive (compression from the suffix), streaming.\n"},
-    {"unpack", cmd_unpack, "unpack FILE -o RUNDIR",
+    {"unpack", cmd_unpack, TABLE(unpack_opts),
      "Unpack an archive made by `zckpt pack` into a run directory: refuses absolute paths,\n"
      "'..', links and device files, extracts into a temporary directory, verifies every hash,\n"
      "and only then moves the checkpoint into place (and updates `latest` if it is newer).\n"},
-    {"diff", cmd_diff, "diff A B [--atol X] [--rtol Y] [--all] [--json] [--no-verify]",
+    {"diff", cmd_diff, TABLE(diff_opts),
      "Compare two checkpoints tensor by tensor and state by state, whatever their world\n"
      "sizes: the largest absolute difference and whether they match (|a-b| <= atol + rtol|b|;\n"
-     "default exact). Both are verified first unless --no-verify. --all lists matching\n"
-     "tensors too. Exit 0 when everything matches, 1 otherwise.\n"},
-    {"prune", cmd_prune, "prune RUNDIR --keep-last K [--keep-every N] [--dry-run] [--json]",
+     "default exact). Both are verified first unless --no-verify. Exit 0 when everything\n"
+     "matches, 1 otherwise.\n"},
+    {"prune", cmd_prune, TABLE(prune_opts),
      "Remove all but the newest K checkpoints (and those whose step is a multiple of N), and\n"
      "stale temporaries. Never removes what `latest` names, nor checkpoints newer than it.\n"},
 };
 #define N_COMMANDS (sizeof commands / sizeof *commands)
 
+static zcli_opts opts_of(const command *c)
+{
+    zcli_opts p = {PROG, c->name, c->opt, c->n_opt};
+    return p;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: " PROG " COMMAND [ARGS]\n\nAudit and reshape zero checkpoints.\n\n"
                "commands:\n");
-    for (size_t i = 0; i < N_COMMANDS; i++)
-        fprintf(f, "  %s\n", commands[i].usage);
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        zcli_opts p = opts_of(&commands[i]);
+        fprintf(f, "  %s ", commands[i].name);
+        zcli_opts_synopsis(f, &p);
+        fputc('\n', f);
+    }
     fprintf(f, "\n`" PROG " COMMAND --help` explains one. Exit status: 0 ok, 1 a check found a "
                "problem,\n2 usage or I/O error. ZR_LOG=debug traces errors.\n");
+}
+
+static void command_help(const command *c)
+{
+    zcli_opts p = opts_of(c);
+    zckpt_args defaults;
+    args_init(&defaults);
+    printf("usage: " PROG " %s ", c->name);
+    zcli_opts_synopsis(stdout, &p);
+    printf("\n\n%s\noptions:\n", c->help);
+    zcli_opts_help(stdout, &p, &defaults);
 }
 
 int main(int argc, char **argv)
@@ -852,13 +757,16 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < N_COMMANDS; i++)
         if (!strcmp(argv[1], commands[i].name)) {
-            current = &commands[i];
             for (int a = 2; a < argc; a++)
                 if (is_help(argv[a])) {
-                    printf("usage: " PROG " %s\n\n%s", commands[i].usage, commands[i].help);
+                    command_help(&commands[i]);
                     return ZCLI_OK;
                 }
-            return commands[i].fn(argc - 1, argv + 1);
+            zcli_opts p = opts_of(&commands[i]);
+            zckpt_args args;
+            args_init(&args);
+            int rc = zcli_opts_parse(&p, &args, argc - 1, argv + 1);
+            return rc ? rc : commands[i].fn(&args);
         }
     fprintf(stderr, PROG ": error: unknown command '%s'\n", argv[1]);
     usage(stderr);

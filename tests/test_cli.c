@@ -6,24 +6,19 @@
 #include "ckutil.h"
 #include "zfmt.h"
 
+#include <ctype.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 static const uint64_t sizes[] = {20000, 65, 3};
 
-/* Run zckpt with the given arguments (a shell fragment); output (stdout+stderr) in *out. */
-static int zckpt(char **out, const char *fmt, ...)
+/* Run a program with the given arguments (a shell fragment); output (stdout+stderr) in *out. */
+static int run_bin(char **out, const char *bin, const char *args)
 {
-    const char *bin = getenv("ZT_ZCKPT");
-    if (!bin)
-        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
-    char args[2048], cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
+    char cmd[4096];
     snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin, args);
     FILE *p = popen(cmd, "r");
     ZT_CHECK(p);
@@ -39,6 +34,20 @@ static int zckpt(char **out, const char *fmt, ...)
     int st = pclose(p);
     *out = buf;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* Run zckpt with the given arguments (a shell fragment); output (stdout+stderr) in *out. */
+static int zckpt(char **out, const char *fmt, ...)
+{
+    const char *bin = getenv("ZT_ZCKPT");
+    if (!bin)
+        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
+    char args[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    return run_bin(out, bin, args);
 }
 
 
@@ -207,4 +216,129 @@ ZT_TEST(cli_pack_unpack_export_import)
     free(staging);
     free(model);
     zck_layout_free(L);
+}
+
+/* ------------------------------------------------------------------ option tables */
+
+static void expect_zrun(int code, const char *text, const char *args)
+{
+    char *o;
+    int rc = run_bin(&o, zt_zrun_path(), args);
+    if (rc != code || !strstr(o, text))
+        ZT_FAIL("zrun %s: exit %d (expected %d), output lacks '%s':\n%s", args, rc, code, text,
+                o);
+    free(o);
+}
+
+/* Values outside an option's range are errors naming the option and the range: nothing
+ * saturates, nothing becomes inf. (All of these fail before any training starts.) */
+ZT_TEST(cli_option_values_out_of_range)
+{
+    expect_zrun(2, "zrun: error: --seed: 99999999999999999999 is out of range (0 to "
+                   "18446744073709551615)", "--seed 99999999999999999999");
+    expect_zrun(2, "zrun: error: --lr: 1e308 is out of range (0 to 3.40282e+38)", "--lr 1e308");
+    expect_zrun(2, "--restart-backoff: 90000 is out of range (0 to 86400)",
+                "--restart-backoff 90000");
+    expect_zrun(2, "--steps '0': expected an integer >= 1", "--steps 0");
+    expect_zrun(2, "--threads '257': expected an integer from 1 to 256", "--threads 257");
+    expect_zrun(2, "--zero '-1': expected an integer from 0 to 3", "--zero -1");
+    expect_zrun(2, "--weight-decay '-0.5': expected a non-negative number", "--weight-decay -0.5");
+    expect_zrun(2, "--aio-block-size 6000: expected a multiple of 4096 up to 268435456",
+                "--aio-block-size 6000");
+    expect_zrun(2, "--async-save 'sometimes': expected auto, on or off",
+                "--async-save sometimes");
+    expect_zrun(2, "unknown option --bogus", "--bogus 1");
+    expect_zrun(2, "--seed needs a value", "--seed");
+    expect_zrun(2, "unexpected argument stray", "stray");
+    expect_zrun(0, "usage: zrun", "--steps 5 --help");
+    expect(2, "--atol: 1e999 is out of range (0 to 1.79769e+308)", "diff a b --atol 1e999");
+    expect(2, "--jobs '65': expected an integer from 1 to 64", "reshard x --world 2 -o y --jobs 65");
+    expect(2, "--format 'zip': expected zckpt or safetensors", "consolidate x -o y --format zip");
+    expect(2, "--dtype 'f64': expected f32, bf16 or f16", "export x -o y --format llmc --dtype f64");
+    expect(2, "missing --keep-last K", "prune r");
+    expect(2, "unexpected argument c", "diff a b c");
+}
+
+/* name as a word of text: not part of a longer option name ("-o" is not in "--offload") */
+static bool mentions(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = strstr(text, name); p; p = strstr(p + 1, name)) {
+        char before = p == text ? ' ' : p[-1], after = p[n];
+        if (before != '-' && !isalnum((unsigned char)before) && after != '-' &&
+            !isalnum((unsigned char)after))
+            return true;
+    }
+    return false;
+}
+
+/* Every option a --help lists (lines "  --name ..." or "  -o, --output ..."), found in docs;
+ * returns how many were checked. */
+static size_t check_listed(const char *help, const char *docs, const char *who)
+{
+    size_t n = 0;
+    for (const char *l = help; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, "  -", 3))
+            continue;
+        const char *p = l + 2;
+        for (;;) {
+            char name[64];
+            size_t k = strspn(p, "-abcdefghijklmnopqrstuvwxyz0123456789");
+            ZT_CHECK(k > 1 && k < sizeof name);
+            memcpy(name, p, k);
+            name[k] = 0;
+            if (!mentions(docs, name))
+                ZT_FAIL("%s: option %s is not mentioned in README.md or docs/CLI.md", who,
+                        name);
+            n++;
+            if (strncmp(p + k, ", -", 3))
+                break;
+            p += k + 2;
+        }
+    }
+    return n;
+}
+
+/* The option tables (through the --help they print) against the documentation. */
+ZT_TEST(cli_every_option_is_documented)
+{
+    char path[4096], *readme, *cli, *help;
+    snprintf(path, sizeof path, "%s/README.md", zt_root());
+    readme = zt_slurp(path);
+    snprintf(path, sizeof path, "%s/docs/CLI.md", zt_root());
+    cli = zt_slurp(path);
+    size_t cap = strlen(readme) + strlen(cli) + 2;
+    char *docs = malloc(cap);
+    snprintf(docs, cap, "%s\n%s", readme, cli);
+
+    ZT_CHECK_EQ(run_bin(&help, zt_zrun_path(), "--help"), 0);
+    ZT_CHECK(check_listed(help, docs, "zrun") >= 40);
+    free(help);
+
+    /* the commands, from zckpt's own list, each with its table */
+    char *top;
+    ZT_CHECK_EQ(zckpt(&top, "--help"), 0);
+    const char *l = strstr(top, "commands:\n");
+    ZT_CHECK(l);
+    size_t cmds = 0, opts = 0;
+    for (l = strchr(l, '\n') + 1; !strncmp(l, "  ", 2); l = strchr(l, '\n') + 1) {
+        char cmd[32];
+        size_t k = strcspn(l + 2, " \n");
+        ZT_CHECK(k < sizeof cmd);
+        memcpy(cmd, l + 2, k);
+        cmd[k] = 0;
+        ZT_CHECK_EQ(zckpt(&help, "%s --help", cmd), 0);
+        char who[64];
+        snprintf(who, sizeof who, "zckpt %s", cmd);
+        ZT_CHECK(strstr(help, "options:\n"));
+        opts += check_listed(help, docs, who);
+        free(help);
+        cmds++;
+    }
+    ZT_CHECK_EQ(cmds, 11);
+    ZT_CHECK(opts >= 30);
+    free(top);
+    free(docs);
+    free(cli);
+    free(readme);
 }
