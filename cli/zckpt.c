@@ -113,9 +113,10 @@ static int cmd_ls(int argc, char **argv)
             printf("(no checkpoints)\n");
         if (!l->latest)
             printf("latest: none\n");
+        if (l->holder)
+            printf("in use by %s\n", l->holder);
         for (size_t i = 0; i < l->stale.n; i++)
-            printf("stale temporary: %s (removed by the next commit or `zckpt prune`)\n",
-                   l->stale.name[i]);
+            printf("abandoned temporary: %s (removed by `zckpt prune`)\n", l->stale.name[i]);
     }
     zck_run_list_free(l);
     return ZCLI_OK;
@@ -341,11 +342,14 @@ static int cmd_verify(int argc, char **argv)
 
 /* Write a new run directory at out through fn(tmp), then move it into place: when out exists
  * (only with force) the old one is removed only after the new one is complete. */
-static int into_place(const char *out, bool force, int (*fn)(const char *tmp, void *), void *ctx)
+static int into_place(const char *out, const char *src, bool force,
+                      int (*fn)(const char *tmp, void *), void *ctx)
 {
     if (exists(out) && !force)
         return zcli_fail(PROG, "choose another output, or pass --force to replace it",
                          "%s: already exists", out);
+    if (zck_check_replaceable(out, src) < 0)
+        return zcli_fail_lib(PROG, NULL);
     char tmp[4096], old[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out, (long)getpid());
     snprintf(old, sizeof old, "%s.old-%ld", out, (long)getpid());
@@ -385,7 +389,7 @@ static int reshard_common(const char *src, const char *out, uint32_t world, bool
     zcli_bar bar;
     o->progress = zcli_progress_init(&bar);
     reshard_ctx c = {src, world, *o};
-    int rc = into_place(out, force, do_reshard, &c);
+    int rc = into_place(out, src, force, do_reshard, &c);
     zcli_progress_end(&bar);
     if (rc == ZCLI_OK)
         printf("%s: world %u checkpoint of %s\n", out, world, src);
