@@ -277,10 +277,118 @@ static bool is_archive(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* Verify one checkpoint directory, named label in the summary; problem files are printed
+ * after prefix ("step-00000200/" inside a run directory). *found: problems found; *jout: its
+ * JSON object (with json). */
+static void report_print(zck_report *rep, const char *path, const char *label,
+                         const char *prefix, int quick, int json, json_t **jout, size_t *found)
+{
+    size_t n = zck_report_count(rep);
+    if (json) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < n; i++) {
+            const zck_problem *p = zck_report_get(rep, i);
+            json_array_append_new(arr, json_pack("{s:s, s:s, s:s}", "file", p->file, "kind",
+                                                 zck_problem_kind_name(p->kind), "detail",
+                                                 p->detail));
+        }
+        *jout = json_pack("{s:s, s:b, s:b, s:I, s:o}", "path", path, "sound", n == 0, "quick",
+                          quick, "bytes_hashed", (json_int_t)zck_report_bytes_hashed(rep),
+                          "problems", arr);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            const zck_problem *p = zck_report_get(rep, i);
+            printf("%s%s: %s: %s\n", prefix, p->file, zck_problem_kind_name(p->kind),
+                   p->detail);
+        }
+        char h[32];
+        if (n)
+            printf("%s: %zu problem%s found\n", label, n, n == 1 ? "" : "s");
+        else
+            printf("%s: sound (%s, %s hashed)\n", label,
+                   quick ? "quick check: presence, sizes, coverage" : "all checks",
+                   zcli_human(h, (double)zck_report_bytes_hashed(rep)));
+    }
+    zck_report_free(rep);
+    *found += n;
+}
+
+static int verify_dir(const char *path, const char *label, const char *prefix,
+                      const zck_verify_opts *o, int json, json_t **jout, size_t *found)
+{
+    zck_report *rep;
+    if (zck_verify(&rep, path, o) < 0)
+        return -1;
+    report_print(rep, path, label, prefix, o->quick, json, jout, found);
+    return 0;
+}
+
+/* A run directory: the checkpoint latest names ("RUN: step-00000200 (latest): ..."), or with
+ * all every step directory. A missing latest is a finding. */
+static int verify_run(const char *run, int all, const zck_verify_opts *o, int json)
+{
+    zck_run_list *l = NULL;
+    if (zck_run_list_open(&l, run) < 0)
+        return zcli_fail_lib(PROG, NULL);
+    size_t found = 0;
+    json_t *arr = json ? json_array() : NULL;
+    int rc = 0;
+    for (size_t i = 0; i < l->n && !rc; i++) {
+        const zck_run_entry *e = &l->ckpt[i];
+        if (!all && !e->is_latest)
+            continue;
+        char *p = NULL, *label = NULL, *prefix = NULL;
+        json_t *j = NULL;
+        if (asprintf(&p, "%s/%s", run, e->name) < 0 ||
+            asprintf(&label, "%s: %s%s", run, e->name, e->is_latest ? " (latest)" : "") < 0 ||
+            asprintf(&prefix, "%s/", e->name) < 0)
+            rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        else
+            rc = verify_dir(p, label, prefix, o, json, &j, &found);
+        if (j)
+            json_array_append_new(arr, j);
+        free(p);
+        free(label);
+        free(prefix);
+    }
+    char *nolatest = NULL;
+    if (!rc && !l->latest) {
+        char *x = NULL;
+        zck_latest(&x, run); /* its message says what is wrong with latest */
+        free(x);
+        nolatest = strdup(zr_err_msg());
+        found++;
+        if (!json)
+            printf("%s%s\n", nolatest, all || !l->n ? "" : " (`zckpt verify --all` checks "
+                   "every step directory)");
+    }
+    if (!rc && all && !l->n && l->latest) {
+        found++;
+        if (!json)
+            printf("%s: no step directory\n", run);
+    }
+    if (!rc && json && !all && json_array_size(arr) == 1) { /* as for one checkpoint */
+        json_t *j = json_incref(json_array_get(arr, 0));
+        json_object_set_new(j, "path", json_string(run));
+        json_object_set_new(j, "checkpoint", json_string(l->latest));
+        print_json(j);
+        json_decref(arr);
+    } else if (!rc && json)
+        print_json(json_pack("{s:s, s:b, s:s?, s:s?, s:o}", "path", run, "sound", found == 0,
+                             "latest", l->latest, "error", nolatest, "checkpoints", arr));
+    else
+        json_decref(arr);
+    free(nolatest);
+    zck_run_list_free(l);
+    if (rc < 0)
+        return zcli_fail_lib(PROG, NULL);
+    return found ? ZCLI_FOUND : ZCLI_OK;
+}
+
 static int cmd_verify(int argc, char **argv)
 {
     const char *path = NULL;
-    int json = 0;
+    int json = 0, all = 0;
     zck_verify_opts o = ZCK_VERIFY_OPTS_INIT;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -288,6 +396,8 @@ static int cmd_verify(int argc, char **argv)
             json = 1;
         else if (!strcmp(argv[i], "--quick"))
             o.quick = 1;
+        else if (!strcmp(argv[i], "--all"))
+            all = 1;
         else if (!strcmp(argv[i], "--jobs")) {
             if (!(v = need_value(argc, argv, &i)) ||
                 !zcli_parse_u32(PROG, "--jobs", v, 1, 256, &o.jobs))
@@ -303,39 +413,29 @@ static int cmd_verify(int argc, char **argv)
         return usage_error("%s", "missing CKPT");
     zcli_bar bar;
     o.progress = zcli_progress_init(&bar);
-    zck_report *rep;
-    int rc = is_archive(path) ? zfmt_archive_verify(&rep, path, &o.progress)
-                              : zck_verify(&rep, path, &o);
-    zcli_progress_end(&bar);
-    if (rc < 0)
-        return zcli_fail_lib(PROG, NULL);
-    size_t n = zck_report_count(rep);
-    if (json) {
-        json_t *arr = json_array();
-        for (size_t i = 0; i < n; i++) {
-            const zck_problem *p = zck_report_get(rep, i);
-            json_array_append_new(arr, json_pack("{s:s, s:s, s:s}", "file", p->file, "kind",
-                                                 zck_problem_kind_name(p->kind), "detail",
-                                                 p->detail));
-        }
-        print_json(json_pack("{s:s, s:b, s:b, s:I, s:o}", "path", path, "sound", n == 0,
-                             "quick", o.quick, "bytes_hashed",
-                             (json_int_t)zck_report_bytes_hashed(rep), "problems", arr));
+    char mp[4096];
+    struct stat st;
+    snprintf(mp, sizeof mp, "%s/manifest.json", path);
+    bool run = stat(path, &st) == 0 && S_ISDIR(st.st_mode) && stat(mp, &st) < 0;
+    int rc = ZCLI_OK;
+    size_t n = 0;
+    json_t *j = NULL;
+    if (run) {
+        rc = verify_run(path, all, &o, json);
     } else {
-        for (size_t i = 0; i < n; i++) {
-            const zck_problem *p = zck_report_get(rep, i);
-            printf("%s: %s: %s\n", p->file, zck_problem_kind_name(p->kind), p->detail);
+        zck_report *rep = NULL;
+        if (is_archive(path) ? zfmt_archive_verify(&rep, path, &o.progress) < 0
+                             : zck_verify(&rep, path, &o) < 0)
+            rc = zcli_fail_lib(PROG, NULL);
+        else {
+            report_print(rep, path, path, "", o.quick, json, &j, &n);
+            if (json)
+                print_json(j);
+            rc = n ? ZCLI_FOUND : ZCLI_OK;
         }
-        char h[32];
-        if (n)
-            printf("%s: %zu problem%s found\n", path, n, n == 1 ? "" : "s");
-        else
-            printf("%s: sound (%s, %s hashed)\n", path,
-                   o.quick ? "quick check: presence, sizes, coverage" : "all checks",
-                   zcli_human(h, (double)zck_report_bytes_hashed(rep)));
     }
-    zck_report_free(rep);
-    return n ? ZCLI_FOUND : ZCLI_OK;
+    zcli_progress_end(&bar);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ reshard, consolidate */
@@ -790,7 +890,7 @@ static const command commands[] = {
      "Summarize a checkpoint's manifest. --tensors lists every tensor's name, dtype, shape and\n"
      "the shard files that hold its params. CKPT is a checkpoint directory or a run directory\n"
      "(its `latest` is used).\n"},
-    {"verify", cmd_verify, "verify CKPT|ARCHIVE [--quick] [--jobs N] [--json]",
+    {"verify", cmd_verify, "verify CKPT|RUNDIR|ARCHIVE [--all] [--quick] [--jobs N] [--json]",
      "Check a checkpoint: manifest, SHA256SUMS, presence and size of every shard, coverage of\n"
      "every (group, state), stray files and, unless --quick, the SHA-256 of every shard\n"
      "(hashed on N threads, default 2). An archive made by `zckpt pack` is verified while it\n"
