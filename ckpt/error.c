@@ -94,6 +94,7 @@ const char *zr_err_name(int code)
     case ZR_EDEVICE: return "ZR_EDEVICE";
     case ZR_ECOMM: return "ZR_ECOMM";
     case ZR_EEXIST: return "ZR_EEXIST";
+    case ZR_EBUSY: return "ZR_EBUSY";
     default: return "ZR_E?";
     }
 }

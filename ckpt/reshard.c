@@ -129,11 +129,13 @@ int zck_reshard(char **out, const char *src, const char *out_run_dir, uint32_t w
                           "(%u jobs)", buf, jobs);
     zck_reader *r = NULL;
     ZR_TRY(zck_reader_open(&r, src));
+    zck_lock *lk = NULL;
     char *staging = NULL;
     job j;
     memset(&j, 0, sizeof j);
     pthread_mutex_init(&j.mu, NULL);
     int rc = 0;
+    ZR_TRY_GOTO(zck_run_lock(&lk, out_run_dir, "reshard"), rc, out);
     if (opts->verify_source)
         ZR_TRY_GOTO(zck__verify_or_fail(src, jobs, &opts->progress), rc, out);
 
@@ -196,8 +198,8 @@ int zck_reshard(char **out, const char *src, const char *out_run_dir, uint32_t w
     co.training_json = zck_reader_training_json(r);
     ZR_TRY_GOTO(zck_commit(out, out_run_dir, staging, j.L, j.shards, world, &co), rc, out);
 out:
-    if (rc && staging)
-        zck__rmtree(staging);
+    if (rc)
+        zck_staging_remove(staging);
     if (j.shards)
         for (uint32_t k = 0; k < world; k++)
             zck_shard_free(j.shards[k]);
@@ -205,5 +207,6 @@ out:
     pthread_mutex_destroy(&j.mu);
     free(staging);
     zck_reader_free(r);
+    zck_run_unlock(lk);
     return rc;
 }

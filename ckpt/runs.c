@@ -46,13 +46,68 @@ static bool is_dir_in(const char *dir, const char *name)
     return r;
 }
 
-static bool is_stale_tmp(const char *nm, uint64_t step)
+/* A temporary of the format: a staging directory of step <= below (.tmp-step-N-*), an
+ * unpack's (.tmp-unpack-*), a step directory being deleted (.del-step-*), a half-written
+ * latest (.latest.tmp-*). */
+static bool is_stale_tmp(const char *nm, uint64_t below)
 {
     unsigned long long ts;
     char dash;
-    return (sscanf(nm, ".tmp-step-%llu%c", &ts, &dash) == 2 && dash == '-' && ts <= step) ||
+    return (sscanf(nm, ".tmp-step-%llu%c", &ts, &dash) == 2 && dash == '-' && ts <= below) ||
            !strncmp(nm, ".tmp-unpack-", 12) || !strncmp(nm, ".del-step-", 10) ||
            !strncmp(nm, ".latest.tmp-", 12);
+}
+
+static bool is_format_file(const char *nm)
+{
+    size_t n = strlen(nm);
+    return !strcmp(nm, "manifest.json") || !strcmp(nm, "SHA256SUMS") ||
+           (!strncmp(nm, "shard-", 6) && n > 10 && !strcmp(nm + n - 4, ".bin"));
+}
+
+/* dir holds only what the format writes: manifest.json, SHA256SUMS and shard-*.bin regular
+ * files, and, when nest is set, step-* directories holding only those (an unpack's temporary).
+ * Anything else (a user's file, a symlink, a subdirectory) keeps it from being deleted. */
+static bool format_only(const char *dir, int nest)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return false;
+    bool ok = true;
+    struct dirent *de;
+    while (ok && (de = readdir(d))) {
+        const char *nm = de->d_name;
+        uint64_t s;
+        if (!strcmp(nm, ".") || !strcmp(nm, ".."))
+            continue;
+        char *p = zck__path_join(dir, nm);
+        struct stat st;
+        if (!p || lstat(p, &st) < 0)
+            ok = false;
+        else if (S_ISREG(st.st_mode))
+            ok = is_format_file(nm);
+        else
+            ok = S_ISDIR(st.st_mode) && nest && zck__parse_step_name(nm, &s) && format_only(p, 0);
+        free(p);
+    }
+    closedir(d);
+    return ok;
+}
+
+/* What may be deleted under name in run_dir: a directory holding only the format's files, or
+ * a half-written latest that is a regular file. Else it is left, with a warning. */
+static bool ours_to_delete(const char *run_dir, const char *name)
+{
+    char *p = zck__path_join(run_dir, name);
+    struct stat st;
+    bool ok = false;
+    if (p && lstat(p, &st) == 0)
+        ok = S_ISDIR(st.st_mode) ? format_only(p, !strncmp(name, ".tmp-unpack-", 12))
+                                 : S_ISREG(st.st_mode) && !strncmp(name, ".latest.tmp-", 12);
+    if (p && !ok)
+        zr_log(ZR_LOG_WARN, "%s: holds files zckpt did not write: left in place", p);
+    free(p);
+    return ok;
 }
 
 /* Remove a step directory by first renaming it out of sight (atomic and made durable), then
@@ -98,7 +153,7 @@ static int cmp_step_desc(const void *a, const void *b)
     return x->step > y->step ? -1 : x->step < y->step;
 }
 
-int zck__housekeeping(const char *run_dir, uint64_t step, const char *keep,
+int zck__housekeeping(const char *run_dir, uint64_t step, uint64_t tmp_below, const char *keep,
                       const zck_prune_opts *o, zck_namelist *removed)
 {
     DIR *d = opendir(run_dir);
@@ -126,7 +181,7 @@ int zck__housekeeping(const char *run_dir, uint64_t step, const char *keep,
                 rc = zr_err_set(ZR_ENOMEM, "out of memory");
             else
                 n++;
-        } else if (o->gc_tmp && is_stale_tmp(nm, step)) {
+        } else if (o->gc_tmp && is_stale_tmp(nm, tmp_below) && ours_to_delete(run_dir, nm)) {
             rc = names_add(removed, nm);
             if (!rc && !o->dry_run)
                 rc = remove_any(run_dir, nm);
@@ -142,7 +197,7 @@ int zck__housekeeping(const char *run_dir, uint64_t step, const char *keep,
                 kept++;
                 continue;
             }
-            if (every)
+            if (every || !ours_to_delete(run_dir, v[i].name))
                 continue;
             rc = names_add(removed, v[i].name);
             if (!rc && !o->dry_run)
@@ -160,15 +215,30 @@ int zck_prune(zck_namelist *removed, const char *run_dir, const zck_prune_opts *
     zck_prune_opts def = ZCK_PRUNE_OPTS_INIT;
     if (!o)
         o = &def;
+    struct stat st;
+    if (stat(run_dir, &st) < 0)
+        return zr_err_sys(errno, "%s", run_dir);
+    zck_lock *lk = NULL;
+    ZR_TRY(zck_run_lock(&lk, run_dir, "prune"));
     char *latest = NULL;
-    ZR_TRY(zck_latest(&latest, run_dir));
-    const char *base = strrchr(latest, '/');
-    base = base ? base + 1 : latest;
-    uint64_t step = 0;
-    int rc = zck__parse_step_name(base, &step)
-                 ? zck__housekeeping(run_dir, step, base, o, removed)
+    int rc = zck_latest(&latest, run_dir);
+    if (rc == ZR_ENOTFOUND) {
+        /* nothing committed: no retention, but what failed saves left is collected */
+        zr_err_clear();
+        zck_prune_opts tmp_only = *o;
+        tmp_only.keep_last = 0;
+        rc = zck__housekeeping(run_dir, 0, UINT64_MAX, "", &tmp_only, removed);
+    } else if (!rc) {
+        const char *base = strrchr(latest, '/');
+        base = base ? base + 1 : latest;
+        uint64_t step = 0;
+        /* under the lock no job is saving here: every staging directory is abandoned */
+        rc = zck__parse_step_name(base, &step)
+                 ? zck__housekeeping(run_dir, step, UINT64_MAX, base, o, removed)
                  : zr_err_set(ZR_ECORRUPT, "%s/latest: not a step directory name", run_dir);
+    }
     free(latest);
+    zck_run_unlock(lk);
     return rc;
 }
 
@@ -256,8 +326,11 @@ int zck_run_list_open(zck_run_list **out, const char *run_dir)
     }
     zr_err_clear();
     struct dirent *de;
-    uint64_t latest_step = UINT64_MAX;
-    if (l->latest)
+    /* staging directories of any step are abandoned unless a live job holds the directory;
+     * while one does, only those at or below latest (its own commits collect them) */
+    rc = zck_run_lock_holder(&l->holder, run_dir);
+    uint64_t latest_step = l->holder ? 0 : UINT64_MAX;
+    if (l->latest && l->holder)
         zck__parse_step_name(l->latest, &latest_step);
     while ((de = readdir(d)) && !rc) {
         uint64_t s;
@@ -303,6 +376,94 @@ void zck_run_list_free(zck_run_list *l)
     }
     free(l->ckpt);
     free(l->latest);
+    free(l->holder);
     zck_namelist_free(&l->stale);
     free(l);
+}
+
+/* ---------------------------------------------------------------- replacing an output */
+
+static bool has_manifest(const char *dir)
+{
+    char *p = zck__path_join(dir, "manifest.json");
+    struct stat st;
+    bool r = p && stat(p, &st) == 0 && S_ISREG(st.st_mode);
+    free(p);
+    return r;
+}
+
+/* A run directory (a latest file, or step-N directories with manifests) or a checkpoint
+ * directory (a manifest). */
+static bool is_zckpt_dir(const char *dir)
+{
+    if (has_manifest(dir))
+        return true;
+    char *lp = zck__path_join(dir, "latest");
+    struct stat st;
+    bool r = lp && lstat(lp, &st) == 0 && S_ISREG(st.st_mode);
+    free(lp);
+    DIR *d = r ? NULL : opendir(dir);
+    struct dirent *de;
+    uint64_t s;
+    while (d && !r && (de = readdir(d)))
+        if (zck__parse_step_name(de->d_name, &s)) {
+            char *p = zck__path_join(dir, de->d_name);
+            r = p && has_manifest(p);
+            free(p);
+        }
+    if (d)
+        closedir(d);
+    return r;
+}
+
+/* target (lstat'ed: a symlink is never followed) is src or one of its ancestors */
+static int holds_source(bool *out, const struct stat *t, const char *src)
+{
+    *out = false;
+    char *real = realpath(src, NULL);
+    if (!real)
+        return zr_err_sys(errno, "%s", src);
+    for (;;) {
+        struct stat st;
+        if (stat(real, &st) == 0 && st.st_dev == t->st_dev && st.st_ino == t->st_ino) {
+            *out = true;
+            break;
+        }
+        char *slash = strrchr(real, '/');
+        if (!slash || real[1] == 0)
+            break;
+        if (slash == real)
+            slash[1] = 0; /* "/x" -> "/" */
+        else
+            *slash = 0;
+    }
+    free(real);
+    return 0;
+}
+
+int zck_check_replaceable(const char *target, const char *src)
+{
+    struct stat t;
+    if (lstat(target, &t) < 0)
+        return errno == ENOENT ? 0 : zr_err_sys(errno, "%s", target);
+    bool inside = false;
+    if (src)
+        ZR_TRY(holds_source(&inside, &t, src));
+    if (inside)
+        return zr_err_set(ZR_EEXIST, "%s: is the source %s or a directory holding it: refusing "
+                          "to replace it", target, src);
+    if (S_ISLNK(t.st_mode))
+        return 0; /* replacing a symlink removes the link, never what it points to */
+    if (!S_ISDIR(t.st_mode) || !is_zckpt_dir(target))
+        return zr_err_set(ZR_EEXIST, "%s: not a zckpt run or checkpoint directory: refusing to "
+                          "replace it (remove it yourself or choose another output)", target);
+    char *holder = NULL;
+    ZR_TRY(zck_run_lock_holder(&holder, target));
+    if (holder) {
+        int rc = zr_err_set(ZR_EBUSY, "%s: in use by %s: refusing to replace it", target,
+                            holder);
+        free(holder);
+        return rc;
+    }
+    return 0;
 }

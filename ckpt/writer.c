@@ -27,8 +27,7 @@ struct zck_writer {
     int done, failed;
 };
 
-/* mkdir -p; each directory created is made durable in its parent */
-static int mkdir_p(const char *path)
+int zck__mkdir_p(const char *path)
 {
     char *p = strdup(path);
     if (!p)
@@ -62,7 +61,7 @@ int zck_staging_create(char **out, const char *run_dir, uint64_t step, uint64_t 
     char name[64];
     snprintf(name, sizeof name, ".tmp-step-%08llu-%016llx", (unsigned long long)step,
              (unsigned long long)nonce);
-    ZR_TRY(mkdir_p(run_dir));
+    ZR_TRY(zck__mkdir_p(run_dir));
     char *p = zck__path_join(run_dir, name);
     if (!p)
         return ZR_ENOMEM;
@@ -75,6 +74,22 @@ int zck_staging_create(char **out, const char *run_dir, uint64_t step, uint64_t 
     }
     *out = p;
     return 0;
+}
+
+void zck_staging_remove(const char *staging_dir)
+{
+    if (!staging_dir)
+        return;
+    int code = zr_err_code();
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", zr_err_msg());
+    if (zck__rmtree(staging_dir) < 0)
+        zr_log(ZR_LOG_WARN, "%s: could not remove the staging directory of a failed save: %s",
+               staging_dir, zr_err_msg());
+    if (code)
+        zr_err_set(code, "%s", msg); /* the save's error, not the cleanup's */
+    else
+        zr_err_clear();
 }
 
 int zck_writer_open(zck_writer **out, const char *staging_dir, const zck_layout *L,

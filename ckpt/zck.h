@@ -36,6 +36,7 @@ enum {
     ZR_EDEVICE = -9,
     ZR_ECOMM = -10,
     ZR_EEXIST = -11,      /* refusing to overwrite something that exists */
+    ZR_EBUSY = -12,       /* another job holds the run directory (zck_run_lock) */
 };
 
 /* Set the thread's error (code, message, source location) and return code. */
@@ -214,6 +215,11 @@ typedef struct {
  * *out is the malloc'ed path. */
 int zck_staging_create(char **out, const char *run_dir, uint64_t step, uint64_t nonce);
 
+/* Remove the staging directory of a save that failed, with what its writers left there: the
+ * caller (whoever created it) calls this once every rank has given up on it. The current
+ * error is kept; a failure to remove is logged as a warning. NULL is fine. */
+void zck_staging_remove(const char *staging_dir);
+
 /* The description of one written shard file: what the committer needs from each rank. */
 typedef struct zck_shard zck_shard;
 
@@ -273,7 +279,8 @@ typedef struct {
  * and the directory, rename it to run_dir/step-<step>, fsync run_dir, replace run_dir/latest
  * atomically, then apply retention. *out (may be NULL) is the malloc'ed final path.
  * ZR_EEXIST when step-<step> already exists; ZR_ECORRUPT when the shards do not tile.
- * A failure before the rename leaves latest and every committed checkpoint untouched.
+ * A failure before the rename leaves latest and every committed checkpoint untouched; the
+ * staging directory stays the caller's (zck_staging_remove).
  */
 int zck_commit(char **out, const char *run_dir, const char *staging_dir, const zck_layout *L,
                zck_shard *const *shards, size_t n_shards, const zck_commit_opts *opts);
@@ -294,6 +301,24 @@ int zck_latest(char **out, const char *run_dir);
 
 /* ---------------------------------------------------------------- run directories */
 
+/*
+ * One job per run directory: whatever stages, commits or deletes in a run directory holds an
+ * exclusive lock on RUN/.lock (flock) for as long as it works there; the file names the holder
+ * as "pid host program". zck_run_lock creates run_dir when missing. A second taker gets
+ * ZR_EBUSY naming the holder's program, pid and host. The kernel drops a lock whose holder
+ * died, so a crashed job's lock is taken over. Where the filesystem refuses flock, a live
+ * process of the written pid on this host keeps the directory. zck_prune, zck_reshard (into
+ * its output run directory) and zfmt_unpack take it themselves; zck_commit does not (its
+ * caller holds it). Locks of one process on one directory exclude each other too.
+ */
+typedef struct zck_lock zck_lock;
+int zck_run_lock(zck_lock **out, const char *run_dir, const char *program);
+/* Release (and remove the lock file); accepts NULL. */
+void zck_run_unlock(zck_lock *lk);
+/* Who holds run_dir now: *out is a malloc'ed "program (pid N on host H)", or NULL when no
+ * live job holds it. */
+int zck_run_lock_holder(char **out, const char *run_dir);
+
 typedef struct {
     size_t n;
     char **name;
@@ -308,9 +333,13 @@ typedef struct {
 } zck_prune_opts;
 #define ZCK_PRUNE_OPTS_INIT {0, 0, 1, 0}
 
-/* Apply retention to run_dir now: never removes what latest names, nor any step directory
- * above it (an orphan of a crashed commit). Step directories are renamed out of sight before
- * they are deleted. *removed (may be NULL) lists what went (or would go). */
+/* Apply retention to run_dir now, holding its lock (ZR_EBUSY while a job works there): never
+ * removes what latest names, nor any step directory above it (an orphan of a crashed commit).
+ * With gc_tmp, every abandoned staging directory goes, whatever its step (also without
+ * latest). Only what the format wrote is deleted: a directory holding anything but
+ * manifest.json, SHA256SUMS and shard-*.bin is left in place with a warning. Step directories
+ * are renamed out of sight before they are deleted. *removed (may be NULL) lists what went
+ * (or would go). */
 int zck_prune(zck_namelist *removed, const char *run_dir, const zck_prune_opts *o);
 
 typedef enum { ZCK_CKPT_COMPLETE, ZCK_CKPT_INCOMPLETE, ZCK_CKPT_CORRUPT } zck_ckpt_status;
@@ -330,13 +359,21 @@ typedef struct {
     zck_run_entry *ckpt;  /* sorted by step */
     size_t n;
     char *latest;         /* what latest names, NULL without one */
-    zck_namelist stale;   /* stale temporaries */
+    zck_namelist stale;   /* stale temporaries: abandoned staging of failed saves and others */
+    char *holder;         /* the live job holding the directory (zck_run_lock_holder), or NULL */
 } zck_run_list;
 
 /* List the checkpoints of a run directory with a quick check of each. */
 int zck_run_list_open(zck_run_list **out, const char *run_dir);
 void zck_run_list_free(zck_run_list *l);
 const char *zck_ckpt_status_name(zck_ckpt_status s); /* "complete", "incomplete", "corrupt" */
+
+/* Whether target (an output a tool was told to replace, --force) may be deleted: 0 when it
+ * does not exist or is a symlink (only the link goes), or a zckpt run directory (a latest
+ * file, or step-N directories with manifests) or checkpoint directory (a manifest) that no
+ * live job holds. ZR_EEXIST when it is anything else, or src itself or a directory holding src
+ * (compared by device and inode, src may be NULL); ZR_EBUSY while a job holds it. */
+int zck_check_replaceable(const char *target, const char *src);
 
 /* ---------------------------------------------------------------- resuming a run */
 

@@ -180,6 +180,7 @@ int zck__parallel(size_t n, unsigned jobs, int (*fn)(void *ctx, size_t i), void 
 /* Small filesystem helpers, all through the fault hook. */
 int zck__fsync_dir(const char *dir);
 int zck__mkdir(const char *path);                 /* EEXIST is success */
+int zck__mkdir_p(const char *path);  /* mkdir -p, each new directory made durable in its parent */
 int zck__rename(const char *from, const char *to);
 /* rename that never replaces an existing `to` (ZR_EEXIST), where the filesystem allows */
 int zck__rename_noreplace(const char *from, const char *to);
@@ -193,9 +194,11 @@ bool zck__parse_step_name(const char *name, uint64_t *step);
 /* replace run_dir/latest by a file naming `name` (write-temp + rename + fsync of the directory) */
 int zck__write_latest(const char *run_dir, const char *name);
 /* Retention and garbage collection in run_dir around the checkpoint `keep` of step `step`
- * (the directory latest names): never touches it or step directories above it. Names removed (or, with
- * dry_run, that would be) go to *removed when it is not NULL. */
-int zck__housekeeping(const char *run_dir, uint64_t step, const char *keep,
+ * (the directory latest names): never touches it or step directories above it; staging
+ * directories of steps <= tmp_below are collected (with gc_tmp). Only directories holding
+ * nothing but the format's files are deleted (others are left with a warning). Names removed
+ * (or, with dry_run, that would be) go to *removed when it is not NULL. */
+int zck__housekeeping(const char *run_dir, uint64_t step, uint64_t tmp_below, const char *keep,
                       const zck_prune_opts *o, zck_namelist *removed);
 
 #endif

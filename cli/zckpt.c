@@ -111,9 +111,10 @@ static int cmd_ls(const zckpt_args *a)
             printf("(no checkpoints)\n");
         if (!l->latest)
             printf("latest: none\n");
+        if (l->holder)
+            printf("in use by %s\n", l->holder);
         for (size_t i = 0; i < l->stale.n; i++)
-            printf("stale temporary: %s (removed by the next commit or `zckpt prune`)\n",
-                   l->stale.name[i]);
+            printf("abandoned temporary: %s (removed by `zckpt prune`)\n", l->stale.name[i]);
     }
     zck_run_list_free(l);
     return ZCLI_OK;
@@ -260,19 +261,12 @@ static bool is_archive(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static int cmd_verify(const zckpt_args *a)
+/* Verify one checkpoint directory, named label in the summary; problem files are printed
+ * after prefix ("step-00000200/" inside a run directory). *found: problems found; *jout: its
+ * JSON object (with json). */
+static void report_print(zck_report *rep, const char *path, const char *label,
+                         const char *prefix, int quick, int json, json_t **jout, size_t *found)
 {
-    const char *path = a->path;
-    int json = a->json;
-    zck_verify_opts o = a->verify;
-    zcli_bar bar;
-    o.progress = zcli_progress_init(&bar);
-    zck_report *rep;
-    int rc = is_archive(path) ? zfmt_archive_verify(&rep, path, &o.progress)
-                              : zck_verify(&rep, path, &o);
-    zcli_progress_end(&bar);
-    if (rc < 0)
-        return zcli_fail_lib(PROG, NULL);
     size_t n = zck_report_count(rep);
     if (json) {
         json_t *arr = json_array();
@@ -282,35 +276,143 @@ static int cmd_verify(const zckpt_args *a)
                                                  zck_problem_kind_name(p->kind), "detail",
                                                  p->detail));
         }
-        print_json(json_pack("{s:s, s:b, s:b, s:I, s:o}", "path", path, "sound", n == 0,
-                             "quick", o.quick, "bytes_hashed",
-                             (json_int_t)zck_report_bytes_hashed(rep), "problems", arr));
+        *jout = json_pack("{s:s, s:b, s:b, s:I, s:o}", "path", path, "sound", n == 0, "quick",
+                          quick, "bytes_hashed", (json_int_t)zck_report_bytes_hashed(rep),
+                          "problems", arr);
     } else {
         for (size_t i = 0; i < n; i++) {
             const zck_problem *p = zck_report_get(rep, i);
-            printf("%s: %s: %s\n", p->file, zck_problem_kind_name(p->kind), p->detail);
+            printf("%s%s: %s: %s\n", prefix, p->file, zck_problem_kind_name(p->kind),
+                   p->detail);
         }
         char h[32];
         if (n)
-            printf("%s: %zu problem%s found\n", path, n, n == 1 ? "" : "s");
+            printf("%s: %zu problem%s found\n", label, n, n == 1 ? "" : "s");
         else
-            printf("%s: sound (%s, %s hashed)\n", path,
-                   o.quick ? "quick check: presence, sizes, coverage" : "all checks",
+            printf("%s: sound (%s, %s hashed)\n", label,
+                   quick ? "quick check: presence, sizes, coverage" : "all checks",
                    zcli_human(h, (double)zck_report_bytes_hashed(rep)));
     }
     zck_report_free(rep);
-    return n ? ZCLI_FOUND : ZCLI_OK;
+    *found += n;
+}
+
+static int verify_dir(const char *path, const char *label, const char *prefix,
+                      const zck_verify_opts *o, int json, json_t **jout, size_t *found)
+{
+    zck_report *rep;
+    if (zck_verify(&rep, path, o) < 0)
+        return -1;
+    report_print(rep, path, label, prefix, o->quick, json, jout, found);
+    return 0;
+}
+
+/* A run directory: the checkpoint latest names ("RUN: step-00000200 (latest): ..."), or with
+ * all every step directory. A missing latest is a finding. */
+static int verify_run(const char *run, int all, const zck_verify_opts *o, int json)
+{
+    zck_run_list *l = NULL;
+    if (zck_run_list_open(&l, run) < 0)
+        return zcli_fail_lib(PROG, NULL);
+    size_t found = 0;
+    json_t *arr = json ? json_array() : NULL;
+    int rc = 0;
+    for (size_t i = 0; i < l->n && !rc; i++) {
+        const zck_run_entry *e = &l->ckpt[i];
+        if (!all && !e->is_latest)
+            continue;
+        char *p = NULL, *label = NULL, *prefix = NULL;
+        json_t *j = NULL;
+        if (asprintf(&p, "%s/%s", run, e->name) < 0 ||
+            asprintf(&label, "%s: %s%s", run, e->name, e->is_latest ? " (latest)" : "") < 0 ||
+            asprintf(&prefix, "%s/", e->name) < 0)
+            rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        else
+            rc = verify_dir(p, label, prefix, o, json, &j, &found);
+        if (j)
+            json_array_append_new(arr, j);
+        free(p);
+        free(label);
+        free(prefix);
+    }
+    char *nolatest = NULL;
+    if (!rc && !l->latest) {
+        char *x = NULL;
+        zck_latest(&x, run); /* its message says what is wrong with latest */
+        free(x);
+        nolatest = strdup(zr_err_msg());
+        found++;
+        if (!json)
+            printf("%s%s\n", nolatest, all || !l->n ? "" : " (`zckpt verify --all` checks "
+                   "every step directory)");
+    }
+    if (!rc && all && !l->n && l->latest) {
+        found++;
+        if (!json)
+            printf("%s: no step directory\n", run);
+    }
+    if (!rc && json && !all && json_array_size(arr) == 1) { /* as for one checkpoint */
+        json_t *j = json_incref(json_array_get(arr, 0));
+        json_object_set_new(j, "path", json_string(run));
+        json_object_set_new(j, "checkpoint", json_string(l->latest));
+        print_json(j);
+        json_decref(arr);
+    } else if (!rc && json)
+        print_json(json_pack("{s:s, s:b, s:s?, s:s?, s:o}", "path", run, "sound", found == 0,
+                             "latest", l->latest, "error", nolatest, "checkpoints", arr));
+    else
+        json_decref(arr);
+    free(nolatest);
+    zck_run_list_free(l);
+    if (rc < 0)
+        return zcli_fail_lib(PROG, NULL);
+    return found ? ZCLI_FOUND : ZCLI_OK;
+}
+
+static int cmd_verify(const zckpt_args *a)
+{
+    const char *path = a->path;
+    int json = a->json, all = a->all;
+    zck_verify_opts o = a->verify;
+    zcli_bar bar;
+    o.progress = zcli_progress_init(&bar);
+    char mp[4096];
+    struct stat st;
+    snprintf(mp, sizeof mp, "%s/manifest.json", path);
+    bool run = stat(path, &st) == 0 && S_ISDIR(st.st_mode) && stat(mp, &st) < 0;
+    int rc = ZCLI_OK;
+    size_t n = 0;
+    json_t *j = NULL;
+    if (run) {
+        rc = verify_run(path, all, &o, json);
+    } else {
+        zck_report *rep = NULL;
+        if (is_archive(path) ? zfmt_archive_verify(&rep, path, &o.progress) < 0
+                             : zck_verify(&rep, path, &o) < 0)
+            rc = zcli_fail_lib(PROG, NULL);
+        else {
+            report_print(rep, path, path, "", o.quick, json, &j, &n);
+            if (json)
+                print_json(j);
+            rc = n ? ZCLI_FOUND : ZCLI_OK;
+        }
+    }
+    zcli_progress_end(&bar);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ reshard, consolidate */
 
 /* Write a new run directory at out through fn(tmp), then move it into place: when out exists
  * (only with force) the old one is removed only after the new one is complete. */
-static int into_place(const char *out, bool force, int (*fn)(const char *tmp, void *), void *ctx)
+static int into_place(const char *out, const char *src, bool force,
+                      int (*fn)(const char *tmp, void *), void *ctx)
 {
     if (exists(out) && !force)
         return zcli_fail(PROG, "choose another output, or pass --force to replace it",
                          "%s: already exists", out);
+    if (zck_check_replaceable(out, src) < 0)
+        return zcli_fail_lib(PROG, NULL);
     char tmp[4096], old[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out, (long)getpid());
     snprintf(old, sizeof old, "%s.old-%ld", out, (long)getpid());
@@ -350,7 +452,7 @@ static int reshard_common(const char *src, const char *out, uint32_t world, bool
     zcli_bar bar;
     o->progress = zcli_progress_init(&bar);
     reshard_ctx c = {src, world, *o};
-    int rc = into_place(out, force, do_reshard, &c);
+    int rc = into_place(out, src, force, do_reshard, &c);
     zcli_progress_end(&bar);
     if (rc == ZCLI_OK)
         printf("%s: world %u checkpoint of %s\n", out, world, src);
@@ -583,7 +685,8 @@ static const zcli_opt inspect_opts[] = {
     OPT_JSON,
 };
 static const zcli_opt verify_opts[] = {
-    ZCLI_POSITIONAL("CKPT|ARCHIVE", path),
+    ZCLI_POSITIONAL("CKPT|RUNDIR|ARCHIVE", path),
+    ZCLI_FLAG("--all", all, "a run directory: every step directory, not only what latest names"),
     ZCLI_FLAG("--quick", verify.quick, "skip hashing: presence, sizes, coverage"),
     ZCLI_INTEGER(U32, "--jobs", verify.jobs, "N", 1, 256, NULL, "shards hashed in parallel"),
     OPT_JSON,

@@ -74,33 +74,33 @@ static int supervise(char **argv, const zr_train_opts *o, uint32_t nproc, int lo
  * one of them (or a world of 1), -1 after printing an error. */
 static int under_mpi(const char *master)
 {
-    static const char *vars[][3] = {
-        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-        {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
-        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+    static const zr_env_var vars[][3] = {
+        {ZR_ENV_OMPI_RANK, ZR_ENV_OMPI_SIZE, ZR_ENV_OMPI_LOCAL_RANK},
+        {ZR_ENV_PMI_RANK, ZR_ENV_PMI_SIZE, ZR_ENV_PMI_LOCAL_RANK},
+        {ZR_ENV_SLURM_PROCID, ZR_ENV_SLURM_NTASKS, ZR_ENV_SLURM_LOCALID},
     };
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
-        const char *r = getenv(vars[i][0]), *w = getenv(vars[i][1]), *l = getenv(vars[i][2]);
-        if (!r || !w || !*r || !*w || atoi(w) <= 1)
+        const char *r = zr_env(vars[i][0]), *w = zr_env(vars[i][1]), *l = zr_env(vars[i][2]);
+        if (!r || !w || atoi(w) <= 1)
             continue;
         char buf[300];
         if (!master) {
-            const char *h = getenv("MASTER_ADDR"), *p = getenv("MASTER_PORT");
-            if (!h || !p || !*h || !*p) {
+            const char *h = zr_env(ZR_ENV_MASTER_ADDR), *p = zr_env(ZR_ENV_MASTER_PORT);
+            if (!h || !p) {
                 zcli_fail(PROG, "add --master HOST:PORT (the address of the first rank's node "
                           "and a free port), or set MASTER_ADDR and MASTER_PORT",
                           "started by mpirun or srun (%s=%s) without a rendezvous address",
-                          vars[i][1], w);
+                          zr_env_name(vars[i][1]), w);
                 return -1;
             }
             snprintf(buf, sizeof buf, "%s:%s", h, p);
             master = buf;
         }
-        setenv("ZR_RANK", r, 1);
-        setenv("ZR_WORLD", w, 1);
-        setenv("ZR_LOCAL_RANK", l && *l ? l : "0", 1);
-        setenv("ZR_COMM_TCP", master, 1);
-        unsetenv("ZR_COMM_SHM");
+        setenv(zr_env_name(ZR_ENV_RANK), r, 1);
+        setenv(zr_env_name(ZR_ENV_WORLD), w, 1);
+        setenv(zr_env_name(ZR_ENV_LOCAL_RANK), l ? l : "0", 1);
+        setenv(zr_env_name(ZR_ENV_COMM_TCP), master, 1);
+        unsetenv(zr_env_name(ZR_ENV_COMM_SHM));
         return 1;
     }
     return 0;
@@ -280,8 +280,8 @@ static int parse_args(zrun_args *a, int argc, char **argv)
         usage();
     if (rc)
         return rc;
-    const char *env = getenv("ZR_DEVICE");
-    if (a->device < 0 && zcli_opts_set(&zrun_opts, a, "--device", env && *env ? env : "auto"))
+    const char *env = zr_env(ZR_ENV_DEVICE);
+    if (a->device < 0 && zcli_opts_set(&zrun_opts, a, "--device", env ? env : "auto"))
         return ZCLI_ERROR;
     a->o.device = a->device;
     if (a->o.offload_params != ZR_OFFLOAD_NONE && a->o.zero_stage != 3)
@@ -335,12 +335,12 @@ int main(int argc, char **argv)
             return zcli_fail_lib(PROG, NULL);
         return ZCLI_OK;
     }
-    const char *world_env = getenv("ZR_WORLD");
+    const char *world_env = zr_env(ZR_ENV_WORLD);
     rc = world_env ? 0 : under_mpi(no.master);
     if (rc < 0)
         return ZCLI_ERROR;
     if (rc > 0) /* mpirun or srun started this rank: their world, our TCP rendezvous */
-        world_env = getenv("ZR_WORLD");
+        world_env = zr_env(ZR_ENV_WORLD);
     else if (no.nnodes > 1) {
         if (!no.master)
             return zcli_fail(PROG, "add --master HOST:PORT (node 0's address and a free port)",

@@ -684,6 +684,7 @@ int zfmt_unpack(const char *archive, const char *out_dir, const zck_progress *pr
     unpack_ctx c = {.archive = archive, .out_dir = out_dir, .tmp_fd = -1, .step_fd = -1};
     int rc = 0, made_tmp = 0, made_out = 0;
     char *final = NULL;
+    zck_lock *lk = NULL;
     struct stat st;
     if (stat(archive, &st) == 0)
         c.archive_bytes = (uint64_t)st.st_size;
@@ -698,6 +699,7 @@ int zfmt_unpack(const char *archive, const char *out_dir, const zck_progress *pr
         rc = zr_err_set(ZR_EEXIST, "%s: exists and is not a directory", out_dir);
         goto out;
     }
+    ZR_TRY_GOTO(zck_run_lock(&lk, out_dir, "unpack"), rc, out);
     char name[64];
     snprintf(name, sizeof name, ".tmp-unpack-%ld", (long)getpid());
     if (!(c.tmp = join(out_dir, name)) || !(c.buf = malloc(CHUNK_BYTES))) {
@@ -749,6 +751,7 @@ out:
         close(c.tmp_fd);
     if (made_tmp)
         remove_tree_at(AT_FDCWD, c.tmp, 2);
+    zck_run_unlock(lk); /* before the rmdir: its lock file is in out_dir */
     if (rc && made_out)
         rmdir(out_dir); /* leave no trace of a failed unpack (fails harmlessly if not empty) */
     archive_read_free(a);

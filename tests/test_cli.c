@@ -157,7 +157,8 @@ ZT_TEST(cli_ls_inspect_reshard_diff_prune)
 
     expect(0, "world 5 checkpoint", "reshard run --world 5 -o r5 --buffer 2M --jobs 2");
     expect(2, "r5: already exists", "reshard run --world 3 -o r5");
-    expect(0, "world 3 checkpoint", "reshard r5 --world 3 -o r5 --force");
+    expect(2, "r5: is the source", "reshard r5 --world 3 -o r5 --force"); /* issue 13 */
+    expect(0, "world 3 checkpoint", "reshard run --world 3 -o r5 --force");
     expect(0, "match", "diff run r5");
     expect(0, "world 1 checkpoint", "consolidate r5 -o one");
     expect(2, "apply to safetensors output only", "consolidate r5 -o two --dtype bf16");

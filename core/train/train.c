@@ -54,6 +54,7 @@ typedef struct {
     double save_s;           /* the last synchronous save's duration */
     double blocked_s;        /* how long the last save blocked training */
     zr_saver *saver;         /* asynchronous saves (NULL: synchronous) */
+    zck_lock *lock;      /* rank 0: the run directory, for the job's life */
     struct {                 /* the asynchronous save in flight */
         char *staging, *train;
         uint64_t step;
@@ -227,6 +228,8 @@ static int commit_shards(run *r, int lrc, const char *json, const char *staging,
     ZR_TRY_GOTO(share_text(r, 0, lrc, lrc ? zr_err_msg() : final, &res), rc, out);
     snprintf(path_out, cap, "%s", res);
 out:
+    if (rc && r->rank == 0) /* every rank gave up on it: no staging left behind */
+        zck_staging_remove(staging);
     for (int q = 0; jsons && q < r->W; q++)
         free(jsons[q]);
     for (int q = 0; sh && q < r->W; q++)
@@ -302,6 +305,8 @@ static int save_async(run *r, float loss, char *path_out, size_t cap)
     r->pend.blocked_s = r->blocked_s = now_s() - t0;
     staging = train = NULL;
 out:
+    if (rc && r->rank == 0)
+        zck_staging_remove(staging);
     free(staging);
     free(train);
     return rc;
@@ -846,6 +851,9 @@ static void free_run(run *r, int failed)
             zr_err_set(keep, "%s", msg); /* the run's error, not the abort's */
     }
     zr_saver_free(r->saver); /* a write still running is joined, never committed */
+    if (r->rank == 0)
+        zck_staging_remove(r->pend.staging);
+    zck_run_unlock(r->lock);
     free(r->pend.staging);
     free(r->pend.train);
     zr_model_free(r->model);
@@ -1061,7 +1069,11 @@ static int pick_start(run *r)
 {
     const zr_train_opts *o = r->o;
     char *from = NULL, *shared = NULL;
-    int lrc = r->rank == 0 ? resume_path(&from, o, r->log, 0) : 0;
+    int lrc = 0;
+    if (r->rank == 0) /* one job per run directory, before any staging or housekeeping */
+        lrc = zck_run_lock(&r->lock, o->ckpt_dir, "zrun");
+    if (r->rank == 0 && !lrc)
+        lrc = resume_path(&from, o, r->log, 0);
     lrc = share_text(r, 0, lrc, lrc ? zr_err_msg() : (from ? from : ""), &shared);
     free(from);
     if (lrc)
