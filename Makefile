@@ -67,6 +67,8 @@ CORE_DIRS := model dist device zero train
 CORE_SRC := $(foreach d,$(CORE_DIRS),$(wildcard core/$(d)/*.c))
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
 CLI_COMMON := $(BUILD)/cli/common.o
+INC_ckpt   := -Ickpt
+INC_formats := -Iformats -Ickpt
 INC_model  := -Icore/model -Ickpt
 INC_dist   := -Icore/dist -Ickpt
 INC_device := -Icore/device -Icore/model -Icore/dist -Ickpt
@@ -79,11 +81,11 @@ INC_cli    := -Icli -Iformats -Icore -Ickpt
 
 $(BUILD)/ckpt/%.o: ckpt/%.c | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Ickpt -c $< -o $@
+	$(CC) $(CFLAGS) $(INC_ckpt) -c $< -o $@
 
 $(BUILD)/formats/%.o: formats/%.c | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Iformats -Ickpt -c $< -o $@
+	$(CC) $(CFLAGS) $(INC_formats) -c $< -o $@
 
 # the engine's loops must vectorize: -O3 (GCC 12 does not vectorize loops of unknown length at
 # -O2) and no errno from sqrtf; sanitizer builds keep their -O1
