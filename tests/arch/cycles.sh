@@ -20,6 +20,8 @@ while [ $# -gt 0 ]; do
     *) break ;;
     esac
 done
+# the allowlist is named from where we were started
+case "$allow" in ""|/*) ;; *) allow="$PWD/$allow" ;; esac
 build="${1:-$here/../../build}"
 cd "$build" 2>/dev/null || { echo "cycles: error: no build directory $build" >&2; exit 2; }
 command -v nm >/dev/null 2>&1 || { echo "cycles: error: nm not found (binutils)" >&2; exit 2; }

@@ -25,6 +25,8 @@ while [ $# -gt 0 ]; do
     esac
 done
 case "$max" in ''|*[!0-9]*) echo "longfn: error: --max wants a number, got '$max'" >&2; exit 2 ;; esac
+# the allowlist is named from where we were started
+case "$allow" in ""|/*) ;; *) allow="$PWD/$allow" ;; esac
 cd "$root" || exit 2
 if [ $# -eq 0 ]; then
     set -- $(find ckpt formats core cli -type f \( -name '*.c' -o -name '*.cu' -o -name '*.h' \) \
