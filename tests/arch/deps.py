@@ -19,6 +19,7 @@ that no longer offends fails, so the list cannot rot. Exit status 2: usage or a 
 usage: deps.py [--root DIR] [--allow FILE] [--check | --write]
 """
 import argparse
+import difflib
 import os
 import re
 import subprocess
@@ -270,8 +271,10 @@ def main():
                 f.write(head + pic + tail)
             print("deps: rewrote the picture in " + DOC)
         elif a.check and old != pic:
-            print("deps: the picture in %s is stale (run make arch); it should read:" % DOC)
-            print(pic, end="")
+            print("deps: the picture in %s is stale (run make arch):" % DOC)
+            sys.stdout.writelines(difflib.unified_diff(
+                old.splitlines(True), pic.splitlines(True), DOC + " (committed)",
+                DOC + " (from the sources)", n=1))
             bad += 1
     else:
         print(pic, end="")
