@@ -15,7 +15,7 @@ allow=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --allow) allow="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     --*) echo "cycles: error: unknown option $1" >&2; exit 2 ;;
     *) break ;;
     esac

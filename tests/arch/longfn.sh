@@ -19,12 +19,14 @@ while [ $# -gt 0 ]; do
     --root) root="$2"; shift 2 ;;
     --allow) allow="$2"; shift 2 ;;
     --max) max="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     --*) echo "longfn: error: unknown option $1" >&2; exit 2 ;;
     *) break ;;
     esac
 done
-case "$max" in ''|*[!0-9]*) echo "longfn: error: --max wants a number, got '$max'" >&2; exit 2 ;; esac
+case "$max" in
+''|*[!0-9]*) echo "longfn: error: --max wants a number, got '$max'" >&2; exit 2 ;;
+esac
 # the allowlist is named from where we were started
 case "$allow" in ""|/*) ;; *) allow="$PWD/$allow" ;; esac
 cd "$root" || exit 2
