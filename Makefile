@@ -3,6 +3,10 @@
 #   make run        train the tiny GPT (README)     make bench    benchmarks (not part of make test)
 #   make asan       tests under ASan + UBSan        make fuzz     libFuzzer on the manifest parser
 #   make deps       install missing system packages (apt-get on Debian)
+#   make arch       redraw the include graph in docs/ARCHITECTURE.md, then check the architecture:
+#                   forbidden includes (tests/arch/deps.py), circles between objects (cycles.sh),
+#                   functions over 150 lines (longfn.sh); known offenders in tests/arch/allow.txt.
+#                   make test runs the same checks (test arch_checks).
 # Options: SAN=1 (sanitizers), WERROR=1 (-Werror, as CI), FUZZ_SECONDS=N.
 
 CC      ?= cc
@@ -36,7 +40,7 @@ DEPS_CHECK = \
   printf '\#include <libaio.h>\nint main(void){io_context_t c=0;return io_setup(1,&c);}\n' | \
     $(CC) -x c - -laio -o /dev/null >/dev/null 2>&1 || missing="$$missing libaio-dev";
 
-.PHONY: all deps test asan stress bench run fuzz clean
+.PHONY: all deps test asan stress bench run fuzz clean arch
 all: $(BUILD)/libzck.a $(BUILD)/libzfmt.a $(BUILD)/libzr.a $(BUILD)/zckpt $(BUILD)/zrun
 
 deps:
@@ -56,7 +60,7 @@ deps:
 
 # ------------------------------------------------------------------ libraries
 # Each folder compiles with the include paths of what it may use, so a wrong include fails the
-# build (docs/ARCHITECTURE.md section 2 draws the graph; tests/deps.sh checks it):
+# build (docs/ARCHITECTURE.md section 2 draws the graph; tests/arch/deps.py checks it):
 #   ckpt <- formats;  ckpt <- core/model, core/dist;  core/device <- model, dist;
 #   core/zero <- device, model, dist;  core/train <- everything in core;  cli -> public headers.
 CKPT_SRC := $(wildcard ckpt/*.c)
@@ -68,6 +72,8 @@ CORE_DIRS := model dist device zero train
 CORE_SRC := $(filter-out core/device/hostsim.c,$(foreach d,$(CORE_DIRS),$(wildcard core/$(d)/*.c)))
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
 CLI_COMMON := $(BUILD)/cli/common.o $(BUILD)/cli/opts.o
+INC_ckpt   := -Ickpt
+INC_formats := -Iformats -Ickpt
 INC_model  := -Icore/model -Ickpt
 INC_dist   := -Icore/dist -Ickpt
 INC_device := -Icore/device -Icore/model -Icore/dist -Ickpt
@@ -80,11 +86,11 @@ INC_cli    := -Icli -Iformats -Icore -Ickpt
 
 $(BUILD)/ckpt/%.o: ckpt/%.c | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Ickpt -c $< -o $@
+	$(CC) $(CFLAGS) $(INC_ckpt) -c $< -o $@
 
 $(BUILD)/formats/%.o: formats/%.c | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Iformats -Ickpt -c $< -o $@
+	$(CC) $(CFLAGS) $(INC_formats) -c $< -o $@
 
 # the engine's loops must vectorize: -O3 (GCC 12 does not vectorize loops of unknown length at
 # -O2) and no errno from sqrtf; sanitizer builds keep their -O1
@@ -112,6 +118,16 @@ $(BUILD)/libzfmt.a: $(FMT_OBJ)
 $(BUILD)/libzr.a: $(CORE_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+
+# the architecture (docs/ARCHITECTURE.md section 2): redraw the include graph, then run the three
+# checks, each to the end, failing when any failed
+ARCH_ALLOW := tests/arch/allow.txt
+arch: $(BUILD)/libzck.a $(BUILD)/libzfmt.a $(BUILD)/libzr.a
+	@rc=0; \
+	python3 tests/arch/deps.py --write --allow $(ARCH_ALLOW) || rc=1; \
+	sh tests/arch/cycles.sh --allow $(ARCH_ALLOW) $(BUILD) || rc=1; \
+	sh tests/arch/longfn.sh --allow $(ARCH_ALLOW) || rc=1; \
+	exit $$rc
 
 # ------------------------------------------------------------------ programs
 $(BUILD)/zckpt: $(BUILD)/cli/zckpt.o $(CLI_COMMON) $(BUILD)/libzfmt.a $(BUILD)/libzck.a
