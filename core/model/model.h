@@ -29,12 +29,12 @@ typedef struct {
  * be a multiple of heads.
  */
 int zr_gpt2_config_parse(zr_gpt2_config *out, const char *spec);
-/* The manifest's model section, exactly as formats/ writes it:
- * {"arch":"gpt2","layers":L,"heads":NH,"dim":C,"ctx":T,"vocab":V}. */
+/* The manifest's model section, through ckpt's family table (zck_arch_config_to_json, as
+ * formats/ writes it): {"arch":"gpt2","layers":L,"heads":NH,"dim":C,"ctx":T,"vocab":V}. */
 int zr_gpt2_config_to_json(char **out, const zr_gpt2_config *c);
 int zr_gpt2_config_from_json(zr_gpt2_config *out, const char *json);
-/* The checkpoint layout: the GPT-2 naming contract of docs/FORMAT.md (the same groups, tensor
- * names, shapes [out, in] and states param/exp_avg/exp_avg_sq f32 as zfmt_gpt2_layout). */
+/* The checkpoint layout: the GPT-2 naming contract of docs/FORMAT.md, built by ckpt's family
+ * table (zck_arch_layout; formats/' zfmt_gpt2_layout is the same call). */
 int zr_gpt2_layout(zck_layout **out, const zr_gpt2_config *c);
 
 /* The roles the model's maths gives the tensors of a block (h.<l>), bound by name to ckpt's
