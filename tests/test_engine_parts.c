@@ -1,11 +1,11 @@
 /*
  * test_engine_parts.c: the engine's parts that need no model (zr.h): model specs and their
  * errors, the model section JSON (read back by formats/ too) and the layout (spot checks; the
- * table itself is checked against docs/FORMAT.md in test_family.c), AdamW against a double-precision
- * reference, the LR schedule, the sum of squares, the vectorizable exp of the model's loops
- * (core/model/fastmath.h) against libm, the same bits from AdamW and the sum of squares whatever the
- * thread count, and the data sources: the synthetic corpus, raw-byte files and llm.c token
- * files with each kind of damage.
+ * table itself is checked against docs/FORMAT.md in test_family.c), AdamW against a
+ * double-precision reference, the LR schedule, the sum of squares, the vectorizable exp of the
+ * model's loops (core/model/fastmath.h) against libm, the same bits from AdamW and the sum of
+ * squares whatever the thread count, and the data sources: the synthetic corpus, raw-byte files
+ * and llm.c token files with each kind of damage.
  */
 #include "fastmath.h"
 #include "harness.h"

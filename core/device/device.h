@@ -158,7 +158,8 @@ typedef struct zr_device_ops {
      *
      * model_new(c, off, max_B, max_T, hooks): as zr_model_new_ext; off says where each group
      * and tensor lies in an arena (zr_gpt2_offsets_get of c: the host computes it from ckpt's
-     * family table, so the backend never restates the table; zr_device_model_new does it). Without hooks (or a NULL side),
+     * family table, so the backend never restates the table; zr_device_model_new does it).
+     * Without hooks (or a NULL side),
      * the model owns zeroed device arenas of numel floats in layout order (model_param /
      * model_grad point into them; the test uploads a CPU model's arena with one copy). With
      * hooks, they lend device pointers, called on the model's calling thread, and the stream

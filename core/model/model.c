@@ -92,7 +92,7 @@ static uint64_t group_offset(const zr_model *m, size_t g)
 }
 
 /* tensor `kind` of a block group whose parameters (or gradients) start at g */
-#define TENSOR(g, kind) ((g) + m->off.blk[kind])
+#define TENSOR(g, kind) ((g) + m->off.blk[ZR_BLK_##kind])
 
 /* ---------------------------------------------------------------- memory */
 
@@ -1118,19 +1118,19 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &m->layer[l];
         ZR_TRY(params_get(m, l + 2, &P));
-        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, TENSOR(P, ZR_BLK_LN1W),
-                          TENSOR(P, ZR_BLK_LN1B), N, C);
-        matmul_forward(a->qkv, NULL, a->ln1, TENSOR(P, ZR_BLK_QKVW), TENSOR(P, ZR_BLK_QKVB), N, C, 3 * C);
+        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, TENSOR(P, LN1W),
+                          TENSOR(P, LN1B), N, C);
+        matmul_forward(a->qkv, NULL, a->ln1, TENSOR(P, QKVW), TENSOR(P, QKVB), N, C, 3 * C);
         attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
         /* res2 = res + c_proj(atty) */
-        matmul_forward(a->res2, res, a->atty, TENSOR(P, ZR_BLK_ATTPROJW), TENSOR(P, ZR_BLK_ATTPROJB), N,
+        matmul_forward(a->res2, res, a->atty, TENSOR(P, ATTPROJW), TENSOR(P, ATTPROJB), N,
                        C, C);
-        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, TENSOR(P, ZR_BLK_LN2W),
-                          TENSOR(P, ZR_BLK_LN2B), N, C);
-        matmul_forward(a->fch, NULL, a->ln2, TENSOR(P, ZR_BLK_FCW), TENSOR(P, ZR_BLK_FCB), N, C, 4 * C);
+        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, TENSOR(P, LN2W),
+                          TENSOR(P, LN2B), N, C);
+        matmul_forward(a->fch, NULL, a->ln2, TENSOR(P, FCW), TENSOR(P, FCB), N, C, 4 * C);
         gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
         /* res3 = res2 + mlp */
-        matmul_forward(a->res3, a->res2, a->fch_gelu, TENSOR(P, ZR_BLK_FCPROJW), TENSOR(P, ZR_BLK_FCPROJB),
+        matmul_forward(a->res3, a->res2, a->fch_gelu, TENSOR(P, FCPROJW), TENSOR(P, FCPROJB),
                        N, 4 * C, C);
         params_put(m, l + 2);
         res = a->res3;
@@ -1195,21 +1195,21 @@ int zr_model_backward(zr_model *m, float scale)
         ZR_TRY(params_get(m, l + 2, &P));
         ZR_TRY(grads_get(m, l + 2, &G));
         /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
-        matmul_backward(m->d4C, TENSOR(G, ZR_BLK_FCPROJW), TENSOR(G, ZR_BLK_FCPROJB), m->dres,
-                        a->fch_gelu, TENSOR(P, ZR_BLK_FCPROJW), N, 4 * C, C);
+        matmul_backward(m->d4C, TENSOR(G, FCPROJW), TENSOR(G, FCPROJB), m->dres,
+                        a->fch_gelu, TENSOR(P, FCPROJW), N, 4 * C, C);
         gelu_backward(m->d4C, a->fch, N * 4 * C);
-        matmul_backward(m->dC, TENSOR(G, ZR_BLK_FCW), TENSOR(G, ZR_BLK_FCB), m->d4C, a->ln2,
-                        TENSOR(P, ZR_BLK_FCW), N, C, 4 * C);
-        layernorm_backward(m->dres, TENSOR(G, ZR_BLK_LN2W), TENSOR(G, ZR_BLK_LN2B), m->dC, a->res2,
-                           a->ln2_mean, a->ln2_rstd, TENSOR(P, ZR_BLK_LN2W), N, C);
+        matmul_backward(m->dC, TENSOR(G, FCW), TENSOR(G, FCB), m->d4C, a->ln2,
+                        TENSOR(P, FCW), N, C, 4 * C);
+        layernorm_backward(m->dres, TENSOR(G, LN2W), TENSOR(G, LN2B), m->dC, a->res2,
+                           a->ln2_mean, a->ln2_rstd, TENSOR(P, LN2W), N, C);
         /* attention: res2 = res + c_proj(attn(c_attn(ln_1(res)))) */
-        matmul_backward(m->dC, TENSOR(G, ZR_BLK_ATTPROJW), TENSOR(G, ZR_BLK_ATTPROJB), m->dres, a->atty,
-                        TENSOR(P, ZR_BLK_ATTPROJW), N, C, C);
+        matmul_backward(m->dC, TENSOR(G, ATTPROJW), TENSOR(G, ATTPROJB), m->dres, a->atty,
+                        TENSOR(P, ATTPROJW), N, C, C);
         attention_backward(m->dqkv, m->drow, m->dC, a->qkv, a->att, B, T, C, NH);
-        matmul_backward(m->dC, TENSOR(G, ZR_BLK_QKVW), TENSOR(G, ZR_BLK_QKVB), m->dqkv, a->ln1,
-                        TENSOR(P, ZR_BLK_QKVW), N, C, 3 * C);
-        layernorm_backward(m->dres, TENSOR(G, ZR_BLK_LN1W), TENSOR(G, ZR_BLK_LN1B), m->dC, res,
-                           a->ln1_mean, a->ln1_rstd, TENSOR(P, ZR_BLK_LN1W), N, C);
+        matmul_backward(m->dC, TENSOR(G, QKVW), TENSOR(G, QKVB), m->dqkv, a->ln1,
+                        TENSOR(P, QKVW), N, C, 3 * C);
+        layernorm_backward(m->dres, TENSOR(G, LN1W), TENSOR(G, LN1B), m->dC, res,
+                           a->ln1_mean, a->ln1_rstd, TENSOR(P, LN1W), N, C);
         params_put(m, l + 2);
         ZR_TRY(grads_put(m, l + 2));
     }

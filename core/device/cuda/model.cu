@@ -1,8 +1,8 @@
 /*
  * model.cu: GPT-2 on the GPU with zr_model's contract (zr.h; device.h says what differs):
  * the same groups and tensor offsets (zr_gpt2_offsets, handed over by the host: the table of
- * names and shapes is ckpt's, never restated here), the same hooks and fetch order, the same forward (mean
- * cross-entropy) and backward(scale) adding into fp32 gradients.
+ * names and shapes is ckpt's, never restated here), the same hooks and fetch order, the same
+ * forward (mean cross-entropy) and backward(scale) adding into fp32 gradients.
  *
  * Precision: fp32 master parameters (own arena or lent), each group's weights cast to bf16 in
  * a scratch slot when the group is fetched; matmuls in cuBLAS with bf16 operands and fp32
@@ -586,8 +586,8 @@ static int check_tokens(const int32_t *tok, size_t n, uint32_t V, const char *wh
     return 0;
 }
 
-#define W16(P16, kind) ((P16) + m->off.blk[kind]) /* a bf16 weight in the fetched slot */
-#define V32(P, kind) ((P) + m->off.blk[kind])     /* an fp32 vector or gradient */
+#define W16(P16, kind) ((P16) + m->off.blk[ZR_BLK_##kind]) /* a bf16 weight in the fetched slot */
+#define V32(P, kind) ((P) + m->off.blk[ZR_BLK_##kind]) /* an fp32 vector or gradient */
 
 int zrc_model_forward(zr_dev_model *m, const int32_t *inputs, const int32_t *targets, size_t B,
                       size_t T, float *loss)
@@ -638,22 +638,22 @@ int zrc_model_forward(zr_dev_model *m, const int32_t *inputs, const int32_t *tar
         const bf16 *W = m->wslot;
         ZRC_TRY(params_get(m, l + 2, &P));
         ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->off.layer_numel, s));
-        ZRC_TRY(zrk_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, V32(P, ZR_BLK_LN1W),
-                                      V32(P, ZR_BLK_LN1B), N, C, s));
-        ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln1, W16(W, ZR_BLK_QKVW), N, C, 3 * C));
-        ZRC_TRY(zrk_qkv_permute(a->q, a->k, a->v, m->scratch, V32(P, ZR_BLK_QKVB), B, T, C, NH, s));
+        ZRC_TRY(zrk_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, V32(P, LN1W),
+                                      V32(P, LN1B), N, C, s));
+        ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln1, W16(W, QKVW), N, C, 3 * C));
+        ZRC_TRY(zrk_qkv_permute(a->q, a->k, a->v, m->scratch, V32(P, QKVB), B, T, C, NH, s));
         ZRC_TRY(zrc_attention_forward(h, s, a->atty, a->att, m->S, m->tmp, a->q, a->k, a->v, B,
                                       T, C, NH));
         /* res2 = res + c_proj(atty) */
-        ZRC_TRY(zrk_rows_init(a->res2, res, V32(P, ZR_BLK_ATTPROJB), N, C, s));
-        ZRC_TRY(mm_fwd(h, a->res2, F32, 1.0f, a->atty, W16(W, ZR_BLK_ATTPROJW), N, C, C));
-        ZRC_TRY(zrk_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, V32(P, ZR_BLK_LN2W),
-                                      V32(P, ZR_BLK_LN2B), N, C, s));
-        ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln2, W16(W, ZR_BLK_FCW), N, C, 4 * C));
-        ZRC_TRY(zrk_bias_gelu(a->fch, a->fch_gelu, m->scratch, V32(P, ZR_BLK_FCB), N, 4 * C, s));
+        ZRC_TRY(zrk_rows_init(a->res2, res, V32(P, ATTPROJB), N, C, s));
+        ZRC_TRY(mm_fwd(h, a->res2, F32, 1.0f, a->atty, W16(W, ATTPROJW), N, C, C));
+        ZRC_TRY(zrk_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, V32(P, LN2W),
+                                      V32(P, LN2B), N, C, s));
+        ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln2, W16(W, FCW), N, C, 4 * C));
+        ZRC_TRY(zrk_bias_gelu(a->fch, a->fch_gelu, m->scratch, V32(P, FCB), N, 4 * C, s));
         /* res3 = res2 + mlp */
-        ZRC_TRY(zrk_rows_init(a->res3, a->res2, V32(P, ZR_BLK_FCPROJB), N, C, s));
-        ZRC_TRY(mm_fwd(h, a->res3, F32, 1.0f, a->fch_gelu, W16(W, ZR_BLK_FCPROJW), N, 4 * C, C));
+        ZRC_TRY(zrk_rows_init(a->res3, a->res2, V32(P, FCPROJB), N, C, s));
+        ZRC_TRY(mm_fwd(h, a->res3, F32, 1.0f, a->fch_gelu, W16(W, FCPROJW), N, 4 * C, C));
         params_put(m, l + 2);
         res = a->res3;
     }
@@ -760,28 +760,28 @@ int zrc_model_backward(zr_dev_model *m, float scale)
         ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->off.layer_numel, s));
         /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
         ZRC_TRY(zrk_cast_bf16(m->dres_bf, m->dres, N * C, s));
-        ZRC_TRY(mm_dinp(h, m->scratch, F32, m->dres_bf, W16(W, ZR_BLK_FCPROJW), N, 4 * C, C, 1.0f));
-        ZRC_TRY(mm_dw(h, V32(G, ZR_BLK_FCPROJW), m->dres_bf, a->fch_gelu, N, 4 * C, C, 1.0f));
-        ZRC_TRY(zrk_colsum_f32(V32(G, ZR_BLK_FCPROJB), m->partial, m->dres, N, C, s));
+        ZRC_TRY(mm_dinp(h, m->scratch, F32, m->dres_bf, W16(W, FCPROJW), N, 4 * C, C, 1.0f));
+        ZRC_TRY(mm_dw(h, V32(G, FCPROJW), m->dres_bf, a->fch_gelu, N, 4 * C, C, 1.0f));
+        ZRC_TRY(zrk_colsum_f32(V32(G, FCPROJB), m->partial, m->dres, N, C, s));
         ZRC_TRY(zrk_gelu_backward(m->d4C, m->scratch, a->fch, N * 4 * C, s));
-        ZRC_TRY(mm_dinp(h, m->dC, F32, m->d4C, W16(W, ZR_BLK_FCW), N, C, 4 * C, 1.0f));
-        ZRC_TRY(mm_dw(h, V32(G, ZR_BLK_FCW), m->d4C, a->ln2, N, C, 4 * C, 1.0f));
-        ZRC_TRY(zrk_colsum_bf16(V32(G, ZR_BLK_FCB), m->partial, m->d4C, N, 4 * C, s));
-        ZRC_TRY(zrk_layernorm_backward(m->dres, V32(G, ZR_BLK_LN2W), V32(G, ZR_BLK_LN2B), m->partial, m->dC,
-                                       a->res2, a->ln2_mean, a->ln2_rstd, V32(P, ZR_BLK_LN2W), N, C,
+        ZRC_TRY(mm_dinp(h, m->dC, F32, m->d4C, W16(W, FCW), N, C, 4 * C, 1.0f));
+        ZRC_TRY(mm_dw(h, V32(G, FCW), m->d4C, a->ln2, N, C, 4 * C, 1.0f));
+        ZRC_TRY(zrk_colsum_bf16(V32(G, FCB), m->partial, m->d4C, N, 4 * C, s));
+        ZRC_TRY(zrk_layernorm_backward(m->dres, V32(G, LN2W), V32(G, LN2B), m->partial, m->dC,
+                                       a->res2, a->ln2_mean, a->ln2_rstd, V32(P, LN2W), N, C,
                                        s));
         /* attention: res2 = res + c_proj(attn(c_attn(ln_1(res)))) */
         ZRC_TRY(zrk_cast_bf16(m->dres_bf, m->dres, N * C, s));
-        ZRC_TRY(mm_dinp(h, m->datty, BF, m->dres_bf, W16(W, ZR_BLK_ATTPROJW), N, C, C, 1.0f));
-        ZRC_TRY(mm_dw(h, V32(G, ZR_BLK_ATTPROJW), m->dres_bf, a->atty, N, C, C, 1.0f));
-        ZRC_TRY(zrk_colsum_f32(V32(G, ZR_BLK_ATTPROJB), m->partial, m->dres, N, C, s));
+        ZRC_TRY(mm_dinp(h, m->datty, BF, m->dres_bf, W16(W, ATTPROJW), N, C, C, 1.0f));
+        ZRC_TRY(mm_dw(h, V32(G, ATTPROJW), m->dres_bf, a->atty, N, C, C, 1.0f));
+        ZRC_TRY(zrk_colsum_f32(V32(G, ATTPROJB), m->partial, m->dres, N, C, s));
         ZRC_TRY(zrc_attention_backward(h, s, m->dqkv, m->datty, a->q, a->k, a->v, a->att, m->tmp,
                                        m->S, m->dS, m->dqkvp, B, T, C, NH));
-        ZRC_TRY(mm_dinp(h, m->dC, F32, m->dqkv, W16(W, ZR_BLK_QKVW), N, C, 3 * C, 1.0f));
-        ZRC_TRY(mm_dw(h, V32(G, ZR_BLK_QKVW), m->dqkv, a->ln1, N, C, 3 * C, 1.0f));
-        ZRC_TRY(zrk_colsum_bf16(V32(G, ZR_BLK_QKVB), m->partial, m->dqkv, N, 3 * C, s));
-        ZRC_TRY(zrk_layernorm_backward(m->dres, V32(G, ZR_BLK_LN1W), V32(G, ZR_BLK_LN1B), m->partial, m->dC,
-                                       res, a->ln1_mean, a->ln1_rstd, V32(P, ZR_BLK_LN1W), N, C, s));
+        ZRC_TRY(mm_dinp(h, m->dC, F32, m->dqkv, W16(W, QKVW), N, C, 3 * C, 1.0f));
+        ZRC_TRY(mm_dw(h, V32(G, QKVW), m->dqkv, a->ln1, N, C, 3 * C, 1.0f));
+        ZRC_TRY(zrk_colsum_bf16(V32(G, QKVB), m->partial, m->dqkv, N, 3 * C, s));
+        ZRC_TRY(zrk_layernorm_backward(m->dres, V32(G, LN1W), V32(G, LN1B), m->partial, m->dC,
+                                       res, a->ln1_mean, a->ln1_rstd, V32(P, LN1W), N, C, s));
         params_put(m, l + 2);
         ZRC_TRY(grads_put(m, l + 2));
     }
