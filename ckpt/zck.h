@@ -172,6 +172,66 @@ void zck_layout_tensor(const zck_layout *L, size_t g, size_t t, zck_tensor_info 
 void zck_partition(uint64_t numel, uint32_t world, uint32_t rank, uint32_t align,
                    uint64_t *start, uint64_t *count);
 
+/* ---------------------------------------------------------------- model families (arch.c)
+ *
+ * The naming contracts between checkpoints and models (docs/FORMAT.md section 13), one table
+ * entry per model family ("gpt2"): the config fields of the manifest's model section with their
+ * defaults and bounds, the checks, the section's JSON, and the ordered groups and tensors with
+ * their shapes as functions of the config. core/ (the engine) and formats/ (the converters)
+ * both use it, so the contract is written once. Names and shapes only: no model maths.
+ */
+typedef struct zck_arch zck_arch; /* a family: a static table entry, never freed */
+
+#define ZCK_ARCH_MAX_FIELDS 16
+/* A config of one family: field i of the family's field list is v[i] (integer fields hold
+ * whole numbers; a double carries every uint32 exactly, and real-valued fields too). */
+typedef struct {
+    const zck_arch *arch;
+    double v[ZCK_ARCH_MAX_FIELDS];
+} zck_arch_config;
+
+/* The family of that name ("gpt2"); ZR_ENOTFOUND naming the known ones. */
+int zck_arch_find(const zck_arch **out, const char *name);
+size_t zck_arch_count(void);
+const zck_arch *zck_arch_at(size_t i); /* NULL past the end */
+const char *zck_arch_name(const zck_arch *a);
+size_t zck_arch_n_fields(const zck_arch *a);
+const char *zck_arch_field_name(const zck_arch *a, size_t i); /* in model-section order */
+
+/* Every field at its default. */
+void zck_arch_config_init(zck_arch_config *out, const zck_arch *a);
+/* A field by name; the name must be one of the family's (assert). */
+double zck_arch_config_get(const zck_arch_config *c, const char *field);
+void zck_arch_config_set(zck_arch_config *c, const char *field, double v);
+/* ZR_EINVAL "<what>: ..." naming the bad field (out of bounds, not a multiple, too large). */
+int zck_arch_config_check(const zck_arch_config *c, const char *what);
+/* Set fields from "key=value,key=value" (decimal integers) and check the result; messages
+ * start with what. On failure *c is unchanged. */
+int zck_arch_config_set_fields(zck_arch_config *c, const char *fields, const char *what);
+/* The manifest's model section, compact: {"arch":"<family>", then the fields in order}.
+ * The caller frees *out. ZR_EINVAL ("<family> config: ...") for a config that fails its check. */
+int zck_arch_config_to_json(char **out, const zck_arch_config *c);
+/* Parse a model section ("model section: ..." messages, ZR_EINVAL). want: the family it must
+ * be, or NULL for any known one. Other fields are ignored. */
+int zck_arch_config_from_json(zck_arch_config *out, const char *json, const zck_arch *want);
+
+typedef struct {
+    const char *name;  /* full name ("wte"), or for a per-layer group the part after
+                          "<group>.<l>." ("attn.c_attn.weight"); borrowed from the table */
+    const char *group; /* the group, or for a per-layer group its prefix ("h": h.0, h.1 ...) */
+    int per_layer;
+    size_t ndim;
+    uint64_t shape[ZCK_MAX_DIMS]; /* weights [out, in] */
+    uint64_t numel;
+} zck_arch_tensor_info;
+/* The family's tensors in layout order, each per-layer tensor listed once. */
+size_t zck_arch_n_tensors(const zck_arch *a);
+void zck_arch_tensor(const zck_arch_config *c, size_t t, zck_arch_tensor_info *out);
+uint32_t zck_arch_layers(const zck_arch_config *c); /* how many times per-layer groups repeat */
+/* The checkpoint layout of a config: the family's states (f32), then its groups in order, the
+ * per-layer ones repeated for each layer. Caller frees. ZR_EINVAL as to_json. */
+int zck_arch_layout(zck_layout **out, const zck_arch_config *c);
+
 /* ---------------------------------------------------------------- progress */
 
 /* Long operations report progress through this callback (the CLI draws a bar from it).

@@ -49,9 +49,11 @@ void zfmt__prog_add(zfmt__prog *pr, uint64_t n_bytes);
 
 /* ---------------------------------------------------------------- GPT-2 naming */
 
+/* llm.c's file stores the 12 per-layer tensors of the family table (ckpt/arch.c), one array
+ * each, in the table's order. */
 #define ZFMT__GPT2_KINDS 12
-/* The per-layer tensor kinds in llm.c's order: "ln_1.weight" ... "mlp.c_proj.bias". */
-extern const char *const zfmt__gpt2_kinds[ZFMT__GPT2_KINDS];
+/* The name of per-layer kind k in the table, after "h.<l>.": "ln_1.weight" ... (borrowed). */
+const char *zfmt__gpt2_kind(size_t k);
 /* Shape of kind k ([out, in] for weights); ndim is 1 or 2. */
 void zfmt__gpt2_kind_shape(const zfmt_gpt2_config *c, size_t k, size_t *ndim, uint64_t shape[2]);
 /* 1 for the Conv1D weights that Hugging Face stores transposed ([in, out]). */

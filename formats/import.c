@@ -88,7 +88,7 @@ static long flat_index(const zfmt_gpt2_config *c, const char *name)
     if (parse_uint(&p, &l) < 0 || *p++ != '.' || l >= c->layers)
         return -1;
     for (size_t k = 0; k < ZFMT__GPT2_KINDS; k++)
-        if (!strcmp(p, zfmt__gpt2_kinds[k]))
+        if (!strcmp(p, zfmt__gpt2_kind(k)))
             return 2 + (long)l * ZFMT__GPT2_KINDS + (long)k;
     return -1;
 }

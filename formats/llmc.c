@@ -143,7 +143,7 @@ int zfmt_llmc_export(const char *ckpt, const char *out_file, const zck_progress 
     snprintf(names[at++], 64, "wpe");
     for (size_t k = 0; k < ZFMT__GPT2_KINDS; k++)
         for (uint32_t l = 0; l < c.layers; l++)
-            snprintf(names[at++], 64, "h.%u.%s", l, zfmt__gpt2_kinds[k]);
+            snprintf(names[at++], 64, "h.%u.%s", l, zfmt__gpt2_kind(k));
     snprintf(names[at++], 64, "ln_f.weight");
     snprintf(names[at++], 64, "ln_f.bias");
     for (size_t i = 0; i < nt && !rc; i++)

@@ -17,7 +17,8 @@ extern "C" {
 
 /* ---------------------------------------------------------------- GPT-2 naming
  *
- * The contract between checkpoints and models (docs/FORMAT.md, "GPT-2 tensor names"): groups
+ * The contract between checkpoints and models (docs/FORMAT.md, "GPT-2 tensor names"), held by
+ * ckpt's family table (zck.h, "model families"); these calls bind zfmt_gpt2_config to it: groups
  * "wte", "wpe", "h.0" ... "h.<L-1>", "ln_f", in that order. Tensors (f32, row-major, weights
  * [out, in] as in PyTorch nn.Linear and llm.c):
  *   wte [V, C]; wpe [T, C];

@@ -422,13 +422,15 @@ ZT_TEST(device_hostsim_model_matches_cpu_bits)
     uint64_t cur0, cur;
     ops->mem_stats(&cur0, NULL);
     zr_dev_model *dm;
-    ZT_OK(ops->model_new(&dm, &c, B, T, NULL));
+    ZT_OK(zr_device_model_new(ops, &dm, &c, B, T, NULL));
     ZT_CHECK(ops->model_stream(dm) != NULL);
     uint64_t pb, gb, ab, cpb, cgb, cab;
     ops->model_bytes(dm, &pb, &gb, &ab);
     zr_model_bytes(cm, &cpb, &cgb, &cab);
     ZT_CHECK(pb == cpb && gb == cgb && ab == cab && pb > 0 && ab > 0);
-    ZT_CHECK_EQ(ops->activation_bytes(&c, B, T), zr_model_activation_bytes(&c, B, T));
+    uint64_t acts = 0;
+    ZT_OK(zr_device_activation_bytes(&acts, ops, &c, B, T));
+    ZT_CHECK_EQ(acts, zr_model_activation_bytes(&c, B, T));
     ops->mem_stats(&cur, NULL);
     ZT_CHECK_EQ(cur, cur0 + pb + gb + ab); /* the arenas count as device memory */
 
@@ -509,7 +511,7 @@ ZT_TEST(device_hostsim_model_matches_cpu_bits)
     /* lent parameters (hooks): model_param is NULL, the loss the same bits */
     hs_lender l = {cm, 0, 0};
     zr_model_hooks hk = {&l, hs_params, hs_params_done, NULL, NULL};
-    ZT_OK(ops->model_new(&dm, &c, B, T, &hk));
+    ZT_OK(zr_device_model_new(ops, &dm, &c, B, T, &hk));
     ZT_CHECK(ops->model_param(dm, 0) == NULL && ops->model_grad(dm, 0) != NULL);
     ops->model_bytes(dm, &pb, &gb, NULL);
     ZT_CHECK(pb == 0 && gb == cgb);

@@ -150,3 +150,21 @@ int zr_device_cuda_available(void)
     const zr_device_ops *ops;
     return zr_device_open(&ops) == 0;
 }
+
+int zr_device_model_new(const zr_device_ops *ops, zr_dev_model **out, const zr_gpt2_config *c,
+                        size_t max_B, size_t max_T, const zr_model_hooks *hooks)
+{
+    zr_gpt2_offsets off;
+    *out = NULL;
+    ZR_TRY(zr_gpt2_offsets_get(&off, c));
+    return ops->model_new(out, c, &off, max_B, max_T, hooks);
+}
+
+int zr_device_activation_bytes(uint64_t *out, const zr_device_ops *ops, const zr_gpt2_config *c,
+                               size_t max_B, size_t max_T)
+{
+    zr_gpt2_offsets off;
+    ZR_TRY(zr_gpt2_offsets_get(&off, c));
+    *out = ops->activation_bytes(c, &off, max_B, max_T);
+    return 0;
+}

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define ZR_DEVICE_ABI_VERSION 2
+#define ZR_DEVICE_ABI_VERSION 3 /* 3: model_new and activation_bytes take zr_gpt2_offsets */
 #define ZR_DEVICE_SYMBOL "zr_cuda_ops_v1" /* const zr_device_ops *zr_cuda_ops_v1(void) */
 #define ZR_DEVICE_LIB "libzr_cuda.so"
 #define ZR_NCCL_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
@@ -156,7 +156,10 @@ typedef struct zr_device_ops {
      * bf16 each time a group is fetched, activations bf16 where matmuls read them, the residual
      * stream, LayerNorm statistics, softmax, loss and every gradient accumulation in fp32).
      *
-     * model_new(c, max_B, max_T, hooks): as zr_model_new_ext. Without hooks (or a NULL side),
+     * model_new(c, off, max_B, max_T, hooks): as zr_model_new_ext; off says where each group
+     * and tensor lies in an arena (zr_gpt2_offsets_get of c: the host computes it from ckpt's
+     * family table, so the backend never restates the table; zr_device_model_new does it).
+     * Without hooks (or a NULL side),
      * the model owns zeroed device arenas of numel floats in layout order (model_param /
      * model_grad point into them; the test uploads a CPU model's arena with one copy). With
      * hooks, they lend device pointers, called on the model's calling thread, and the stream
@@ -178,9 +181,10 @@ typedef struct zr_device_ops {
      * model_bytes: device bytes held (params, grads: 0 for a lent side; acts: activations,
      * bf16 weight copies and scratch).
      */
-    uint64_t (*activation_bytes)(const zr_gpt2_config *c, size_t max_B, size_t max_T);
-    int (*model_new)(zr_dev_model **out, const zr_gpt2_config *c, size_t max_B, size_t max_T,
-                     const zr_model_hooks *hooks);
+    uint64_t (*activation_bytes)(const zr_gpt2_config *c, const zr_gpt2_offsets *off,
+                                 size_t max_B, size_t max_T);
+    int (*model_new)(zr_dev_model **out, const zr_gpt2_config *c, const zr_gpt2_offsets *off,
+                     size_t max_B, size_t max_T, const zr_model_hooks *hooks);
     void (*model_free)(zr_dev_model *m);
     zr_dev_stream *(*model_stream)(zr_dev_model *m);
     size_t (*model_n_groups)(const zr_dev_model *m);
@@ -261,6 +265,12 @@ typedef const zr_device_ops *(*zr_device_getter)(void);
  * process that forks afterwards must exec before its children touch the GPU (zr_launch does).
  */
 int zr_device_open(const zr_device_ops **out);
+/* ops->model_new and ops->activation_bytes with the offsets of c (zr_gpt2_offsets_get): what
+ * the engine and the tests call. ZR_EINVAL for a config without a layout. */
+int zr_device_model_new(const zr_device_ops *ops, zr_dev_model **out, const zr_gpt2_config *c,
+                        size_t max_B, size_t max_T, const zr_model_hooks *hooks);
+int zr_device_activation_bytes(uint64_t *out, const zr_device_ops *ops, const zr_gpt2_config *c,
+                               size_t max_B, size_t max_T);
 /* As zr_device_open for the library at `path`, without keeping the outcome (tests). */
 int zr_device_open_at(const char *path, const zr_device_ops **out);
 /* Where zr_device_open looks: into buf[cap]; ZR_EINVAL when it does not fit. */

@@ -8,10 +8,10 @@
  * blocks of the output, the other loops split so that their bits do not depend on the count.
  *
  * Memory: one parameter arena and one gradient arena holding the groups of the checkpoint
- * layout (formats/zfmt.h: wte, wpe, h.0 ... h.<L-1>, ln_f) end to end, tensors in layout order,
+ * layout (zr_gpt2_layout: wte, wpe, h.0 ... h.<L-1>, ln_f) end to end, tensors in layout order,
  * weights [out, in] (or, with hooks, whatever buffers the trainer lends group by group: ZeRO);
- * one activation arena sized for max_B x max_T at creation and reused by every step. Offsets are computed here from the config (the same arithmetic as zfmt_gpt2_layout;
- * tests/test_model.c checks that they agree).
+ * one activation arena sized for max_B x max_T at creation and reused by every step. Tensor
+ * offsets come from the layout (zr_gpt2_offsets_get: ckpt's family table), never restated here.
  *
  * Shapes in comments: B batch, T sequence, C channels, NH heads, hs = C / NH, V vocabulary,
  * N = B * T positions.
@@ -33,19 +33,11 @@
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 #define DLOGITS_MAX_NUMEL ((size_t)1 << 24) /* dlogits scratch: at most 64 MiB of rows */
 
-/* The 12 tensors of a block, in layout order (zfmt.h). */
-enum {
-    K_LN1W, K_LN1B, K_QKVW, K_QKVB, K_ATTPROJW, K_ATTPROJB,
-    K_LN2W, K_LN2B, K_FCW, K_FCB, K_FCPROJW, K_FCPROJB, K_COUNT
-};
-
-/* Tensor shapes as multiples of C: [out_mul C, in_mul C], in_mul 0 for vectors [out_mul C]. */
-static const struct {
-    unsigned out_mul, in_mul;
-} kind_shape[K_COUNT] = {
-    {1, 0}, {1, 0}, {3, 1}, {3, 0}, {1, 1}, {1, 0},
-    {1, 0}, {1, 0}, {4, 1}, {4, 0}, {1, 4}, {1, 0},
-};
+/* The four matrices of a block (the rest are vectors: biases and LayerNorm weights). */
+static int blk_is_matrix(int k)
+{
+    return k == ZR_BLK_QKVW || k == ZR_BLK_ATTPROJW || k == ZR_BLK_FCW || k == ZR_BLK_FCPROJW;
+}
 
 /* What one block keeps from forward for backward; each buffer sized for max_B x max_T. */
 typedef struct {
@@ -63,9 +55,7 @@ struct zr_model {
     zr_gpt2_config c;
     size_t max_B, max_T;            /* activations sized for max_B sequences of max_T */
     zr_model_hooks h;               /* where parameters and gradients live (zr.h) */
-    uint64_t numel;                 /* all groups */
-    uint64_t layer_numel;           /* one h.<l> group */
-    uint64_t kind_off[K_COUNT + 1]; /* tensor offsets inside a block group */
+    zr_gpt2_offsets off;            /* where each group and tensor is in an arena */
     float *params, *grads;          /* own arenas of numel floats, or NULL (hooks) */
     size_t pbytes, gbytes;          /* allocated size of each (2 MiB multiple, 0 if none) */
 
@@ -94,18 +84,15 @@ struct zr_model {
 
 static uint64_t group_offset(const zr_model *m, size_t g)
 {
-    uint64_t C = m->c.dim;
-    if (g == 0)
-        return 0;
-    uint64_t off = (uint64_t)m->c.vocab * C; /* after wte */
-    if (g == 1)
-        return off;
-    off += (uint64_t)m->c.ctx * C; /* after wpe */
-    return off + (g - 2) * m->layer_numel; /* h.<g-2>, or ln_f after the last block */
+    if (g < 2)
+        return g ? m->off.wpe : m->off.wte;
+    if (g == (size_t)m->c.layers + 2)
+        return m->off.ln_f;
+    return m->off.h0 + (g - 2) * m->off.layer_numel; /* h.<g-2> */
 }
 
 /* tensor `kind` of a block group whose parameters (or gradients) start at g */
-#define TENSOR(g, kind) ((g) + m->kind_off[kind])
+#define TENSOR(g, kind) ((g) + m->off.blk[ZR_BLK_##kind])
 
 /* ---------------------------------------------------------------- memory */
 
@@ -224,11 +211,6 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
         m->h = *hooks;
     m->fwd_targets = -1;
     uint64_t C = c->dim;
-    m->kind_off[0] = 0;
-    for (int k = 0; k < K_COUNT; k++)
-        m->kind_off[k + 1] = m->kind_off[k] +
-            kind_shape[k].out_mul * C * (kind_shape[k].in_mul ? kind_shape[k].in_mul * C : 1);
-    m->layer_numel = m->kind_off[K_COUNT];
     size_t N = max_B * max_T;
     m->dlogits_rows = DLOGITS_MAX_NUMEL / c->vocab;
     if (m->dlogits_rows < 1)
@@ -236,7 +218,8 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
     if (m->dlogits_rows > N)
         m->dlogits_rows = N;
     /* sizes in double first: past 2^60 bytes the size_t arithmetic below could wrap */
-    double numel_d = ((double)c->vocab + c->ctx + 2) * C + (double)c->layers * m->layer_numel;
+    double numel_d = ((double)c->vocab + c->ctx + 2) * C +
+                     (double)c->layers * (12.0 * C + 13) * C; /* the table's 12C^2 + 13C */
     double acts_d;
     size_t abytes = acts_layout(m, NULL, &acts_d);
     if (numel_d * sizeof(float) > 0x1p60 || acts_d > 0x1p60) {
@@ -244,9 +227,13 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
         return zr_err_set(ZR_EINVAL, "model: %.3g parameters and %.3g bytes of activations "
                           "(batch %zu): too large", numel_d, acts_d, max_B);
     }
-    m->numel = ((uint64_t)c->vocab + c->ctx + 2) * C + c->layers * m->layer_numel;
-    size_t pbytes = m->h.params ? 0 : m->numel * sizeof(float);
-    size_t gbytes = m->h.grads ? 0 : m->numel * sizeof(float);
+    int rc = zr_gpt2_offsets_get(&m->off, c);
+    if (rc < 0) {
+        free(m);
+        return rc;
+    }
+    size_t pbytes = m->h.params ? 0 : m->off.numel * sizeof(float);
+    size_t gbytes = m->h.grads ? 0 : m->off.numel * sizeof(float);
     uint64_t want = (uint64_t)pbytes + gbytes + abytes;
     int ok = (m->layer = calloc(c->layers, sizeof *m->layer)) != NULL;
     if (ok && pbytes)
@@ -300,19 +287,14 @@ void zr_model_free(zr_model *m)
 
 const zr_gpt2_config *zr_model_config(const zr_model *m) { return &m->c; }
 size_t zr_model_n_groups(const zr_model *m) { return (size_t)m->c.layers + 3; }
-uint64_t zr_model_numel(const zr_model *m) { return m->numel; }
+uint64_t zr_model_numel(const zr_model *m) { return m->off.numel; }
 
 uint64_t zr_model_group_numel(const zr_model *m, size_t g)
 {
     assert(g < zr_model_n_groups(m));
-    uint64_t C = m->c.dim;
-    if (g == 0)
-        return (uint64_t)m->c.vocab * C;
-    if (g == 1)
-        return (uint64_t)m->c.ctx * C;
-    if (g < (size_t)m->c.layers + 2)
-        return m->layer_numel;
-    return 2 * C;
+    if (g == (size_t)m->c.layers + 2)
+        return m->off.numel - m->off.ln_f;
+    return g < 2 ? group_offset(m, g + 1) - group_offset(m, g) : m->off.layer_numel;
 }
 
 float *zr_model_param(zr_model *m, size_t g)
@@ -403,7 +385,7 @@ static void par_zero(float *x, size_t n)
 void zr_model_zero_grad(zr_model *m)
 {
     if (m->grads)
-        par_zero(m->grads, m->numel);
+        par_zero(m->grads, m->off.numel);
 }
 
 const float *zr_model_probs(const zr_model *m) { return m->probs; }
@@ -477,19 +459,20 @@ void zr_model_init_range(const zr_model *m, uint64_t seed, size_t g, uint64_t of
     }
     if (g == (size_t)m->c.layers + 2) { /* ln_f: weight 1, bias 0 */
         for (uint64_t i = 0; i < n; i++)
-            dst[i] = off + i < C ? 1.0f : 0.0f;
+            dst[i] = off + i >= m->off.lnf_w && off + i < m->off.lnf_w + C ? 1.0f : 0.0f;
         return;
     }
-    for (int k = 0; k < K_COUNT; k++) {
-        uint64_t lo = off > m->kind_off[k] ? off : m->kind_off[k];
-        uint64_t hi = off + n < m->kind_off[k + 1] ? off + n : m->kind_off[k + 1];
+    for (int k = 0; k < ZR_BLK_COUNT; k++) {
+        uint64_t t0 = m->off.blk[k], t1 = t0 + m->off.blk_numel[k];
+        uint64_t lo = off > t0 ? off : t0, hi = off + n < t1 ? off + n : t1;
         if (lo >= hi)
             continue;
-        if (kind_shape[k].in_mul)
+        if (blk_is_matrix(k))
             fill_normal(dst + (lo - off), base + lo, hi - lo, key,
-                        k == K_ATTPROJW || k == K_FCPROJW ? std_res : std);
+                        k == ZR_BLK_ATTPROJW || k == ZR_BLK_FCPROJW ? std_res : std);
         else
-            fill_const(dst + (lo - off), hi - lo, k == K_LN1W || k == K_LN2W ? 1.0f : 0.0f);
+            fill_const(dst + (lo - off), hi - lo,
+                       k == ZR_BLK_LN1W || k == ZR_BLK_LN2W ? 1.0f : 0.0f);
     }
 }
 
@@ -1135,25 +1118,26 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &m->layer[l];
         ZR_TRY(params_get(m, l + 2, &P));
-        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, TENSOR(P, K_LN1W),
-                          TENSOR(P, K_LN1B), N, C);
-        matmul_forward(a->qkv, NULL, a->ln1, TENSOR(P, K_QKVW), TENSOR(P, K_QKVB), N, C, 3 * C);
+        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, TENSOR(P, LN1W),
+                          TENSOR(P, LN1B), N, C);
+        matmul_forward(a->qkv, NULL, a->ln1, TENSOR(P, QKVW), TENSOR(P, QKVB), N, C, 3 * C);
         attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
         /* res2 = res + c_proj(atty) */
-        matmul_forward(a->res2, res, a->atty, TENSOR(P, K_ATTPROJW), TENSOR(P, K_ATTPROJB), N,
+        matmul_forward(a->res2, res, a->atty, TENSOR(P, ATTPROJW), TENSOR(P, ATTPROJB), N,
                        C, C);
-        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, TENSOR(P, K_LN2W),
-                          TENSOR(P, K_LN2B), N, C);
-        matmul_forward(a->fch, NULL, a->ln2, TENSOR(P, K_FCW), TENSOR(P, K_FCB), N, C, 4 * C);
+        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, TENSOR(P, LN2W),
+                          TENSOR(P, LN2B), N, C);
+        matmul_forward(a->fch, NULL, a->ln2, TENSOR(P, FCW), TENSOR(P, FCB), N, C, 4 * C);
         gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
         /* res3 = res2 + mlp */
-        matmul_forward(a->res3, a->res2, a->fch_gelu, TENSOR(P, K_FCPROJW), TENSOR(P, K_FCPROJB),
+        matmul_forward(a->res3, a->res2, a->fch_gelu, TENSOR(P, FCPROJW), TENSOR(P, FCPROJB),
                        N, 4 * C, C);
         params_put(m, l + 2);
         res = a->res3;
     }
     ZR_TRY(params_get(m, L + 2, &P));
-    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P, P + C, N, C);
+    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P + m->off.lnf_w, P + m->off.lnf_b,
+                      N, C);
     params_put(m, L + 2);
     /* logits [N, V] = lnf [N, C] wte[V, C]^T: the head is tied to the token embedding */
     ZR_TRY(params_get(m, 0, &wte));
@@ -1199,7 +1183,8 @@ int zr_model_backward(zr_model *m, float scale)
     par_zero(m->dres, N * C);
     ZR_TRY(params_get(m, L + 2, &P));
     ZR_TRY(grads_get(m, L + 2, &G));
-    layernorm_backward(m->dres, G, G + C, m->dC, res_last, m->lnf_mean, m->lnf_rstd, P, N, C);
+    layernorm_backward(m->dres, G + m->off.lnf_w, G + m->off.lnf_b, m->dC, res_last, m->lnf_mean,
+                       m->lnf_rstd, P + m->off.lnf_w, N, C);
     params_put(m, L + 2);
     ZR_TRY(grads_put(m, L + 2));
 
@@ -1210,21 +1195,21 @@ int zr_model_backward(zr_model *m, float scale)
         ZR_TRY(params_get(m, l + 2, &P));
         ZR_TRY(grads_get(m, l + 2, &G));
         /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
-        matmul_backward(m->d4C, TENSOR(G, K_FCPROJW), TENSOR(G, K_FCPROJB), m->dres,
-                        a->fch_gelu, TENSOR(P, K_FCPROJW), N, 4 * C, C);
+        matmul_backward(m->d4C, TENSOR(G, FCPROJW), TENSOR(G, FCPROJB), m->dres,
+                        a->fch_gelu, TENSOR(P, FCPROJW), N, 4 * C, C);
         gelu_backward(m->d4C, a->fch, N * 4 * C);
-        matmul_backward(m->dC, TENSOR(G, K_FCW), TENSOR(G, K_FCB), m->d4C, a->ln2,
-                        TENSOR(P, K_FCW), N, C, 4 * C);
-        layernorm_backward(m->dres, TENSOR(G, K_LN2W), TENSOR(G, K_LN2B), m->dC, a->res2,
-                           a->ln2_mean, a->ln2_rstd, TENSOR(P, K_LN2W), N, C);
+        matmul_backward(m->dC, TENSOR(G, FCW), TENSOR(G, FCB), m->d4C, a->ln2,
+                        TENSOR(P, FCW), N, C, 4 * C);
+        layernorm_backward(m->dres, TENSOR(G, LN2W), TENSOR(G, LN2B), m->dC, a->res2,
+                           a->ln2_mean, a->ln2_rstd, TENSOR(P, LN2W), N, C);
         /* attention: res2 = res + c_proj(attn(c_attn(ln_1(res)))) */
-        matmul_backward(m->dC, TENSOR(G, K_ATTPROJW), TENSOR(G, K_ATTPROJB), m->dres, a->atty,
-                        TENSOR(P, K_ATTPROJW), N, C, C);
+        matmul_backward(m->dC, TENSOR(G, ATTPROJW), TENSOR(G, ATTPROJB), m->dres, a->atty,
+                        TENSOR(P, ATTPROJW), N, C, C);
         attention_backward(m->dqkv, m->drow, m->dC, a->qkv, a->att, B, T, C, NH);
-        matmul_backward(m->dC, TENSOR(G, K_QKVW), TENSOR(G, K_QKVB), m->dqkv, a->ln1,
-                        TENSOR(P, K_QKVW), N, C, 3 * C);
-        layernorm_backward(m->dres, TENSOR(G, K_LN1W), TENSOR(G, K_LN1B), m->dC, res,
-                           a->ln1_mean, a->ln1_rstd, TENSOR(P, K_LN1W), N, C);
+        matmul_backward(m->dC, TENSOR(G, QKVW), TENSOR(G, QKVB), m->dqkv, a->ln1,
+                        TENSOR(P, QKVW), N, C, 3 * C);
+        layernorm_backward(m->dres, TENSOR(G, LN1W), TENSOR(G, LN1B), m->dC, res,
+                           a->ln1_mean, a->ln1_rstd, TENSOR(P, LN1W), N, C);
         params_put(m, l + 2);
         ZR_TRY(grads_put(m, l + 2));
     }

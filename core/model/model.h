@@ -29,13 +29,34 @@ typedef struct {
  * be a multiple of heads.
  */
 int zr_gpt2_config_parse(zr_gpt2_config *out, const char *spec);
-/* The manifest's model section, exactly as formats/ writes it:
- * {"arch":"gpt2","layers":L,"heads":NH,"dim":C,"ctx":T,"vocab":V}. */
+/* The manifest's model section, through ckpt's family table (zck_arch_config_to_json, as
+ * formats/ writes it): {"arch":"gpt2","layers":L,"heads":NH,"dim":C,"ctx":T,"vocab":V}. */
 int zr_gpt2_config_to_json(char **out, const zr_gpt2_config *c);
 int zr_gpt2_config_from_json(zr_gpt2_config *out, const char *json);
-/* The checkpoint layout: the GPT-2 naming contract of docs/FORMAT.md (the same groups, tensor
- * names, shapes [out, in] and states param/exp_avg/exp_avg_sq f32 as zfmt_gpt2_layout). */
+/* The checkpoint layout: the GPT-2 naming contract of docs/FORMAT.md, built by ckpt's family
+ * table (zck_arch_layout; formats/' zfmt_gpt2_layout is the same call). */
 int zr_gpt2_layout(zck_layout **out, const zr_gpt2_config *c);
+
+/* The roles the model's maths gives the tensors of a block (h.<l>), bound by name to ckpt's
+ * family table in config.c. */
+typedef enum {
+    ZR_BLK_LN1W, ZR_BLK_LN1B, ZR_BLK_QKVW, ZR_BLK_QKVB, ZR_BLK_ATTPROJW, ZR_BLK_ATTPROJB,
+    ZR_BLK_LN2W, ZR_BLK_LN2B, ZR_BLK_FCW, ZR_BLK_FCB, ZR_BLK_FCPROJW, ZR_BLK_FCPROJB,
+    ZR_BLK_COUNT
+} zr_gpt2_blk;
+
+/* Where a parameter (or gradient) arena holding zr_gpt2_layout's groups end to end keeps each
+ * tensor, in elements: computed from the layout, so the CPU model and the device models (which
+ * get it through the device ABI) never restate the table. */
+typedef struct {
+    uint64_t wte, wpe, h0, ln_f;   /* group starts; block l starts at h0 + l * layer_numel */
+    uint64_t layer_numel, numel;   /* one block group; all groups */
+    uint64_t blk[ZR_BLK_COUNT];    /* a block tensor's offset inside its group, by role */
+    uint64_t blk_numel[ZR_BLK_COUNT];
+    uint64_t lnf_w, lnf_b;         /* offsets inside ln_f */
+} zr_gpt2_offsets;
+/* ZR_EINVAL as zr_gpt2_layout (or when the layout is not the groups the model addresses). */
+int zr_gpt2_offsets_get(zr_gpt2_offsets *out, const zr_gpt2_config *c);
 
 /* ---------------------------------------------------------------- model */
 

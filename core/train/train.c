@@ -1016,8 +1016,9 @@ int zr_train_dry_run(const zr_train_opts *o, int world, FILE *f)
     if (o->device == ZR_DEVICE_CUDA ||
         (o->device == ZR_DEVICE_AUTO && zr_device_cuda_available()))
         ZR_TRY_GOTO(zr_device_open(&ops), rc, out);
-    uint64_t acts = ops ? ops->activation_bytes(&cfg, mb, T)
-                        : zr_model_activation_bytes(&cfg, mb, T);
+    uint64_t acts = zr_model_activation_bytes(&cfg, mb, T);
+    if (ops)
+        ZR_TRY_GOTO(zr_device_activation_bytes(&acts, ops, &cfg, mb, T), rc, out);
     double mib = 1.0 / (1 << 20);
     static const double per_param[4][2] = {{16, 0}, {8, 8}, {4, 12}, {0, 16}};
     fprintf(f, "dry run: GPT-2 %u layers, %llu parameters, ZeRO stage %d, world %d, "
@@ -1123,7 +1124,7 @@ static int build_engine(run *r)
     zr_model_hooks h;
     zr_zero_hooks(r->zero, &h);
     if (r->dev) { /* the CPU model only gives the initial values: the smallest one */
-        ZR_TRY(r->dev->model_new(&r->dmodel, &r->cfg, r->mb, r->T, &h));
+        ZR_TRY(zr_device_model_new(r->dev, &r->dmodel, &r->cfg, r->mb, r->T, &h));
         ZR_TRY(zr_zero_attach_device(r->zero, r->dmodel, r->n_micro));
         ZR_TRY(zr_model_new_ext(&r->model, &r->cfg, 1, 1, &h));
     } else {

@@ -135,7 +135,7 @@ int main(int argc, char **argv)
 
     D->mem_reset_peak();
     zr_dev_model *m;
-    OK(D->model_new(&m, &c, B, T, NULL));
+    OK(zr_device_model_new(D, &m, &c, B, T, NULL));
     OK(D->memcpy(D->model_param(m, 0), host, numel * 4, ZR_DEV_H2D, NULL));
     free(host);
     float *mv, *vv;

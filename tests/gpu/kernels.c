@@ -619,7 +619,7 @@ static void test_model(void)
     random_tokens(tg, N, c.vocab);
 
     zr_dev_model *gm;
-    OK(D->model_new(&gm, &c, B, T, NULL));
+    OK(zr_device_model_new(D, &gm, &c, B, T, NULL));
     check_true("model numel and groups", D->model_numel(gm) == numel &&
                D->model_n_groups(gm) == zr_model_n_groups(cpu), "%llu parameters",
                (unsigned long long)numel);
@@ -689,7 +689,7 @@ static void test_model(void)
         l.g[g] = dalloc(n * 4);
     }
     zr_model_hooks hk = {&l, h_params, h_params_done, h_grads, h_grads_done};
-    OK(D->model_new(&gm, &c, B, T, &hk));
+    OK(zr_device_model_new(D, &gm, &c, B, T, &hk));
     check_true("model with hooks owns no arenas", !D->model_param(gm, 0) && !D->model_grad(gm, 0),
                "model_param/model_grad NULL");
     l.phase = 0;
@@ -765,7 +765,7 @@ static void test_training(void)
     uint64_t numel = zr_model_numel(cpu);
     size_t G = zr_model_n_groups(cpu);
     zr_dev_model *gm;
-    OK(D->model_new(&gm, &c, B, T, NULL));
+    OK(zr_device_model_new(D, &gm, &c, B, T, NULL));
     float *gp = D->model_param(gm, 0), *gg = D->model_grad(gm, 0);
     OK(D->memcpy(gp, zr_model_param(cpu, 0), numel * 4, ZR_DEV_H2D, NULL));
     float *cm = calloc(numel, 4), *cv = calloc(numel, 4);

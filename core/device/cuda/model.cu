@@ -1,7 +1,8 @@
 /*
  * model.cu: GPT-2 on the GPU with zr_model's contract (zr.h; device.h says what differs):
- * the same groups and tensor offsets, the same hooks and fetch order, the same forward (mean
- * cross-entropy) and backward(scale) adding into fp32 gradients.
+ * the same groups and tensor offsets (zr_gpt2_offsets, handed over by the host: the table of
+ * names and shapes is ckpt's, never restated here), the same hooks and fetch order, the same
+ * forward (mean cross-entropy) and backward(scale) adding into fp32 gradients.
  *
  * Precision: fp32 master parameters (own arena or lent), each group's weights cast to bf16 in
  * a scratch slot when the group is fetched; matmuls in cuBLAS with bf16 operands and fp32
@@ -38,19 +39,6 @@
 #define BUF_ALIGN 256                      /* every buffer of the arena */
 #define BLAS_WORKSPACE ((size_t)32 << 20) /* cuBLAS workspace per handle */
 
-/* The 12 tensors of a block, in layout order (as core/model/model.c). */
-enum {
-    K_LN1W, K_LN1B, K_QKVW, K_QKVB, K_ATTPROJW, K_ATTPROJB,
-    K_LN2W, K_LN2B, K_FCW, K_FCB, K_FCPROJW, K_FCPROJB, K_COUNT
-};
-
-static const struct {
-    unsigned out_mul, in_mul;
-} kind_shape[K_COUNT] = {
-    {1, 0}, {1, 0}, {3, 1}, {3, 0}, {1, 1}, {1, 0},
-    {1, 0}, {1, 0}, {4, 1}, {4, 0}, {1, 4}, {1, 0},
-};
-
 typedef struct {
     bf16 *ln1;
     float *ln1_mean, *ln1_rstd;
@@ -68,7 +56,7 @@ struct zr_dev_model {
     zr_gpt2_config c;
     size_t max_B, max_T, max_N, Vp, xent_rows;
     zr_model_hooks h;
-    uint64_t numel, layer_numel, kind_off[K_COUNT + 1];
+    zr_gpt2_offsets off; /* from the host (the layout of ckpt's family table) */
     float *params, *grads; /* own arenas, or NULL */
     size_t pbytes, gbytes;
 
@@ -82,7 +70,7 @@ struct zr_dev_model {
     float *losses;    /* [N] */
     double *loss_sum; /* [1] */
     int32_t *tok;     /* inputs [maxN], targets [maxN], pos [maxN], uniq [maxN], seg [maxN+1] */
-    bf16 *wslot;      /* [layer_numel]: the fetched block's parameters in bf16 */
+    bf16 *wslot;      /* [off.layer_numel]: the fetched block's parameters in bf16 */
     bf16 *wte_bf;     /* [V, C] */
     float *scratch;   /* [N, 4C]: pre-bias matmul outputs, the GELU's incoming gradient */
     float *S;         /* [B, NH, T, T]: scores, then dP */
@@ -282,14 +270,11 @@ size_t zrc_token_plan(const int32_t *tok, size_t N, size_t V, int32_t *pos, int3
 
 static uint64_t group_offset(const zr_dev_model *m, size_t g)
 {
-    uint64_t C = m->c.dim;
-    if (g == 0)
-        return 0;
-    uint64_t off = (uint64_t)m->c.vocab * C;
-    if (g == 1)
-        return off;
-    off += (uint64_t)m->c.ctx * C;
-    return off + (g - 2) * m->layer_numel;
+    if (g < 2)
+        return g ? m->off.wpe : m->off.wte;
+    if (g == (size_t)m->c.layers + 2)
+        return m->off.ln_f;
+    return m->off.h0 + (g - 2) * m->off.layer_numel; /* h.<g-2> */
 }
 
 /* Next buffer of the arena (base NULL: only counts); *total in double for overflow checks. */
@@ -339,7 +324,7 @@ static size_t acts_layout(zr_dev_model *m, unsigned char *base, double *total)
     m->losses = CARVE(float, N);
     m->loss_sum = CARVE(double, 1);
     m->tok = CARVE(int32_t, 5 * N + 1);
-    m->wslot = CARVE(bf16, m->layer_numel);
+    m->wslot = CARVE(bf16, m->off.layer_numel);
     m->wte_bf = CARVE(bf16, V * C);
     m->scratch = CARVE(float, N * 4 * C);
     m->S = CARVE(float, att);
@@ -357,7 +342,8 @@ static size_t acts_layout(zr_dev_model *m, unsigned char *base, double *total)
     return off;
 }
 
-static void setup_shape(zr_dev_model *m, const zr_gpt2_config *c, size_t max_B, size_t max_T)
+static void setup_shape(zr_dev_model *m, const zr_gpt2_config *c, const zr_gpt2_offsets *off,
+                        size_t max_B, size_t max_T)
 {
     m->c = *c;
     m->max_B = max_B;
@@ -365,28 +351,23 @@ static void setup_shape(zr_dev_model *m, const zr_gpt2_config *c, size_t max_B, 
     m->max_N = max_B * max_T;
     m->Vp = zrc_pad_vocab(c->vocab);
     m->xent_rows = zrc_xent_chunk_rows(m->max_N, m->Vp);
-    uint64_t C = c->dim;
-    m->kind_off[0] = 0;
-    for (int k = 0; k < K_COUNT; k++)
-        m->kind_off[k + 1] = m->kind_off[k] +
-            kind_shape[k].out_mul * C * (kind_shape[k].in_mul ? kind_shape[k].in_mul * C : 1);
-    m->layer_numel = m->kind_off[K_COUNT];
-    m->numel = ((uint64_t)c->vocab + c->ctx + 2) * C + c->layers * m->layer_numel;
+    m->off = *off;
 }
 
-uint64_t zrc_activation_bytes(const zr_gpt2_config *c, size_t max_B, size_t max_T)
+uint64_t zrc_activation_bytes(const zr_gpt2_config *c, const zr_gpt2_offsets *off, size_t max_B,
+                              size_t max_T)
 {
     zr_dev_model m;
     memset(&m, 0, sizeof m);
-    setup_shape(&m, c, max_B, max_T);
+    setup_shape(&m, c, off, max_B, max_T);
     double total;
     return acts_layout(&m, NULL, &total);
 }
 
 /* ---------------------------------------------------------------- construction */
 
-int zrc_model_new(zr_dev_model **out, const zr_gpt2_config *c, size_t max_B, size_t max_T,
-                  const zr_model_hooks *hooks)
+int zrc_model_new(zr_dev_model **out, const zr_gpt2_config *c, const zr_gpt2_offsets *off,
+                  size_t max_B, size_t max_T, const zr_model_hooks *hooks)
 {
     *out = NULL;
     const struct {
@@ -417,14 +398,14 @@ int zrc_model_new(zr_dev_model **out, const zr_gpt2_config *c, size_t max_B, siz
     zr_dev_model *m = (zr_dev_model *)calloc(1, sizeof *m);
     if (!m)
         return zrc_err(ZR_ENOMEM, "model: out of memory");
-    setup_shape(m, c, max_B, max_T);
+    setup_shape(m, c, off, max_B, max_T);
     if (hooks)
         m->h = *hooks;
     m->fwd_targets = -1;
     double acts_d;
     size_t abytes = acts_layout(m, NULL, &acts_d);
     double numel_d = ((double)c->vocab + c->ctx + 2) * c->dim +
-                     (double)c->layers * (double)m->layer_numel;
+                     (double)c->layers * (double)m->off.layer_numel;
     if (numel_d * sizeof(float) > 0x1p50 || acts_d > 0x1p50) {
         free(m);
         return zrc_err(ZR_EINVAL, "model: %.3g parameters and %.3g bytes of activations "
@@ -446,13 +427,13 @@ int zrc_model_new(zr_dev_model **out, const zr_gpt2_config *c, size_t max_B, siz
     if (!rc)
         rc = zrc_blas_new(&m->blas, &m->blas_ws, m->stream);
     if (!rc && !m->h.params) {
-        m->pbytes = m->numel * sizeof(float);
+        m->pbytes = m->off.numel * sizeof(float);
         rc = zrc_malloc((void **)&m->params, m->pbytes, "the parameter arena");
         if (!rc && (e = cudaMemset(m->params, 0, m->pbytes)) != cudaSuccess)
             rc = zrc_cuda_err(e, "zeroing the parameter arena");
     }
     if (!rc && !m->h.grads) {
-        m->gbytes = m->numel * sizeof(float);
+        m->gbytes = m->off.numel * sizeof(float);
         rc = zrc_malloc((void **)&m->grads, m->gbytes, "the gradient arena");
         if (!rc && (e = cudaMemset(m->grads, 0, m->gbytes)) != cudaSuccess)
             rc = zrc_cuda_err(e, "zeroing the gradient arena");
@@ -500,18 +481,16 @@ void zrc_model_free(zr_dev_model *m)
 
 zr_dev_stream *zrc_model_stream(zr_dev_model *m) { return (zr_dev_stream *)m->stream; }
 size_t zrc_model_n_groups(const zr_dev_model *m) { return (size_t)m->c.layers + 3; }
-uint64_t zrc_model_numel(const zr_dev_model *m) { return m->numel; }
+uint64_t zrc_model_numel(const zr_dev_model *m) { return m->off.numel; }
 
 uint64_t zrc_model_group_numel(const zr_dev_model *m, size_t g)
 {
-    uint64_t C = m->c.dim;
-    if (g == 0)
-        return (uint64_t)m->c.vocab * C;
-    if (g == 1)
-        return (uint64_t)m->c.ctx * C;
-    if (g < (size_t)m->c.layers + 2)
-        return m->layer_numel;
-    return g == (size_t)m->c.layers + 2 ? 2 * C : 0;
+    size_t L = m->c.layers;
+    if (g < 2)
+        return group_offset(m, g + 1) - group_offset(m, g);
+    if (g < L + 2)
+        return m->off.layer_numel;
+    return g == L + 2 ? m->off.numel - m->off.ln_f : 0;
 }
 
 float *zrc_model_param(zr_dev_model *m, size_t g)
@@ -543,7 +522,7 @@ int zrc_model_zero_grad(zr_dev_model *m)
 {
     ZRC_TRY(zrc_ensure_device());
     if (m->grads)
-        ZRC_CU(cudaMemsetAsync(m->grads, 0, m->numel * sizeof(float), m->stream), "zero_grad");
+        ZRC_CU(cudaMemsetAsync(m->grads, 0, m->off.numel * sizeof(float), m->stream), "zero_grad");
     return 0;
 }
 
@@ -607,8 +586,8 @@ static int check_tokens(const int32_t *tok, size_t n, uint32_t V, const char *wh
     return 0;
 }
 
-#define W16(P16, kind) ((P16) + m->kind_off[kind]) /* a bf16 weight in the fetched slot */
-#define V32(P, kind) ((P) + m->kind_off[kind])     /* an fp32 vector or gradient */
+#define W16(P16, kind) ((P16) + m->off.blk[ZR_BLK_##kind]) /* a bf16 weight in the fetched slot */
+#define V32(P, kind) ((P) + m->off.blk[ZR_BLK_##kind]) /* an fp32 vector or gradient */
 
 int zrc_model_forward(zr_dev_model *m, const int32_t *inputs, const int32_t *targets, size_t B,
                       size_t T, float *loss)
@@ -658,28 +637,29 @@ int zrc_model_forward(zr_dev_model *m, const int32_t *inputs, const int32_t *tar
         layer_acts *a = &m->layer[l];
         const bf16 *W = m->wslot;
         ZRC_TRY(params_get(m, l + 2, &P));
-        ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->layer_numel, s));
-        ZRC_TRY(zrk_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, V32(P, K_LN1W),
-                                      V32(P, K_LN1B), N, C, s));
-        ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln1, W16(W, K_QKVW), N, C, 3 * C));
-        ZRC_TRY(zrk_qkv_permute(a->q, a->k, a->v, m->scratch, V32(P, K_QKVB), B, T, C, NH, s));
+        ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->off.layer_numel, s));
+        ZRC_TRY(zrk_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, V32(P, LN1W),
+                                      V32(P, LN1B), N, C, s));
+        ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln1, W16(W, QKVW), N, C, 3 * C));
+        ZRC_TRY(zrk_qkv_permute(a->q, a->k, a->v, m->scratch, V32(P, QKVB), B, T, C, NH, s));
         ZRC_TRY(zrc_attention_forward(h, s, a->atty, a->att, m->S, m->tmp, a->q, a->k, a->v, B,
                                       T, C, NH));
         /* res2 = res + c_proj(atty) */
-        ZRC_TRY(zrk_rows_init(a->res2, res, V32(P, K_ATTPROJB), N, C, s));
-        ZRC_TRY(mm_fwd(h, a->res2, F32, 1.0f, a->atty, W16(W, K_ATTPROJW), N, C, C));
-        ZRC_TRY(zrk_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, V32(P, K_LN2W),
-                                      V32(P, K_LN2B), N, C, s));
-        ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln2, W16(W, K_FCW), N, C, 4 * C));
-        ZRC_TRY(zrk_bias_gelu(a->fch, a->fch_gelu, m->scratch, V32(P, K_FCB), N, 4 * C, s));
+        ZRC_TRY(zrk_rows_init(a->res2, res, V32(P, ATTPROJB), N, C, s));
+        ZRC_TRY(mm_fwd(h, a->res2, F32, 1.0f, a->atty, W16(W, ATTPROJW), N, C, C));
+        ZRC_TRY(zrk_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, V32(P, LN2W),
+                                      V32(P, LN2B), N, C, s));
+        ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln2, W16(W, FCW), N, C, 4 * C));
+        ZRC_TRY(zrk_bias_gelu(a->fch, a->fch_gelu, m->scratch, V32(P, FCB), N, 4 * C, s));
         /* res3 = res2 + mlp */
-        ZRC_TRY(zrk_rows_init(a->res3, a->res2, V32(P, K_FCPROJB), N, C, s));
-        ZRC_TRY(mm_fwd(h, a->res3, F32, 1.0f, a->fch_gelu, W16(W, K_FCPROJW), N, 4 * C, C));
+        ZRC_TRY(zrk_rows_init(a->res3, a->res2, V32(P, FCPROJB), N, C, s));
+        ZRC_TRY(mm_fwd(h, a->res3, F32, 1.0f, a->fch_gelu, W16(W, FCPROJW), N, 4 * C, C));
         params_put(m, l + 2);
         res = a->res3;
     }
     ZRC_TRY(params_get(m, L + 2, &P));
-    ZRC_TRY(zrk_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P, P + C, N, C, s));
+    ZRC_TRY(zrk_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P + m->off.lnf_w,
+                                  P + m->off.lnf_b, N, C, s));
     params_put(m, L + 2);
     /* the head, tied to wte, in chunks of rows */
     ZRC_TRY(params_get(m, 0, &wte));
@@ -766,8 +746,8 @@ int zrc_model_backward(zr_dev_model *m, float scale)
     ZRC_CU(cudaMemsetAsync(m->dres, 0, N * C * sizeof(float), s), "zeroing dres");
     ZRC_TRY(params_get(m, L + 2, &P));
     ZRC_TRY(grads_get(m, L + 2, &G));
-    ZRC_TRY(zrk_layernorm_backward(m->dres, G, G + C, m->partial, m->dC, res_last, m->lnf_mean,
-                                   m->lnf_rstd, P, N, C, s));
+    ZRC_TRY(zrk_layernorm_backward(m->dres, G + m->off.lnf_w, G + m->off.lnf_b, m->partial, m->dC,
+                                   res_last, m->lnf_mean, m->lnf_rstd, P + m->off.lnf_w, N, C, s));
     params_put(m, L + 2);
     ZRC_TRY(grads_put(m, L + 2));
 
@@ -777,31 +757,31 @@ int zrc_model_backward(zr_dev_model *m, float scale)
         const bf16 *W = m->wslot;
         ZRC_TRY(params_get(m, l + 2, &P));
         ZRC_TRY(grads_get(m, l + 2, &G));
-        ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->layer_numel, s));
+        ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->off.layer_numel, s));
         /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
         ZRC_TRY(zrk_cast_bf16(m->dres_bf, m->dres, N * C, s));
-        ZRC_TRY(mm_dinp(h, m->scratch, F32, m->dres_bf, W16(W, K_FCPROJW), N, 4 * C, C, 1.0f));
-        ZRC_TRY(mm_dw(h, V32(G, K_FCPROJW), m->dres_bf, a->fch_gelu, N, 4 * C, C, 1.0f));
-        ZRC_TRY(zrk_colsum_f32(V32(G, K_FCPROJB), m->partial, m->dres, N, C, s));
+        ZRC_TRY(mm_dinp(h, m->scratch, F32, m->dres_bf, W16(W, FCPROJW), N, 4 * C, C, 1.0f));
+        ZRC_TRY(mm_dw(h, V32(G, FCPROJW), m->dres_bf, a->fch_gelu, N, 4 * C, C, 1.0f));
+        ZRC_TRY(zrk_colsum_f32(V32(G, FCPROJB), m->partial, m->dres, N, C, s));
         ZRC_TRY(zrk_gelu_backward(m->d4C, m->scratch, a->fch, N * 4 * C, s));
-        ZRC_TRY(mm_dinp(h, m->dC, F32, m->d4C, W16(W, K_FCW), N, C, 4 * C, 1.0f));
-        ZRC_TRY(mm_dw(h, V32(G, K_FCW), m->d4C, a->ln2, N, C, 4 * C, 1.0f));
-        ZRC_TRY(zrk_colsum_bf16(V32(G, K_FCB), m->partial, m->d4C, N, 4 * C, s));
-        ZRC_TRY(zrk_layernorm_backward(m->dres, V32(G, K_LN2W), V32(G, K_LN2B), m->partial, m->dC,
-                                       a->res2, a->ln2_mean, a->ln2_rstd, V32(P, K_LN2W), N, C,
+        ZRC_TRY(mm_dinp(h, m->dC, F32, m->d4C, W16(W, FCW), N, C, 4 * C, 1.0f));
+        ZRC_TRY(mm_dw(h, V32(G, FCW), m->d4C, a->ln2, N, C, 4 * C, 1.0f));
+        ZRC_TRY(zrk_colsum_bf16(V32(G, FCB), m->partial, m->d4C, N, 4 * C, s));
+        ZRC_TRY(zrk_layernorm_backward(m->dres, V32(G, LN2W), V32(G, LN2B), m->partial, m->dC,
+                                       a->res2, a->ln2_mean, a->ln2_rstd, V32(P, LN2W), N, C,
                                        s));
         /* attention: res2 = res + c_proj(attn(c_attn(ln_1(res)))) */
         ZRC_TRY(zrk_cast_bf16(m->dres_bf, m->dres, N * C, s));
-        ZRC_TRY(mm_dinp(h, m->datty, BF, m->dres_bf, W16(W, K_ATTPROJW), N, C, C, 1.0f));
-        ZRC_TRY(mm_dw(h, V32(G, K_ATTPROJW), m->dres_bf, a->atty, N, C, C, 1.0f));
-        ZRC_TRY(zrk_colsum_f32(V32(G, K_ATTPROJB), m->partial, m->dres, N, C, s));
+        ZRC_TRY(mm_dinp(h, m->datty, BF, m->dres_bf, W16(W, ATTPROJW), N, C, C, 1.0f));
+        ZRC_TRY(mm_dw(h, V32(G, ATTPROJW), m->dres_bf, a->atty, N, C, C, 1.0f));
+        ZRC_TRY(zrk_colsum_f32(V32(G, ATTPROJB), m->partial, m->dres, N, C, s));
         ZRC_TRY(zrc_attention_backward(h, s, m->dqkv, m->datty, a->q, a->k, a->v, a->att, m->tmp,
                                        m->S, m->dS, m->dqkvp, B, T, C, NH));
-        ZRC_TRY(mm_dinp(h, m->dC, F32, m->dqkv, W16(W, K_QKVW), N, C, 3 * C, 1.0f));
-        ZRC_TRY(mm_dw(h, V32(G, K_QKVW), m->dqkv, a->ln1, N, C, 3 * C, 1.0f));
-        ZRC_TRY(zrk_colsum_bf16(V32(G, K_QKVB), m->partial, m->dqkv, N, 3 * C, s));
-        ZRC_TRY(zrk_layernorm_backward(m->dres, V32(G, K_LN1W), V32(G, K_LN1B), m->partial, m->dC,
-                                       res, a->ln1_mean, a->ln1_rstd, V32(P, K_LN1W), N, C, s));
+        ZRC_TRY(mm_dinp(h, m->dC, F32, m->dqkv, W16(W, QKVW), N, C, 3 * C, 1.0f));
+        ZRC_TRY(mm_dw(h, V32(G, QKVW), m->dqkv, a->ln1, N, C, 3 * C, 1.0f));
+        ZRC_TRY(zrk_colsum_bf16(V32(G, QKVB), m->partial, m->dqkv, N, 3 * C, s));
+        ZRC_TRY(zrk_layernorm_backward(m->dres, V32(G, LN1W), V32(G, LN1B), m->partial, m->dC,
+                                       res, a->ln1_mean, a->ln1_rstd, V32(P, LN1W), N, C, s));
         params_put(m, l + 2);
         ZRC_TRY(grads_put(m, l + 2));
     }
