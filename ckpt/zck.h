@@ -268,7 +268,7 @@ typedef struct {
     size_t buf_bytes;    /* staging buffer size, multiple of ZCK_FILE_ALIGN */
     unsigned queue_depth;/* buffers in flight */
 } zck_io_opts;
-#define ZCK_IO_OPTS_INIT {ZCK_IO_AUTO, (size_t)4 << 20, 4}
+#define ZCK_IO_OPTS_INIT {.io = ZCK_IO_AUTO, .buf_bytes = (size_t)4 << 20, .queue_depth = 4}
 
 /* Create the staging directory ".tmp-step-<step>-<nonce>" inside run_dir (and run_dir itself
  * when missing). All ranks of a save agree on (step, nonce); creating it twice is fine.
@@ -331,7 +331,7 @@ typedef struct {
     unsigned keep_last;      /* 0 keeps everything; else keep this many newest step-* dirs */
     int gc_tmp;              /* remove stale .tmp-step-N-* with N <= step after commit */
 } zck_commit_opts;
-#define ZCK_COMMIT_OPTS_INIT {0, 1, 0, NULL, NULL, NULL, 0, 1}
+#define ZCK_COMMIT_OPTS_INIT {.step = 0, .world = 1, .zero_stage = 0, .keep_last = 0, .gc_tmp = 1}
 
 /*
  * Commit a save: validate that the shards (one per rank, in any order) cover every
@@ -391,7 +391,7 @@ typedef struct {
     int gc_tmp;           /* remove stale .tmp-step-N-* (N <= latest), .del-*, .latest.tmp-* */
     int dry_run;          /* only say what would go */
 } zck_prune_opts;
-#define ZCK_PRUNE_OPTS_INIT {0, 0, 1, 0}
+#define ZCK_PRUNE_OPTS_INIT {.keep_last = 0, .keep_every = 0, .gc_tmp = 1, .dry_run = 0}
 
 /* Apply retention to run_dir now, holding its lock (ZR_EBUSY while a job works there): never
  * removes what latest names, nor any step directory above it (an orphan of a crashed commit).
@@ -453,7 +453,7 @@ typedef struct {
     void (*say)(void *ctx, const char *line);
     void *say_ctx;
 } zck_resume_opts;
-#define ZCK_RESUME_OPTS_INIT {ZCK_RESUME_VERIFY_FULL, 2, 0, NULL, NULL}
+#define ZCK_RESUME_OPTS_INIT {.verify = ZCK_RESUME_VERIFY_FULL, .jobs = 2, .dry_run = 0}
 
 /* The one resume policy of a run directory (a plain `--resume auto` and the restart
  * supervisor alike): the checkpoint to resume from is the newest step directory that passes
@@ -507,7 +507,7 @@ typedef struct {
     unsigned jobs;     /* files read in parallel (threads), >= 1 */
     zck_io_opts io;
 } zck_read_opts;
-#define ZCK_READ_OPTS_INIT {1, 2, ZCK_IO_OPTS_INIT}
+#define ZCK_READ_OPTS_INIT {.verify = 1, .jobs = 2, .io = ZCK_IO_OPTS_INIT}
 
 /* Fill each request's dst from the shards, whatever their layout. When the call fails the
  * contents of every dst are unspecified: nothing read may be used. opts may be NULL. */
@@ -542,7 +542,7 @@ typedef struct {
     zck_io_opts io;
     zck_progress progress; /* bytes hashed */
 } zck_verify_opts;
-#define ZCK_VERIFY_OPTS_INIT {0, 2, ZCK_IO_OPTS_INIT, {NULL, NULL}}
+#define ZCK_VERIFY_OPTS_INIT {.quick = 0, .jobs = 2, .io = ZCK_IO_OPTS_INIT}
 
 typedef struct zck_report zck_report;
 /* Check a checkpoint (directory, or run directory through latest). Returns 0 when the check
@@ -576,7 +576,7 @@ typedef struct {
     int verify_source;   /* hash every source shard before anything is written (default on) */
     zck_progress progress;
 } zck_reshard_opts;
-#define ZCK_RESHARD_OPTS_INIT {(size_t)256 << 20, 2, 1, {NULL, NULL}}
+#define ZCK_RESHARD_OPTS_INIT {.buf_bytes = (size_t)256 << 20, .jobs = 2, .verify_source = 1}
 
 /*
  * Write the checkpoint at src (directory, or run directory through latest) again for a world
@@ -599,7 +599,7 @@ typedef struct {
     size_t buf_bytes;    /* working memory (default 64 MiB) */
     zck_progress progress;
 } zck_diff_opts;
-#define ZCK_DIFF_OPTS_INIT {0.0, 0.0, 1, (size_t)64 << 20, {NULL, NULL}}
+#define ZCK_DIFF_OPTS_INIT {.atol = 0.0, .rtol = 0.0, .verify = 1, .buf_bytes = (size_t)64 << 20}
 
 typedef struct {
     char *tensor, *state;

@@ -57,7 +57,7 @@ typedef struct {
     size_t buf_bytes;    /* bounded working memory, default 64 MiB */
     zck_progress progress;
 } zfmt_st_opts;
-#define ZFMT_ST_OPTS_INIT {-1, 0, (size_t)64 << 20, {NULL, NULL}}
+#define ZFMT_ST_OPTS_INIT {.dtype = -1, .params_only = 0, .buf_bytes = (size_t)64 << 20}
 
 /*
  * Write every tensor of a checkpoint into one safetensors file, streaming (memory bounded by
@@ -85,7 +85,7 @@ typedef struct {
                             says in its metadata; llm.c and HF config.json say) */
     zck_progress progress;
 } zfmt_import_opts;
-#define ZFMT_IMPORT_OPTS_INIT {1, 0, {NULL, NULL}}
+#define ZFMT_IMPORT_OPTS_INIT {.world = 1, .heads = 0}
 
 /*
  * Import a GPT-2 model as a new checkpoint at step 0 in run directory out_run_dir (created;

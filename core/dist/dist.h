@@ -60,7 +60,7 @@ typedef struct {
     int nnodes, node_rank;
     const char *master;
 } zr_launch_opts;
-#define ZR_LAUNCH_OPTS_INIT {1, 0, 5.0, 1, 0, NULL}
+#define ZR_LAUNCH_OPTS_INIT {.nproc = 1, .log_all_ranks = 0, .kill_grace_s = 5.0, .nnodes = 1, .node_rank = 0}
 
 int zr_launch(int *exit_code, const zr_launch_opts *o, char *const argv[]);
 

@@ -135,7 +135,7 @@ void zr_set_threads(int n);
 typedef struct {
     float beta1, beta2, eps, weight_decay;
 } zr_adamw_hp;
-#define ZR_ADAMW_HP_INIT {0.9f, 0.95f, 1e-8f, 0.1f}
+#define ZR_ADAMW_HP_INIT {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f}
 
 /* One AdamW update of n elements (decoupled weight decay, bias correction with the 1-based
  * optimizer step t): g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

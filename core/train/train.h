@@ -65,9 +65,12 @@ enum { ZR_DEVICE_CPU = 0, ZR_DEVICE_CUDA = 1, ZR_DEVICE_AUTO = 2 };
 enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };
 enum { ZR_OFFLOAD_NONE = 0, ZR_OFFLOAD_CPU = 1, ZR_OFFLOAD_NVME = 2 };
 #define ZR_TRAIN_OPTS_INIT                                                                     \
-    {NULL, "synthetic", 8, 0, 0, 200, 1e-3f, 0.1f, 20, 0.1f, 1.0f, 1337, "runs/default", 0, 3, \
-     "auto", NULL, 2, 0, 0.0, 0, NULL, NULL, 2, 0, 0, NULL, 8, 4, (size_t)1 << 20, -1,       \
-     ZR_VERIFY_FULL, ZR_DEVICE_CPU}
+    {.data = "synthetic", .batch = 8, .steps = 200, .lr = 1e-3f, .min_lr_ratio = 0.1f,         \
+     .warmup = 20, .weight_decay = 0.1f, .grad_clip = 1.0f, .seed = 1337,                      \
+     .ckpt_dir = "runs/default", .keep_last = 3, .resume = "auto", .threads = 2,               \
+     .prefetch = 2, .offload_optimizer = ZR_OFFLOAD_NONE, .offload_params = ZR_OFFLOAD_NONE,   \
+     .aio_depth = 8, .offload_buffers = 4, .aio_block = (size_t)1 << 20, .async_save = -1,     \
+     .verify_on_resume = ZR_VERIFY_FULL, .device = ZR_DEVICE_CPU}
 
 typedef struct {
     uint64_t step;           /* optimizer steps completed */
@@ -109,7 +112,8 @@ typedef struct {
                                 or NULL */
 } zr_supervise_opts;
 #define ZR_SUPERVISE_OPTS_INIT                                                                 \
-    {1, 0, 0, 1, 0, NULL, 0, 1.0, "runs/default", ZR_VERIFY_FULL, 2, NULL, NULL, NULL, NULL}
+    {.nproc = 1, .nnodes = 1, .backoff_s = 1.0, .ckpt_dir = "runs/default",                   \
+     .verify = ZR_VERIFY_FULL, .jobs = 2}
 
 /* Run a job and restart it when it fails: start the ranks with zr_launch (o->nproc, nodes,
  * output as zr_launch says; argv is the ranks' argument vector, argv[0] replaced by
