@@ -275,7 +275,7 @@ fuzz: $(FUZZ_TARGETS:%=$(FUZZ_DIR)/fuzz_%)
 	for t in $(FUZZ_TARGETS); do \
 	  rm -rf $(FUZZ_DIR)/corpus/$$t && mkdir -p $(FUZZ_DIR)/corpus/$$t && \
 	  cp tests/fuzz/corpus/$$t/* $(FUZZ_DIR)/corpus/$$t/ || exit 1; \
-	  if ! $(FUZZ_DIR)/fuzz_$$t -max_total_time=$$s -max_len=65536 -print_final_stats=1 \
+	  if ! $(FUZZ_DIR)/fuzz_$$t -max_total_time=$$s -max_len=131072 -print_final_stats=1 \
 	       -artifact_prefix=$(FUZZ_DIR)/$$t- $(FUZZ_DIR)/corpus/$$t >$(FUZZ_DIR)/$$t.log 2>&1; then \
 	    tail -n 40 $(FUZZ_DIR)/$$t.log; echo "[fuzz] $$t: FAILED"; exit 1; \
 	  fi; \
