@@ -21,8 +21,10 @@ ifeq ($(SAN),1)
   CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -O1
   LDFLAGS += -fsanitize=address,undefined
 endif
+# TSan: no target_clones (their ifunc resolvers run at load, before the TSan runtime is up, and
+# crash); the baseline copy gives the same bits (core/model/fastmath.h)
 ifeq ($(TSAN),1)
-  CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer -O1
+  CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer -O1 -DZR_VEC_CLONES=
   LDFLAGS += -fsanitize=thread
 endif
 # Link flags are read from pkg-config when the link runs (after `deps` installed what was missing).
@@ -262,6 +264,7 @@ $(FUZZ_DIR)/obj/%.o: %.c | deps
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(BLAS_CFLAGS) $(INC_tests) -c $< -o $@
 
+.PRECIOUS: $(FUZZ_DIR)/obj/%.o
 $(FUZZ_DIR)/libdeps.a: $(FUZZ_LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
