@@ -1,18 +1,21 @@
 # zero: one GNU Makefile. Objects go to build/ (build-san/ with SAN=1).
 #   make            libraries and binaries          make test     every test, ends "N passed, N failed"
 #   make run        train the tiny GPT (README)     make bench    benchmarks (not part of make test)
-#   make asan       tests under ASan + UBSan        make fuzz     libFuzzer on the manifest parser
+#   make asan       tests under ASan + UBSan        make fuzz     libFuzzer on every parser
+#   make tsan       the threaded tests under ThreadSanitizer (objects in build-tsan/)
 #   make deps       install missing system packages (apt-get on Debian)
 #   make arch       redraw the include graph in docs/ARCHITECTURE.md, then check the architecture:
 #                   forbidden includes (tests/arch/deps.py), circles between objects (cycles.sh),
 #                   functions over 150 lines (longfn.sh); known offenders in tests/arch/allow.txt.
 #                   make test runs the same checks (test arch_checks).
-# Options: SAN=1 (sanitizers), WERROR=1 (-Werror, as CI), FUZZ_SECONDS=N.
+# Options: SAN=1 (sanitizers), TSAN=1 (ThreadSanitizer), WERROR=1 (-Werror, as CI),
+#          FUZZ_SECONDS=N (make fuzz: seconds in all, split between the targets).
 
 CC      ?= cc
 SAN     ?= 0
+TSAN    ?= 0
 WERROR  ?= 0
-BUILD   := $(if $(filter 1,$(SAN)),build-san,build)
+BUILD   := $(if $(filter 1,$(SAN)),build-san,$(if $(filter 1,$(TSAN)),build-tsan,build))
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -pthread -MMD -MP
 ifeq ($(WERROR),1)
@@ -21,6 +24,12 @@ endif
 ifeq ($(SAN),1)
   CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -O1
   LDFLAGS += -fsanitize=address,undefined
+endif
+# TSan: no target_clones (their ifunc resolvers run at load, before the TSan runtime is up, and
+# crash); the baseline copy gives the same bits (core/model/fastmath.h)
+ifeq ($(TSAN),1)
+  CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer -O1 -DZR_VEC_CLONES=
+  LDFLAGS += -fsanitize=thread
 endif
 # Link flags are read from pkg-config when the link runs (after `deps` installed what was missing).
 LIBS = $$(pkg-config --libs jansson libcrypto libarchive 2>/dev/null || \
@@ -40,7 +49,7 @@ DEPS_CHECK = \
   printf '\#include <libaio.h>\nint main(void){io_context_t c=0;return io_setup(1,&c);}\n' | \
     $(CC) -x c - -laio -o /dev/null >/dev/null 2>&1 || missing="$$missing libaio-dev";
 
-.PHONY: all deps test asan stress bench run fuzz clean arch
+.PHONY: all deps test asan tsan tsan-run stress bench run fuzz clean arch
 all: $(BUILD)/libzck.a $(BUILD)/libzfmt.a $(BUILD)/libzr.a $(BUILD)/zckpt $(BUILD)/zrun
 
 deps:
@@ -94,7 +103,7 @@ $(BUILD)/formats/%.o: formats/%.c | deps
 
 # the engine's loops must vectorize: -O3 (GCC 12 does not vectorize loops of unknown length at
 # -O2) and no errno from sqrtf; sanitizer builds keep their -O1
-CORE_OPT := $(if $(filter 1,$(SAN)),,-O3) -fno-math-errno
+CORE_OPT := $(if $(filter 1,$(SAN) $(TSAN)),,-O3) -fno-math-errno
 $(BUILD)/core/%.o: core/%.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CORE_OPT) $(BLAS_CFLAGS) $(INC_$(firstword $(subst /, ,$*))) -c $< -o $@
@@ -215,7 +224,7 @@ test: $(BUILD)/gpu_kernels $(BUILD)/gpu_bench
 test: export ZT_NVCC := $(NVCC)
 
 # ------------------------------------------------------------------ tests
-TEST_SRC := $(wildcard tests/*.c) tests/fuzz/fuzz_manifest.c
+TEST_SRC := $(wildcard tests/*.c) $(wildcard tests/fuzz/*.c)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
 $(BUILD)/zt: $(TEST_OBJ) $(BUILD)/libzr.a $(BUILD)/libzfmt.a $(BUILD)/libzck.a
@@ -233,15 +242,67 @@ stress: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun
 	ZT_STRESS=1 ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt \
 	  ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun $(BUILD)/zt
 
-# ------------------------------------------------------------------ fuzzing and benchmarks
-FUZZ_SECONDS ?= 60
-fuzz: | deps
-	@mkdir -p build/fuzz
-	clang -g -O1 -fsanitize=fuzzer,address -D_GNU_SOURCE -Ickpt tests/fuzz/fuzz_manifest.c \
-	  $(CKPT_SRC) -o build/fuzz/fuzz_manifest $(LIBS)
-	@mkdir -p build/fuzz/corpus && cp tests/fuzz/corpus/manifest/* build/fuzz/corpus/
-	build/fuzz/fuzz_manifest -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build/fuzz/corpus
+# ------------------------------------------------------------------ ThreadSanitizer
+# The tests whose threads share memory, built with TSan in build-tsan/ (-O1 -g): the model's
+# thread pool (sumsq, AdamW, threads 2), the ZeRO engine's comm thread at stages 2 and 3 over
+# the shm communicator, the asynchronous saver, ckpt's hashing and reshard pools, the
+# verification thread of an export, the TCP communicator. OpenBLAS's own threads stay off
+# (TSan does not see their synchronization). tests/tsan.supp holds what TSan cannot judge.
+TSAN_TESTS ?= engine_sumsq_and_adamw_threads train_resume_is_bit_exact_with_two_threads \
+  zero_stages_agree_across_worlds restart_sigkill_during_async_saves_keeps_latest_sound \
+  roundtrip_many_worlds reshard_roundtrip_is_byte_identical corrupt_several_problems_all_reported \
+  formats_safetensors_export comm_every_op_every_world_exact_bits comm_tcp_every_op_exact_bits \
+  dev_engine_stages_match_cpu
+tsan:
+	$(MAKE) TSAN=1 tsan-run
+tsan-run: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/libzr_hostsim.so
+	OPENBLAS_NUM_THREADS=1 \
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun \
+	  $(BUILD)/zt $(TSAN_TESTS)
 
+# ------------------------------------------------------------------ fuzzing
+# One libFuzzer binary per tests/fuzz/fuzz_<target>.c (clang, -fsanitize=fuzzer,address), each
+# run on a copy of its seed corpus tests/fuzz/corpus/<target>/ for FUZZ_SECONDS split between
+# the targets (at least 1 s each). A crash leaves its input in build/fuzz/<target>-crash-*.
+# make test replays the same corpora through the same entry points (tests/test_fuzz.c).
+FUZZ_SECONDS ?= 60
+FUZZ_CC      ?= clang
+FUZZ_DIR     := build/fuzz
+FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_CFLAGS  := -g -O1 -std=c11 -D_GNU_SOURCE -pthread -fno-omit-frame-pointer -MMD -MP \
+                -fsanitize=fuzzer-no-link,address -DZFUZZ_LIBFUZZER
+# what the targets reach: ckpt/, formats/, the model's config and data, the training section
+FUZZ_LIB_SRC := $(CKPT_SRC) $(FMT_SRC) $(wildcard core/model/*.c) core/train/section.c
+FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/obj/%.o)
+
+$(FUZZ_DIR)/obj/%.o: %.c | deps
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(BLAS_CFLAGS) $(INC_tests) -c $< -o $@
+
+.PRECIOUS: $(FUZZ_DIR)/obj/%.o
+$(FUZZ_DIR)/libdeps.a: $(FUZZ_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_DIR)/fuzz_%: $(FUZZ_DIR)/obj/tests/fuzz/fuzz_%.o $(FUZZ_DIR)/obj/tests/fuzz/fuzzutil.o \
+                    $(FUZZ_DIR)/libdeps.a
+	$(FUZZ_CC) -fsanitize=fuzzer,address -o $@ $^ $(LIBS) $(BLAS_LIBS)
+
+fuzz: $(FUZZ_TARGETS:%=$(FUZZ_DIR)/fuzz_%)
+	@n=$(words $(FUZZ_TARGETS)); s=$$(( $(FUZZ_SECONDS) / n )); [ $$s -ge 1 ] || s=1; \
+	for t in $(FUZZ_TARGETS); do \
+	  rm -rf $(FUZZ_DIR)/corpus/$$t && mkdir -p $(FUZZ_DIR)/corpus/$$t && \
+	  cp tests/fuzz/corpus/$$t/* $(FUZZ_DIR)/corpus/$$t/ || exit 1; \
+	  if ! $(FUZZ_DIR)/fuzz_$$t -max_total_time=$$s -max_len=131072 -print_final_stats=1 \
+	       -artifact_prefix=$(FUZZ_DIR)/$$t- $(FUZZ_DIR)/corpus/$$t >$(FUZZ_DIR)/$$t.log 2>&1; then \
+	    tail -n 40 $(FUZZ_DIR)/$$t.log; echo "[fuzz] $$t: FAILED"; exit 1; \
+	  fi; \
+	  echo "[fuzz] $$t: $$s s, $$(grep -o 'stat::number_of_executed_units: *[0-9]*' \
+	    $(FUZZ_DIR)/$$t.log | grep -o '[0-9]*$$' || echo '?') runs, no crash"; \
+	done
+
+# ------------------------------------------------------------------ benchmarks
 $(BUILD)/bench_ckpt: $(BUILD)/tests/bench/bench_ckpt.o $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
@@ -268,6 +329,6 @@ bench: $(BUILD)/bench_ckpt $(BUILD)/mkckpt $(BUILD)/zckpt
 	ZRUN=$(BUILD)/zrun tests/bench/tcp_bench.sh
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-tsan
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,16 +1,13 @@
 /*
  * test_manifest.c: the manifest validator, data-driven. A real checkpoint's manifest is mutated
  * one field at a time (set or delete through a JSON pointer); each case names the error code
- * and text it must produce. Also: the fuzz corpus replayed through the fuzz target, version
- * rules end to end, and the shard JSON that ranks exchange.
+ * and text it must produce. Also: version rules end to end, and the shard JSON that ranks
+ * exchange (the fuzz corpus is replayed by test_fuzz.c).
  */
 #include "ckutil.h"
 #include "zck_int.h"
 
-#include <dirent.h>
 #include <jansson.h>
-
-int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
 
 typedef struct {
     const char *path;   /* JSON pointer; "" is the root */
@@ -240,31 +237,6 @@ ZT_TEST(manifest_on_disk_errors_name_the_file)
     ZT_ERR(zck_reader_open(&r, "run"), ZR_ECORRUPT, "expected a name like step-00001000");
     free(base);
     free(ckpt);
-}
-
-ZT_TEST(fuzz_corpus_replay)
-{
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/tests/fuzz/corpus/manifest", zt_root());
-    DIR *d = opendir(dir);
-    if (!d)
-        ZT_FAIL("%s: cannot open the fuzz corpus", dir);
-    struct dirent *de;
-    int n = 0;
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.')
-            continue;
-        char p[8192], *txt;
-        size_t len;
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        ZT_OK(zck__read_small(&txt, &len, p, 1 << 24));
-        LLVMFuzzerTestOneInput((const unsigned char *)txt, len);
-        free(txt);
-        n++;
-    }
-    closedir(d);
-    ZT_CHECK(n >= 10);
-    fprintf(stderr, "  replayed %d corpus files\n", n);
 }
 
 ZT_TEST(shard_json_roundtrip)

@@ -15,6 +15,7 @@
 #include "saver.h"
 #include "zero.h"
 #include "model.h"
+#include "section.h"
 #include "train.h"
 
 #include <errno.h>
@@ -317,18 +318,6 @@ static int save(run *r, float loss, char *path_out, size_t cap)
     return r->saver ? save_async(r, loss, path_out, cap) : save_sync(r, loss, path_out, cap);
 }
 
-static int json_u64(const json_t *j, const char *key, uint64_t *out)
-{
-    json_t *v = json_object_get(j, key);
-    if (!v)
-        return 0;
-    if (!json_is_integer(v) || json_integer_value(v) < 0)
-        return zr_err_set(ZR_ECORRUPT, "training section: '%s' is not a non-negative integer",
-                          key);
-    *out = (uint64_t)json_integer_value(v);
-    return 0;
-}
-
 /* Check that the checkpoint holds this model: same groups, sizes, tensors, and f32 states. */
 static int check_layout(const zck_layout *ck, const zck_layout *want, const char *path)
 {
@@ -478,32 +467,28 @@ static int load(run *r, zck_reader *rd)
 /* The training section: step, data position; differences from this run's options said. */
 static int load_training(run *r, zck_reader *rd)
 {
-    int rc;
-    json_error_t je;
-    json_t *t = json_loads(zck_reader_training_json(rd), 0, &je);
-    if (!t)
-        return zr_err_set(ZR_ECORRUPT, "%s: training section unreadable", zck_reader_path(rd));
-    rc = json_u64(t, "optimizer_step", &r->step);
-    if (!rc)
-        rc = json_u64(t, "next_sample", &r->next_sample);
+    zr_train__section s = {r->step, r->next_sample, r->o->seed, r->o->batch, r->T, 0, NULL};
+    int rc = zr_train__section_parse(&s, zck_reader_training_json(rd));
+    if (rc) {
+        zr_train__section_clear(&s);
+        zr_err_prefix("%s: ", zck_reader_path(rd));
+        return rc;
+    }
+    r->step = s.optimizer_step;
+    r->next_sample = s.next_sample;
     /* a different seed, batch, sequence length or data source changes which samples come
      * next: allowed (a deliberate change), but said */
-    uint64_t seed = r->o->seed, batch = r->o->batch, seq = r->T;
-    json_t *dv = json_object_get(t, "data");
-    if (!rc && !json_u64(t, "seed", &seed) && !json_u64(t, "batch", &batch) &&
-        !json_u64(t, "seq", &seq) && r->log &&
-        (seed != r->o->seed || batch != r->o->batch || seq != r->T ||
-         (json_is_string(dv) && strcmp(json_string_value(dv), r->o->data))))
+    if (s.order_known && r->log &&
+        (s.seed != r->o->seed || s.batch != r->o->batch || s.seq != r->T ||
+         (s.data && strcmp(s.data, r->o->data))))
         fprintf(r->log, "note: the checkpoint was trained with seed %llu, batch %llu, seq "
                         "%llu, data %s; this run uses seed %llu, batch %u, seq %u, data %s: "
                         "the sample order continues differently\n",
-                (unsigned long long)seed, (unsigned long long)batch, (unsigned long long)seq,
-                json_is_string(dv) ? json_string_value(dv) : "?",
+                (unsigned long long)s.seed, (unsigned long long)s.batch,
+                (unsigned long long)s.seq, s.data ? s.data : "?",
                 (unsigned long long)r->o->seed, r->o->batch, r->T, r->o->data);
-    json_decref(t);
-    if (rc)
-        zr_err_prefix("%s: ", zck_reader_path(rd));
-    return rc;
+    zr_train__section_clear(&s);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- the loop */

@@ -1,0 +1,24 @@
+/*
+ * section.h: internal to core/train (and its tests and fuzz target): the training section of
+ * a manifest as a resumed run reads it.
+ */
+#ifndef ZR_TRAIN_SECTION_H
+#define ZR_TRAIN_SECTION_H
+
+#include <stdint.h>
+
+typedef struct {
+    uint64_t optimizer_step, next_sample; /* in: the run's; out: the section's where it says */
+    uint64_t seed, batch, seq;            /* in: the run's; out: the section's where it says */
+    int order_known;  /* 1 when seed, batch and seq were each absent or a valid integer */
+    char *data;       /* the section's "data" string (malloc'ed), NULL when it has none */
+} zr_train__section;
+
+/* Parse the training section (JSON object text). ZR_ECORRUPT "training section unreadable" or
+ * naming the field when optimizer_step or next_sample is not a non-negative integer; a bad seed,
+ * batch or seq only leaves order_known 0. Free s->data with zr_train__section_clear, whatever
+ * the result. */
+int zr_train__section_parse(zr_train__section *s, const char *json);
+void zr_train__section_clear(zr_train__section *s);
+
+#endif
