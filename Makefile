@@ -237,10 +237,14 @@ test: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun
 asan:
 	$(MAKE) SAN=1 test
 
-# long campaigns: 400 SIGKILL rounds, and libFuzzer when clang can build it
+# long campaigns: the suite with ZT_STRESS=1 (400 SIGKILL rounds during saves, 30 restarts,
+# 20 ranks killed mid-step), then libFuzzer for 10 minutes when clang can build it
+STRESS_FUZZ_SECONDS ?= 600
 stress: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun
 	ZT_STRESS=1 ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt \
 	  ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun $(BUILD)/zt
+	@if command -v clang >/dev/null 2>&1; then $(MAKE) fuzz FUZZ_SECONDS=$(STRESS_FUZZ_SECONDS); \
+	else echo "skip: make fuzz needs clang with libFuzzer"; fi
 
 # ------------------------------------------------------------------ ThreadSanitizer
 # The tests whose threads share memory, built with TSan in build-tsan/ (-O1 -g): the model's

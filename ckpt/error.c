@@ -18,7 +18,6 @@ static _Thread_local struct {
     char where[128];
 } err;
 
-static int log_rank = -1;
 static int log_level = -1;
 
 static void set_where(const char *file, int line)
@@ -112,8 +111,6 @@ int zr_log_level(void)
     return log_level;
 }
 
-void zr_log_set_rank(int rank) { log_rank = rank; }
-
 void zr_log(int level, const char *fmt, ...)
 {
     static const char *names[] = {"error", "warn", "info", "debug"};
@@ -121,8 +118,6 @@ void zr_log(int level, const char *fmt, ...)
         return;
     char line[2048];
     int n = 0;
-    if (log_rank >= 0)
-        n = snprintf(line, sizeof line, "[rank %d] ", log_rank);
     n += snprintf(line + n, sizeof line - (size_t)n, "%s: ",
                   names[level < 0 ? 0 : level > 3 ? 3 : level]);
     va_list ap;

@@ -57,9 +57,9 @@ const char *zr_err_name(int code); /* "ZR_ECORRUPT" */
 void zr_err_clear(void);
 
 enum { ZR_LOG_ERROR = 0, ZR_LOG_WARN = 1, ZR_LOG_INFO = 2, ZR_LOG_DEBUG = 3 };
-/* Log to stderr, prefixed "[rank N] " once zr_log_set_rank was called. Level from ZR_LOG. */
+/* Log to stderr ("warn: ..."), level from ZR_LOG. Lines of a rank are prefixed "[rank N] " by the
+ * launcher that carries its output (zrun; mpirun --tag-output, srun --label), not here. */
 void zr_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void zr_log_set_rank(int rank);
 int zr_log_level(void);
 void zr_log_trace(const char *file, int line, int rc); /* ZR_TRY hop, shown at debug level */
 
