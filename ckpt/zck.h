@@ -182,6 +182,16 @@ typedef int (*zck_fault_fn)(zck_op op, const char *path, void *ctx);
 /* Install a hook for the whole process (NULL removes it). Not thread-safe against running I/O. */
 void zck_fault_set(zck_fault_fn fn, void *ctx);
 
+/* ---------------------------------------------------------------- opening files */
+
+/* Open path read-only as a regular file. A FIFO, socket, device or directory is refused without
+ * blocking ("<path> is a FIFO, not a regular file": ZR_ECORRUPT), and with ZCK_NOFOLLOW so is a
+ * symbolic link as the last component of path (the files inside a checkpoint); a missing file
+ * is ZR_ENOTFOUND. *out is a blocking descriptor the caller closes; *bytes (may be NULL) the
+ * size. Every checkpoint file, converter input and training data file is opened through this. */
+enum { ZCK_FOLLOW = 0, ZCK_NOFOLLOW = 1 };
+int zck_open_regular(int *out, const char *path, int nofollow, uint64_t *bytes);
+
 /* ---------------------------------------------------------------- writing a checkpoint */
 
 enum { ZCK_IO_AUTO = 0, ZCK_IO_BUFFERED = 1 };
