@@ -276,13 +276,17 @@ int zck__manifest_index(zck_manifest *m, const char *what)
                            s->rank >= m->world ? "is not below the world size" : "listed twice");
         }
         seen[s->rank] = 1;
-        for (size_t j = 0; j < i; j++)
-            if (!strcmp(m->shards[j]->file, s->file)) {
-                free(seen);
-                return CORRUPT("%s: shards[%zu]: file '%s' listed twice", what, i, s->file);
-            }
     }
     free(seen);
+    const char **files = malloc((m->nshards ? m->nshards : 1) * sizeof *files), *dup;
+    if (!files)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < m->nshards; i++)
+        files[i] = m->shards[i]->file;
+    dup = zck__first_duplicate(files, m->nshards);
+    free(files);
+    if (dup)
+        return CORRUPT("%s: shard file '%s' listed twice", what, dup);
 
     /* per shard: extents in range, aligned, inside the file, not overlapping, size exact */
     size_t *cnt = calloc(ng * ns > 0 ? ng * ns : 1, sizeof *cnt);
@@ -377,7 +381,8 @@ int zck__manifest_index(zck_manifest *m, const char *what)
         for (size_t st = 0; st < ns; st++) {
             size_t x = g * ns + st;
             zck__extref *r = m->index[x];
-            qsort(r, m->index_n[x], sizeof *r, cmp_ref);
+            if (m->index_n[x]) /* r is NULL when no extent covers it: qsort(NULL, 0) is UB */
+                qsort(r, m->index_n[x], sizeof *r, cmp_ref);
             uint64_t expect = 0;
             for (size_t k = 0; k < m->index_n[x]; k++) {
                 if (r[k].start < expect)
@@ -410,6 +415,7 @@ static int parse_layout(zck_layout **out, json_t *root, const char *what)
 {
     zck_layout *L;
     ZR_TRY(zck_layout_new(&L));
+    L->unchecked = true; /* names checked all at once below: a linear check per name is O(n^2) */
     int rc = 0;
     char ctx[512];
     json_t *dt, *states, *groups;
@@ -535,6 +541,11 @@ static int parse_layout(zck_layout **out, json_t *root, const char *what)
                          (unsigned long long)numel, (unsigned long long)L->g[g].numel);
             goto fail;
         }
+    }
+    L->unchecked = false;
+    if (zck__layout_check_unique(L) < 0) {
+        rc = zr_err_code() == ZR_ENOMEM ? ZR_ENOMEM : corrupt_at(what);
+        goto fail;
     }
     *out = L;
     return 0;

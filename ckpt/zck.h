@@ -89,6 +89,12 @@ void zr_log_trace(const char *file, int line, int rc); /* ZR_TRY hop, shown at d
 #define ZCK_PARTITION_ALIGN 64u  /* default partition size multiple, in elements */
 #define ZCK_MAX_DIMS 8
 #define ZCK_MAX_WORLD 65536u
+/* manifest.json is refused beyond this on read and on write (bounds the memory a hostile one
+ * costs: parsing takes several times its size) */
+#define ZCK_MAX_MANIFEST_BYTES ((size_t)64 << 20)
+/* training-section counters (step, optimizer_step, next_sample) above this are refused on read
+ * and on write: far from where a signed 64-bit JSON integer wraps to negative */
+#define ZCK_MAX_COUNTER ((uint64_t)1 << 62)
 
 /* ---------------------------------------------------------------- dtypes */
 

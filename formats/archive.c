@@ -30,7 +30,6 @@
 
 #define CHUNK_BYTES ((size_t)1 << 20)        /* file data moves in pieces of this size */
 #define MAX_MEMBER_BYTES ((int64_t)1 << 50)  /* a member larger than this is absurd */
-#define MAX_MANIFEST_BYTES ((size_t)256 << 20)
 #define MAX_SUMS_BYTES ((size_t)64 << 20)
 #define PROGRESS_EVERY ((uint64_t)4 << 20)
 
@@ -913,7 +912,7 @@ static int verify_members(verify_ctx *c, struct archive *a)
             continue;
         }
         if (!strcmp(file, "manifest.json"))
-            ZR_TRY(verify_read(c, a, file, &c->mtext, MAX_MANIFEST_BYTES));
+            ZR_TRY(verify_read(c, a, file, &c->mtext, ZCK_MAX_MANIFEST_BYTES));
         else if (!strcmp(file, "SHA256SUMS"))
             ZR_TRY(verify_read(c, a, file, &c->sums, MAX_SUMS_BYTES));
         else

@@ -180,7 +180,7 @@ static int map_file(zr_data *d, const char *path)
     int fd, rc = 0;
     uint64_t size;
     if (zck_open_regular(&fd, path, ZCK_FOLLOW, &size) < 0) {
-        zr_err_prefix("data file: ");
+        zr_err_prefix("data file '%s': ", path);
         return zr_err_code();
     }
     d->map_bytes = (size_t)size;
