@@ -582,6 +582,26 @@ static bool parse_version(const char *v, int *major, int *minor)
     return parse_num(&v, major) && *v++ == '.' && parse_num(&v, minor) && *v == 0;
 }
 
+/* The training section's counters, where present, are integers in [0, ZCK_MAX_COUNTER]: the
+ * engine adds to them, and one of 2^63 or more would be written back as a negative number. */
+static int check_counters(json_t *training, int code, const char *what)
+{
+    static const char *const keys[] = {"step", "optimizer_step", "next_sample"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        json_t *v = json_object_get(training, keys[i]);
+        if (!v)
+            continue;
+        if (!json_is_integer(v))
+            return zr_err_set(code, "%s: training.%s: expected an integer, found %s", what,
+                              keys[i], jtype(v));
+        json_int_t x = json_integer_value(v);
+        if (x < 0 || (uint64_t)x > ZCK_MAX_COUNTER)
+            return zr_err_set(code, "%s: training.%s: %lld out of range [0, 2^62] (a counter "
+                              "of 2^63 or more wraps to negative)", what, keys[i], (long long)x);
+    }
+    return 0;
+}
+
 int zck__manifest_parse(zck_manifest **out, const char *text, size_t len, const char *what)
 {
     json_error_t jerr;
@@ -627,6 +647,7 @@ int zck__manifest_parse(zck_manifest **out, const char *text, size_t len, const 
                 fail);
     ZR_TRY_GOTO(get(&model, root, "model", JSON_OBJECT, what), rc, fail);
     ZR_TRY_GOTO(get(&training, root, "training", JSON_OBJECT, what), rc, fail);
+    ZR_TRY_GOTO(check_counters(training, ZR_ECORRUPT, what), rc, fail);
     m->world = (uint32_t)world;
     m->stage = (int)stage;
     if (!(m->created = strdup(created)) || !(m->producer = strdup(producer)) ||
@@ -677,6 +698,12 @@ int zck__manifest_dump(char **out, const zck_manifest *m)
         json_decref(training);
         return zr_err_set(ZR_EINVAL, "the %s section must be a JSON object",
                           !json_is_object(model) ? "model" : "training");
+    }
+    int crc = check_counters(training, ZR_EINVAL, "checkpoint to write");
+    if (crc) {
+        json_decref(model);
+        json_decref(training);
+        return crc;
     }
     json_t *root = json_object(), *dt = json_object(), *states = json_array(),
            *groups = json_array(), *shards = json_array();
@@ -734,6 +761,11 @@ int zck__manifest_dump(char **out, const zck_manifest *m)
     if (!txt)
         return zr_err_set(ZR_ENOMEM, "out of memory serializing the manifest");
     size_t n = strlen(txt);
+    if (n + 1 > ZCK_MAX_MANIFEST_BYTES) {
+        free(txt);
+        return zr_err_set(ZR_EINVAL, "manifest of %zu bytes: more than the %zu a reader accepts "
+                          "(fewer tensors or ranks)", n + 1, ZCK_MAX_MANIFEST_BYTES);
+    }
     char *t2 = realloc(txt, n + 2);
     if (!t2) {
         free(txt);

@@ -54,6 +54,10 @@ int zr_err_code(void);
 const char *zr_err_where(void); /* "file.c:123" of the zr_err_set call */
 const char *zr_err_name(int code); /* "ZR_ECORRUPT" */
 void zr_err_clear(void);
+/* s made safe to print on a terminal: each control character (below 0x20, and 0x7f) as '?',
+ * cut to cap - 1 bytes, into buf; returns buf ("(null)" for NULL). For names that come from
+ * files (tensor, group, producer, shard and archive member names) before they are shown. */
+const char *zr_printable(char *buf, size_t cap, const char *s);
 
 enum { ZR_LOG_ERROR = 0, ZR_LOG_WARN = 1, ZR_LOG_INFO = 2, ZR_LOG_DEBUG = 3 };
 /* Log to stderr, prefixed "[rank N] " once zr_log_set_rank was called. Level from ZR_LOG. */

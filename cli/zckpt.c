@@ -103,19 +103,22 @@ static int cmd_ls(int argc, char **argv)
                "STATUS");
         for (size_t i = 0; i < l->n; i++) {
             const zck_run_entry *e = &l->ckpt[i];
-            char h[32];
+            char h[32], det[1280];
             printf("%-22s %10llu %6u %6d %12s  %s%s%s%s\n", e->name,
                    (unsigned long long)e->step, e->world, e->zero_stage,
                    zcli_human(h, (double)e->bytes), zck_ckpt_status_name(e->status),
-                   e->is_latest ? " (latest)" : "", e->detail[0] ? ": " : "", e->detail);
+                   e->is_latest ? " (latest)" : "", e->detail[0] ? ": " : "",
+                   zr_printable(det, sizeof det, e->detail));
         }
         if (!l->n)
             printf("(no checkpoints)\n");
         if (!l->latest)
             printf("latest: none\n");
-        for (size_t i = 0; i < l->stale.n; i++)
+        for (size_t i = 0; i < l->stale.n; i++) {
+            char nm[300];
             printf("stale temporary: %s (removed by the next commit or `zckpt prune`)\n",
-                   l->stale.name[i]);
+                   zr_printable(nm, sizeof nm, l->stale.name[i]));
+        }
     }
     zck_run_list_free(l);
     return ZCLI_OK;
@@ -220,10 +223,11 @@ static int cmd_inspect(int argc, char **argv)
     if (json) {
         print_json(root);
     } else {
-        char h[32];
+        char h[32], b1[300], b2[300];
         printf("checkpoint   %s\n", zck_reader_path(r));
         printf("format       zckpt %s, written %s by %s\n", zck_reader_version(r),
-               zck_reader_created(r), zck_reader_producer(r));
+               zr_printable(b1, sizeof b1, zck_reader_created(r)),
+               zr_printable(b2, sizeof b2, zck_reader_producer(r)));
         printf("step         %llu\n", (unsigned long long)zck_reader_step(r));
         printf("world        %u ranks, ZeRO stage %d\n", zck_reader_world(r),
                zck_reader_zero_stage(r));
@@ -252,12 +256,14 @@ static int cmd_inspect(int argc, char **argv)
                         p += snprintf(p, sizeof shape - (size_t)(p - shape) - 2, "%s%lld",
                                       di ? ", " : "", (long long)json_integer_value(d));
                     strcat(shape, "]");
-                    printf("%-40s %-5s %-20s", json_string_value(json_object_get(t, "name")),
+                    printf("%-40s %-5s %-20s",
+                           zr_printable(b1, sizeof b1,
+                                        json_string_value(json_object_get(t, "name"))),
                            json_string_value(json_object_get(t, "dtype")), shape);
                     size_t si;
                     json_t *sh;
                     json_array_foreach(json_object_get(t, "shards"), si, sh)
-                        printf(" %s", json_string_value(sh));
+                        printf(" %s", zr_printable(b2, sizeof b2, json_string_value(sh)));
                     printf("\n");
                 }
             }
@@ -323,7 +329,9 @@ static int cmd_verify(int argc, char **argv)
     } else {
         for (size_t i = 0; i < n; i++) {
             const zck_problem *p = zck_report_get(rep, i);
-            printf("%s: %s: %s\n", p->file, zck_problem_kind_name(p->kind), p->detail);
+            char f[300], det[1280];
+            printf("%s: %s: %s\n", zr_printable(f, sizeof f, p->file),
+                   zck_problem_kind_name(p->kind), zr_printable(det, sizeof det, p->detail));
         }
         char h[32];
         if (n)
@@ -706,11 +714,14 @@ static int cmd_diff(int argc, char **argv)
             const zck_diff_entry *e = &d->e[i];
             if (e->match && !all)
                 continue;
+            char tn[300], sn[300], note[600];
+            zr_printable(tn, sizeof tn, e->tensor);
+            zr_printable(sn, sizeof sn, e->state);
             if (e->note[0])
-                printf("%-44s %-12s %s\n", e->tensor, e->state, e->note);
+                printf("%-44s %-12s %s\n", tn, sn, zr_printable(note, sizeof note, e->note));
             else
                 printf("%-44s %-12s %s  max |a-b| %.6g, %llu of %llu elements differ\n",
-                       e->tensor, e->state, e->match ? "match" : "DIFFER", e->max_abs,
+                       tn, sn, e->match ? "match" : "DIFFER", e->max_abs,
                        (unsigned long long)e->n_differ, (unsigned long long)e->numel);
         }
         printf("%zu of %zu tensor states %s (atol %g, rtol %g)\n", d->all_match ? d->n : differ,

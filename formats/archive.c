@@ -60,13 +60,7 @@ static char *join(const char *a, const char *b)
 /* Member names come from untrusted archives: show them on one line, bounded. */
 static const char *shown(char buf[256], const char *name)
 {
-    if (!name)
-        return "(unnamed)";
-    size_t k = 0;
-    for (; name[k] && k < 255; k++)
-        buf[k] = (unsigned char)name[k] < 0x20 || name[k] == 0x7f ? '?' : name[k];
-    buf[k] = 0;
-    return buf;
+    return name ? zr_printable(buf, 256, name) : "(unnamed)";
 }
 
 static int fsync_dir(const char *dir)
