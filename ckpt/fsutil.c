@@ -167,7 +167,7 @@ int zck__write_small(const char *path, const void *data, size_t len)
     return 0;
 }
 
-static const char *file_type_name(mode_t m)
+const char *zck__file_type_name(mode_t m)
 {
     return S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) ? "a character device"
          : S_ISBLK(m) ? "a block device" : S_ISDIR(m) ? "a directory"
@@ -196,7 +196,7 @@ int zck_open_regular(int *out, const char *path, int nofollow, uint64_t *bytes)
     if (!S_ISREG(st.st_mode)) {
         close(fd);
         return zr_err_set(ZR_ECORRUPT, "%s is %s, not a regular file", path,
-                          file_type_name(st.st_mode));
+                          zck__file_type_name(st.st_mode));
     }
     if (bytes)
         *bytes = (uint64_t)st.st_size;

@@ -297,7 +297,8 @@ int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
                                        "not on disk", (unsigned long long)s->bytes)
                                  : add(rep, ZCK_PROB_IO, s->file, "stat: %s", strerror(errno));
         else if (!S_ISREG(st.st_mode))
-            rc = add(rep, ZCK_PROB_IO, s->file, "not a regular file");
+            rc = add(rep, ZCK_PROB_IO, s->file, "%s, not a regular file",
+                     zck__file_type_name(st.st_mode));
         else if ((uint64_t)st.st_size < s->bytes)
             rc = add(rep, ZCK_PROB_TRUNCATED, s->file, "%lld bytes, manifest lists %llu",
                      (long long)st.st_size, (unsigned long long)s->bytes);

@@ -335,6 +335,8 @@ typedef struct {
     size_t n;
     char *latest;         /* what latest names, NULL without one */
     zck_namelist stale;   /* stale temporaries */
+    zck_namelist foreign; /* step-<N> names that are not directories (a symbolic link to one
+                             among them): not part of the run, never resumed from or removed */
 } zck_run_list;
 
 /* List the checkpoints of a run directory with a quick check of each. */

@@ -196,6 +196,7 @@ int zck__rmtree(const char *path);                /* a flat checkpoint directory
 int zck__write_small(const char *path, const void *data, size_t len); /* create, write, fsync */
 int zck__read_small(char **out, size_t *len, const char *path, size_t max);
 char *zck__path_join(const char *a, const char *b);  /* NULL on ENOMEM (error set) */
+const char *zck__file_type_name(mode_t m);          /* "a FIFO", "a symbolic link", ... */
 
 /* "step-<1-19 digits>" -> step; false for anything else */
 bool zck__parse_step_name(const char *name, uint64_t *step);

@@ -96,8 +96,11 @@ static int cmd_ls(int argc, char **argv)
         json_t *stale = json_array();
         for (size_t i = 0; i < l->stale.n; i++)
             json_array_append_new(stale, json_string(l->stale.name[i]));
-        print_json(json_pack("{s:s, s:s?, s:o, s:o}", "run_dir", run, "latest", l->latest,
-                             "checkpoints", arr, "stale", stale));
+        json_t *foreign = json_array();
+        for (size_t i = 0; i < l->foreign.n; i++)
+            json_array_append_new(foreign, json_string(l->foreign.name[i]));
+        print_json(json_pack("{s:s, s:s?, s:o, s:o, s:o}", "run_dir", run, "latest", l->latest,
+                             "checkpoints", arr, "stale", stale, "foreign", foreign));
     } else {
         printf("%-22s %10s %6s %6s %12s  %s\n", "CHECKPOINT", "STEP", "WORLD", "STAGE", "BYTES",
                "STATUS");
@@ -119,6 +122,9 @@ static int cmd_ls(int argc, char **argv)
             printf("stale temporary: %s (removed by the next commit or `zckpt prune`)\n",
                    zr_printable(nm, sizeof nm, l->stale.name[i]));
         }
+        for (size_t i = 0; i < l->foreign.n; i++)
+            printf("not part of the run: %s (not a directory, or a symbolic link)\n",
+                   l->foreign.name[i]);
     }
     zck_run_list_free(l);
     return ZCLI_OK;

@@ -986,7 +986,7 @@ static int verify_against_manifest(verify_ctx *c)
                               c->stopped ? c->stop_msg : "");
     mm->used = 1;
     if (c->mtoo_big)
-        return zck_report_add(rep, ZCK_PROB_MANIFEST, "manifest.json", "larger than 256 MiB");
+        return zck_report_add(rep, ZCK_PROB_MANIFEST, "manifest.json", "larger than 64 MiB");
     if (!c->mtext)
         return zck_report_add(rep, ZCK_PROB_MANIFEST, "manifest.json", "unreadable: %s",
                               c->stop_msg);

@@ -179,9 +179,11 @@ static int map_file(zr_data *d, const char *path)
 {
     int fd, rc = 0;
     uint64_t size;
-    if (zck_open_regular(&fd, path, ZCK_FOLLOW, &size) < 0) {
-        zr_err_prefix("data file '%s': ", path);
-        return zr_err_code();
+    if ((rc = zck_open_regular(&fd, path, ZCK_FOLLOW, &size)) < 0) {
+        char msg[1024]; /* copied: formatting zr_err_msg() into itself is undefined */
+        snprintf(msg, sizeof msg, "%s", zr_err_msg());
+        /* a FIFO or device given as --data is a usage mistake, not a corrupt file */
+        return zr_err_set(rc == ZR_ECORRUPT ? ZR_EINVAL : rc, "data file '%s': %s", path, msg);
     }
     d->map_bytes = (size_t)size;
     if (!d->map_bytes)
