@@ -257,14 +257,9 @@ static int cmp_brange(const void *a, const void *b)
     return x->a < y->a ? -1 : x->a > y->a;
 }
 
-int zck__manifest_index(zck_manifest *m, const char *what)
+/* Ranks below the world size and unique, file names unique (sorted: O(n log n)). */
+static int check_ranks_files(const zck_manifest *m, const char *what)
 {
-    const zck_layout *L = m->L;
-    size_t ng = L->ng, ns = L->ns;
-    if (m->nshards != m->world)
-        return CORRUPT("%s: %zu shards listed for world size %u (expected one per rank)", what,
-                       m->nshards, m->world);
-    /* ranks and file names unique */
     unsigned char *seen = calloc(m->world ? m->world : 1, 1);
     if (!seen)
         return zr_err_set(ZR_ENOMEM, "out of memory");
@@ -287,6 +282,17 @@ int zck__manifest_index(zck_manifest *m, const char *what)
     free(files);
     if (dup)
         return CORRUPT("%s: shard file '%s' listed twice", what, dup);
+    return 0;
+}
+
+int zck__manifest_index(zck_manifest *m, const char *what)
+{
+    const zck_layout *L = m->L;
+    size_t ng = L->ng, ns = L->ns;
+    if (m->nshards != m->world)
+        return CORRUPT("%s: %zu shards listed for world size %u (expected one per rank)", what,
+                       m->nshards, m->world);
+    ZR_TRY(check_ranks_files(m, what));
 
     /* per shard: extents in range, aligned, inside the file, not overlapping, size exact */
     size_t *cnt = calloc(ng * ns > 0 ? ng * ns : 1, sizeof *cnt);
