@@ -136,3 +136,15 @@ void zr_log_trace(const char *file, int line, int rc)
                line);
     }
 }
+
+const char *zr_printable(char *buf, size_t cap, const char *s)
+{
+    if (!s)
+        s = "(null)";
+    size_t k = 0;
+    for (; s[k] && k + 1 < cap; k++)
+        buf[k] = (unsigned char)s[k] < 0x20 || s[k] == 0x7f ? '?' : s[k];
+    if (cap)
+        buf[k] = 0;
+    return buf;
+}

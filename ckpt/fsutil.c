@@ -1,7 +1,8 @@
 /*
  * fsutil.c: the fault-injection hook and the small filesystem operations of the commit
  * protocol (fsync of files and directories, rename, mkdir, removal), each reporting errno
- * failures with the path named.
+ * failures with the path named, and the one way every checkpoint or data file is opened for
+ * reading (zck_open_regular: regular files only, never through a symbolic link, never blocking).
  */
 #include "zck_int.h"
 
@@ -166,36 +167,64 @@ int zck__write_small(const char *path, const void *data, size_t len)
     return 0;
 }
 
-int zck__read_small(char **out, size_t *len, const char *path, size_t max)
+const char *zck__file_type_name(mode_t m)
 {
-    int e = zck__fault(ZCK_OP_OPEN, path);
-    int fd = e ? -1 : open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return zr_err_sys(e ? e : errno, "%s: open", path);
+    return S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) ? "a character device"
+         : S_ISBLK(m) ? "a block device" : S_ISDIR(m) ? "a directory"
+         : S_ISLNK(m) ? "a symbolic link" : "not a plain file";
+}
+
+int zck_open_regular(int *out, const char *path, int nofollow, uint64_t *bytes)
+{
+    /* O_NONBLOCK: opening a FIFO with no writer would wait forever; O_NOFOLLOW: a symbolic link
+     * as the last component fails with ELOOP instead of reaching any file */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
     struct stat st;
-    if (fstat(fd, &st) < 0) {
-        e = errno;
+    if (fd < 0) {
+        int e = errno;
+        if (e == ELOOP && lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+            return zr_err_set(ZR_ECORRUPT, "%s is a symbolic link, not a regular file", path);
+        return zr_err_sys(e, "%s: open", path);
+    }
+    int fl;
+    if (fstat(fd, &st) < 0 || (fl = fcntl(fd, F_GETFL)) < 0 ||
+        (S_ISREG(st.st_mode) && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)) {
+        int e = errno;
         close(fd);
         return zr_err_sys(e, "%s: stat", path);
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return zr_err_set(ZR_ECORRUPT, "%s: not a regular file", path);
+        return zr_err_set(ZR_ECORRUPT, "%s is %s, not a regular file", path,
+                          zck__file_type_name(st.st_mode));
     }
-    if ((uint64_t)st.st_size > max) {
+    if (bytes)
+        *bytes = (uint64_t)st.st_size;
+    *out = fd;
+    return 0;
+}
+
+int zck__read_small(char **out, size_t *len, const char *path, size_t max)
+{
+    int e = zck__fault(ZCK_OP_OPEN, path), fd;
+    uint64_t size;
+    if (e)
+        return zr_err_sys(e, "%s: open", path);
+    ZR_TRY(zck_open_regular(&fd, path, ZCK_NOFOLLOW, &size));
+    if (size > max) {
         close(fd);
-        return zr_err_set(ZR_ECORRUPT, "%s: %lld bytes, more than the %zu this file may have",
-                          path, (long long)st.st_size, max);
+        return zr_err_set(ZR_ECORRUPT, "%s: %llu bytes, more than the %zu this file may have",
+                          path, (unsigned long long)size, max);
     }
-    char *buf = malloc((size_t)st.st_size + 1);
+    char *buf = malloc((size_t)size + 1);
     if (!buf) {
         close(fd);
         return zr_err_set(ZR_ENOMEM, "%s: out of memory", path);
     }
     size_t done = 0;
-    while (done < (size_t)st.st_size) {
+    while (done < (size_t)size) {
         e = zck__fault(ZCK_OP_READ, path);
-        ssize_t k = e ? -1 : read(fd, buf + done, (size_t)st.st_size - done);
+        ssize_t k = e ? -1 : read(fd, buf + done, (size_t)size - done);
         if (k < 0 && !e && errno == EINTR)
             continue;
         if (k <= 0) {

@@ -129,6 +129,46 @@ static void free_struct(zck__io *io)
     free(io);
 }
 
+/* The write side: O_DIRECT first when asked, buffered where the filesystem refuses it. */
+static int open_write(zck__io *io, const char *path, int flags, bool direct)
+{
+    if (direct) {
+        int de = zck__fault(ZCK_OP_OPEN_DIRECT, path);
+        io->fd = de ? -1 : open(path, flags | O_DIRECT, 0644);
+        if (de)
+            errno = de;
+        if (io->fd >= 0) {
+            io->direct = 1;
+            return 0;
+        }
+        if (errno != EINVAL)
+            return zr_err_sys(errno, "%s: open", path);
+        zck__warn_buffered(path);
+    }
+    if ((io->fd = open(path, flags, 0644)) < 0)
+        return zr_err_sys(errno, "%s: open", path);
+    return 0;
+}
+
+/* The read side: a regular file only (zck_open_regular), then O_DIRECT set on it when asked and
+ * the filesystem allows it. */
+static int open_read(zck__io *io, const char *path, bool direct)
+{
+    ZR_TRY(zck_open_regular(&io->fd, path, ZCK_NOFOLLOW, NULL));
+    if (!direct)
+        return 0;
+    int de = zck__fault(ZCK_OP_OPEN_DIRECT, path), fl = fcntl(io->fd, F_GETFL);
+    if (!de && fl >= 0 && fcntl(io->fd, F_SETFL, fl | O_DIRECT) == 0) {
+        io->direct = 1;
+        return 0;
+    }
+    de = de ? de : errno;
+    if (de != EINVAL)
+        return zr_err_sys(de, "%s: open", path);
+    zck__warn_buffered(path);
+    return 0;
+}
+
 int zck__io_open(zck__io **out, const char *path, int mode, const zck_io_opts *o)
 {
     zck_io_opts def = ZCK_IO_OPTS_INIT;
@@ -162,31 +202,12 @@ int zck__io_open(zck__io **out, const char *path, int mode, const zck_io_opts *o
         rc = zr_err_sys(e, "%s: open", path);
         goto fail;
     }
-    if (o->io == ZCK_IO_AUTO) {
-        int de = zck__fault(ZCK_OP_OPEN_DIRECT, path);
-        io->fd = de ? -1 : open(path, flags | O_DIRECT, 0644);
-        if (de)
-            errno = de;
-        if (io->fd >= 0)
-            io->direct = 1;
-        else if (errno == EINVAL)
-            zck__warn_buffered(path);
-        else {
-            rc = zr_err_sys(errno, "%s: open", path);
-            goto fail;
-        }
-    }
-    if (io->fd < 0 && (io->fd = open(path, flags, 0644)) < 0) {
-        rc = zr_err_sys(errno, "%s: open", path);
+    if (io->writing)
+        rc = open_write(io, path, flags, o->io == ZCK_IO_AUTO);
+    else
+        rc = open_read(io, path, o->io == ZCK_IO_AUTO);
+    if (rc)
         goto fail;
-    }
-    if (!io->writing) {
-        struct stat st;
-        if (fstat(io->fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-            rc = zr_err_set(ZR_ECORRUPT, "%s: not a regular file", path);
-            goto fail;
-        }
-    }
     ZR_TRY_GOTO(ring_get(io), rc, fail);
     *out = io;
     return 0;

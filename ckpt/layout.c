@@ -112,7 +112,7 @@ int zck_layout_add_state(zck_layout *L, const char *name, zck_dtype dtype)
                           "[A-Za-z0-9_.-]", name);
     if ((unsigned)dtype >= ZCK_DTYPE_COUNT)
         return zr_err_set(ZR_EINVAL, "state '%s': invalid dtype %d", name, (int)dtype);
-    for (size_t s = 0; s < L->ns; s++)
+    for (size_t s = 0; !L->unchecked && s < L->ns; s++)
         if (!strcmp(L->s[s].name, name))
             return zr_err_set(ZR_EINVAL, "state '%s' declared twice", name);
     ZR_TRY(grow((void **)&L->s, &L->caps, L->ns, sizeof *L->s));
@@ -126,7 +126,7 @@ int zck_layout_add_group(zck_layout *L, size_t *out, const char *name)
 {
     if (!name[0] || strlen(name) > 256)
         return zr_err_set(ZR_EINVAL, "group name: expected 1-256 characters");
-    for (size_t g = 0; g < L->ng; g++)
+    for (size_t g = 0; !L->unchecked && g < L->ng; g++)
         if (!strcmp(L->g[g].name, name))
             return zr_err_set(ZR_EINVAL, "group '%s' declared twice", name);
     ZR_TRY(grow((void **)&L->g, &L->capg, L->ng, sizeof *L->g));
@@ -151,7 +151,7 @@ int zck_layout_add_tensor(zck_layout *L, size_t g, const char *name, zck_dtype d
         return zr_err_set(ZR_EINVAL, "tensor '%s': %zu dimensions, at most %d", name, ndim,
                           ZCK_MAX_DIMS);
     zck__group *G = &L->g[g];
-    for (size_t gg = 0; gg < L->ng; gg++)
+    for (size_t gg = 0; !L->unchecked && gg < L->ng; gg++)
         for (size_t t = 0; t < L->g[gg].nt; t++)
             if (!strcmp(L->g[gg].t[t].name, name))
                 return zr_err_set(ZR_EINVAL, "tensor '%s' declared twice", name);
@@ -178,6 +178,52 @@ int zck_layout_add_tensor(zck_layout *L, size_t g, const char *name, zck_dtype d
     return 0;
 }
 
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+const char *zck__first_duplicate(const char **v, size_t n)
+{
+    if (n < 2)
+        return NULL;
+    qsort(v, n, sizeof *v, cmp_str);
+    for (size_t i = 1; i < n; i++)
+        if (!strcmp(v[i - 1], v[i]))
+            return v[i];
+    return NULL;
+}
+
+int zck__layout_check_unique(const zck_layout *L)
+{
+    size_t nt = 0;
+    for (size_t g = 0; g < L->ng; g++)
+        nt += L->g[g].nt;
+    size_t cap = nt > L->ng ? nt : L->ng;
+    cap = cap > L->ns ? cap : L->ns;
+    const char **v = malloc((cap ? cap : 1) * sizeof *v);
+    if (!v)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    const char *dup;
+    int rc = 0;
+    for (size_t s = 0; s < L->ns; s++)
+        v[s] = L->s[s].name;
+    if ((dup = zck__first_duplicate(v, L->ns)))
+        rc = zr_err_set(ZR_EINVAL, "state '%s' declared twice", dup);
+    for (size_t g = 0; g < L->ng; g++)
+        v[g] = L->g[g].name;
+    if (!rc && (dup = zck__first_duplicate(v, L->ng)))
+        rc = zr_err_set(ZR_EINVAL, "group '%s' declared twice", dup);
+    size_t k = 0;
+    for (size_t g = 0; g < L->ng; g++)
+        for (size_t t = 0; t < L->g[g].nt; t++)
+            v[k++] = L->g[g].t[t].name;
+    if (!rc && (dup = zck__first_duplicate(v, nt)))
+        rc = zr_err_set(ZR_EINVAL, "tensor '%s' declared twice", dup);
+    free(v);
+    return rc;
+}
+
 int zck_layout_set_partition_align(zck_layout *L, uint32_t align)
 {
     if (align < 1 || align > (1u << 20))
@@ -192,6 +238,7 @@ int zck_layout_copy(zck_layout **out, const zck_layout *L)
     ZR_TRY(zck_layout_new(&c));
     int rc = 0;
     c->palign = L->palign;
+    c->unchecked = true; /* the names of L are unique already */
     for (size_t s = 0; s < L->ns; s++)
         ZR_TRY_GOTO(zck_layout_add_state(c, L->s[s].name, L->s[s].dtype), rc, fail);
     for (size_t g = 0; g < L->ng; g++) {
@@ -202,6 +249,7 @@ int zck_layout_copy(zck_layout **out, const zck_layout *L)
                         fail);
         }
     }
+    c->unchecked = L->unchecked;
     *out = c;
     return 0;
 fail:

@@ -257,14 +257,9 @@ static int cmp_brange(const void *a, const void *b)
     return x->a < y->a ? -1 : x->a > y->a;
 }
 
-int zck__manifest_index(zck_manifest *m, const char *what)
+/* Ranks below the world size and unique, file names unique (sorted: O(n log n)). */
+static int check_ranks_files(const zck_manifest *m, const char *what)
 {
-    const zck_layout *L = m->L;
-    size_t ng = L->ng, ns = L->ns;
-    if (m->nshards != m->world)
-        return CORRUPT("%s: %zu shards listed for world size %u (expected one per rank)", what,
-                       m->nshards, m->world);
-    /* ranks and file names unique */
     unsigned char *seen = calloc(m->world ? m->world : 1, 1);
     if (!seen)
         return zr_err_set(ZR_ENOMEM, "out of memory");
@@ -276,13 +271,28 @@ int zck__manifest_index(zck_manifest *m, const char *what)
                            s->rank >= m->world ? "is not below the world size" : "listed twice");
         }
         seen[s->rank] = 1;
-        for (size_t j = 0; j < i; j++)
-            if (!strcmp(m->shards[j]->file, s->file)) {
-                free(seen);
-                return CORRUPT("%s: shards[%zu]: file '%s' listed twice", what, i, s->file);
-            }
     }
     free(seen);
+    const char **files = malloc((m->nshards ? m->nshards : 1) * sizeof *files), *dup;
+    if (!files)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < m->nshards; i++)
+        files[i] = m->shards[i]->file;
+    dup = zck__first_duplicate(files, m->nshards);
+    free(files);
+    if (dup)
+        return CORRUPT("%s: shard file '%s' listed twice", what, dup);
+    return 0;
+}
+
+int zck__manifest_index(zck_manifest *m, const char *what)
+{
+    const zck_layout *L = m->L;
+    size_t ng = L->ng, ns = L->ns;
+    if (m->nshards != m->world)
+        return CORRUPT("%s: %zu shards listed for world size %u (expected one per rank)", what,
+                       m->nshards, m->world);
+    ZR_TRY(check_ranks_files(m, what));
 
     /* per shard: extents in range, aligned, inside the file, not overlapping, size exact */
     size_t *cnt = calloc(ng * ns > 0 ? ng * ns : 1, sizeof *cnt);
@@ -377,7 +387,8 @@ int zck__manifest_index(zck_manifest *m, const char *what)
         for (size_t st = 0; st < ns; st++) {
             size_t x = g * ns + st;
             zck__extref *r = m->index[x];
-            qsort(r, m->index_n[x], sizeof *r, cmp_ref);
+            if (m->index_n[x]) /* r is NULL when no extent covers it: qsort(NULL, 0) is UB */
+                qsort(r, m->index_n[x], sizeof *r, cmp_ref);
             uint64_t expect = 0;
             for (size_t k = 0; k < m->index_n[x]; k++) {
                 if (r[k].start < expect)
@@ -410,6 +421,7 @@ static int parse_layout(zck_layout **out, json_t *root, const char *what)
 {
     zck_layout *L;
     ZR_TRY(zck_layout_new(&L));
+    L->unchecked = true; /* names checked all at once below: a linear check per name is O(n^2) */
     int rc = 0;
     char ctx[512];
     json_t *dt, *states, *groups;
@@ -536,6 +548,11 @@ static int parse_layout(zck_layout **out, json_t *root, const char *what)
             goto fail;
         }
     }
+    L->unchecked = false;
+    if (zck__layout_check_unique(L) < 0) {
+        rc = zr_err_code() == ZR_ENOMEM ? ZR_ENOMEM : corrupt_at(what);
+        goto fail;
+    }
     *out = L;
     return 0;
 fail:
@@ -569,6 +586,26 @@ static bool parse_num(const char **p, int *out)
 static bool parse_version(const char *v, int *major, int *minor)
 {
     return parse_num(&v, major) && *v++ == '.' && parse_num(&v, minor) && *v == 0;
+}
+
+/* The training section's counters, where present, are integers in [0, ZCK_MAX_COUNTER]: the
+ * engine adds to them, and one of 2^63 or more would be written back as a negative number. */
+static int check_counters(json_t *training, int code, const char *what)
+{
+    static const char *const keys[] = {"step", "optimizer_step", "next_sample"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        json_t *v = json_object_get(training, keys[i]);
+        if (!v)
+            continue;
+        if (!json_is_integer(v))
+            return zr_err_set(code, "%s: training.%s: expected an integer, found %s", what,
+                              keys[i], jtype(v));
+        json_int_t x = json_integer_value(v);
+        if (x < 0 || (uint64_t)x > ZCK_MAX_COUNTER)
+            return zr_err_set(code, "%s: training.%s: %lld out of range [0, 2^62] (a counter "
+                              "of 2^63 or more wraps to negative)", what, keys[i], (long long)x);
+    }
+    return 0;
 }
 
 int zck__manifest_parse(zck_manifest **out, const char *text, size_t len, const char *what)
@@ -616,6 +653,7 @@ int zck__manifest_parse(zck_manifest **out, const char *text, size_t len, const 
                 fail);
     ZR_TRY_GOTO(get(&model, root, "model", JSON_OBJECT, what), rc, fail);
     ZR_TRY_GOTO(get(&training, root, "training", JSON_OBJECT, what), rc, fail);
+    ZR_TRY_GOTO(check_counters(training, ZR_ECORRUPT, what), rc, fail);
     m->world = (uint32_t)world;
     m->stage = (int)stage;
     if (!(m->created = strdup(created)) || !(m->producer = strdup(producer)) ||
@@ -666,6 +704,12 @@ int zck__manifest_dump(char **out, const zck_manifest *m)
         json_decref(training);
         return zr_err_set(ZR_EINVAL, "the %s section must be a JSON object",
                           !json_is_object(model) ? "model" : "training");
+    }
+    int crc = check_counters(training, ZR_EINVAL, "checkpoint to write");
+    if (crc) {
+        json_decref(model);
+        json_decref(training);
+        return crc;
     }
     json_t *root = json_object(), *dt = json_object(), *states = json_array(),
            *groups = json_array(), *shards = json_array();
@@ -723,6 +767,11 @@ int zck__manifest_dump(char **out, const zck_manifest *m)
     if (!txt)
         return zr_err_set(ZR_ENOMEM, "out of memory serializing the manifest");
     size_t n = strlen(txt);
+    if (n + 1 > ZCK_MAX_MANIFEST_BYTES) {
+        free(txt);
+        return zr_err_set(ZR_EINVAL, "manifest of %zu bytes: more than the %zu a reader accepts "
+                          "(fewer tensors or ranks)", n + 1, ZCK_MAX_MANIFEST_BYTES);
+    }
     char *t2 = realloc(txt, n + 2);
     if (!t2) {
         free(txt);

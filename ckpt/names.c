@@ -55,8 +55,17 @@ int zck_latest(char **out, const char *run_dir)
                         txt);
         goto out;
     }
-    if (!(*out = zck__path_join(run_dir, txt)))
+    if (!(*out = zck__path_join(run_dir, txt))) {
         rc = ZR_ENOMEM;
+        goto out;
+    }
+    struct stat st;
+    if (lstat(*out, &st) == 0 && S_ISLNK(st.st_mode)) {
+        rc = zr_err_set(ZR_ECORRUPT, "%s: names %s, a symbolic link: a step directory that is a "
+                        "symbolic link is not part of the run", lp, txt);
+        free(*out);
+        *out = NULL;
+    }
 out:
     free(lp);
     free(txt);
@@ -93,7 +102,7 @@ int zck_latest_set(const char *run_dir, uint64_t step)
     if (!p)
         return ZR_ENOMEM;
     struct stat st;
-    int ok = stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+    int ok = lstat(p, &st) == 0 && S_ISDIR(st.st_mode); /* a symbolic link is no step of the run */
     free(p);
     if (!ok)
         return zr_err_set(ZR_ENOTFOUND, "%s/%s: no such checkpoint directory", run_dir, name);

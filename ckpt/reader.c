@@ -17,8 +17,6 @@ struct zck_reader {
     zck_manifest *m;
 };
 
-#define MAX_MANIFEST_BYTES ((size_t)256 << 20)
-
 int zck__resolve(char **out, const char *path)
 {
     struct stat st;
@@ -50,7 +48,7 @@ int zck__manifest_load(zck_manifest **out, const char *dir)
     size_t len;
     if (!mp)
         return ZR_ENOMEM;
-    int rc = zck__read_small(&text, &len, mp, MAX_MANIFEST_BYTES);
+    int rc = zck__read_small(&text, &len, mp, ZCK_MAX_MANIFEST_BYTES);
     if (rc == ZR_ENOTFOUND)
         rc = zr_err_set(ZR_ENOTFOUND, "%s: missing: %s is not a committed checkpoint", mp, dir);
     if (!rc)

@@ -189,7 +189,8 @@ int zck__housekeeping(const char *run_dir, uint64_t step, uint64_t tmp_below, co
     }
     closedir(d);
     if (!rc && o->keep_last) {
-        qsort(v, n, sizeof *v, cmp_step_desc);
+        if (n) /* qsort(NULL, 0, ...) is undefined */
+            qsort(v, n, sizeof *v, cmp_step_desc);
         unsigned kept = 0;
         for (size_t i = 0; i < n && !rc; i++) {
             bool every = o->keep_every && v[i].step % o->keep_every == 0;
@@ -353,6 +354,8 @@ int zck_run_list_open(zck_run_list **out, const char *run_dir)
             rc = check_entry(e, run_dir);
         } else if (de->d_name[0] == '.' && is_stale_tmp(de->d_name, latest_step)) {
             rc = names_add(&l->stale, de->d_name);
+        } else if (zck__parse_step_name(de->d_name, &s)) {
+            rc = names_add(&l->foreign, de->d_name);
         }
     }
     closedir(d);
@@ -378,6 +381,7 @@ void zck_run_list_free(zck_run_list *l)
     free(l->latest);
     free(l->holder);
     zck_namelist_free(&l->stale);
+    zck_namelist_free(&l->foreign);
     free(l);
 }
 

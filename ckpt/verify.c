@@ -88,9 +88,43 @@ void zck_report_free(zck_report *rep)
     free(rep);
 }
 
+/* The shards of a manifest sorted by file name, so that a name found on disk or in
+ * SHA256SUMS is looked up in O(log n): a world-65536 checkpoint has 65536 of each. */
+typedef struct {
+    const char *file;
+    size_t i;
+} named;
+
+static int cmp_named(const void *a, const void *b)
+{
+    return strcmp(((const named *)a)->file, ((const named *)b)->file);
+}
+
+static int by_name_new(named **out, const zck_manifest *m)
+{
+    named *v = malloc((m->nshards ? m->nshards : 1) * sizeof *v);
+    if (!v)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < m->nshards; i++)
+        v[i] = (named){m->shards[i]->file, i};
+    if (m->nshards)
+        qsort(v, m->nshards, sizeof *v, cmp_named);
+    *out = v;
+    return 0;
+}
+
+/* index in the manifest of the shard named file, or m->nshards */
+static size_t shard_by_name(const named *v, const zck_manifest *m, const char *file)
+{
+    named key = {file, 0};
+    const named *hit = m->nshards ? bsearch(&key, v, m->nshards, sizeof *v, cmp_named) : NULL;
+    return hit ? hit->i : m->nshards;
+}
+
 /* Compare SHA256SUMS ("<hex>  <file>" lines) with the manifest, and check the line for
  * manifest.json against the manifest's own bytes (mtext). */
-static int check_sums(zck_report *rep, const char *dir, const zck_manifest *m, const char *mtext)
+static int check_sums(zck_report *rep, const char *dir, const zck_manifest *m, const named *v,
+                      const char *mtext)
 {
     char *path = zck__path_join(dir, "SHA256SUMS"), *txt = NULL;
     if (!path)
@@ -132,9 +166,7 @@ static int check_sums(zck_report *rep, const char *dir, const zck_manifest *m, c
                          hex, line);
             continue;
         }
-        size_t i = 0;
-        while (i < m->nshards && strcmp(m->shards[i]->file, file))
-            i++;
+        size_t i = shard_by_name(v, m, file);
         if (i == m->nshards)
             rc = add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "line %zu: '%s' is not a shard of the "
                      "manifest", lineno, file);
@@ -153,7 +185,8 @@ static int check_sums(zck_report *rep, const char *dir, const zck_manifest *m, c
     return rc;
 }
 
-static int check_unlisted(zck_report *rep, const char *dir, const zck_manifest *m)
+static int check_unlisted(zck_report *rep, const char *dir, const zck_manifest *m,
+                          const named *v)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -165,10 +198,7 @@ static int check_unlisted(zck_report *rep, const char *dir, const zck_manifest *
         if (!strcmp(nm, ".") || !strcmp(nm, "..") || !strcmp(nm, "manifest.json") ||
             !strcmp(nm, "SHA256SUMS"))
             continue;
-        size_t i = 0;
-        while (i < m->nshards && strcmp(m->shards[i]->file, nm))
-            i++;
-        if (i == m->nshards)
+        if (shard_by_name(v, m, nm) == m->nshards)
             rc = add(rep, ZCK_PROB_UNLISTED, nm, "not named by the manifest");
     }
     closedir(d);
@@ -214,6 +244,7 @@ int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
         return zr_err_set(ZR_ENOMEM, "out of memory");
     }
     zck_manifest *m = NULL;
+    named *names = NULL;
     hash_ctx hc;
     memset(&hc, 0, sizeof hc);
     hc.dir = dir;
@@ -231,17 +262,21 @@ int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
     }
     hc.m = m;
     char *mp = zck__path_join(dir, "manifest.json"), *mtext = NULL;
-    if (!mp || zck__read_small(&mtext, NULL, mp, (size_t)256 << 20) < 0) {
+    if (!mp || zck__read_small(&mtext, NULL, mp, ZCK_MAX_MANIFEST_BYTES) < 0) {
+        /* read again after a good parse: changed or removed meanwhile. The message is copied
+         * first: zr_err_set formatting zr_err_msg() into itself is undefined */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", zr_err_msg());
+        rc = mp ? zr_err_set(ZR_EIO, "%s", msg) : ZR_ENOMEM;
         free(mp);
-        rc = zr_err_set(ZR_EIO, "%s", zr_err_msg());
         goto out;
     }
     free(mp);
-    rc = check_sums(rep, dir, m, mtext);
+    if ((rc = by_name_new(&names, m)) == 0 && (rc = check_sums(rep, dir, m, names, mtext)) == 0)
+        rc = check_unlisted(rep, dir, m, names);
     free(mtext);
     if (rc)
         goto out;
-    ZR_TRY_GOTO(check_unlisted(rep, dir, m), rc, out);
     hc.todo = calloc(m->nshards ? m->nshards : 1, sizeof *hc.todo);
     hc.hex = calloc(m->nshards ? m->nshards : 1, sizeof *hc.hex);
     hc.err = calloc(m->nshards ? m->nshards : 1, sizeof *hc.err);
@@ -262,7 +297,8 @@ int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
                                        "not on disk", (unsigned long long)s->bytes)
                                  : add(rep, ZCK_PROB_IO, s->file, "stat: %s", strerror(errno));
         else if (!S_ISREG(st.st_mode))
-            rc = add(rep, ZCK_PROB_IO, s->file, "not a regular file");
+            rc = add(rep, ZCK_PROB_IO, s->file, "%s, not a regular file",
+                     zck__file_type_name(st.st_mode));
         else if ((uint64_t)st.st_size < s->bytes)
             rc = add(rep, ZCK_PROB_TRUNCATED, s->file, "%lld bytes, manifest lists %llu",
                      (long long)st.st_size, (unsigned long long)s->bytes);
@@ -297,6 +333,7 @@ out:
     free(hc.err);
     free(hc.hex);
     free(hc.todo);
+    free(names);
     zck__manifest_free(m);
     free(dir);
     if (rc) {

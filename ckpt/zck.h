@@ -55,6 +55,10 @@ int zr_err_code(void);
 const char *zr_err_where(void); /* "file.c:123" of the zr_err_set call */
 const char *zr_err_name(int code); /* "ZR_ECORRUPT" */
 void zr_err_clear(void);
+/* s made safe to print on a terminal: each control character (below 0x20, and 0x7f) as '?',
+ * cut to cap - 1 bytes, into buf; returns buf ("(null)" for NULL). For names that come from
+ * files (tensor, group, producer, shard and archive member names) before they are shown. */
+const char *zr_printable(char *buf, size_t cap, const char *s);
 
 enum { ZR_LOG_ERROR = 0, ZR_LOG_WARN = 1, ZR_LOG_INFO = 2, ZR_LOG_DEBUG = 3 };
 /* Log to stderr ("warn: ..."), level from ZR_LOG. Lines of a rank are prefixed "[rank N] " by the
@@ -106,6 +110,12 @@ const char *zr_env_doc(zr_env_var v);
 #define ZCK_PARTITION_ALIGN 64u  /* default partition size multiple, in elements */
 #define ZCK_MAX_DIMS 8
 #define ZCK_MAX_WORLD 65536u
+/* manifest.json is refused beyond this on read and on write (bounds the memory a hostile one
+ * costs: parsing takes several times its size) */
+#define ZCK_MAX_MANIFEST_BYTES ((size_t)64 << 20)
+/* training-section counters (step, optimizer_step, next_sample) above this are refused on read
+ * and on write: far from where a signed 64-bit JSON integer wraps to negative */
+#define ZCK_MAX_COUNTER ((uint64_t)1 << 62)
 
 /* ---------------------------------------------------------------- dtypes */
 
@@ -258,6 +268,16 @@ typedef enum {
 typedef int (*zck_fault_fn)(zck_op op, const char *path, void *ctx);
 /* Install a hook for the whole process (NULL removes it). Not thread-safe against running I/O. */
 void zck_fault_set(zck_fault_fn fn, void *ctx);
+
+/* ---------------------------------------------------------------- opening files */
+
+/* Open path read-only as a regular file. A FIFO, socket, device or directory is refused without
+ * blocking ("<path> is a FIFO, not a regular file": ZR_ECORRUPT), and with ZCK_NOFOLLOW so is a
+ * symbolic link as the last component of path (the files inside a checkpoint); a missing file
+ * is ZR_ENOTFOUND. *out is a blocking descriptor the caller closes; *bytes (may be NULL) the
+ * size. Every checkpoint file, converter input and training data file is opened through this. */
+enum { ZCK_FOLLOW = 0, ZCK_NOFOLLOW = 1 };
+int zck_open_regular(int *out, const char *path, int nofollow, uint64_t *bytes);
 
 /* ---------------------------------------------------------------- writing a checkpoint */
 
@@ -421,6 +441,8 @@ typedef struct {
     char *latest;         /* what latest names, NULL without one */
     zck_namelist stale;   /* stale temporaries: abandoned staging of failed saves and others */
     char *holder;         /* the live job holding the directory (zck_run_lock_holder), or NULL */
+    zck_namelist foreign; /* step-<N> names that are not directories (a symbolic link to one
+                             among them): not part of the run, never resumed from or removed */
 } zck_run_list;
 
 /* List the checkpoints of a run directory with a quick check of each. */

@@ -45,6 +45,9 @@ struct zck_layout {
     zck__state *s;
     size_t ns, caps;
     uint32_t palign;
+    /* set while a parser adds many names: the adders skip their (linear) uniqueness check and
+     * the parser calls zck__layout_check_unique once at the end */
+    bool unchecked;
 };
 
 /* Largest group the format accepts, in elements (keeps every byte count far from overflow). */
@@ -52,6 +55,12 @@ struct zck_layout {
 
 bool zck__name_ok(const char *name);          /* state names: [A-Za-z0-9_.-]{1,64} */
 bool zck__file_name_ok(const char *name);     /* plain file name inside a checkpoint */
+/* Every state, group and tensor name declared once (sorted, O(n log n)); ZR_EINVAL naming the
+ * first duplicate. */
+int zck__layout_check_unique(const zck_layout *L);
+/* Sort n strings (qsort with strcmp; n may be 0) and return the first one that appears twice,
+ * or NULL. */
+const char *zck__first_duplicate(const char **v, size_t n);
 
 /* ---------------------------------------------------------------- shards and manifests */
 
@@ -188,6 +197,7 @@ int zck__rmtree(const char *path);                /* a flat checkpoint directory
 int zck__write_small(const char *path, const void *data, size_t len); /* create, write, fsync */
 int zck__read_small(char **out, size_t *len, const char *path, size_t max);
 char *zck__path_join(const char *a, const char *b);  /* NULL on ENOMEM (error set) */
+const char *zck__file_type_name(mode_t m);          /* "a FIFO", "a symbolic link", ... */
 
 /* "step-<1-19 digits>" -> step; false for anything else */
 bool zck__parse_step_name(const char *name, uint64_t *step);

@@ -37,7 +37,10 @@ int zcli_fail_lib(const char *prog, const char *hint)
         else if (code == ZR_ENOMEM)
             hint = "lower --buffer or --jobs";
     }
-    return zcli_fail(prog, hint, "%s", zr_err_msg()[0] ? zr_err_msg() : "unknown error");
+    char msg[1024]; /* messages quote names from files: no terminal escapes through */
+    return zcli_fail(prog, hint, "%s",
+                     zr_err_msg()[0] ? zr_printable(msg, sizeof msg, zr_err_msg())
+                                     : "unknown error");
 }
 
 bool zcli_parse_size(const char *prog, const char *opt, const char *text, size_t *out)

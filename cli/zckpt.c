@@ -94,18 +94,22 @@ static int cmd_ls(const zckpt_args *a)
         json_t *stale = json_array();
         for (size_t i = 0; i < l->stale.n; i++)
             json_array_append_new(stale, json_string(l->stale.name[i]));
-        print_json(json_pack("{s:s, s:s?, s:o, s:o}", "run_dir", run, "latest", l->latest,
-                             "checkpoints", arr, "stale", stale));
+        json_t *foreign = json_array();
+        for (size_t i = 0; i < l->foreign.n; i++)
+            json_array_append_new(foreign, json_string(l->foreign.name[i]));
+        print_json(json_pack("{s:s, s:s?, s:o, s:o, s:o}", "run_dir", run, "latest", l->latest,
+                             "checkpoints", arr, "stale", stale, "foreign", foreign));
     } else {
         printf("%-22s %10s %6s %6s %12s  %s\n", "CHECKPOINT", "STEP", "WORLD", "STAGE", "BYTES",
                "STATUS");
         for (size_t i = 0; i < l->n; i++) {
             const zck_run_entry *e = &l->ckpt[i];
-            char h[32];
+            char h[32], det[1280];
             printf("%-22s %10llu %6u %6d %12s  %s%s%s%s\n", e->name,
                    (unsigned long long)e->step, e->world, e->zero_stage,
                    zcli_human(h, (double)e->bytes), zck_ckpt_status_name(e->status),
-                   e->is_latest ? " (latest)" : "", e->detail[0] ? ": " : "", e->detail);
+                   e->is_latest ? " (latest)" : "", e->detail[0] ? ": " : "",
+                   zr_printable(det, sizeof det, e->detail));
         }
         if (!l->n)
             printf("(no checkpoints)\n");
@@ -113,8 +117,16 @@ static int cmd_ls(const zckpt_args *a)
             printf("latest: none\n");
         if (l->holder)
             printf("in use by %s\n", l->holder);
-        for (size_t i = 0; i < l->stale.n; i++)
-            printf("abandoned temporary: %s (removed by `zckpt prune`)\n", l->stale.name[i]);
+        for (size_t i = 0; i < l->stale.n; i++) {
+            char nm[300];
+            printf("abandoned temporary: %s (removed by `zckpt prune`)\n",
+                   zr_printable(nm, sizeof nm, l->stale.name[i]));
+        }
+        for (size_t i = 0; i < l->foreign.n; i++) {
+            char nm[300];
+            printf("not part of the run: %s (not a directory, or a symbolic link)\n",
+                   zr_printable(nm, sizeof nm, l->foreign.name[i]));
+        }
     }
     zck_run_list_free(l);
     return ZCLI_OK;
@@ -205,10 +217,11 @@ static int cmd_inspect(const zckpt_args *a)
     if (json) {
         print_json(root);
     } else {
-        char h[32];
+        char h[32], b1[300], b2[300];
         printf("checkpoint   %s\n", zck_reader_path(r));
         printf("format       zckpt %s, written %s by %s\n", zck_reader_version(r),
-               zck_reader_created(r), zck_reader_producer(r));
+               zr_printable(b1, sizeof b1, zck_reader_created(r)),
+               zr_printable(b2, sizeof b2, zck_reader_producer(r)));
         printf("step         %llu\n", (unsigned long long)zck_reader_step(r));
         printf("world        %u ranks, ZeRO stage %d\n", zck_reader_world(r),
                zck_reader_zero_stage(r));
@@ -237,12 +250,14 @@ static int cmd_inspect(const zckpt_args *a)
                         p += snprintf(p, sizeof shape - (size_t)(p - shape) - 2, "%s%lld",
                                       di ? ", " : "", (long long)json_integer_value(d));
                     strcat(shape, "]");
-                    printf("%-40s %-5s %-20s", json_string_value(json_object_get(t, "name")),
+                    printf("%-40s %-5s %-20s",
+                           zr_printable(b1, sizeof b1,
+                                        json_string_value(json_object_get(t, "name"))),
                            json_string_value(json_object_get(t, "dtype")), shape);
                     size_t si;
                     json_t *sh;
                     json_array_foreach(json_object_get(t, "shards"), si, sh)
-                        printf(" %s", json_string_value(sh));
+                        printf(" %s", zr_printable(b2, sizeof b2, json_string_value(sh)));
                     printf("\n");
                 }
             }
@@ -282,8 +297,9 @@ static void report_print(zck_report *rep, const char *path, const char *label,
     } else {
         for (size_t i = 0; i < n; i++) {
             const zck_problem *p = zck_report_get(rep, i);
-            printf("%s%s: %s: %s\n", prefix, p->file, zck_problem_kind_name(p->kind),
-                   p->detail);
+            char f[300], det[1280];
+            printf("%s%s: %s: %s\n", prefix, zr_printable(f, sizeof f, p->file),
+                   zck_problem_kind_name(p->kind), zr_printable(det, sizeof det, p->detail));
         }
         char h[32];
         if (n)
@@ -610,11 +626,14 @@ static int cmd_diff(const zckpt_args *args)
             const zck_diff_entry *e = &d->e[i];
             if (e->match && !all)
                 continue;
+            char tn[300], sn[300], note[600];
+            zr_printable(tn, sizeof tn, e->tensor);
+            zr_printable(sn, sizeof sn, e->state);
             if (e->note[0])
-                printf("%-44s %-12s %s\n", e->tensor, e->state, e->note);
+                printf("%-44s %-12s %s\n", tn, sn, zr_printable(note, sizeof note, e->note));
             else
                 printf("%-44s %-12s %s  max |a-b| %.6g, %llu of %llu elements differ\n",
-                       e->tensor, e->state, e->match ? "match" : "DIFFER", e->max_abs,
+                       tn, sn, e->match ? "match" : "DIFFER", e->max_abs,
                        (unsigned long long)e->n_differ, (unsigned long long)e->numel);
         }
         printf("%zu of %zu tensor states %s (atol %g, rtol %g)\n", d->all_match ? d->n : differ,

@@ -30,7 +30,6 @@
 
 #define CHUNK_BYTES ((size_t)1 << 20)        /* file data moves in pieces of this size */
 #define MAX_MEMBER_BYTES ((int64_t)1 << 50)  /* a member larger than this is absurd */
-#define MAX_MANIFEST_BYTES ((size_t)256 << 20)
 #define MAX_SUMS_BYTES ((size_t)64 << 20)
 #define PROGRESS_EVERY ((uint64_t)4 << 20)
 
@@ -61,13 +60,7 @@ static char *join(const char *a, const char *b)
 /* Member names come from untrusted archives: show them on one line, bounded. */
 static const char *shown(char buf[256], const char *name)
 {
-    if (!name)
-        return "(unnamed)";
-    size_t k = 0;
-    for (; name[k] && k < 255; k++)
-        buf[k] = (unsigned char)name[k] < 0x20 || name[k] == 0x7f ? '?' : name[k];
-    buf[k] = 0;
-    return buf;
+    return name ? zr_printable(buf, 256, name) : "(unnamed)";
 }
 
 static int fsync_dir(const char *dir)
@@ -259,17 +252,17 @@ static const char *member_refusal(struct archive_entry *e, const char *name, con
     return NULL;
 }
 
-/* An archive reader over path with the formats we accept. */
-static int reader_open(struct archive **out, const char *path)
+/* An archive reader over path with the formats we accept; *fd is the opened file, which
+ * libarchive does not close: reader_free does. */
+static int reader_open(struct archive **out, int *out_fd, const char *path)
 {
-    struct stat st;
-    if (stat(path, &st) < 0)
-        return zr_err_sys(errno, "%s", path);
-    if (S_ISDIR(st.st_mode))
-        return zr_err_set(ZR_EINVAL, "%s: is a directory, not an archive", path);
+    int fd;
+    ZR_TRY(zck_open_regular(&fd, path, ZCK_FOLLOW, NULL));
     struct archive *a = archive_read_new();
-    if (!a)
+    if (!a) {
+        close(fd);
         return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
     archive_read_support_filter_all(a); /* ARCHIVE_WARN when some use external programs */
     if (archive_read_support_format_tar(a) != ARCHIVE_OK ||
         archive_read_support_format_cpio(a) != ARCHIVE_OK ||
@@ -277,9 +270,10 @@ static int reader_open(struct archive **out, const char *path)
         archive_read_support_format_7zip(a) != ARCHIVE_OK) {
         int rc = zr_err_set(ZR_ERROR, "libarchive: %s", ar_msg(a));
         archive_read_free(a);
+        close(fd);
         return rc;
     }
-    if (archive_read_open_filename(a, path, CHUNK_BYTES) != ARCHIVE_OK) {
+    if (archive_read_open_fd(a, fd, CHUNK_BYTES) != ARCHIVE_OK) {
         /* libarchive's errno: a system error, or EILSEQ / -1 for what it cannot parse */
         int e = archive_errno(a), rc;
         if (e == ENOENT)
@@ -289,10 +283,19 @@ static int reader_open(struct archive **out, const char *path)
         else
             rc = zr_err_set(ZR_ECORRUPT, "%s: not a readable archive: %s", path, ar_msg(a));
         archive_read_free(a);
+        close(fd);
         return rc;
     }
     *out = a;
+    *out_fd = fd;
     return 0;
+}
+
+static void reader_free(struct archive *a, int fd)
+{
+    archive_read_free(a);
+    if (fd >= 0)
+        close(fd);
 }
 
 /* ---------------------------------------------------------------- pack */
@@ -314,18 +317,11 @@ static int pack_file(pack_ctx *c, const char *file, int64_t expect_bytes)
         return ZR_ENOMEM;
     struct archive_entry *e = NULL;
     int rc = 0;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        rc = zr_err_sys(errno, "%s", path);
-        goto out;
-    }
+    int fd = -1;
+    ZR_TRY_GOTO(zck_open_regular(&fd, path, ZCK_NOFOLLOW, NULL), rc, out);
     struct stat st;
     if (fstat(fd, &st) < 0) {
         rc = zr_err_sys(errno, "%s: stat", path);
-        goto out;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = zr_err_set(ZR_ECORRUPT, "%s: not a regular file", path);
         goto out;
     }
     if (expect_bytes >= 0 && st.st_size != expect_bytes) {
@@ -681,6 +677,7 @@ static int unpack_latest(const char *out_dir, uint64_t step)
 int zfmt_unpack(const char *archive, const char *out_dir, const zck_progress *progress)
 {
     struct archive *a = NULL;
+    int afd = -1;
     unpack_ctx c = {.archive = archive, .out_dir = out_dir, .tmp_fd = -1, .step_fd = -1};
     int rc = 0, made_tmp = 0, made_out = 0;
     char *final = NULL;
@@ -688,7 +685,7 @@ int zfmt_unpack(const char *archive, const char *out_dir, const zck_progress *pr
     struct stat st;
     if (stat(archive, &st) == 0)
         c.archive_bytes = (uint64_t)st.st_size;
-    ZR_TRY(reader_open(&a, archive));
+    ZR_TRY(reader_open(&a, &afd, archive));
     if (mkdir(out_dir, 0777) == 0)
         made_out = 1;
     else if (errno != EEXIST) {
@@ -719,8 +716,9 @@ int zfmt_unpack(const char *archive, const char *out_dir, const zck_progress *pr
     }
     c.pg = (prog){progress, "unpack", 0, c.archive_bytes, 0};
     ZR_TRY_GOTO(unpack_members(&c, a), rc, out);
-    archive_read_free(a);
+    reader_free(a, afd);
     a = NULL;
+    afd = -1;
     uint64_t step = 0;
     ZR_TRY_GOTO(unpack_check(&c, &step), rc, out);
     char *from = join(c.tmp, c.top);
@@ -754,7 +752,7 @@ out:
     zck_run_unlock(lk); /* before the rmdir: its lock file is in out_dir */
     if (rc && made_out)
         rmdir(out_dir); /* leave no trace of a failed unpack (fails harmlessly if not empty) */
-    archive_read_free(a);
+    reader_free(a, afd);
     free(final);
     free(c.buf);
     free(c.tmp);
@@ -911,7 +909,7 @@ static int verify_members(verify_ctx *c, struct archive *a)
             continue;
         }
         if (!strcmp(file, "manifest.json"))
-            ZR_TRY(verify_read(c, a, file, &c->mtext, MAX_MANIFEST_BYTES));
+            ZR_TRY(verify_read(c, a, file, &c->mtext, ZCK_MAX_MANIFEST_BYTES));
         else if (!strcmp(file, "SHA256SUMS"))
             ZR_TRY(verify_read(c, a, file, &c->sums, MAX_SUMS_BYTES));
         else
@@ -991,7 +989,7 @@ static int verify_against_manifest(verify_ctx *c)
                               c->stopped ? c->stop_msg : "");
     mm->used = 1;
     if (c->mtoo_big)
-        return zck_report_add(rep, ZCK_PROB_MANIFEST, "manifest.json", "larger than 256 MiB");
+        return zck_report_add(rep, ZCK_PROB_MANIFEST, "manifest.json", "larger than 64 MiB");
     if (!c->mtext)
         return zck_report_add(rep, ZCK_PROB_MANIFEST, "manifest.json", "unreadable: %s",
                               c->stop_msg);
@@ -1053,11 +1051,12 @@ out:
 int zfmt_archive_verify(zck_report **out, const char *archive, const zck_progress *progress)
 {
     struct archive *a = NULL;
+    int afd = -1;
     struct stat st;
     verify_ctx c = {.archive = archive};
     if (stat(archive, &st) == 0)
         c.pg = (prog){progress, "verify", 0, (uint64_t)st.st_size, 0};
-    ZR_TRY(reader_open(&a, archive));
+    ZR_TRY(reader_open(&a, &afd, archive));
     int rc = 0;
     if (!(c.buf = malloc(CHUNK_BYTES))) {
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
@@ -1077,6 +1076,6 @@ out:
     free(c.sums);
     free(c.buf);
     zck_report_free(c.rep);
-    archive_read_free(a);
+    reader_free(a, afd);
     return rc;
 }

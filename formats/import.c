@@ -247,10 +247,12 @@ static int open_hf(source *s, const char *dir)
     }
     s->file = s->file_buf;
     json_error_t jerr;
-    if (!(root = json_load_file(cfg, JSON_REJECT_DUPLICATES, &jerr))) {
-        rc = access(cfg, F_OK) < 0 ? zr_err_sys(errno, "%s", cfg)
-                                   : zr_err_set(ZR_ECORRUPT, "%s:%d: invalid JSON: %s", cfg,
-                                                jerr.line, jerr.text);
+    int fd;
+    ZR_TRY_GOTO(zck_open_regular(&fd, cfg, ZCK_FOLLOW, NULL), rc, out);
+    root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
+    close(fd);
+    if (!root) {
+        rc = zr_err_set(ZR_ECORRUPT, "%s:%d: invalid JSON: %s", cfg, jerr.line, jerr.text);
         goto out;
     }
     if (!json_is_object(root)) {
@@ -408,19 +410,17 @@ static int source_open(source *s, const char *src, const zfmt_import_opts *o)
         s->kind = SRC_HF;
         return open_hf(s, src);
     }
-    if (!S_ISREG(st.st_mode))
-        return zr_err_set(ZR_EINVAL, "%s: not a file or directory", src);
-    int fd = open(src, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return zr_err_sys(errno, "%s", src);
+    int fd;
+    uint64_t size;
+    ZR_TRY(zck_open_regular(&fd, src, ZCK_FOLLOW, &size));
     int32_t magic = 0;
-    if (st.st_size >= 4 && zfmt__pread_full(fd, &magic, 4, 0, src) < 0) {
+    if (size >= 4 && zfmt__pread_full(fd, &magic, 4, 0, src) < 0) {
         close(fd);
         return zr_err_code();
     }
     if (magic == ZFMT__LLMC_MAGIC) {
         s->kind = SRC_LLMC;
-        return open_llmc(s, src, fd, (uint64_t)st.st_size);
+        return open_llmc(s, src, fd, size);
     }
     close(fd);
     char why[96];

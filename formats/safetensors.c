@@ -456,20 +456,7 @@ int zfmt__st_open(zfmt__st_file **out, const char *path)
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
         goto fail;
     }
-    if ((f->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
-        rc = zr_err_sys(errno, "%s", path);
-        goto fail;
-    }
-    struct stat st;
-    if (fstat(f->fd, &st) < 0) {
-        rc = zr_err_sys(errno, "%s: stat", path);
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = zr_err_set(ZR_EINVAL, "%s: not a regular file", path);
-        goto fail;
-    }
-    f->file_bytes = (uint64_t)st.st_size;
+    ZR_TRY_GOTO(zck_open_regular(&f->fd, path, ZCK_FOLLOW, &f->file_bytes), rc, fail);
     if (f->file_bytes < 8) {
         rc = zr_err_set(ZR_ECORRUPT, "%s: %llu bytes: too short for a safetensors file (8-byte "
                         "header length first)", path, (unsigned long long)f->file_bytes);

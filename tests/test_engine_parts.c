@@ -690,7 +690,7 @@ ZT_TEST(engine_data_text_file)
     ZT_ERR(zr_data_open(&d, "no-such-file", 256, T, 5), ZR_ENOTFOUND,
            "data file 'no-such-file'");
     ZT_CHECK_EQ(mkdir("adir", 0755), 0);
-    ZT_ERR(zr_data_open(&d, "adir", 256, T, 5), ZR_EINVAL, "data file 'adir': not a regular");
+    ZT_ERR(zr_data_open(&d, "adir", 256, T, 5), ZR_EINVAL, "data file 'adir': adir is a directory, not a regular file");
     ZT_CHECK(!d);
 }
 

@@ -177,20 +177,15 @@ static int set_desc(zr_data *d, const char *fmt, ...)
 /* Map the file read-only into d->map (left NULL for an empty file). */
 static int map_file(zr_data *d, const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return zr_err_sys(errno, "data file '%s'", path);
-    int rc = 0;
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        rc = zr_err_sys(errno, "data file '%s': stat", path);
-        goto out;
+    int fd, rc = 0;
+    uint64_t size;
+    if ((rc = zck_open_regular(&fd, path, ZCK_FOLLOW, &size)) < 0) {
+        char msg[1024]; /* copied: formatting zr_err_msg() into itself is undefined */
+        snprintf(msg, sizeof msg, "%s", zr_err_msg());
+        /* a FIFO or device given as --data is a usage mistake, not a corrupt file */
+        return zr_err_set(rc == ZR_ECORRUPT ? ZR_EINVAL : rc, "data file '%s': %s", path, msg);
     }
-    if (!S_ISREG(st.st_mode)) {
-        rc = zr_err_set(ZR_EINVAL, "data file '%s': not a regular file", path);
-        goto out;
-    }
-    d->map_bytes = (size_t)st.st_size;
+    d->map_bytes = (size_t)size;
     if (!d->map_bytes)
         goto out;
     void *p = mmap(NULL, d->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);

@@ -1,0 +1,445 @@
+/*
+ * test_hostile.c: crafted files give errors, never hangs (issue 13): FIFOs and other
+ * non-regular files where a checkpoint file, a converter input or a data file belongs; symbolic
+ * links inside a checkpoint and as step directories; manifests with very many names or too many
+ * bytes; training counters the format cannot hold; terminal escapes in names shown by zckpt.
+ * Each test arms an alarm, so a hang fails it instead of stalling the run.
+ */
+#include "ckutil.h"
+#include "model.h"
+#include "zfmt.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+
+static const uint64_t sizes[] = {20000, 65, 3};
+
+static char *fresh(const char *run)
+{
+    zck_layout *L = zt_layout(3, sizes);
+    char *p = zt_save(run, L, 2, 7, 42, 0);
+    zck_layout_free(L);
+    return p;
+}
+
+static char *in(const char *dir, const char *file)
+{
+    static char buf[4][1024];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, file);
+    return buf[k];
+}
+
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts); /* CPU time: the machine may be busy */
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* verify finds a problem of kind in file whose detail holds text */
+static void expect_problem(const char *ckpt, zck_problem_kind kind, const char *file,
+                           const char *text)
+{
+    zck_report *rep;
+    zck_verify_opts o = ZCK_VERIFY_OPTS_INIT;
+    ZT_OK(zck_verify(&rep, ckpt, &o));
+    for (size_t i = 0; i < zck_report_count(rep); i++) {
+        const zck_problem *p = zck_report_get(rep, i);
+        if (p->kind == kind && !strcmp(p->file, file) && strstr(p->detail, text)) {
+            zck_report_free(rep);
+            return;
+        }
+    }
+    for (size_t i = 0; i < zck_report_count(rep); i++)
+        fprintf(stderr, "  found: %s: %s: %s\n", zck_report_get(rep, i)->file,
+                zck_problem_kind_name(zck_report_get(rep, i)->kind),
+                zck_report_get(rep, i)->detail);
+    ZT_FAIL("%s: no '%s' problem in %s with '%s'", ckpt, zck_problem_kind_name(kind), file,
+            text);
+}
+
+/* an unverified read of every group (what a resume with verification off does) */
+static int read_all(const char *ckpt)
+{
+    zck_reader *r;
+    ZT_OK(zck_reader_open(&r, ckpt));
+    const zck_layout *L = zck_reader_layout(r);
+    size_t ng = zck_layout_n_groups(L);
+    zck_read_req *q = calloc(ng, sizeof *q);
+    for (size_t g = 0; g < ng; g++)
+        q[g] = (zck_read_req){g, 0, 0, zck_layout_group_numel(L, g),
+                              malloc(zck_layout_group_numel(L, g) * 4)};
+    zck_read_opts o = ZCK_READ_OPTS_INIT;
+    o.verify = 0;
+    int rc = zck_reader_read(r, q, ng, &o);
+    for (size_t g = 0; g < ng; g++)
+        free(q[g].dst);
+    free(q);
+    zck_reader_free(r);
+    return rc;
+}
+
+/* swap path for a FIFO (the original kept as path.orig) and back */
+static void to_fifo(const char *path)
+{
+    char orig[1100];
+    snprintf(orig, sizeof orig, "%s.orig", path);
+    ZT_CHECK(rename(path, orig) == 0);
+    ZT_CHECK(mkfifo(path, 0644) == 0);
+}
+
+static void from_fifo(const char *path)
+{
+    char orig[1100];
+    snprintf(orig, sizeof orig, "%s.orig", path);
+    ZT_CHECK(unlink(path) == 0);
+    ZT_CHECK(rename(orig, path) == 0);
+}
+
+ZT_TEST(hostile_fifo_in_checkpoint)
+{
+    alarm(30);
+    char *p = fresh("run");
+    const char *shard = "shard-00001-of-00002.bin";
+
+    to_fifo(in(p, "manifest.json"));
+    zck_reader *r = NULL;
+    ZT_ERR(zck_reader_open(&r, p), ZR_ECORRUPT, "manifest.json is a FIFO, not a regular file");
+    ZT_ERR(zck_reader_open(&r, "run"), ZR_ECORRUPT, "is a FIFO, not a regular file");
+    expect_problem(p, ZCK_PROB_MANIFEST, "manifest.json", "is a FIFO");
+    from_fifo(in(p, "manifest.json"));
+
+    to_fifo(in(p, "SHA256SUMS"));
+    expect_problem(p, ZCK_PROB_IO, "SHA256SUMS", "SHA256SUMS is a FIFO, not a regular file");
+    from_fifo(in(p, "SHA256SUMS"));
+
+    to_fifo(in(p, shard));
+    expect_problem(p, ZCK_PROB_IO, shard, "a FIFO, not a regular file");
+    ZT_ERR(read_all(p), ZR_ECORRUPT, "is a FIFO, not a regular file");
+    char hex[65];
+    ZT_ERR(zck_sha256_file(hex, in(p, shard), NULL), ZR_ECORRUPT, "is a FIFO");
+    from_fifo(in(p, shard));
+
+    to_fifo("run/latest");
+    char *lp = NULL;
+    ZT_ERR(zck_latest(&lp, "run"), ZR_ECORRUPT, "run/latest is a FIFO, not a regular file");
+    ZT_ERR(zck_reader_open(&r, "run"), ZR_ECORRUPT, "is a FIFO");
+    from_fifo("run/latest");
+
+    ZT_CHECK_EQ(zt_verify_count(p, 0), 0);
+    ZT_CHECK_EQ(read_all(p), 0);
+    free(p);
+}
+
+ZT_TEST(hostile_fifo_as_input)
+{
+    alarm(30);
+    ZT_CHECK(mkfifo("fifo", 0644) == 0);
+    zr_data *d = NULL;
+    ZT_ERR(zr_data_open(&d, "fifo", 256, 16, 1), ZR_EINVAL,
+           "data file 'fifo': fifo is a FIFO, not a regular file");
+    ZT_CHECK(!d);
+    ZT_ERR(zfmt_import("fifo", "out", NULL), ZR_ECORRUPT, "fifo is a FIFO, not a regular file");
+    zck_report *rep = NULL;
+    ZT_ERR(zfmt_archive_verify(&rep, "fifo", NULL), ZR_ECORRUPT, "fifo is a FIFO");
+    ZT_ERR(zfmt_unpack("fifo", "unpacked", NULL), ZR_ECORRUPT, "fifo is a FIFO");
+    /* a Hugging Face directory whose config.json is a FIFO */
+    ZT_CHECK(mkdir("hf", 0755) == 0);
+    ZT_CHECK(mkfifo("hf/config.json", 0644) == 0);
+    ZT_ERR(zfmt_import("hf", "out", NULL), ZR_ECORRUPT, "config.json is a FIFO");
+    /* a character device */
+    ZT_ERR(zr_data_open(&d, "/dev/null", 256, 16, 1), ZR_EINVAL,
+           "is a character device, not a regular file");
+}
+
+/* the rule (docs/FORMAT.md): no file inside a checkpoint may be a symbolic link, and a step
+ * directory that is one is not part of its run; the path given to a tool may be one */
+ZT_TEST(hostile_symlinks)
+{
+    alarm(30);
+    char *p = fresh("run");
+    const char *shard = "shard-00000-of-00002.bin";
+    char copy[1100];
+
+    /* a shard linked to a copy of itself: same bytes, still refused by verify and the read */
+    snprintf(copy, sizeof copy, "%s.copy", shard);
+    ZT_CHECK(rename(in(p, shard), copy) == 0);
+    ZT_CHECK(symlink("../../shard-00000-of-00002.bin.copy", in(p, shard)) == 0);
+    expect_problem(p, ZCK_PROB_IO, shard, "a symbolic link, not a regular file");
+    ZT_ERR(read_all(p), ZR_ECORRUPT, "is a symbolic link, not a regular file");
+    ZT_CHECK(unlink(in(p, shard)) == 0);
+    ZT_CHECK(rename(copy, in(p, shard)) == 0);
+
+    /* manifest.json linked to a copy */
+    ZT_CHECK(rename(in(p, "manifest.json"), "m.copy") == 0);
+    ZT_CHECK(symlink("../../m.copy", in(p, "manifest.json")) == 0);
+    zck_reader *r = NULL;
+    ZT_ERR(zck_reader_open(&r, p), ZR_ECORRUPT, "is a symbolic link, not a regular file");
+    ZT_CHECK(unlink(in(p, "manifest.json")) == 0);
+    ZT_CHECK(rename("m.copy", in(p, "manifest.json")) == 0);
+
+    /* latest linked to a copy */
+    ZT_CHECK(rename("run/latest", "latest.copy") == 0);
+    ZT_CHECK(symlink("../latest.copy", "run/latest") == 0);
+    ZT_ERR(zck_reader_open(&r, "run"), ZR_ECORRUPT, "is a symbolic link");
+    ZT_CHECK(unlink("run/latest") == 0);
+    ZT_CHECK(rename("latest.copy", "run/latest") == 0);
+
+    /* a run whose step directory is a link to another run's: not part of it, for every tool */
+    ZT_CHECK(mkdir("run2", 0755) == 0);
+    ZT_CHECK(symlink("../run/step-00000007", "run2/step-00000007") == 0);
+    zt_write_file("run2/latest", "step-00000007\n");
+    zck_run_list *l;
+    ZT_OK(zck_run_list_open(&l, "run2"));
+    ZT_CHECK_EQ(l->n, 0);
+    ZT_CHECK_EQ(l->foreign.n, 1);
+    ZT_CHECK(!strcmp(l->foreign.name[0], "step-00000007"));
+    ZT_CHECK(!l->latest);
+    zck_run_list_free(l);
+    ZT_ERR(zck_reader_open(&r, "run2"), ZR_ECORRUPT, "a symbolic link: a step directory");
+    ZT_ERR(zck_latest_set("run2", 7), ZR_ENOTFOUND, "no such checkpoint directory");
+    /* the link's own path is a checkpoint like any other */
+    ZT_CHECK_EQ(zt_verify_count("run2/step-00000007", 0), 0);
+    ZT_CHECK_EQ(read_all("run2/step-00000007"), 0);
+    /* retention never follows it either */
+    zck_namelist removed = {0};
+    zck_prune_opts po = ZCK_PRUNE_OPTS_INIT;
+    po.keep_last = 1;
+    zck_prune(&removed, "run2", &po);
+    zck_namelist_free(&removed);
+    struct stat st;
+    ZT_CHECK(lstat("run2/step-00000007", &st) == 0 && S_ISLNK(st.st_mode));
+    ZT_CHECK_EQ(zt_verify_count(p, 0), 0);
+    free(p);
+}
+
+/* A manifest of W ranks, each holding one element of one group of nt one-element tensors. */
+static char *big_manifest(uint32_t W, size_t nt, const char *dup_tensor)
+{
+    json_t *root = json_object(), *groups = json_array(), *tens = json_array(),
+           *shards = json_array();
+    for (size_t t = 0; t < nt; t++) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "t%zu", t);
+        if (dup_tensor && t == nt - 1)
+            snprintf(nm, sizeof nm, "%s", dup_tensor);
+        json_array_append_new(tens, json_pack("{s:s, s:s, s:[i], s:I}", "name", nm, "dtype",
+                                              "f32", "shape", 1, "offset", (json_int_t)t));
+    }
+    json_array_append_new(groups, json_pack("{s:s, s:I, s:o}", "name", "g", "numel",
+                                            (json_int_t)nt, "tensors", tens));
+    /* rank r holds elements [r * nt / W, (r + 1) * nt / W) */
+    for (uint32_t r = 0; r < W; r++) {
+        size_t a = (size_t)r * nt / W, b = (size_t)(r + 1) * nt / W;
+        char file[64];
+        snprintf(file, sizeof file, "shard-%05u.bin", r);
+        json_t *ext = json_array();
+        if (b > a)
+            json_array_append_new(ext, json_pack("{s:i, s:i, s:I, s:I, s:i}", "group", 0,
+                                                 "state", 0, "start", (json_int_t)a, "count",
+                                                 (json_int_t)(b - a), "offset", 0));
+        json_int_t bytes = b > a ? ((json_int_t)(b - a) * 4 + 4095) / 4096 * 4096 : 0;
+        json_array_append_new(shards, json_pack("{s:s, s:i, s:I, s:s, s:o}", "file", file,
+                                                "rank", (int)r, "bytes", bytes, "sha256",
+                                                "0000000000000000000000000000000000000000000000"
+                                                "000000000000000000", "extents", ext));
+    }
+    json_object_set_new(root, "format", json_string("zckpt"));
+    json_object_set_new(root, "version", json_string("1.0"));
+    json_object_set_new(root, "step", json_integer(1));
+    json_object_set_new(root, "created", json_string("now"));
+    json_object_set_new(root, "producer", json_string("test"));
+    json_object_set_new(root, "world_size", json_integer(W));
+    json_object_set_new(root, "zero_stage", json_integer(3));
+    json_object_set_new(root, "partition_align", json_integer(1));
+    json_object_set_new(root, "file_align", json_integer(4096));
+    json_object_set_new(root, "model", json_object());
+    json_object_set_new(root, "training", json_object());
+    json_object_set_new(root, "dtypes", json_pack("{s:i}", "f32", 4));
+    json_object_set_new(root, "states", json_pack("[{s:s, s:s}]", "name", "param", "dtype",
+                                                  "f32"));
+    json_object_set_new(root, "groups", groups);
+    json_object_set_new(root, "shards", shards);
+    char *txt = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    ZT_CHECK(txt);
+    return txt;
+}
+
+ZT_TEST(hostile_manifest_many_names_is_fast)
+{
+    alarm(60);
+    /* 40k tensors and 10k shards: the quadratic checks took 4 s of CPU (80k: 15 s) */
+    char *txt = big_manifest(10000, 40000, NULL);
+    double t0 = cpu_s();
+    zck_reader *r = NULL;
+    ZT_OK(zck_reader_open_manifest(&r, txt, strlen(txt), "big"));
+    double dt = cpu_s() - t0;
+    zck_reader_free(r);
+    fprintf(stderr, "  40000 tensors, 10000 shards: parsed in %.3f s of CPU\n", dt);
+    ZT_CHECK(dt < 1.5);
+    free(txt);
+
+    /* a duplicate among them is still found, and named */
+    txt = big_manifest(4, 40000, "t17");
+    ZT_ERR(zck_reader_open_manifest(&r, txt, strlen(txt), "dup"), ZR_ECORRUPT,
+           "tensor 't17' declared twice");
+    free(txt);
+
+    /* verify of a world-10000 checkpoint with no shard on disk: SHA256SUMS lines and
+     * directory entries looked up by name, not by a scan of the shard list */
+    txt = big_manifest(10000, 10000, NULL);
+    ZT_CHECK(mkdir("ck", 0755) == 0);
+    zt_write_file("ck/manifest.json", txt);
+    free(txt);
+    size_t cap = 10001 * 100, n = 0;
+    char *sums = malloc(cap);
+    char mhex[65];
+    ZT_OK(zck_sha256_file(mhex, "ck/manifest.json", NULL));
+    n += (size_t)snprintf(sums + n, cap - n, "%s  manifest.json\n", mhex);
+    for (unsigned rk = 0; rk < 10000; rk++)
+        n += (size_t)snprintf(sums + n, cap - n, "%064d  shard-%05u.bin\n", 0, rk);
+    zt_write_file("ck/SHA256SUMS", sums);
+    free(sums);
+    t0 = cpu_s();
+    zck_report *rep;
+    zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
+    ZT_OK(zck_verify(&rep, "ck", &vo));
+    dt = cpu_s() - t0;
+    fprintf(stderr, "  verify of 10000 missing shards in %.3f s of CPU\n", dt);
+    ZT_CHECK_EQ(zck_report_count(rep), 10000);
+    ZT_CHECK_EQ(zck_report_get(rep, 0)->kind, ZCK_PROB_MISSING);
+    zck_report_free(rep);
+    ZT_CHECK(dt < 1.5);
+}
+
+ZT_TEST(hostile_manifest_too_big)
+{
+    alarm(30);
+    char *p = fresh("run");
+    /* 65 MiB, sparse: refused by its size before a byte is read or parsed */
+    FILE *f = fopen(in(p, "manifest.json"), "r+");
+    ZT_CHECK(f && ftruncate(fileno(f), (off_t)65 << 20) == 0);
+    fclose(f);
+    zck_reader *r = NULL;
+    ZT_ERR(zck_reader_open(&r, p), ZR_ECORRUPT, "68157440 bytes, more than the 67108864");
+    free(p);
+}
+
+/* commit a world-1 checkpoint of L with these sections */
+static int commit_with(const char *run, const zck_layout *L, uint64_t step, const char *training,
+                       const char *producer)
+{
+    char *staging, *final = NULL;
+    static uint64_t nonce;
+    ZT_OK(zck_staging_create(&staging, run, step, ++nonce));
+    zck_shard *sh = zt_write_rank(staging, L, 1, 0, 5, NULL);
+    zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
+    o.step = step;
+    o.training_json = training;
+    o.producer = producer;
+    int rc = zck_commit(&final, run, staging, L, &sh, 1, &o);
+    zck_shard_free(sh);
+    free(staging);
+    free(final);
+    return rc;
+}
+
+ZT_TEST(hostile_training_counters)
+{
+    alarm(30);
+    zck_layout *L = zt_layout(3, sizes);
+    /* on write: a counter wrapped past 2^63 (written as negative), or too near it */
+    ZT_ERR(commit_with("run", L, 1, "{\"next_sample\": -9223372036854775800}", NULL),
+           ZR_EINVAL, "training.next_sample: -9223372036854775800 out of range [0, 2^62]");
+    ZT_ERR(commit_with("run", L, 1, "{\"optimizer_step\": 9223372036854775807}", NULL),
+           ZR_EINVAL, "training.optimizer_step");
+    ZT_OK(commit_with("run", L, 1, "{\"optimizer_step\": 1, \"next_sample\": 4611686018427387904}",
+                      NULL));
+    /* on read: hand-edited to just below 2^63 */
+    char *txt = zt_slurp("run/step-00000001/manifest.json");
+    char *at = strstr(txt, "4611686018427387904");
+    ZT_CHECK(at);
+    char *edited = malloc(strlen(txt) + 8);
+    snprintf(edited, strlen(txt) + 8, "%.*s9223372036854775807%s", (int)(at - txt), txt,
+             at + 19);
+    zck_reader *r = NULL;
+    ZT_ERR(zck_reader_open_manifest(&r, edited, strlen(edited), "m"), ZR_ECORRUPT,
+           "m: training.next_sample: 9223372036854775807 out of range");
+    snprintf(edited, strlen(txt) + 8, "%.*s\"many\"%s", (int)(at - txt), txt, at + 19);
+    ZT_ERR(zck_reader_open_manifest(&r, edited, strlen(edited), "m"), ZR_ECORRUPT,
+           "training.next_sample: expected an integer, found a string");
+    free(edited);
+    free(txt);
+    zck_layout_free(L);
+}
+
+/* Run zckpt (ZT_ZCKPT) with args; its output (stdout and stderr) in *out. */
+static int zckpt(char **out, const char *fmt, ...)
+{
+    const char *bin = getenv("ZT_ZCKPT");
+    if (!bin)
+        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
+    char args[2048], cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin, args);
+    FILE *p = popen(cmd, "r");
+    ZT_CHECK(p);
+    size_t cap = 1 << 16, n = 0, k;
+    char *buf = malloc(cap);
+    while ((k = fread(buf + n, 1, cap - n - 1, p)) > 0)
+        if ((n += k) + 1 == cap)
+            buf = realloc(buf, cap *= 2);
+    buf[n] = 0;
+    int st = pclose(p);
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static void no_escape(const char *args)
+{
+    char *o;
+    zckpt(&o, "%s", args);
+    if (strchr(o, '\033'))
+        ZT_FAIL("zckpt %s printed an escape character:\n%s", args, o);
+    if (!strstr(o, "?[2J"))
+        ZT_FAIL("zckpt %s: the name is not shown sanitized:\n%s", args, o);
+    free(o);
+}
+
+ZT_TEST(hostile_terminal_escapes)
+{
+    alarm(60);
+    if (!getenv("ZT_ZCKPT"))
+        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
+    zck_layout *L;
+    ZT_OK(zck_layout_new(&L));
+    ZT_OK(zck_layout_add_state(L, "param", ZCK_F32));
+    size_t g;
+    uint64_t n = 10;
+    ZT_OK(zck_layout_add_group(L, &g, "g\033[2J"));
+    ZT_OK(zck_layout_add_tensor(L, g, "w\033[2J\033]0;title\007", ZCK_F32, 1, &n));
+    ZT_OK(commit_with("a", L, 1, NULL, "evil\033[2J"));
+    ZT_OK(commit_with("b", L, 1, NULL, "evil\033[2J"));
+    zck_layout_free(L);
+    no_escape("inspect --tensors a");
+    no_escape("diff --all a b");
+    /* the same names inside an error message */
+    char *txt = zt_slurp("a/step-00000001/manifest.json");
+    char *at = strstr(txt, "\"zckpt\"");
+    ZT_CHECK(at);
+    char *edited = malloc(strlen(txt) + 16);
+    sprintf(edited, "%.*s\"\\u001b[2J\"%s", (int)(at - txt), txt, at + 7);
+    zt_write_file("a/step-00000001/manifest.json", edited); /* the format name, quoted */
+    free(edited);
+    free(txt);
+    no_escape("inspect a");
+}
