@@ -1,8 +1,8 @@
 /*
  * zckpt.c: the shard-management CLI. Each subcommand declares its options in a table (parsed,
- * and printed by `zckpt COMMAND --help`, by cli/opts.c), calls one library
- * function of ckpt/, formats/ or (audit) core/, and prints the result (text, or JSON with --json). Exit codes:
- * 0 ok, 1 the check found a problem (verify, diff), 2 usage, I/O or any other error.
+ * and printed by `zckpt COMMAND --help`, by cli/opts.c), calls one library function of ckpt/,
+ * formats/ or (audit) core/, and prints the result (text, or JSON with --json). Exit codes:
+ * 0 ok, 1 the check found a problem (verify, diff, audit), 2 usage, I/O or any other error.
  */
 #include "common.h"
 #include "opts.h"
