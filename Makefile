@@ -139,8 +139,11 @@ arch: $(BUILD)/libzck.a $(BUILD)/libzfmt.a $(BUILD)/libzr.a
 	exit $$rc
 
 # ------------------------------------------------------------------ programs
-$(BUILD)/zckpt: $(BUILD)/cli/zckpt.o $(CLI_COMMON) $(BUILD)/libzfmt.a $(BUILD)/libzck.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+# zckpt links the engine too (`zckpt audit` applies zr_train's checks and the dry run's
+# memory plan); it never loads the CUDA backend
+$(BUILD)/zckpt: $(BUILD)/cli/zckpt.o $(CLI_COMMON) $(BUILD)/libzfmt.a $(BUILD)/libzr.a \
+                $(BUILD)/libzck.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
 # -rdynamic: a device backend loaded at run time may take the engine's functions from the
 # program (the host simulation does)

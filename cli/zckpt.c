@@ -1,12 +1,13 @@
 /*
  * zckpt.c: the shard-management CLI. Each subcommand declares its options in a table (parsed,
- * and printed by `zckpt COMMAND --help`, by cli/opts.c), calls one library
- * function of ckpt/ or formats/, and prints the result (text, or JSON with --json). Exit codes:
- * 0 ok, 1 the check found a problem (verify, diff), 2 usage, I/O or any other error.
+ * and printed by `zckpt COMMAND --help`, by cli/opts.c), calls one library function of ckpt/,
+ * formats/ or (audit) core/, and prints the result (text, or JSON with --json). Exit codes:
+ * 0 ok, 1 the check found a problem (verify, diff, audit), 2 usage, I/O or any other error.
  */
 #include "common.h"
 #include "opts.h"
 #include "zfmt.h"
+#include "zr.h"
 
 #include <errno.h>
 #include <float.h>
@@ -33,6 +34,7 @@ typedef struct {
     zck_diff_opts diff;
     zck_prune_opts prune;
     zfmt_import_opts import;
+    zr_audit_opts audit;
 } zckpt_args;
 #define ZCLI_ARGS zckpt_args
 enum { FMT_ZCKPT, FMT_SAFETENSORS, FMT_LLMC };
@@ -44,6 +46,7 @@ static void args_init(zckpt_args *a)
     zck_diff_opts d = ZCK_DIFF_OPTS_INIT;
     zck_prune_opts po = ZCK_PRUNE_OPTS_INIT;
     zfmt_import_opts io = ZFMT_IMPORT_OPTS_INIT;
+    zr_audit_opts ao = ZR_AUDIT_OPTS_INIT;
     memset(a, 0, sizeof *a);
     a->format = -1;
     a->dtype = -1;
@@ -52,6 +55,7 @@ static void args_init(zckpt_args *a)
     a->diff = d;
     a->prune = po;
     a->import = io;
+    a->audit = ao;
 }
 
 static bool is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
@@ -672,6 +676,97 @@ static int cmd_prune(const zckpt_args *a)
     return ZCLI_OK;
 }
 
+/* ------------------------------------------------------------------ audit */
+
+static json_t *audit_json(const char *path, const zr_audit *au)
+{
+    json_t *said = json_array(), *probs = json_array(), *reasons = json_array();
+    for (size_t i = 0; i < au->said.n; i++)
+        json_array_append_new(said, json_string(au->said.name[i]));
+    for (size_t i = 0; au->report && i < zck_report_count(au->report); i++) {
+        const zck_problem *p = zck_report_get(au->report, i);
+        json_array_append_new(probs, json_pack("{s:s, s:s, s:s}", "file", p->file, "kind",
+                                               zck_problem_kind_name(p->kind), "detail",
+                                               p->detail));
+    }
+    for (size_t i = 0; i < au->reasons.n; i++)
+        json_array_append_new(reasons, json_string(au->reasons.name[i]));
+    json_t *mem = json_null();
+    if (au->has_mem) {
+        json_t *ranks = json_array();
+        for (int q = 0; q < au->mem.world; q++) {
+            const zr_rank_mem *m = &au->mem.rank[q];
+            json_array_append_new(ranks, json_pack(
+                "{s:i, s:I, s:I, s:I, s:I, s:I, s:I}", "rank", q, "params",
+                (json_int_t)m->params, "grads", (json_int_t)m->grads, "optimizer",
+                (json_int_t)m->optimizer, "buffers", (json_int_t)m->buffers, "activations",
+                (json_int_t)m->activations, "total", (json_int_t)m->total));
+        }
+        mem = json_pack("{s:s, s:f, s:o}", "device", au->mem.on_gpu ? "cuda" : "cpu",
+                        "formula_bytes", au->mem.formula_bytes, "ranks", ranks);
+    }
+    json_t *j = json_pack("{s:s, s:s?, s:b, s:o, s:o, s:b, s:o}", "path", path, "checkpoint",
+                          au->ckpt, "picked", au->picked,
+                          "step", au->ckpt ? json_integer((json_int_t)au->step) : json_null(),
+                          "policy", said, "verified", au->report && !zck_report_count(au->report),
+                          "problems", probs);
+    if (au->world)
+        json_object_set_new(j, "resume", json_pack("{s:I, s:i, s:I, s:s?}", "world",
+                                                   (json_int_t)au->world, "zero_stage",
+                                                   au->zero_stage, "batch",
+                                                   (json_int_t)au->batch, "model",
+                                                   au->model[0] ? au->model : NULL));
+    json_object_set_new(j, "resumable", json_boolean(au->reasons.n == 0));
+    json_object_set_new(j, "reasons", reasons);
+    json_object_set_new(j, "memory", mem);
+    return j;
+}
+
+static void audit_print(const zr_audit *au)
+{
+    for (size_t i = 0; i < au->said.n; i++)
+        printf("%s\n", au->said.name[i]);
+    if (au->ckpt)
+        printf("checkpoint: %s (step %llu)%s\n", au->ckpt, (unsigned long long)au->step,
+               au->picked ? ", what a resume would pick" : "");
+    size_t n = au->report ? zck_report_count(au->report) : 0;
+    for (size_t i = 0; i < n; i++) {
+        const zck_problem *p = zck_report_get(au->report, i);
+        printf("  %s: %s: %s\n", p->file, zck_problem_kind_name(p->kind), p->detail);
+    }
+    if (au->ckpt && !n)
+        printf("verification: sound (all checks, every file hashed%s)\n",
+               au->picked ? " by the resume policy" : "");
+    else if (n)
+        printf("verification: %zu problem%s found\n", n, n == 1 ? "" : "s");
+    if (au->world)
+        printf("resume at world %u, ZeRO stage %d, batch %u, model %s\n", au->world,
+               au->zero_stage, au->batch, au->model[0] ? au->model : "(not resolved)");
+    if (au->has_mem)
+        zr_mem_plan_print(&au->mem, stdout);
+    if (!au->reasons.n) {
+        printf("resumable: step %llu\n", (unsigned long long)au->step);
+        return;
+    }
+    printf("not resumable:\n");
+    for (size_t i = 0; i < au->reasons.n; i++)
+        printf("  %s\n", au->reasons.name[i]);
+}
+
+static int cmd_audit(const zckpt_args *a)
+{
+    zr_audit *au = NULL;
+    if (zr_audit_run(&au, a->path, &a->audit) < 0)
+        return zcli_fail_lib(PROG, NULL);
+    if (a->json)
+        print_json(audit_json(a->path, au));
+    else
+        audit_print(au);
+    int rc = au->reasons.n ? ZCLI_FOUND : ZCLI_OK;
+    zr_audit_free(au);
+    return rc;
+}
+
 /* ------------------------------------------------------------------ options */
 
 /* options several subcommands share */
@@ -766,6 +861,19 @@ static const zcli_opt diff_opts[] = {
     {.name = "--no-verify", .kind = ZCLI_OPT_FLAG, .off = offsetof(zckpt_args, diff.verify),
      .help = "compare without verifying both checkpoints first", .flag_value = 0},
 };
+static const zcli_opt audit_opts[] = {
+    ZCLI_POSITIONAL("RUNDIR|CKPT", path),
+    ZCLI_INTEGER(U32, "--world", audit.world, "W", 1, ZCK_MAX_WORLD, "the checkpoint's",
+                 "ranks of the resume"),
+    ZCLI_INTEGER(INT, "--zero", audit.zero_stage, "S", 0, 3, "the checkpoint's",
+                 "ZeRO stage of the resume"),
+    ZCLI_INTEGER(U32, "--batch", audit.batch, "B", 1, UINT32_MAX,
+                 "the checkpoint's training section, else 8", "global batch of the resume"),
+    ZCLI_STRING("--model", audit.model, "SPEC", "the checkpoint's",
+                "model of the resume (as zrun --model)"),
+    ZCLI_INTEGER(U32, "--jobs", audit.jobs, "N", 1, 256, NULL, "shards hashed in parallel"),
+    OPT_JSON,
+};
 static const zcli_opt prune_opts[] = {
     ZCLI_POSITIONAL("RUNDIR", path),
     {.name = "--keep-last", .kind = ZCLI_OPT_U32, .flags = ZCLI_OPT_REQUIRED,
@@ -829,6 +937,13 @@ static const command commands[] = {
      "sizes: the largest absolute difference and whether they match (|a-b| <= atol + rtol|b|;\n"
      "default exact). Both are verified first unless --no-verify. Exit 0 when everything\n"
      "matches, 1 otherwise.\n"},
+    {"audit", cmd_audit, TABLE(audit_opts),
+     "The check before a resume: which checkpoint a resume would read (of a run directory,\n"
+     "what `zrun --resume auto` would pick, moving nothing; damaged newer ones named), its\n"
+     "full verification, whether zrun would accept it at --world, --zero, --batch and --model\n"
+     "(the training loop's own checks), and the memory per rank (as zrun --dry-run).\n"
+     "Exit 0 when resumable, 1 when not (each reason on its own line; also a run directory\n"
+     "without a checkpoint), 2 on usage or I/O errors (a path that does not exist).\n"},
     {"prune", cmd_prune, TABLE(prune_opts),
      "Remove all but the newest K checkpoints (and those whose step is a multiple of N), and\n"
      "stale temporaries. Never removes what `latest` names, nor checkpoints newer than it.\n"},

@@ -336,10 +336,143 @@ ZT_TEST(cli_every_option_is_documented)
         free(help);
         cmds++;
     }
-    ZT_CHECK_EQ(cmds, 11);
+    ZT_CHECK_EQ(cmds, 12);
     ZT_CHECK(opts >= 30);
     free(top);
     free(docs);
     free(cli);
     free(readme);
+}
+
+/* ---------------------------------------------------------------- audit */
+
+#define AUDIT_MODEL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
+
+/* A run of the real zrun: 2 ranks, ZeRO 1, batch 4, checkpoints at steps 2 and 4. */
+static void audit_make_run(void)
+{
+    zt_zrun_ok("--model " AUDIT_MODEL " --batch 4 --steps 4 --save-every 2 --keep-last 0 "
+               "--threads 1 --nproc 2 --zero 1 --ckpt-dir run", "zrun.log");
+}
+
+ZT_TEST(cli_audit_sound_run)
+{
+    audit_make_run();
+    expect(0, "checkpoint: run/step-00000004 (step 4), what a resume would pick", "audit run");
+    expect(0, "resume at world 2, ZeRO stage 1, batch 4, model layers 2 heads 2 dim 32",
+           "audit run");
+    expect(0, "resumable: step 4", "audit run");
+    /* the dry run's table, as zrun --dry-run prints it for this resume */
+    char *o, *dry;
+    ZT_CHECK_EQ(zckpt(&o, "audit run --world 4 --zero 3"), 0);
+    ZT_CHECK_EQ(run_bin(&dry, zt_zrun_path(), "--dry-run --nproc 4 --zero 3 --batch 4 "
+                        "--seq 32 --ckpt-dir run"), 0);
+    const char *table = strstr(dry, "dry run: ");
+    ZT_CHECK(table);
+    if (!strstr(o, table))
+        ZT_FAIL("audit's memory differs from zrun --dry-run's:\n%s\n---\n%s", o, dry);
+    ZT_CHECK(strstr(o, "\n     3 ")); /* rank 3 */
+    free(o);
+    free(dry);
+    expect(0, "checkpoint: run/step-00000002 (step 2)\n", "audit run/step-00000002");
+
+    json_t *j = json_of("audit run --json");
+    ZT_CHECK(json_is_true(json_object_get(j, "resumable")));
+    ZT_CHECK(json_is_true(json_object_get(j, "picked")));
+    ZT_CHECK(json_is_true(json_object_get(j, "verified")));
+    ZT_CHECK_EQ(json_integer_value(json_object_get(j, "step")), 4);
+    ZT_CHECK_EQ(json_array_size(json_object_get(j, "reasons")), 0);
+    json_t *ranks = json_object_get(json_object_get(j, "memory"), "ranks");
+    ZT_CHECK_EQ(json_array_size(ranks), 2);
+    json_t *r0 = json_array_get(ranks, 0);
+    json_int_t sum = 0;
+    static const char *cat[] = {"params", "grads", "optimizer", "buffers", "activations"};
+    for (size_t i = 0; i < 5; i++) {
+        ZT_CHECK(json_integer_value(json_object_get(r0, cat[i])) > 0 || i == 3);
+        sum += json_integer_value(json_object_get(r0, cat[i]));
+    }
+    ZT_CHECK_EQ(sum, json_integer_value(json_object_get(r0, "total")));
+    json_decref(j);
+}
+
+ZT_TEST(cli_audit_damaged_latest_moves_nothing)
+{
+    audit_make_run();
+    zt_truncate("run/step-00000004/shard-00001-of-00002.bin", 100);
+    char *before = zt_slurp("run/latest");
+    expect(0, "run/step-00000004 does not verify (shard-00001-of-00002.bin: truncated",
+           "audit run");
+    expect(0, "it would be moved aside", "audit run");
+    expect(0, "checkpoint: run/step-00000002 (step 2), what a resume would pick", "audit run");
+    expect(0, "resumable: step 2", "audit run");
+    /* nothing moved, latest unchanged */
+    struct stat st;
+    ZT_CHECK(stat("run/step-00000004", &st) == 0);
+    ZT_CHECK(stat("run/damaged-step-00000004", &st) < 0);
+    char *after = zt_slurp("run/latest");
+    ZT_CHECK(!strcmp(before, after));
+    free(before);
+    free(after);
+    /* the damaged checkpoint itself: each problem, not resumable */
+    expect(1, "  shard-00001-of-00002.bin: truncated: 100 bytes", "audit run/step-00000004");
+    expect(1, "not resumable:\n  run/step-00000004 does not verify: 1 problem",
+           "audit run/step-00000004");
+    json_t *j = json_of("audit run/step-00000004 --json");
+    ZT_CHECK(json_is_false(json_object_get(j, "resumable")));
+    ZT_CHECK(json_is_false(json_object_get(j, "verified")));
+    ZT_CHECK_EQ(json_array_size(json_object_get(j, "problems")), 1);
+    json_decref(j);
+    /* every checkpoint damaged: not resumable, nothing moved */
+    zt_truncate("run/step-00000002/shard-00000-of-00002.bin", 10);
+    expect(1, "none of its 2 checkpoints verifies", "audit run");
+    ZT_CHECK(stat("run/step-00000002", &st) == 0 && stat("run/step-00000004", &st) == 0);
+}
+
+ZT_TEST(cli_audit_refusals_are_zruns)
+{
+    audit_make_run();
+    /* W that does not divide the batch; W over the communicators' limit */
+    expect(1, "not resumable:\n  --batch 4 is not a multiple of the world size 3",
+           "audit run --world 3");
+    expect(1, "world 2000 outside [1, 1024]", "audit run --world 2000");
+    /* every reason, not only the first */
+    expect(1, "\n  --batch 4 is not a multiple of the world size 2000", "audit run --world 2000");
+    /* another model: zrun refuses it with the very same line */
+    char *o;
+    ZT_CHECK_EQ(zckpt(&o, "audit run --model tiny"), 1);
+    const char *r = strstr(o, "not resumable:\n  ");
+    ZT_CHECK(r);
+    r += strlen("not resumable:\n  ");
+    char line[1024];
+    snprintf(line, sizeof line, "%.*s", (int)strcspn(r, "\n"), r);
+    ZT_CHECK(strstr(line, "another model shape"));
+    int st = zt_zrun("--model tiny --batch 4 --steps 8 --threads 1 --ckpt-dir run", "b.log");
+    char *log = zt_slurp("b.log");
+    if (st == 0 || !strstr(log, line))
+        ZT_FAIL("zrun exit %d, its log lacks the audit's reason '%s':\n%s", st, line, log);
+    free(log);
+    free(o);
+    /* two reasons, each on its own line */
+    ZT_CHECK_EQ(zckpt(&o, "audit run --world 3 --model tiny --json"), 1);
+    json_t *j = json_loads(o, 0, NULL);
+    ZT_CHECK(j);
+    ZT_CHECK_EQ(json_array_size(json_object_get(j, "reasons")), 2);
+    ZT_CHECK(json_is_null(json_object_get(j, "memory")));
+    json_decref(j);
+    free(o);
+}
+
+ZT_TEST(cli_audit_no_checkpoint_and_usage)
+{
+    /* an existing run directory without a checkpoint: not resumable (1) */
+    ZT_CHECK(mkdir("empty", 0777) == 0);
+    expect(1, "empty: no checkpoint to resume from", "audit empty");
+    /* no such path: an error (2) */
+    expect(2, "zckpt: error: absent", "audit absent");
+    expect(2, "usage", "audit");
+    expect(2, "--zero", "audit empty --zero 4");
+    expect(2, "--world", "audit empty --world 0");
+    expect(2, "--batch", "audit empty --batch x");
+    expect(2, "unknown option", "audit empty --frobnicate");
+    expect(0, "--model SPEC", "audit --help");
 }

@@ -969,12 +969,18 @@ int zr_comm_shm_reclaim(void)
     return n;
 }
 
+int zr_comm_check_world(int world)
+{
+    if (world < 1 || world > SHM_MAX_WORLD)
+        return zr_err_set(ZR_EINVAL, "world %d outside [1, %d]", world, SHM_MAX_WORLD);
+    return 0;
+}
+
 int zr_comm_shm_create(char **name_out, int world, size_t seg_bytes)
 {
     zr_comm_shm_reclaim(); /* what launchers killed by SIGKILL left behind */
     *name_out = NULL;
-    if (world < 1 || world > SHM_MAX_WORLD)
-        return zr_err_set(ZR_EINVAL, "world %d outside [1, %d]", world, SHM_MAX_WORLD);
+    ZR_TRY(zr_comm_check_world(world));
     if (!seg_bytes)
         seg_bytes = SHM_DEFAULT_SEG;
     /* each half must hold W pieces of 16 doubles; whole pages */

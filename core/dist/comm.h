@@ -85,6 +85,9 @@ int zr_comm_check(zr_comm *c);
  * and every rank's pending and later calls fail naming `rank`; the first abort stays.
  */
 int zr_comm_shm_create(char **name_out, int world, size_t seg_bytes);
+/* Whether a job of `world` ranks is within what the communicators take (1..1024): 0, or
+ * ZR_EINVAL naming the limit. */
+int zr_comm_check_world(int world);
 void zr_comm_shm_abort(const char *name, int rank, int status);
 void zr_comm_shm_unlink(const char *name);
 /* Unlink this user's segments in /dev/shm whose creating launcher is dead (a launcher killed by

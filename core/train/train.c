@@ -17,6 +17,7 @@
 #include "model.h"
 #include "section.h"
 #include "train.h"
+#include "train_int.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -319,7 +320,7 @@ static int save(run *r, float loss, char *path_out, size_t cap)
 }
 
 /* Check that the checkpoint holds this model: same groups, sizes, tensors, and f32 states. */
-static int check_layout(const zck_layout *ck, const zck_layout *want, const char *path)
+int zr_train__check_layout(const zck_layout *ck, const zck_layout *want, const char *path)
 {
     if (zck_layout_n_groups(ck) != zck_layout_n_groups(want))
         return zr_err_set(ZR_EINVAL, "%s: checkpoint has %zu parameter groups, this model %zu "
@@ -369,7 +370,7 @@ _Static_assert((int)ZR_VERIFY_FULL == (int)ZCK_RESUME_VERIFY_FULL &&
                (int)ZR_VERIFY_OFF == (int)ZCK_RESUME_VERIFY_OFF,
                "ZR_VERIFY_* and ZCK_RESUME_VERIFY_* must agree");
 
-static int resume_path(char **out, const zr_train_opts *o, FILE *log, int dry)
+int zr_train__resume_path(char **out, const zr_train_opts *o, FILE *log, int dry)
 {
     *out = NULL;
     if (!o->resume || !strcmp(o->resume, "never")) {
@@ -438,7 +439,7 @@ static const char *verify_words[3] = {"every file hashed", "quick check (files p
 
 static int load(run *r, zck_reader *rd)
 {
-    ZR_TRY(check_layout(zck_reader_layout(rd), r->L, zck_reader_path(rd)));
+    ZR_TRY(zr_train__check_layout(zck_reader_layout(rd), r->L, zck_reader_path(rd)));
     unsigned jobs = r->o->threads > 0 ? (unsigned)r->o->threads : 1;
     /* a pick of --resume auto was checked as --verify-on-resume says already (rank 0) */
     int rc = 0, how = r->picked ? ZR_VERIFY_OFF : r->o->verify_on_resume;
@@ -645,7 +646,7 @@ static void make_parent_dirs(const char *path)
 }
 
 /* Every option, whatever the world size: ZR_EINVAL naming the first bad one. */
-static int check_opts(const zr_train_opts *o)
+int zr_train__check_opts(const zr_train_opts *o)
 {
     if (o->batch < 1)
         return zr_err_set(ZR_EINVAL, "--batch %u: at least 1", o->batch);
@@ -706,7 +707,7 @@ static int check_opts(const zr_train_opts *o)
 }
 
 /* The options that depend on the world size W. */
-static int check_world(const zr_train_opts *o, int W)
+int zr_train__check_world(const zr_train_opts *o, int W)
 {
     if (o->batch % (uint32_t)W)
         return zr_err_set(ZR_EINVAL, "--batch %u is not a multiple of the world size %d (each "
@@ -948,7 +949,7 @@ static int open_device(run *r)
 
 /* The model config: --model, else the checkpoint's, else tiny; a checkpoint of another shape
  * than --model says is refused. */
-static int pick_config(zr_gpt2_config *cfg, const zr_train_opts *o, zck_reader *rd)
+int zr_train__pick_config(zr_gpt2_config *cfg, const zr_train_opts *o, zck_reader *rd)
 {
     if (o->model) {
         ZR_TRY(zr_gpt2_config_parse(cfg, o->model));
@@ -972,67 +973,114 @@ static int pick_config(zr_gpt2_config *cfg, const zr_train_opts *o, zck_reader *
     return zr_gpt2_config_parse(cfg, "tiny");
 }
 
-int zr_train_dry_run(const zr_train_opts *o, int world, FILE *f)
+/* The sequence length: --seq, else the model's context, which it may not exceed. */
+int zr_train__seq(uint32_t *out, const zr_train_opts *o, const zr_gpt2_config *cfg)
 {
-    ZR_TRY(check_opts(o));
-    ZR_TRY(check_world(o, world));
-    char *from = NULL;
+    *out = o->seq ? o->seq : cfg->ctx;
+    if (*out > cfg->ctx)
+        return zr_err_set(ZR_EINVAL, "--seq %u is longer than the model's context %u", *out,
+                          cfg->ctx);
+    return 0;
+}
+
+void zr_mem_plan_free(zr_mem_plan *p)
+{
+    if (!p)
+        return;
+    free(p->from);
+    free(p->rank);
+    memset(p, 0, sizeof *p);
+}
+
+/* The ZeRO formula's bytes per parameter for params, grads and AdamW states: a + b / W. */
+static const double per_param[4][2] = {{16, 0}, {8, 8}, {4, 12}, {0, 16}};
+
+int zr_train_mem_plan(zr_mem_plan *out, const zr_train_opts *o, int world)
+{
+    memset(out, 0, sizeof *out);
+    ZR_TRY(zr_train__check_opts(o));
+    ZR_TRY(zr_train__check_world(o, world));
     zck_reader *rd = NULL;
     zck_layout *L = NULL;
     zr_gpt2_config cfg;
     int rc = 0;
-    ZR_TRY_GOTO(resume_path(&from, o, NULL, 1), rc, out);
-    if (from)
-        ZR_TRY_GOTO(zck_reader_open(&rd, from), rc, out);
-    ZR_TRY_GOTO(pick_config(&cfg, o, rd), rc, out);
-    uint32_t T = o->seq ? o->seq : cfg.ctx;
-    if (T > cfg.ctx) {
-        rc = zr_err_set(ZR_EINVAL, "--seq %u is longer than the model's context %u", T,
-                        cfg.ctx);
-        goto out;
-    }
-    uint32_t mb = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)world;
+    ZR_TRY_GOTO(zr_train__resume_path(&out->from, o, NULL, 1), rc, out);
+    if (out->from)
+        ZR_TRY_GOTO(zck_reader_open(&rd, out->from), rc, out);
+    ZR_TRY_GOTO(zr_train__pick_config(&cfg, o, rd), rc, out);
+    ZR_TRY_GOTO(zr_train__seq(&out->seq, o, &cfg), rc, out);
+    out->layers = cfg.layers;
+    out->zero_stage = o->zero_stage;
+    out->world = world;
+    out->micro_batch = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)world;
     ZR_TRY_GOTO(zr_gpt2_layout(&L, &cfg), rc, out);
-    uint64_t numel = 0;
     for (size_t g = 0; g < zck_layout_n_groups(L); g++)
-        numel += zck_layout_group_numel(L, g);
+        out->numel += zck_layout_group_numel(L, g);
     /* on a GPU: the device model's activations (bf16 copies, the T x T attention) */
     const zr_device_ops *ops = NULL;
     if (o->device == ZR_DEVICE_CUDA ||
         (o->device == ZR_DEVICE_AUTO && zr_device_cuda_available()))
         ZR_TRY_GOTO(zr_device_open(&ops), rc, out);
-    uint64_t acts = zr_model_activation_bytes(&cfg, mb, T);
+    out->on_gpu = ops != NULL;
+    uint64_t acts = zr_model_activation_bytes(&cfg, out->micro_batch, out->seq);
     if (ops)
-        ZR_TRY_GOTO(zr_device_activation_bytes(&acts, ops, &cfg, mb, T), rc, out);
-    double mib = 1.0 / (1 << 20);
-    static const double per_param[4][2] = {{16, 0}, {8, 8}, {4, 12}, {0, 16}};
-    fprintf(f, "dry run: GPT-2 %u layers, %llu parameters, ZeRO stage %d, world %d, "
-               "micro-batch %u x %u tokens per rank, on %s%s%s\n", cfg.layers,
-            (unsigned long long)numel, o->zero_stage, world, mb, T,
-            ops ? "the GPU (device memory; activations in bf16 and fp32)" : "the CPU",
-            from ? "; resuming from " : "", from ? from : "");
-    fprintf(f, "expected bytes per rank (MiB): formula %g + %g/W bytes per parameter for "
-               "params, grads and AdamW states\n", per_param[o->zero_stage][0],
-            per_param[o->zero_stage][1]);
-    fprintf(f, "  rank      params       grads   optimizer     buffers  activations  "
-               "     total   formula\n");
+        ZR_TRY_GOTO(zr_device_activation_bytes(&acts, ops, &cfg, out->micro_batch, out->seq),
+                    rc, out);
+    out->per_param[0] = per_param[o->zero_stage][0];
+    out->per_param[1] = per_param[o->zero_stage][1];
+    out->formula_bytes = (out->per_param[0] + out->per_param[1] / world) * (double)out->numel;
+    if (!(out->rank = calloc((size_t)world, sizeof *out->rank))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
     zr_zero_opts zo = zero_opts(o);
     zo.swap_dir = "(dry run)";
     for (int q = 0; q < world; q++) {
         zr_zero_bytes b;
         ZR_TRY_GOTO(zr_zero_plan(&b, L, world, q, &zo), rc, out);
-        double formula = (per_param[o->zero_stage][0] + per_param[o->zero_stage][1] / world) *
-                         (double)numel;
-        fprintf(f, "  %4d %11.1f %11.1f %11.1f %11.1f %12.1f %11.1f %9.1f\n", q,
-                b.params * mib, b.grads * mib, b.optimizer * mib, b.buffers * mib, acts * mib,
-                (double)(b.params + b.grads + b.optimizer + b.buffers + acts) * mib,
-                formula * mib);
+        zr_rank_mem *m = &out->rank[q];
+        m->params = b.params;
+        m->grads = b.grads;
+        m->optimizer = b.optimizer;
+        m->buffers = b.buffers;
+        m->activations = acts;
+        m->total = b.params + b.grads + b.optimizer + b.buffers + acts;
     }
 out:
     zck_reader_free(rd);
     zck_layout_free(L);
-    free(from);
+    if (rc)
+        zr_mem_plan_free(out);
     return rc;
+}
+
+int zr_train_dry_run(const zr_train_opts *o, int world, FILE *f)
+{
+    zr_mem_plan p;
+    ZR_TRY(zr_train_mem_plan(&p, o, world));
+    zr_mem_plan_print(&p, f);
+    zr_mem_plan_free(&p);
+    return 0;
+}
+
+void zr_mem_plan_print(const zr_mem_plan *p, FILE *f)
+{
+    double mib = 1.0 / (1 << 20);
+    fprintf(f, "dry run: GPT-2 %u layers, %llu parameters, ZeRO stage %d, world %d, "
+               "micro-batch %u x %u tokens per rank, on %s%s%s\n", p->layers,
+            (unsigned long long)p->numel, p->zero_stage, p->world, p->micro_batch, p->seq,
+            p->on_gpu ? "the GPU (device memory; activations in bf16 and fp32)" : "the CPU",
+            p->from ? "; resuming from " : "", p->from ? p->from : "");
+    fprintf(f, "expected bytes per rank (MiB): formula %g + %g/W bytes per parameter for "
+               "params, grads and AdamW states\n", p->per_param[0], p->per_param[1]);
+    fprintf(f, "  rank      params       grads   optimizer     buffers  activations  "
+               "     total   formula\n");
+    for (int q = 0; q < p->world; q++) {
+        const zr_rank_mem *m = &p->rank[q];
+        fprintf(f, "  %4d %11.1f %11.1f %11.1f %11.1f %12.1f %11.1f %9.1f\n", q,
+                m->params * mib, m->grads * mib, m->optimizer * mib, m->buffers * mib,
+                m->activations * mib, m->total * mib, p->formula_bytes * mib);
+    }
 }
 
 /* ---------------------------------------------------------------- the run, top to bottom */
@@ -1044,7 +1092,7 @@ static int open_world(run *r)
     r->rank = zr_comm_rank(r->comm);
     r->W = zr_comm_world(r->comm);
     r->log = r->rank == 0 ? r->o->log : NULL;
-    ZR_TRY(check_world(r->o, r->W));
+    ZR_TRY(zr_train__check_world(r->o, r->W));
     zr_set_threads(r->o->threads > 0 ? r->o->threads : 1);
     return open_device(r);
 }
@@ -1059,7 +1107,7 @@ static int pick_start(run *r)
     if (r->rank == 0) /* one job per run directory, before any staging or housekeeping */
         lrc = zck_run_lock(&r->lock, o->ckpt_dir, "zrun");
     if (r->rank == 0 && !lrc)
-        lrc = resume_path(&from, o, r->log, 0);
+        lrc = zr_train__resume_path(&from, o, r->log, 0);
     lrc = share_text(r, 0, lrc, lrc ? zr_err_msg() : (from ? from : ""), &shared);
     free(from);
     if (lrc)
@@ -1071,11 +1119,9 @@ static int pick_start(run *r)
     r->picked = r->from && !strcmp(o->resume, "auto");
     lrc = r->from ? zck_reader_open(&r->rd, r->from) : 0;
     if (!lrc)
-        lrc = pick_config(&r->cfg, o, r->rd);
-    r->T = o->seq ? o->seq : r->cfg.ctx;
-    if (!lrc && r->T > r->cfg.ctx)
-        lrc = zr_err_set(ZR_EINVAL, "--seq %u is longer than the model's context %u", r->T,
-                         r->cfg.ctx);
+        lrc = zr_train__pick_config(&r->cfg, o, r->rd);
+    if (!lrc)
+        lrc = zr_train__seq(&r->T, o, &r->cfg);
     r->mb = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)r->W;
     r->n_micro = o->batch / (uint32_t)r->W / r->mb;
     return lrc;
@@ -1232,7 +1278,7 @@ static int finish(run *r, zr_train_result *out, float loss, uint64_t done, int s
 int zr_train(zr_train_result *out, const zr_train_opts *o)
 {
     memset(out, 0, sizeof *out);
-    ZR_TRY(check_opts(o));
+    ZR_TRY(zr_train__check_opts(o));
     run r;
     memset(&r, 0, sizeof r);
     r.o = o;

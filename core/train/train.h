@@ -89,8 +89,69 @@ typedef struct {
 int zr_train(zr_train_result *out, const zr_train_opts *opts);
 /* Print the per-rank memory a run of these options would hold at this world size (params,
  * grads, optimizer states, buffers, activations, against the ZeRO formula), allocating
- * nothing. */
+ * nothing: zr_train_mem_plan, then zr_mem_plan_print. */
 int zr_train_dry_run(const zr_train_opts *opts, int world, FILE *out);
+
+/* One rank's bytes by category, as the dry run counts them. */
+typedef struct {
+    uint64_t params, grads, optimizer, buffers, activations, total;
+} zr_rank_mem;
+
+typedef struct {
+    char *from;              /* the checkpoint a resume would read (opts->resume), or NULL */
+    uint32_t layers, micro_batch, seq;
+    uint64_t numel;          /* parameters */
+    int zero_stage, world, on_gpu;
+    double per_param[2];     /* the ZeRO formula: a + b / W bytes per parameter */
+    double formula_bytes;    /* that formula for this model and world, per rank */
+    zr_rank_mem *rank;       /* [world] */
+} zr_mem_plan;
+
+/* The dry run's accounting without printing: the same checks of the options and the world as
+ * zr_train, the checkpoint opts->resume names (a run directory's pick is made with nothing
+ * moved), the model, then each rank's bytes (zr_zero_plan). *out is the caller's to release
+ * with zr_mem_plan_free (also on failure, when it holds nothing). ZR_EINVAL for an option. */
+int zr_train_mem_plan(zr_mem_plan *out, const zr_train_opts *opts, int world);
+void zr_mem_plan_print(const zr_mem_plan *p, FILE *out); /* zrun --dry-run's table */
+void zr_mem_plan_free(zr_mem_plan *p); /* its members; accepts NULL */
+
+/* ---------------------------------------------------------------- the audit before a resume */
+
+typedef struct {
+    uint32_t world;          /* ranks of the resume; 0: the checkpoint's */
+    int zero_stage;          /* -1: the checkpoint's */
+    uint32_t batch;          /* global batch; 0: the checkpoint's training section, else 8 */
+    const char *model;       /* a zr_gpt2_config_parse spec; NULL: the checkpoint's */
+    unsigned jobs;           /* files hashed in parallel */
+} zr_audit_opts;
+#define ZR_AUDIT_OPTS_INIT {0, -1, 0, NULL, 2}
+
+typedef struct {
+    char *ckpt;              /* the checkpoint a resume would read; NULL: none */
+    int picked;              /* 1: picked from a run directory by zck_resume_pick */
+    uint64_t step;           /* its step */
+    zck_namelist said;       /* the resume policy's lines (newer damaged checkpoints that a
+                                resume would move aside, an interrupted commit) */
+    zck_report *report;      /* the full verification of ckpt: of a pick, empty (the pick
+                                is zck_verify's full check); NULL without a checkpoint */
+    zck_namelist reasons;    /* why a resume would fail, one line each; none: resumable */
+    uint32_t world, batch;   /* what was checked (options, else the checkpoint's) */
+    int zero_stage;
+    char model[128];         /* "layers 2 heads 2 dim 64 ctx 64 vocab 256", "" when unknown */
+    int has_mem;             /* mem holds the plan (the checks it needs passed) */
+    zr_mem_plan mem;
+} zr_audit;
+
+/* Whether a resume from path (a run directory: the checkpoint zck_resume_pick would pick, in a
+ * dry run that moves nothing; or a checkpoint directory) would succeed at o's world, stage,
+ * batch and model: the checkpoint verified in full, then the same checks zr_train applies
+ * before a resume (its option and world checks, the communicator's world limit, the model
+ * against the checkpoint's shape and layout, the sequence length), a live job holding the run
+ * directory, and the memory per rank (zr_train_mem_plan). Returns 0 when the audit ran,
+ * whatever it found (*out's reasons empty: resumable); ZR_ENOTFOUND when path does not exist,
+ * ZR_EINVAL for bad options, I/O errors as they come. Free *out with zr_audit_free. */
+int zr_audit_run(zr_audit **out, const char *path, const zr_audit_opts *o);
+void zr_audit_free(zr_audit *a);
 
 /* ---------------------------------------------------------------- restarts */
 

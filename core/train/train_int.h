@@ -1,0 +1,27 @@
+/*
+ * train_int.h: the checks of train.c that the audit (audit.c) applies too, so that both refuse
+ * the same resumes with the same words. Internal to core/train (double underscore: not for
+ * cli/). Each returns 0 or ZR_EINVAL (resume_path: the errors of zck_resume_pick) with the
+ * message zr_train would give.
+ */
+#ifndef ZR_TRAIN_INT_H
+#define ZR_TRAIN_INT_H
+
+#include "model.h"
+#include "train.h"
+
+/* Every option, whatever the world size: the first bad one named. */
+int zr_train__check_opts(const zr_train_opts *o);
+/* The options that depend on the world size W (batch and micro-batch shares). */
+int zr_train__check_world(const zr_train_opts *o, int W);
+/* The model: o->model (refused when rd holds another shape), else rd's, else tiny. */
+int zr_train__pick_config(zr_gpt2_config *cfg, const zr_train_opts *o, zck_reader *rd);
+/* The checkpoint's layout ck against the model's: groups, sizes, tensors, f32 states. */
+int zr_train__check_layout(const zck_layout *ck, const zck_layout *want, const char *path);
+/* The sequence length: o->seq, else the model's context, which it may not exceed. */
+int zr_train__seq(uint32_t *out, const zr_train_opts *o, const zr_gpt2_config *cfg);
+/* What o->resume resumes from (*out NULL: a fresh start); "auto": zck_resume_pick with
+ * o->verify_on_resume, its lines on log, nothing moved when dry. */
+int zr_train__resume_path(char **out, const zr_train_opts *o, FILE *log, int dry);
+
+#endif
