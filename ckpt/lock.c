@@ -75,9 +75,15 @@ static bool holder_alive(int fd)
 static int lock_once(int *fd_out, const char *run_dir, const char *path)
 {
     int e = zck__fault(ZCK_OP_OPEN, path);
-    int fd = e ? -1 : open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    int fd = e ? -1 : open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     if (fd < 0)
         return zr_err_sys(e ? e : errno, "%s: open lock file", path);
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) { /* a FIFO planted there: never block */
+        close(fd);
+        return zr_err_set(ZR_ECORRUPT, "%s: the lock file is not a regular file (remove it)",
+                          path);
+    }
     if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
         if (errno == EWOULDBLOCK) {
             int rc = busy(run_dir, fd);
@@ -159,10 +165,15 @@ int zck_run_lock_holder(char **out, const char *run_dir)
     char *path = zck__path_join(run_dir, ".lock");
     if (!path)
         return ZR_ENOMEM;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     free(path);
     if (fd < 0)
         return 0;
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) { /* not ours: nobody holds the run */
+        close(fd);
+        return 0;
+    }
     int held = 0;
     if (flock(fd, LOCK_SH | LOCK_NB) < 0)
         held = errno == EWOULDBLOCK || holder_alive(fd);

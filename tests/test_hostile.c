@@ -443,3 +443,17 @@ ZT_TEST(hostile_terminal_escapes)
     free(txt);
     no_escape("inspect a");
 }
+
+/* a FIFO planted as a run directory's lock file: zrun and zckpt ls answer at once */
+ZT_TEST(hostile_fifo_lock_file_never_hangs)
+{
+    alarm(30);
+    ZT_CHECK(mkdir("run", 0755) == 0);
+    ZT_CHECK(mkfifo("run/.lock", 0644) == 0);
+    char *holder = NULL;
+    ZT_OK(zck_run_lock_holder(&holder, "run"));
+    ZT_CHECK(holder == NULL);
+    zck_lock *lk = NULL;
+    ZT_ERR(zck_run_lock(&lk, "run", "test"), ZR_ECORRUPT, "not a regular file");
+    alarm(0);
+}

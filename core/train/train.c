@@ -20,6 +20,7 @@
 #include "train_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -782,12 +783,16 @@ static int swap_dir_claim(run *r)
             goto out;
         }
         long pid = 0;
-        FILE *f = fopen(owner, "r");
+        int ofd = -1;
+        FILE *f = zck_open_regular(&ofd, owner, ZCK_NOFOLLOW, NULL) == 0 ? fdopen(ofd, "r")
+                                                                         : NULL;
+        zr_err_clear(); /* no owner file (or not a regular one): nobody holds it */
         if (f) {
             if (fscanf(f, "%ld", &pid) != 1)
                 pid = 0;
             fclose(f);
-        }
+        } else if (ofd >= 0)
+            close(ofd);
         if (pid > 0 && pid != (long)getpid() &&
             (kill((pid_t)pid, 0) == 0 || errno == EPERM)) {
             rc = zr_err_set(ZR_EEXIST, "%s is in use by a running process (pid %ld); give "
@@ -800,7 +805,11 @@ static int swap_dir_claim(run *r)
     }
     r->swap_dir = dir; /* ours from here: removed at the end */
     dir = NULL;
-    FILE *f = fopen(owner, "w");
+    unlink(owner); /* whatever was there (a FIFO would block the open) */
+    int wfd = open(owner, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    FILE *f = wfd >= 0 ? fdopen(wfd, "w") : NULL;
+    if (!f && wfd >= 0)
+        close(wfd);
     if (!f || fprintf(f, "%ld\n", (long)getpid()) < 0 || fclose(f) != 0)
         rc = zr_err_sys(errno, "%s: write", owner);
 out:
