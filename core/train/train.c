@@ -683,8 +683,8 @@ static zr_zero_opts zero_opts(const zr_train_opts *o)
     zr_zero_opts zo = ZR_ZERO_OPTS_INIT;
     zo.stage = o->zero_stage;
     zo.prefetch = o->prefetch;
-    zo.offload_optimizer = o->offload_optimizer == ZR_OFFLOAD_NVME ? 1 : 0;
-    zo.offload_params = o->offload_params == ZR_OFFLOAD_NVME;
+    zo.offload_optimizer = o->offload_optimizer;
+    zo.offload_params = o->offload_params;
     zo.swap_dir = o->nvme_path;
     zo.aio_depth = o->aio_depth;
     zo.aio_block = o->aio_block;
@@ -1024,12 +1024,7 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
     if (!lrc) {
         zr_zero_opts zo = zero_opts(o);
         zo.swap_dir = r.swap_dir;
-        if (r.dev && o->offload_optimizer == ZR_OFFLOAD_CPU)
-            zo.offload_optimizer = 2; /* pinned host memory, AdamW on the CPU */
-        if (r.dev && o->offload_params == ZR_OFFLOAD_CPU)
-            zo.offload_params = 2; /* stage-3 partitions in pinned host memory */
-        lrc = r.dev ? zr_zero_new_device(&r.zero, r.comm, r.L, &zo, r.dev, r.dcomm)
-                    : zr_zero_new(&r.zero, r.comm, r.L, &zo);
+        lrc = zr_zero_new(&r.zero, r.comm, r.L, &zo, r.dev, r.dcomm);
     }
     /* asynchronous saves need a host copy of this rank's partitions: by default not when the
      * states were moved to NVMe to free that memory */
@@ -1044,13 +1039,13 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
         if (r.dev) { /* the CPU model only gives the initial values: the smallest one */
             lrc = r.dev->model_new(&r.dmodel, &r.cfg, r.mb, r.T, &h);
             if (!lrc)
-                lrc = zr_zero_attach_device(r.zero, r.dmodel, r.n_micro);
+                lrc = zr_zero_attach(r.zero, NULL, r.dmodel, r.n_micro);
             if (!lrc)
                 lrc = zr_model_new_ext(&r.model, &r.cfg, 1, 1, &h);
         } else {
             lrc = zr_model_new_ext(&r.model, &r.cfg, r.mb, r.T, &h);
             if (!lrc)
-                zr_zero_attach(r.zero, r.model, r.n_micro);
+                lrc = zr_zero_attach(r.zero, r.model, NULL, r.n_micro);
         }
     }
     if (!lrc) {

@@ -41,7 +41,7 @@ typedef struct {
     FILE *log;               /* a line per step and a summary, or NULL */
     volatile int *stop;      /* set asynchronously (signal): finish the step, save, return */
     unsigned prefetch;       /* ZeRO-3: group gathers in flight ahead of use */
-    /* offload (ZR_OFFLOAD_*): optimizer states, and at stage 3 parameter partitions; on the CPU
+    /* offload (model.h's ZR_OFFLOAD_*): optimizer states, and at stage 3 parameter partitions; on the CPU
      * device "cpu" is where they are anyway. nvme: swap files in <nvme_path>/zrun-swap-rank<r>,
      * aio_block bytes per request and staging chunk, aio_depth requests in flight,
      * offload_buffers staging sets (>= 2). */
@@ -63,7 +63,6 @@ typedef struct {
 } zr_train_opts;
 enum { ZR_DEVICE_CPU = 0, ZR_DEVICE_CUDA = 1, ZR_DEVICE_AUTO = 2 };
 enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };
-enum { ZR_OFFLOAD_NONE = 0, ZR_OFFLOAD_CPU = 1, ZR_OFFLOAD_NVME = 2 };
 #define ZR_TRAIN_OPTS_INIT                                                                     \
     {NULL, "synthetic", 8, 0, 0, 200, 1e-3f, 0.1f, 20, 0.1f, 1.0f, 1337, "runs/default", 0, 3, \
      "auto", NULL, 2, 0, 0.0, 0, NULL, NULL, 2, 0, 0, NULL, 8, 4, (size_t)1 << 20, -1,       \
