@@ -43,7 +43,7 @@ typedef struct {
     int off_opt, off_par;
     uint64_t preg;            /* floats of the params' region */
     unsigned nbufs, aio_depth;
-    float *cbuf, *gstage;     /* nbufs x 3 chunks; one partition for offloaded gathers */
+    float *gstage;            /* one partition for offloaded gathers (b.xbuf: nbufs x 3 chunks) */
     size_t bytes_cbuf, bytes_gstage;
     size_t bytes_fullp, bytes_fullg, bytes_ownp, bytes_owng, bytes_mv;
     float **pslots, **gslots; /* free lists (stack) */
@@ -389,7 +389,7 @@ int zr__zero_host_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const z
         z->bytes_mv += mvb;
     }
     if (z->off_opt || z->off_par)
-        ARR(z->cbuf, (size_t)z->nbufs * 3 * z->b.chunk, bytes_cbuf);
+        ARR(z->b.xbuf, (size_t)z->nbufs * 3 * z->b.chunk, bytes_cbuf);
     if (z->off_par) {
         uint64_t maxP = 0;
         for (size_t g = 0; g < z->b.ng; g++)
@@ -467,7 +467,7 @@ static void host_free(zr_zero *zz)
     zck_swap_close(z->b.osw, 1); /* scratch: removed */
     zck_swap_close(z->b.psw, 1);
     zr__zero_base_free(&z->b);
-    free(z->cbuf);
+    free(z->b.xbuf);
     free(z->gstage);
     pthread_mutex_destroy(&z->mu);
     pthread_cond_destroy(&z->cv);
@@ -720,17 +720,9 @@ static int host_init_params(zr_zero *zz, zr_zero_fill_fn fill, void *ctx)
         }
         /* chunk by chunk into the swap file, two staging chunks in turn */
         zr_zfill fr = {fill, ctx, g, lo};
-        ZR_TRY(zr__zero_swap_fill(sw, z->cbuf, z->b.chunk, off, n, zr__zero_produce_fill, &fr));
+        ZR_TRY(zr__zero_swap_fill(sw, z->b.xbuf, z->b.chunk, off, n, zr__zero_produce_fill, &fr));
     }
     return 0;
-}
-
-/* Where state s (0 param, 1 exp_avg, 2 exp_avg_sq) of group g lives: in memory (element `lo`
- * of the opt range at *mem), or in a swap file (element lo at float *off of *sw). */
-static void locate(zh *z, size_t g, int s, float **mem, zck_swap **sw, uint64_t *off)
-{
-    *sw = zr__zero_swap_of(&z->b, g, s, off);
-    *mem = *sw ? NULL : zr__zero_state(&z->b, g, s);
 }
 
 static int host_load(zr_zero *zz, zck_reader *rd, int verify, unsigned jobs)
@@ -750,10 +742,7 @@ static int host_load(zr_zero *zz, zck_reader *rd, int verify, unsigned jobs)
             q[nq++] = (zck_read_req){g, st[0], 0, z->b.G[g].numel, full};
         zr_zero_opt_range(&z->b, g, &lo, &n);
         for (int s = full ? 1 : 0; s < 3 && n; s++) {
-            float *mem;
-            zck_swap *sw;
-            uint64_t off;
-            locate(z, g, s, &mem, &sw, &off);
+            float *mem = zr__zero_state(&z->b, g, s); /* NULL: in a swap file */
             if (mem)
                 q[nq++] = (zck_read_req){g, st[s], lo, n, mem};
         }
@@ -765,49 +754,15 @@ static int host_load(zr_zero *zz, zck_reader *rd, int verify, unsigned jobs)
     free(q);
     if (rc)
         return rc;
-    /* what lives in swap files: chunk by chunk, checkpoint -> staging -> swap */
-    for (size_t g = 0; g < z->b.ng; g++) {
-        uint64_t lo, n;
-        zr_zero_opt_range(&z->b, g, &lo, &n);
-        for (int s = 0; s < 3 && n; s++) {
-            float *mem;
-            zck_swap *sw;
-            uint64_t base;
-            locate(z, g, s, &mem, &sw, &base);
-            if (!sw)
-                continue;
-            zr_zread r = {rd, g, st[s], lo};
-            ZR_TRY(zr__zero_swap_fill(sw, z->cbuf, z->b.chunk, base, n, zr__zero_produce_read,
-                                      &r));
-        }
-    }
-    return 0;
+    return zr__zero_load_swaps(&z->b, rd, st);
 }
 
-static int host_save_to(zr_zero *zz, const zr_zero_sink *w)
+static int host_sink_state(zr_zero *zz, int s, const float *src, uint64_t n,
+                           const zr_zero_sink *w)
 {
-    zh *z = (zh *)zz;
-    for (size_t g = 0; g < z->b.ng; g++) {
-        uint64_t plo, pn, olo, on;
-        zr_zero_part_range(&z->b, g, &plo, &pn);
-        zr_zero_opt_range(&z->b, g, &olo, &on);
-        if (!pn)
-            continue;
-        for (int s = 0; s < 3; s++) {
-            float *mem;
-            zck_swap *sw;
-            uint64_t base;
-            locate(z, g, s, &mem, &sw, &base);
-            ZR_TRY(w->begin(w->ctx, g, (size_t)s, plo, pn));
-            if (mem) {
-                ZR_TRY(w->write(w->ctx, mem + (plo - olo), (size_t)pn * sizeof(float)));
-                continue;
-            }
-            /* straight from the swap file */
-            ZR_TRY(zr__zero_swap_to_sink(sw, z->cbuf, z->b.chunk, base + (plo - olo), pn, w));
-        }
-    }
-    return 0;
+    (void)zz;
+    (void)s;
+    return w->write(w->ctx, src, (size_t)n * sizeof(float));
 }
 
 typedef struct {
@@ -858,7 +813,7 @@ static int host_adamw(zr_zero *zz, uint64_t t, float lr, float clip, const zr_ad
     uint64_t *rt = calloc(4 * (size_t)z->nbufs, sizeof *rt), *wt = rt ? rt + 2 * z->nbufs : NULL;
     int rc = rt ? 0 : zr_err_set(ZR_ENOMEM, "out of memory");
     /* the swap file and staging slot of state s (1 m, 2 v, 0 p) of chunk i */
-#define SLOT(i, s) (z->cbuf + ((size_t)((i) % z->nbufs) * 3 + (s)) * z->b.chunk)
+#define SLOT(i, s) (z->b.xbuf + ((size_t)((i) % z->nbufs) * 3 + (s)) * z->b.chunk)
     size_t ahead = 0;
     for (size_t i = 0; i < nc && !rc; i++) {
         /* keep the reads nbufs-1 chunks ahead */
@@ -870,10 +825,8 @@ static int host_adamw(zr_zero *zz, uint64_t t, float lr, float clip, const zr_ad
                     rc = zck_swap_wait(sw, wt[2 * set + f]);
             }
             for (int s = 0; s < 3 && !rc; s++) {
-                float *mem;
-                zck_swap *sw;
                 uint64_t base;
-                locate(z, c[ahead].g, s, &mem, &sw, &base);
+                zck_swap *sw = zr__zero_swap_of(&z->b, c[ahead].g, s, &base);
                 if (sw)
                     rc = zck_swap_read(sw, SLOT(ahead, s),
                                        zr__zero_grain_up(c[ahead].cnt) * sizeof(float),
@@ -888,11 +841,9 @@ static int host_adamw(zr_zero *zz, uint64_t t, float lr, float clip, const zr_ad
         zr_zero_opt_range(&z->b, g, &lo, &n);
         float *ptr[3];
         for (int s = 0; s < 3 && !rc; s++) {
-            float *mem;
-            zck_swap *sw;
             uint64_t base;
-            locate(z, g, s, &mem, &sw, &base);
-            ptr[s] = mem ? mem + c[i].off : SLOT(i, s);
+            zck_swap *sw = zr__zero_swap_of(&z->b, g, s, &base);
+            ptr[s] = sw ? SLOT(i, s) : zr__zero_state(&z->b, g, s) + c[i].off;
             if (sw)
                 rc = zck_swap_wait(sw, rt[2 * set + (s > 0)]);
         }
@@ -900,10 +851,8 @@ static int host_adamw(zr_zero *zz, uint64_t t, float lr, float clip, const zr_ad
             break;
         adamw_range(z, g, lo + c[i].off, c[i].cnt, ptr[0], ptr[1], ptr[2], t, lr, clip, hp);
         for (int s = 0; s < 3 && !rc; s++) {
-            float *mem;
-            zck_swap *sw;
             uint64_t base;
-            locate(z, g, s, &mem, &sw, &base);
+            zck_swap *sw = zr__zero_swap_of(&z->b, g, s, &base);
             if (sw)
                 rc = zck_swap_write(sw, SLOT(i, s), zr__zero_grain_up(c[i].cnt) * sizeof(float),
                                     (base + c[i].off) * sizeof(float), &wt[2 * set + (s > 0)]);
@@ -926,7 +875,7 @@ static const zr_zero_ops host_ops = {
     .attach = host_attach,
     .init_params = host_init_params,
     .load = host_load,
-    .save_to = host_save_to,
+    .sink_state = host_sink_state,
     .adamw = host_adamw,
     .begin_step = host_begin_step,
     .reduce = host_reduce,

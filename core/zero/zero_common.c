@@ -306,6 +306,22 @@ int zr__zero_find_states(zck_reader *rd, size_t st[3])
     return 0;
 }
 
+int zr__zero_load_swaps(zr_zero *z, zck_reader *rd, const size_t st[3])
+{
+    for (size_t g = 0; g < z->ng; g++) {
+        uint64_t lo, n, base;
+        zr_zero_opt_range(z, g, &lo, &n);
+        for (int s = 0; s < 3 && n; s++) {
+            zck_swap *sw = zr__zero_swap_of(z, g, s, &base);
+            zr_zread r = {rd, g, st[s], lo};
+            if (sw)
+                ZR_TRY(zr__zero_swap_fill(sw, z->xbuf, z->chunk, base, n, zr__zero_produce_read,
+                                          &r));
+        }
+    }
+    return 0;
+}
+
 static int writer_begin(void *ctx, size_t g, size_t s, uint64_t start, uint64_t count)
 {
     return zck_writer_begin(ctx, g, s, start, count);
@@ -322,9 +338,26 @@ int zr_zero_save(zr_zero *z, zck_writer *w)
     return zr_zero_save_to(z, &k);
 }
 
-int zr_zero_save_to(zr_zero *z, const zr_zero_sink *sink)
+int zr_zero_save_to(zr_zero *z, const zr_zero_sink *w)
 {
-    return z->ops->save_to(z, sink);
+    if (z->ops->save_begin)
+        ZR_TRY(z->ops->save_begin(z));
+    for (size_t g = 0; g < z->ng; g++) {
+        uint64_t plo, pn, olo, on, base;
+        zr_zero_part_range(z, g, &plo, &pn);
+        zr_zero_opt_range(z, g, &olo, &on);
+        if (!pn)
+            continue;
+        for (int s = 0; s < 3; s++) {
+            ZR_TRY(w->begin(w->ctx, g, (size_t)s, plo, pn));
+            zck_swap *sw = zr__zero_swap_of(z, g, s, &base);
+            if (sw) /* straight from the swap file */
+                ZR_TRY(zr__zero_swap_to_sink(sw, z->xbuf, z->chunk, base + (plo - olo), pn, w));
+            else
+                ZR_TRY(z->ops->sink_state(z, s, zr__zero_state(z, g, s) + (plo - olo), pn, w));
+        }
+    }
+    return 0;
 }
 
 void zr_zero_mem(const zr_zero *z, zr_zero_bytes *out)

@@ -53,7 +53,6 @@ typedef struct {
     dbuf *B;                /* each group's buffers */
     float *hbuf;                                 /* pinned: staged collectives */
     size_t hbuf_floats;
-    float *xbuf;                                 /* pinned: 2 sets of 4 chunks */
     slot_t *ps, *gs;                             /* ordinary slots */
     size_t nps, ngs;
     /* free buffers, oldest freed first: the next user waits the least for its `freed` */
@@ -221,7 +220,7 @@ static int alloc_states(zr_zdev *d)
     }
     /* pinned staging: chunks for copies; whole groups for staged collectives */
     if (!rc)
-        rc = host_alloc(d, &d->xbuf, 8 * d->b.chunk);
+        rc = host_alloc(d, &d->b.xbuf, 8 * d->b.chunk);
     if (!rc && !d->dc && d->b.W > 1) {
         for (size_t g = 0; g < d->b.ng; g++)
             if (d->b.G[g].full > d->hbuf_floats)
@@ -272,7 +271,7 @@ static void dev_free(zr_zero *zz)
         slot_free(d, &d->B[g].gb);
         slot_free(d, &d->B[g].pb);
     }
-    ops->host_free(d->xbuf);
+    ops->host_free(d->b.xbuf);
     ops->host_free(d->hbuf);
     for (int i = 0; i < 2; i++)
         if (d->e_x[i])
@@ -690,7 +689,7 @@ static int adamw_offloaded(zr_zdev *d, uint64_t t, float lr, float clip, const z
     /* swap tickets of each set and file (0 params, 1 moments): reads, write-backs */
     uint64_t rt[2][2] = {{0, 0}, {0, 0}}, wt[2][2] = {{0, 0}, {0, 0}};
     const int dev_par = !on_host(d, 0) && !on_nvme(d, 0); /* params on the device */
-#define BUF(k, i) (d->xbuf + ((size_t)((k) % 2) * 4 + (i)) * ch) /* i: 0 p, 1 g, 2 m, 3 v */
+#define BUF(k, i) (d->b.xbuf + ((size_t)((k) % 2) * 4 + (i)) * ch) /* i: 0 p, 1 g, 2 m, 3 v */
 #define STAGED(k, s) BUF(k, (s) == 0 ? 0 : (s) + 1)
     for (size_t k = 0; k <= nc && !rc; k++) {
         if (k < nc) { /* set k%2 was last used by chunk k-2, whose upload xs ordered before */
@@ -798,7 +797,7 @@ static int upload(zr_zdev *d, float *dst, uint64_t n, zr_zproduce_fn f, void *ct
     const zr_device_ops *ops = d->ops;
     for (uint64_t off = 0, k = 0; off < n; off += d->b.chunk, k++) {
         uint64_t cnt = n - off < d->b.chunk ? n - off : d->b.chunk;
-        float *b = d->xbuf + (k % 2) * d->b.chunk;
+        float *b = d->b.xbuf + (k % 2) * d->b.chunk;
         if (k >= 2) /* this set's previous upload has been read */
             ZR_TRY(ops->event_sync(d->e_x[k % 2]));
         ZR_TRY(f(ctx, off, cnt, b));
@@ -817,7 +816,7 @@ static int dev_init_params(zr_zero *zz, zr_zero_fill_fn fill, void *ctx)
             zr_zero_opt_range(&d->b, g, &lo, &n);
         zr_zfill f = {fill, ctx, g, lo};
         if (on_nvme(d, 0)) {
-            ZR_TRY(zr__zero_swap_fill(d->b.psw, d->xbuf, d->b.chunk, swap_at(d, g, 0), n,
+            ZR_TRY(zr__zero_swap_fill(d->b.psw, d->b.xbuf, d->b.chunk, swap_at(d, g, 0), n,
                                       zr__zero_produce_fill, &f));
             continue;
         }
@@ -857,60 +856,46 @@ static int dev_load(zr_zero *zz, zck_reader *rd, int verify, unsigned jobs)
             zr_zread r = {rd, g, st[s], a};
             if (on_host(d, s))
                 ZR_TRY(zck_reader_read_range(rd, g, st[s], a, cnt, dst));
-            else if (on_nvme(d, s))
-                ZR_TRY(zr__zero_swap_fill(swap_of(d, s), d->xbuf, d->b.chunk, swap_at(d, g, s),
-                                          cnt, zr__zero_produce_read, &r));
-            else
+            else if (!on_nvme(d, s)) /* those below */
                 ZR_TRY(upload(d, dst, cnt, zr__zero_produce_read, &r));
         }
     }
-    return 0;
+    return zr__zero_load_swaps(&d->b, rd, st);
 }
 
-static int dev_save_to(zr_zero *zz, const zr_zero_sink *w)
+/* A save's reads after the states as the last enqueued step left them. */
+static int dev_save_begin(zr_zero *zz)
+{
+    zr_zdev *d = (zr_zdev *)zz;
+    if (!d->ms)
+        return 0;
+    ZR_TRY(d->ops->event_record(d->e_m, d->ms));
+    return d->ops->stream_wait(d->xs, d->e_m);
+}
+
+static int dev_sink_state(zr_zero *zz, int s, const float *src, uint64_t n,
+                          const zr_zero_sink *w)
 {
     zr_zdev *d = (zr_zdev *)zz;
     const zr_device_ops *ops = d->ops;
     const uint64_t ch = d->b.chunk;
-    if (d->ms) { /* the states as the last enqueued step left them */
-        ZR_TRY(ops->event_record(d->e_m, d->ms));
-        ZR_TRY(ops->stream_wait(d->xs, d->e_m));
-    }
-    for (size_t g = 0; g < d->b.ng; g++) {
-        uint64_t plo, pn, olo, on;
-        zr_zero_part_range(&d->b, g, &plo, &pn);
-        zr_zero_opt_range(&d->b, g, &olo, &on);
-        if (!pn)
-            continue;
-        for (int s = 0; s < 3; s++) {
-            ZR_TRY(w->begin(w->ctx, g, (size_t)s, plo, pn));
-            if (on_nvme(d, s)) {
-                ZR_TRY(zr__zero_swap_to_sink(swap_of(d, s), d->xbuf, d->b.chunk,
-                                             swap_at(d, g, s) + (plo - olo), pn, w));
-                continue;
-            }
-            const float *src = zr__zero_state(&d->b, g, s) + (plo - olo);
-            if (on_host(d, s)) {
-                ZR_TRY(w->write(w->ctx, src, (size_t)pn * sizeof(float)));
-                continue;
-            }
-            /* the download of chunk k+1 overlaps the sink's write of chunk k */
-            uint64_t nck = (pn + ch - 1) / ch;
-            for (uint64_t k = 0; k <= nck; k++) {
-                if (k < nck) {
-                    uint64_t off = k * ch, cnt = pn - off < ch ? pn - off : ch;
-                    ZR_TRY(ops->memcpy(d->xbuf + (k % 2) * ch, src + off,
-                                       (size_t)cnt * sizeof(float), ZR_DEV_D2H, d->xs));
-                    ZR_TRY(ops->event_record(d->e_x[k % 2], d->xs));
-                }
-                if (k == 0)
-                    continue;
-                uint64_t j = k - 1, off = j * ch;
-                uint64_t cnt = pn - off < ch ? pn - off : ch;
-                ZR_TRY(ops->event_sync(d->e_x[j % 2]));
-                ZR_TRY(w->write(w->ctx, d->xbuf + (j % 2) * ch, (size_t)cnt * sizeof(float)));
-            }
+    if (on_host(d, s))
+        return w->write(w->ctx, src, (size_t)n * sizeof(float));
+    /* the download of chunk k+1 overlaps the sink's write of chunk k */
+    uint64_t nck = (n + ch - 1) / ch;
+    for (uint64_t k = 0; k <= nck; k++) {
+        if (k < nck) {
+            uint64_t off = k * ch, cnt = n - off < ch ? n - off : ch;
+            ZR_TRY(ops->memcpy(d->b.xbuf + (k % 2) * ch, src + off, (size_t)cnt * sizeof(float),
+                               ZR_DEV_D2H, d->xs));
+            ZR_TRY(ops->event_record(d->e_x[k % 2], d->xs));
         }
+        if (k == 0)
+            continue;
+        uint64_t j = k - 1, off = j * ch;
+        uint64_t cnt = n - off < ch ? n - off : ch;
+        ZR_TRY(ops->event_sync(d->e_x[j % 2]));
+        ZR_TRY(w->write(w->ctx, d->b.xbuf + (j % 2) * ch, (size_t)cnt * sizeof(float)));
     }
     return 0;
 }
@@ -921,7 +906,8 @@ static const zr_zero_ops dev_ops = {
     .attach = dev_attach,
     .init_params = dev_init_params,
     .load = dev_load,
-    .save_to = dev_save_to,
+    .save_begin = dev_save_begin,
+    .sink_state = dev_sink_state,
     .adamw = dev_adamw,
     .begin_step = dev_begin_step,
     .reduce = dev_reduce,

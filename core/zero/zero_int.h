@@ -56,6 +56,7 @@ struct zr_zero {
     zck_swap *osw, *psw;
     uint64_t *soff, *poff, oreg;
     size_t chunk;
+    float *xbuf; /* host memory, 4 KiB aligned: staging, two chunks at least */
     /* stage 3: the gathers in order (zr_zero_attach), the next to lend, the next to issue */
     zr_zentry *sched;
     size_t n_sched, cursor, issued;
@@ -71,7 +72,10 @@ struct zr_zero_ops {
                   size_t *bwd, size_t *nb);
     int (*init_params)(zr_zero *z, zr_zero_fill_fn fill, void *ctx);
     int (*load)(zr_zero *z, zck_reader *rd, int verify, unsigned jobs);
-    int (*save_to)(zr_zero *z, const zr_zero_sink *sink);
+    /* a save: the states as the last enqueued step left them (NULL: nothing to wait for),
+     * then n floats of state s from the engine's memory at src to the sink */
+    int (*save_begin)(zr_zero *z);
+    int (*sink_state)(zr_zero *z, int s, const float *src, uint64_t n, const zr_zero_sink *w);
     int (*adamw)(zr_zero *z, uint64_t t, float lr, float clip, const zr_adamw_hp *hp);
     int (*begin_step)(zr_zero *z);
     int (*reduce)(zr_zero *z);
@@ -118,6 +122,10 @@ zck_swap *zr__zero_swap_of(const zr_zero *z, size_t g, int s, uint64_t *off);
 int zr__zero_check_swap_opts(const zr_zero_opts *o);
 /* The checkpoint's state indices of param, exp_avg and exp_avg_sq into st[3]. */
 int zr__zero_find_states(zck_reader *rd, size_t st[3]);
+
+/* What lives in swap files read from a checkpoint (states st[3]), chunk by chunk, checkpoint
+ * -> staging -> swap file. */
+int zr__zero_load_swaps(zr_zero *z, zck_reader *rd, const size_t st[3]);
 
 /* Stage 3: the schedule's gathers issued in order up to position upto while buffers allow
  * (the entry at the cursor always is: the model holds at most two groups); the check that
