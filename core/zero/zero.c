@@ -1,7 +1,9 @@
 /*
- * zero.c: the ZeRO stages (zero.h): storage by stage, the model's hooks, and the comm thread
- * that runs every collective in issue order (stage 2's reduce-scatters and stage 3's gathers
- * in the background, the rest waited for at once).
+ * zero.c: the host engine of the ZeRO stages (zero.h; its operations table in zero_int.h,
+ * chosen by zr_zero_new without a device): storage by stage, the model's hooks, and the comm
+ * thread that runs every collective in issue order (stage 2's reduce-scatters and stage 3's
+ * gathers in the background, the rest waited for at once); zr_zero_plan, its sizes without
+ * allocating.
  */
 #include "zero_int.h"
 

@@ -18,9 +18,10 @@
  *            buffer just before the model reads it and released after, the next `prefetch`
  *            gathers of the schedule (zr_model_fetch_order) in flight on the comm thread.
  *
- * All collectives run on one comm thread, in the order they are issued, so every rank issues
- * the same sequence. Reductions sum in rank order (comm.h), so at one world size stages 0 and
- * 1 give the same bits, and 2 and 3 too (and all four with one micro-batch per step).
+ * The host engine runs all collectives on one comm thread, the device engine on the
+ * communicator's stream, in the order they are issued, so every rank issues the same
+ * sequence. Reductions sum in rank order (comm.h), so at one world size stages 0 and 1 give the
+ * same bits, and 2 and 3 too (and all four with one micro-batch per step).
  */
 #ifndef ZR_ZERO_H
 #define ZR_ZERO_H

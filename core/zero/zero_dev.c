@@ -1,9 +1,11 @@
 /*
- * zero_dev.c: the ZeRO stages on a device (zero_dev.h). The layout of the states is zero.c's:
- * full buffers of W P_g elements per group (zero padding past numel_g) so that collectives
- * work in place on whole groups, own partitions of P_g elements, an ordinary slot size for the
- * stage-2/3 buffers and buffers of their own for groups larger than a slot (the token
- * embedding). The stream discipline (device.h, the model's hook contract):
+ * zero_dev.c: the ZeRO stages on a device (zero.h's device engine: its operations table, in
+ * zero_int.h, chosen by zr_zero_new when given a device). The layout of the states is the
+ * host engine's (zero_int.h's common part): full buffers of W P_g elements per group (zero
+ * padding past numel_g) so that collectives work in place on whole groups, own partitions of
+ * P_g elements, an ordinary slot size for the stage-2/3 buffers and buffers of their own for
+ * groups larger than a slot (the token embedding). The stream discipline (device.h, the
+ * model's hook contract):
  *
  *   ms  the model's stream: forward, backward, gradient zeroing, AdamW, sums of squares;
  *   cs  the communicator's stream (NCCL only): every collective waits first for the work
