@@ -41,10 +41,10 @@ typedef struct {
     FILE *log;               /* a line per step and a summary, or NULL */
     volatile int *stop;      /* set asynchronously (signal): finish the step, save, return */
     unsigned prefetch;       /* ZeRO-3: group gathers in flight ahead of use */
-    /* offload (model.h's ZR_OFFLOAD_*): optimizer states, and at stage 3 parameter partitions; on the CPU
-     * device "cpu" is where they are anyway. nvme: swap files in <nvme_path>/zrun-swap-rank<r>,
-     * aio_block bytes per request and staging chunk, aio_depth requests in flight,
-     * offload_buffers staging sets (>= 2). */
+    /* offload (model.h's ZR_OFFLOAD_*): optimizer states, and at stage 3 parameter partitions;
+     * on the CPU device "cpu" is where they are anyway. nvme: swap files in
+     * <nvme_path>/zrun-swap-rank<r>, aio_block bytes per request and staging chunk, aio_depth
+     * requests in flight, offload_buffers staging sets (>= 2). */
     int offload_optimizer, offload_params;
     const char *nvme_path;
     unsigned aio_depth, offload_buffers;

@@ -46,7 +46,7 @@ typedef struct {
     uint64_t preg;            /* floats of the params' region */
     unsigned nbufs, aio_depth;
     float *gstage;            /* one partition for offloaded gathers (b.xbuf: nbufs x 3 chunks) */
-    size_t bytes_cbuf, bytes_gstage;
+    size_t bytes_xbuf, bytes_gstage;
     size_t bytes_fullp, bytes_fullg, bytes_ownp, bytes_owng, bytes_mv;
     float **pslots, **gslots; /* free lists (stack) */
     size_t n_pslots, n_gslots, pfree, gfree;
@@ -62,9 +62,9 @@ typedef struct {
     uint64_t next_seq, done_seq;
     int err;          /* sticky: the first failed collective */
     char errmsg[512];
-} zh;
+} zr_zhost;
 
-static void reset_buffers_locked(zh *z);
+static void reset_buffers_locked(zr_zhost *z);
 
 /* ---------------------------------------------------------------- sizes */
 
@@ -90,7 +90,7 @@ static void *alloc_array(size_t *bytes)
 }
 
 /* The partitions and the swap regions (offload to NVMe), after offload_setup. */
-static int size_groups(zh *z, const zck_layout *L, int W, int rank, const zr_zero_opts *o)
+static int size_groups(zr_zhost *z, const zck_layout *L, int W, int rank, const zr_zero_opts *o)
 {
     ZR_TRY(zr__zero_base_init(&z->b, z->b.ops, L, W, rank, o));
     if (z->off_opt)
@@ -110,7 +110,7 @@ static size_t round_bytes(uint64_t floats)
     return b >= BIG_ARRAY ? (b + 4095) & ~(size_t)4095 : (b + 63) & ~(size_t)63;
 }
 
-static void account(const zh *z, zr_zero_bytes *out)
+static void account(const zr_zhost *z, zr_zero_bytes *out)
 {
     memset(out, 0, sizeof *out);
     int s = z->b.stage;
@@ -143,7 +143,7 @@ static void account(const zh *z, zr_zero_bytes *out)
 }
 
 /* The offload settings into z (before sizing). */
-static int offload_setup(zh *z, const zr_zero_opts *o)
+static int offload_setup(zr_zhost *z, const zr_zero_opts *o)
 {
     z->off_opt = o->offload_optimizer == ZR_OFFLOAD_NVME; /* CPU: host memory, as NONE */
     z->off_par = o->offload_params == ZR_OFFLOAD_NVME;
@@ -165,7 +165,7 @@ static int offload_setup(zh *z, const zr_zero_opts *o)
 int zr_zero_plan(zr_zero_bytes *out, const zck_layout *L, int world, int rank,
                  const zr_zero_opts *o)
 {
-    zh z;
+    zr_zhost z;
     memset(&z, 0, sizeof z);
     int rc = offload_setup(&z, o);
     if (!rc)
@@ -178,13 +178,13 @@ int zr_zero_plan(zr_zero_bytes *out, const zck_layout *L, int world, int rank,
 
 static void host_mem(const zr_zero *zz, zr_zero_bytes *out)
 {
-    const zh *z = (const zh *)zz;
+    const zr_zhost *z = (const zr_zhost *)zz;
     memset(out, 0, sizeof *out);
     int s = z->b.stage;
     out->params = s < 3 ? z->bytes_fullp : z->bytes_ownp;
     out->grads = s < 2 ? z->bytes_fullg : z->bytes_owng;
     out->optimizer = z->bytes_mv;
-    out->buffers = z->bytes_slots + z->bytes_big + z->bytes_cbuf + z->bytes_gstage;
+    out->buffers = z->bytes_slots + z->bytes_big + z->bytes_xbuf + z->bytes_gstage;
     if (z->b.osw)
         out->nvme += zck_swap_size(z->b.osw);
     if (z->b.psw)
@@ -193,7 +193,7 @@ static void host_mem(const zr_zero *zz, zr_zero_bytes *out)
 
 /* ---------------------------------------------------------------- the comm thread */
 
-static int run_op(zh *z, op *o)
+static int run_op(zr_zhost *z, op *o)
 {
     zr_comm *c = z->b.comm;
     int rc = 0;
@@ -245,7 +245,7 @@ static int run_op(zh *z, op *o)
 }
 
 /* a buffer back to its free list (mutex held) */
-static void release_grad_buf(zh *z, size_t g, float *buf)
+static void release_grad_buf(zr_zhost *z, size_t g, float *buf)
 {
     if (z->b.G[g].big)
         z->H[g].gbig_busy = 0;
@@ -255,7 +255,7 @@ static void release_grad_buf(zh *z, size_t g, float *buf)
 
 static void *comm_main(void *arg)
 {
-    zh *z = arg;
+    zr_zhost *z = arg;
     pthread_mutex_lock(&z->mu);
     for (;;) {
         while (!z->qlen && !z->quit)
@@ -286,13 +286,13 @@ static void *comm_main(void *arg)
 }
 
 /* The sticky error as this thread's error (mutex held). */
-static int sticky(zh *z)
+static int sticky(zr_zhost *z)
 {
     return zr_err_set(z->err, "%s", z->errmsg);
 }
 
 /* Queue an op (mutex held); its sequence number. */
-static int submit_locked(zh *z, op o, uint64_t *seq)
+static int submit_locked(zr_zhost *z, op o, uint64_t *seq)
 {
     while (z->qlen == QCAP && !z->err)
         pthread_cond_wait(&z->cv, &z->mu);
@@ -307,7 +307,7 @@ static int submit_locked(zh *z, op o, uint64_t *seq)
     return 0;
 }
 
-static int wait_locked(zh *z, uint64_t seq)
+static int wait_locked(zr_zhost *z, uint64_t seq)
 {
     while (z->done_seq < seq && !z->err)
         pthread_cond_wait(&z->cv, &z->mu);
@@ -315,7 +315,7 @@ static int wait_locked(zh *z, uint64_t seq)
 }
 
 /* Run an op and wait for it (and everything before it). */
-static int run_sync(zh *z, op o)
+static int run_sync(zr_zhost *z, op o)
 {
     pthread_mutex_lock(&z->mu);
     uint64_t seq = 0;
@@ -326,7 +326,7 @@ static int run_sync(zh *z, op o)
     return rc;
 }
 
-static int drain(zh *z)
+static int drain(zr_zhost *z)
 {
     pthread_mutex_lock(&z->mu);
     int rc = wait_locked(z, z->next_seq);
@@ -336,7 +336,7 @@ static int drain(zh *z)
 
 /* ---------------------------------------------------------------- construction */
 
-static int open_swaps(zh *z, const char *dir)
+static int open_swaps(zr_zhost *z, const char *dir)
 {
     if (z->off_opt)
         ZR_TRY(zr__zero_swap_open(&z->b.osw, dir, "optimizer.swap", 2 * z->b.oreg,
@@ -353,7 +353,7 @@ static void host_free(zr_zero *zz);
 int zr__zero_host_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts *o)
 {
     *out = NULL;
-    zh *z = calloc(1, sizeof *z);
+    zr_zhost *z = calloc(1, sizeof *z);
     if (!z)
         return zr_err_set(ZR_ENOMEM, "out of memory");
     z->b.ops = &host_ops;
@@ -391,7 +391,7 @@ int zr__zero_host_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const z
         z->bytes_mv += mvb;
     }
     if (z->off_opt || z->off_par)
-        ARR(z->b.xbuf, (size_t)z->nbufs * 3 * z->b.chunk, bytes_cbuf);
+        ARR(z->b.xbuf, (size_t)z->nbufs * 3 * z->b.chunk, bytes_xbuf);
     if (z->off_par) {
         uint64_t maxP = 0;
         for (size_t g = 0; g < z->b.ng; g++)
@@ -444,7 +444,7 @@ int zr__zero_host_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const z
 
 static void host_free(zr_zero *zz)
 {
-    zh *z = (zh *)zz;
+    zr_zhost *z = (zr_zhost *)zz;
     if (z->th_started) {
         pthread_mutex_lock(&z->mu);
         z->quit = 1;
@@ -494,7 +494,7 @@ static int host_attach(zr_zero *zz, const zr_model *m, zr_dev_model *dm, size_t 
  * one for group g, and its gather queued on the comm thread. */
 static void *host_gather_buf(zr_zero *zz, size_t g)
 {
-    zh *z = (zh *)zz;
+    zr_zhost *z = (zr_zhost *)zz;
     grp *p = &z->H[g];
     if (z->b.G[g].big) {
         if (p->pbig_busy)
@@ -508,12 +508,12 @@ static void *host_gather_buf(zr_zero *zz, size_t g)
 static int host_gather(zr_zero *zz, zr_zentry *e)
 {
     op o = {.kind = OP_GATHER, .g = e->g, .buf = e->buf};
-    return submit_locked((zh *)zz, o, &e->seq);
+    return submit_locked((zr_zhost *)zz, o, &e->seq);
 }
 
 static int hook_params(void *ctx, size_t g, const float **out)
 {
-    zh *z = ctx;
+    zr_zhost *z = ctx;
     if (z->b.stage < 3) {
         *out = z->b.fullp + z->b.G[g].foff;
         return 0;
@@ -534,7 +534,7 @@ static int hook_params(void *ctx, size_t g, const float **out)
 
 static int hook_params_done(void *ctx, size_t g)
 {
-    zh *z = ctx;
+    zr_zhost *z = ctx;
     if (z->b.stage < 3)
         return 0;
     pthread_mutex_lock(&z->mu);
@@ -554,7 +554,7 @@ static int hook_params_done(void *ctx, size_t g)
 
 static int hook_grads(void *ctx, size_t g, float **out)
 {
-    zh *z = ctx;
+    zr_zhost *z = ctx;
     grp *p = &z->H[g];
     if (z->b.stage < 2) {
         *out = z->b.fullg + z->b.G[g].foff;
@@ -587,7 +587,7 @@ static int hook_grads(void *ctx, size_t g, float **out)
 
 static int hook_grads_done(void *ctx, size_t g)
 {
-    zh *z = ctx;
+    zr_zhost *z = ctx;
     grp *p = &z->H[g];
     if (z->b.stage < 2)
         return 0;
@@ -613,7 +613,7 @@ static void host_hooks(zr_zero *zz, zr_model_hooks *h)
 
 /* Every buffer free again: between steps nothing is in flight and the model holds nothing,
  * even when the last step failed half-way (mutex held). */
-static void reset_buffers_locked(zh *z)
+static void reset_buffers_locked(zr_zhost *z)
 {
     size_t n = z->n_gslots + z->n_pslots;
     z->gfree = z->pfree = 0;
@@ -633,7 +633,7 @@ static void reset_buffers_locked(zh *z)
 
 static int host_begin_step(zr_zero *zz)
 {
-    zh *z = (zh *)zz;
+    zr_zhost *z = (zr_zhost *)zz;
     ZR_TRY(drain(z));
     if (z->b.stage >= 2) {
         pthread_mutex_lock(&z->mu);
@@ -654,7 +654,7 @@ static int host_begin_step(zr_zero *zz)
 
 static int host_reduce(zr_zero *zz)
 {
-    zh *z = (zh *)zz;
+    zr_zhost *z = (zr_zhost *)zz;
     if (z->b.stage == 0)
         return run_sync(z, (op){.kind = OP_ALLREDUCE, .send = z->b.fullg, .recv = z->b.fullg,
                                 .n = z->b.sum_full});
@@ -680,7 +680,7 @@ static int host_sumsq_range(zr_zero *zz, const float *x, size_t n, double *out)
 
 static int host_publish(zr_zero *zz)
 {
-    zh *z = (zh *)zz;
+    zr_zhost *z = (zr_zhost *)zz;
     if (z->b.stage != 1 && z->b.stage != 2)
         return 0;
     pthread_mutex_lock(&z->mu);
@@ -694,19 +694,19 @@ static int host_publish(zr_zero *zz)
 
 static int host_gather_f64(zr_zero *zz, const double *mine, size_t n, double *all)
 {
-    return run_sync((zh *)zz, (op){.kind = OP_GATHER_F64, .send = mine, .recv = all, .n = n});
+    return run_sync((zr_zhost *)zz, (op){.kind = OP_GATHER_F64, .send = mine, .recv = all, .n = n});
 }
 
 static int host_broadcast(zr_zero *zz, void *buf, size_t bytes, int root)
 {
-    return run_sync((zh *)zz, (op){.kind = OP_BCAST, .recv = buf, .n = bytes, .root = root});
+    return run_sync((zr_zhost *)zz, (op){.kind = OP_BCAST, .recv = buf, .n = bytes, .root = root});
 }
 
 /* ---------------------------------------------------------------- states, offloaded or not */
 
 static int host_init_params(zr_zero *zz, zr_zero_fill_fn fill, void *ctx)
 {
-    zh *z = (zh *)zz;
+    zr_zhost *z = (zr_zhost *)zz;
     for (size_t g = 0; g < z->b.ng; g++) {
         uint64_t lo, n, off;
         if (z->b.stage < 3) { /* whole groups */
@@ -729,7 +729,7 @@ static int host_init_params(zr_zero *zz, zr_zero_fill_fn fill, void *ctx)
 
 static int host_load(zr_zero *zz, zck_reader *rd, int verify, unsigned jobs)
 {
-    zh *z = (zh *)zz;
+    zr_zhost *z = (zr_zhost *)zz;
     size_t st[3];
     ZR_TRY(zr__zero_find_states(rd, st));
     /* what lives in memory: one read (hashing every touched file when asked) */
@@ -784,8 +784,9 @@ static int adam_part(void *ctx, uint64_t at, uint64_t cnt, int decay)
 }
 
 /* AdamW over elements [a0, a0+cnt) of group g's opt range: p, m, v point at element a0. */
-static void adamw_range(zh *z, size_t g, uint64_t a0, uint64_t cnt, float *p, float *m,
-                        float *v, uint64_t t, float lr, float clip, const zr_adamw_hp *hp)
+static void adamw_range(zr_zhost *z, size_t g, uint64_t a0, uint64_t cnt, float *p,
+                        float *m, float *v, uint64_t t, float lr, float clip,
+                        const zr_adamw_hp *hp)
 {
     uint64_t lo, n;
     zr_zero_opt_range(&z->b, g, &lo, &n);
@@ -795,7 +796,7 @@ static void adamw_range(zh *z, size_t g, uint64_t a0, uint64_t cnt, float *p, fl
 
 static int host_adamw(zr_zero *zz, uint64_t t, float lr, float clip, const zr_adamw_hp *hp)
 {
-    zh *z = (zh *)zz;
+    zr_zhost *z = (zr_zhost *)zz;
     if (!z->off_opt && !z->off_par) {
         for (size_t g = 0; g < z->b.ng; g++) {
             uint64_t lo, n;

@@ -43,7 +43,7 @@ typedef struct {
      * memory already: CPU is NONE there), NVME in swap files in swap_dir (zck_swap,
      * ZeRO-Infinity), streamed in chunks of aio_block bytes through `buffers` staging sets,
      * aio_depth requests in flight. */
-    int offload_optimizer, offload_params;
+    zr_offload offload_optimizer, offload_params;
     const char *swap_dir;
     unsigned aio_depth, buffers;
     size_t aio_block;
