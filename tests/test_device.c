@@ -398,10 +398,11 @@ static int hs_params(void *ctx, size_t g, const float **out)
     return 0;
 }
 
-static void hs_params_done(void *ctx, size_t g)
+static int hs_params_done(void *ctx, size_t g)
 {
     (void)g;
     ((hs_lender *)ctx)->done++;
+    return 0;
 }
 
 ZT_TEST(device_hostsim_model_matches_cpu_bits)

@@ -567,3 +567,45 @@ ZT_TEST(model_errors)
     ZT_ERR(zr_model_backward(m, 1.0f), ZR_EINVAL, "had no targets");
     zr_model_free(m);
 }
+
+/* a params hook lending another model's arena, whose params_done fails at call fail_at */
+typedef struct {
+    zr_model *src;
+    int done, fail_at;
+} failing_lender;
+
+static int fl_params(void *ctx, size_t g, const float **out)
+{
+    *out = zr_model_param(((failing_lender *)ctx)->src, g);
+    return 0;
+}
+
+static int fl_params_done(void *ctx, size_t g)
+{
+    failing_lender *l = ctx;
+    if (++l->done == l->fail_at)
+        return zr_err_set(ZR_EIO, "lender: releasing group %zu failed", g);
+    return 0;
+}
+
+ZT_TEST(model_params_done_failure_is_returned)
+{
+    zr_model *src = new_model(1, 2, 8, 4, 11, 2), *m;
+    zr_model_init_weights(src, 1);
+    failing_lender l = {src, 0, 2};
+    zr_model_hooks hk = {&l, fl_params, fl_params_done, NULL, NULL};
+    zr_gpt2_config c = {1, 2, 8, 4, 11};
+    ZT_OK(zr_model_new_ext(&m, &c, 2, 4, &hk));
+    int32_t in[8] = {1, 2, 3, 4, 5, 6, 7, 8}, tg[8] = {0};
+    float loss;
+    /* the forward's second release (wte's, after the embedding) fails: the forward says so */
+    ZT_ERR(zr_model_forward(m, in, tg, 2, 4, &loss), ZR_EIO, "releasing group 0 failed");
+    l.done = 0;
+    l.fail_at = 0;
+    ZT_OK(zr_model_forward(m, in, tg, 2, 4, &loss));
+    /* and the backward's first */
+    l.fail_at = l.done + 1;
+    ZT_ERR(zr_model_backward(m, 1.0f), ZR_EIO, "lender: releasing group");
+    zr_model_free(m);
+    zr_model_free(src);
+}

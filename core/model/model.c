@@ -338,10 +338,9 @@ static int params_get(zr_model *m, size_t g, const float **out)
     return rc;
 }
 
-static void params_put(zr_model *m, size_t g)
+static int params_put(zr_model *m, size_t g)
 {
-    if (m->h.params_done)
-        m->h.params_done(m->h.ctx, g);
+    return m->h.params_done ? m->h.params_done(m->h.ctx, g) : 0;
 }
 
 static int grads_get(zr_model *m, size_t g, float **out)
@@ -1112,8 +1111,8 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
     ZR_TRY(params_get(m, 0, &wte));
     ZR_TRY(params_get(m, 1, &wpe));
     encoder_forward(m->encoded, m->inputs, wte, wpe, B, T, C);
-    params_put(m, 1);
-    params_put(m, 0);
+    ZR_TRY(params_put(m, 1));
+    ZR_TRY(params_put(m, 0));
     const float *res = m->encoded;
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &m->layer[l];
@@ -1132,17 +1131,17 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
         /* res3 = res2 + mlp */
         matmul_forward(a->res3, a->res2, a->fch_gelu, TENSOR(P, FCPROJW), TENSOR(P, FCPROJB),
                        N, 4 * C, C);
-        params_put(m, l + 2);
+        ZR_TRY(params_put(m, l + 2));
         res = a->res3;
     }
     ZR_TRY(params_get(m, L + 2, &P));
     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P + m->off.lnf_w, P + m->off.lnf_b,
                       N, C);
-    params_put(m, L + 2);
+    ZR_TRY(params_put(m, L + 2));
     /* logits [N, V] = lnf [N, C] wte[V, C]^T: the head is tied to the token embedding */
     ZR_TRY(params_get(m, 0, &wte));
     gemm(0, 1, N, V, C, m->lnf, C, wte, C, 0.0f, m->probs, V);
-    params_put(m, 0);
+    ZR_TRY(params_put(m, 0));
     softmax_xent_forward(m->probs, m->losses, targets ? m->targets : NULL, N, V);
     double sum = 0.0;
     if (targets)
@@ -1179,13 +1178,13 @@ int zr_model_backward(zr_model *m, float scale)
         gemm(0, 0, rows, C, V, m->dlogits, V, wte, C, 0.0f, m->dC + r0 * C, C);
         gemm(1, 0, V, C, rows, m->dlogits, V, m->lnf + r0 * C, C, 1.0f, dwte, C);
     }
-    params_put(m, 0);
+    ZR_TRY(params_put(m, 0));
     par_zero(m->dres, N * C);
     ZR_TRY(params_get(m, L + 2, &P));
     ZR_TRY(grads_get(m, L + 2, &G));
     layernorm_backward(m->dres, G + m->off.lnf_w, G + m->off.lnf_b, m->dC, res_last, m->lnf_mean,
                        m->lnf_rstd, P + m->off.lnf_w, N, C);
-    params_put(m, L + 2);
+    ZR_TRY(params_put(m, L + 2));
     ZR_TRY(grads_put(m, L + 2));
 
     /* blocks, last to first; dres holds the gradient of the block's output, then of its input */
@@ -1210,7 +1209,7 @@ int zr_model_backward(zr_model *m, float scale)
                         TENSOR(P, QKVW), N, C, 3 * C);
         layernorm_backward(m->dres, TENSOR(G, LN1W), TENSOR(G, LN1B), m->dC, res,
                            a->ln1_mean, a->ln1_rstd, TENSOR(P, LN1W), N, C);
-        params_put(m, l + 2);
+        ZR_TRY(params_put(m, l + 2));
         ZR_TRY(grads_put(m, l + 2));
     }
     ZR_TRY(grads_get(m, 1, &dwpe));

@@ -16,6 +16,11 @@
 extern "C" {
 #endif
 
+/* Where a state (the optimizer's moments, ZeRO-3's parameter partitions) lives: with the
+ * engine that computes on it (host memory, or device memory on a device), in pinned host
+ * memory, or in a swap file on NVMe. One encoding for zr_train_opts and the ZeRO engines. */
+typedef enum { ZR_OFFLOAD_NONE = 0, ZR_OFFLOAD_CPU = 1, ZR_OFFLOAD_NVME = 2 } zr_offload;
+
 /* ---------------------------------------------------------------- model configuration */
 
 typedef struct {
@@ -85,7 +90,7 @@ int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B);
 typedef struct {
     void *ctx;
     int (*params)(void *ctx, size_t g, const float **out);
-    void (*params_done)(void *ctx, size_t g);
+    int (*params_done)(void *ctx, size_t g);
     int (*grads)(void *ctx, size_t g, float **out);
     int (*grads_done)(void *ctx, size_t g);
 } zr_model_hooks;

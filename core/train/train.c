@@ -737,8 +737,8 @@ static zr_zero_opts zero_opts(const zr_train_opts *o)
     zr_zero_opts zo = ZR_ZERO_OPTS_INIT;
     zo.stage = o->zero_stage;
     zo.prefetch = o->prefetch;
-    zo.offload_optimizer = o->offload_optimizer == ZR_OFFLOAD_NVME ? 1 : 0;
-    zo.offload_params = o->offload_params == ZR_OFFLOAD_NVME;
+    zo.offload_optimizer = o->offload_optimizer;
+    zo.offload_params = o->offload_params;
     zo.swap_dir = o->nvme_path;
     zo.aio_depth = o->aio_depth;
     zo.aio_block = o->aio_block;
@@ -1149,12 +1149,7 @@ static int build_engine(run *r)
         ZR_TRY(swap_dir_claim(r));
     zr_zero_opts zo = zero_opts(o);
     zo.swap_dir = r->swap_dir;
-    if (r->dev && o->offload_optimizer == ZR_OFFLOAD_CPU)
-        zo.offload_optimizer = 2; /* pinned host memory, AdamW on the CPU */
-    if (r->dev && o->offload_params == ZR_OFFLOAD_CPU)
-        zo.offload_params = 2; /* stage-3 partitions in pinned host memory */
-    ZR_TRY(r->dev ? zr_zero_new_device(&r->zero, r->comm, r->L, &zo, r->dev, r->dcomm)
-                  : zr_zero_new(&r->zero, r->comm, r->L, &zo));
+    ZR_TRY(zr_zero_new(&r->zero, r->comm, r->L, &zo, r->dev, r->dcomm));
     /* asynchronous saves need a host copy of this rank's partitions: by default not when the
      * states were moved to NVMe to free that memory */
     if (o->async_save > 0 || (o->async_save < 0 && !offloaded)) {
@@ -1165,11 +1160,11 @@ static int build_engine(run *r)
     zr_zero_hooks(r->zero, &h);
     if (r->dev) { /* the CPU model only gives the initial values: the smallest one */
         ZR_TRY(zr_device_model_new(r->dev, &r->dmodel, &r->cfg, r->mb, r->T, &h));
-        ZR_TRY(zr_zero_attach_device(r->zero, r->dmodel, r->n_micro));
+        ZR_TRY(zr_zero_attach(r->zero, NULL, r->dmodel, r->n_micro));
         ZR_TRY(zr_model_new_ext(&r->model, &r->cfg, 1, 1, &h));
     } else {
         ZR_TRY(zr_model_new_ext(&r->model, &r->cfg, r->mb, r->T, &h));
-        zr_zero_attach(r->zero, r->model, r->n_micro);
+        ZR_TRY(zr_zero_attach(r->zero, r->model, NULL, r->n_micro));
     }
     r->ng = zr_model_n_groups(r->model);
     if (!(r->tokens = malloc((r->T + 1) * sizeof *r->tokens)) ||

@@ -41,10 +41,10 @@ typedef struct {
     FILE *log;               /* a line per step and a summary, or NULL */
     volatile int *stop;      /* set asynchronously (signal): finish the step, save, return */
     unsigned prefetch;       /* ZeRO-3: group gathers in flight ahead of use */
-    /* offload (ZR_OFFLOAD_*): optimizer states, and at stage 3 parameter partitions; on the CPU
-     * device "cpu" is where they are anyway. nvme: swap files in <nvme_path>/zrun-swap-rank<r>,
-     * aio_block bytes per request and staging chunk, aio_depth requests in flight,
-     * offload_buffers staging sets (>= 2). */
+    /* offload (model.h's ZR_OFFLOAD_*): optimizer states, and at stage 3 parameter partitions;
+     * on the CPU device "cpu" is where they are anyway. nvme: swap files in
+     * <nvme_path>/zrun-swap-rank<r>, aio_block bytes per request and staging chunk, aio_depth
+     * requests in flight, offload_buffers staging sets (>= 2). */
     int offload_optimizer, offload_params;
     const char *nvme_path;
     unsigned aio_depth, offload_buffers;
@@ -63,7 +63,6 @@ typedef struct {
 } zr_train_opts;
 enum { ZR_DEVICE_CPU = 0, ZR_DEVICE_CUDA = 1, ZR_DEVICE_AUTO = 2 };
 enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };
-enum { ZR_OFFLOAD_NONE = 0, ZR_OFFLOAD_CPU = 1, ZR_OFFLOAD_NVME = 2 };
 #define ZR_TRAIN_OPTS_INIT                                                                     \
     {.data = "synthetic", .batch = 8, .steps = 200, .lr = 1e-3f, .min_lr_ratio = 0.1f,         \
      .warmup = 20, .weight_decay = 0.1f, .grad_clip = 1.0f, .seed = 1337,                      \

@@ -18,9 +18,10 @@
  *            buffer just before the model reads it and released after, the next `prefetch`
  *            gathers of the schedule (zr_model_fetch_order) in flight on the comm thread.
  *
- * All collectives run on one comm thread, in the order they are issued, so every rank issues
- * the same sequence. Reductions sum in rank order (comm.h), so at one world size stages 0 and
- * 1 give the same bits, and 2 and 3 too (and all four with one micro-batch per step).
+ * The host engine runs all collectives on one comm thread, the device engine on the
+ * communicator's stream, in the order they are issued, so every rank issues the same
+ * sequence. Reductions sum in rank order (comm.h), so at one world size stages 0 and 1 give the
+ * same bits, and 2 and 3 too (and all four with one micro-batch per step).
  */
 #ifndef ZR_ZERO_H
 #define ZR_ZERO_H
@@ -36,55 +37,44 @@ typedef struct zr_zero zr_zero;
 typedef struct {
     int stage;         /* 0..3 */
     unsigned prefetch; /* stage 3: gathers in flight ahead of use (0: none) */
-    /* Offload to NVMe (ZeRO-Infinity): exp_avg and exp_avg_sq of the opt ranges, and at stage
-     * 3 the parameter partitions, live in swap files in swap_dir (zck_swap), streamed in
-     * chunks of aio_block bytes through `buffers` staging sets, aio_depth requests in flight.
-     * (The CPU device keeps everything in host memory already: "cpu" is "none" there; on a
-     * device, offload_optimizer 2 keeps the moments in pinned host memory and runs AdamW on
-     * the CPU.) */
-    int offload_optimizer, offload_params; /* 1: on NVMe; optimizer 2: pinned host memory */
+    /* Where the optimizer's moments, and at stage 3 the parameter partitions, live (model.h's
+     * ZR_OFFLOAD_*): NONE with the engine (host memory, device memory), CPU in pinned host
+     * memory with AdamW on the CPU (a device engine; the host engine keeps everything in host
+     * memory already: CPU is NONE there), NVME in swap files in swap_dir (zck_swap,
+     * ZeRO-Infinity), streamed in chunks of aio_block bytes through `buffers` staging sets,
+     * aio_depth requests in flight. */
+    zr_offload offload_optimizer, offload_params;
     const char *swap_dir;
     unsigned aio_depth, buffers;
     size_t aio_block;
 } zr_zero_opts;
-#define ZR_ZERO_OPTS_INIT {0, 2, 0, 0, NULL, 8, 4, (size_t)1 << 20}
+#define ZR_ZERO_OPTS_INIT {0, 2, ZR_OFFLOAD_NONE, ZR_OFFLOAD_NONE, NULL, 8, 4, (size_t)1 << 20}
 
-/* Storage for the groups of L (its "param" state's sizes) on comm's rank. */
-int zr_zero_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts *o);
-void zr_zero_free(zr_zero *z);
 /*
- * The same stages on a device (device.h; zero_dev.c): params, grads and moments in device
- * memory, collectives through dc (the device communicator, NCCL) or, with dc NULL and W > 1,
- * staged through pinned host memory over comm (ranks sharing a GPU). The hooks lend device
- * pointers under the stream contract of device.h; attach with zr_zero_attach_device (the
- * model's stream and fetch order). Every function of this header works on it, except the
- * host pointers below (zr_zero_param .. zr_zero_full_params: host engine only) and the NVMe
- * offload (ZR_EUNSUPPORTED for now). zr_zero_load must be called without verify (the caller
- * verifies first). zr_zero_mem reports device bytes, pinned host bytes in `pinned`.
+ * Storage for the groups of L (its "param" state's sizes) on comm's rank: on the host (dev
+ * NULL: zero.c), or on a device (zero_dev.c): params, grads and moments in device memory,
+ * collectives through dc (the device communicator, NCCL) or, with dc NULL and W > 1, staged
+ * through pinned host memory over comm (ranks sharing a GPU). A device engine's hooks lend
+ * device pointers under the stream contract of device.h; its zr_zero_load must be called
+ * without verify (the caller verifies first); its zr_zero_mem reports device bytes, pinned
+ * host bytes in `pinned`. The engine is chosen here once; every function below works on
+ * both.
  */
-int zr_zero_new_device(zr_zero **out, zr_comm *comm, const zck_layout *L,
-                       const zr_zero_opts *o, const zr_device_ops *ops, zr_dev_comm *dc);
-int zr_zero_attach_device(zr_zero *z, zr_dev_model *m, unsigned n_micro);
+int zr_zero_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const zr_zero_opts *o,
+                const zr_device_ops *dev, zr_dev_comm *dc);
+void zr_zero_free(zr_zero *z);
 /* The hooks the model is created with (zr_model_new_ext, or the device's model_new). */
 void zr_zero_hooks(zr_zero *z, zr_model_hooks *h);
-/* The model, once created: the stage-3 schedule follows its fetch order, for n_micro
- * forward/backward pairs per step. */
-void zr_zero_attach(zr_zero *z, const zr_model *m, unsigned n_micro);
+/* The model, once created (m on the host, dm on a device: the engine works on its stream):
+ * the stage-3 schedule follows its fetch order, for n_micro forward/backward pairs per step.
+ * ZR_ENOMEM. */
+int zr_zero_attach(zr_zero *z, const zr_model *m, zr_dev_model *dm, unsigned n_micro);
 
 /* What this rank updates and checkpoints of group g, in the group's element index:
  * opt [lo, lo+n): the range it steps (stage 0: the whole group; else its partition);
  * part [lo, lo+n): its partition (written to checkpoints; may be empty). */
 void zr_zero_opt_range(const zr_zero *z, size_t g, uint64_t *lo, uint64_t *n);
 void zr_zero_part_range(const zr_zero *z, size_t g, uint64_t *lo, uint64_t *n);
-/* Pointers to element `lo` of the opt range (of param, grad, exp_avg, exp_avg_sq); NULL for a
- * state offloaded to NVMe. At stage 0 the part range lies inside, at offset part_lo. */
-float *zr_zero_param(zr_zero *z, size_t g);
-float *zr_zero_grad(zr_zero *z, size_t g);
-float *zr_zero_exp_avg(zr_zero *z, size_t g);
-float *zr_zero_exp_avg_sq(zr_zero *z, size_t g);
-/* Whole parameters of group g at stages 0-2 (NULL at stage 3). */
-float *zr_zero_full_params(zr_zero *z, size_t g);
-
 /* Fill this rank's parameters (whole groups at stages 0-2, its partitions at 3) with
  * fill(ctx, g, off, n, dst): elements [off, off+n) of group g into dst. */
 typedef void (*zr_zero_fill_fn)(void *ctx, size_t g, uint64_t off, uint64_t n, float *dst);

@@ -565,10 +565,11 @@ static int h_params(void *ctx, size_t g, const float **out)
     *out = l->p[g];
     return 0;
 }
-static void h_params_done(void *ctx, size_t g)
+static int h_params_done(void *ctx, size_t g)
 {
     (void)g;
     ((lender *)ctx)->lent--;
+    return 0;
 }
 static int h_grads(void *ctx, size_t g, float **out)
 {

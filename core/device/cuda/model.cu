@@ -551,10 +551,9 @@ static int params_get(zr_dev_model *m, size_t g, const float **out)
     return rc;
 }
 
-static void params_put(zr_dev_model *m, size_t g)
+static int params_put(zr_dev_model *m, size_t g)
 {
-    if (m->h.params_done)
-        m->h.params_done(m->h.ctx, g);
+    return m->h.params_done ? m->h.params_done(m->h.ctx, g) : 0;
 }
 
 static int grads_get(zr_dev_model *m, size_t g, float **out)
@@ -630,8 +629,8 @@ int zrc_model_forward(zr_dev_model *m, const int32_t *inputs, const int32_t *tar
     ZRC_TRY(params_get(m, 0, &wte));
     ZRC_TRY(params_get(m, 1, &wpe));
     ZRC_TRY(zrk_encoder_forward(m->encoded, d_inputs, wte, wpe, N, T, C, s));
-    params_put(m, 1);
-    params_put(m, 0);
+    ZRC_TRY(params_put(m, 1));
+    ZRC_TRY(params_put(m, 0));
     const float *res = m->encoded;
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &m->layer[l];
@@ -654,13 +653,13 @@ int zrc_model_forward(zr_dev_model *m, const int32_t *inputs, const int32_t *tar
         /* res3 = res2 + mlp */
         ZRC_TRY(zrk_rows_init(a->res3, a->res2, V32(P, FCPROJB), N, C, s));
         ZRC_TRY(mm_fwd(h, a->res3, F32, 1.0f, a->fch_gelu, W16(W, FCPROJW), N, 4 * C, C));
-        params_put(m, l + 2);
+        ZRC_TRY(params_put(m, l + 2));
         res = a->res3;
     }
     ZRC_TRY(params_get(m, L + 2, &P));
     ZRC_TRY(zrk_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P + m->off.lnf_w,
                                   P + m->off.lnf_b, N, C, s));
-    params_put(m, L + 2);
+    ZRC_TRY(params_put(m, L + 2));
     /* the head, tied to wte, in chunks of rows */
     ZRC_TRY(params_get(m, 0, &wte));
     ZRC_TRY(zrk_cast_bf16(m->wte_bf, wte, V * C, s));
@@ -671,7 +670,7 @@ int zrc_model_forward(zr_dev_model *m, const int32_t *inputs, const int32_t *tar
         ZRC_TRY(zrk_xent_forward(m->dl + r0 * Vp, Vp, m->losses + r0, m->logits, Vp,
                                  d_targets ? d_targets + r0 : NULL, rows, V, s));
     }
-    params_put(m, 0);
+    ZRC_TRY(params_put(m, 0));
     if (targets)
         ZRC_TRY(zrk_sum_f64(m->loss_sum, m->losses, N, s));
     m->fwd_targets = targets != NULL;
@@ -742,13 +741,13 @@ int zrc_model_backward(zr_dev_model *m, float scale)
         ZRC_TRY(zrc_gemm(h, 1, 0, V, C, rows, k, m->dl + r0 * Vp, BF, Vp, 0, m->lnf + r0 * C, BF,
                          C, 0, 1.0f, dwte, F32, C, 0, 1));
     }
-    params_put(m, 0);
+    ZRC_TRY(params_put(m, 0));
     ZRC_CU(cudaMemsetAsync(m->dres, 0, N * C * sizeof(float), s), "zeroing dres");
     ZRC_TRY(params_get(m, L + 2, &P));
     ZRC_TRY(grads_get(m, L + 2, &G));
     ZRC_TRY(zrk_layernorm_backward(m->dres, G + m->off.lnf_w, G + m->off.lnf_b, m->partial, m->dC,
                                    res_last, m->lnf_mean, m->lnf_rstd, P + m->off.lnf_w, N, C, s));
-    params_put(m, L + 2);
+    ZRC_TRY(params_put(m, L + 2));
     ZRC_TRY(grads_put(m, L + 2));
 
     for (size_t l = L; l-- > 0;) {
@@ -782,7 +781,7 @@ int zrc_model_backward(zr_dev_model *m, float scale)
         ZRC_TRY(zrk_colsum_bf16(V32(G, QKVB), m->partial, m->dqkv, N, 3 * C, s));
         ZRC_TRY(zrk_layernorm_backward(m->dres, V32(G, LN1W), V32(G, LN1B), m->partial, m->dC,
                                        res, a->ln1_mean, a->ln1_rstd, V32(P, LN1W), N, C, s));
-        params_put(m, l + 2);
+        ZRC_TRY(params_put(m, l + 2));
         ZRC_TRY(grads_put(m, l + 2));
     }
     ZRC_TRY(grads_get(m, 1, &dwpe));
