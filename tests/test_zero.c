@@ -301,3 +301,17 @@ ZT_TEST(zero_rank_killed_mid_save_keeps_latest_sound)
         kill_one_rank(dir, "--save-every 1 --keep-last 2", 400 + rand() % 600);
     }
 }
+
+/* issue 13: ZeRO-3 with more than 1020 layers (the schedule was a fixed array of 1024 groups
+ * and aborted on an assert): sized from the model, it trains and agrees with stage 0 */
+ZT_TEST(zero_stage3_many_layers)
+{
+    const char *model = "--model gpt2:layers=1100,heads=1,dim=8,ctx=8,vocab=256 --batch 4 "
+                        "--steps 2 --threads 1 --resume never --async-save off";
+    char args[512];
+    snprintf(args, sizeof args, "--nproc 2 --zero 3 %s --ckpt-dir s3", model);
+    ZT_CHECK_EQ(zt_zrun(args, "s3.log"), 0);
+    snprintf(args, sizeof args, "--nproc 2 --zero 0 %s --ckpt-dir s0", model);
+    ZT_CHECK_EQ(zt_zrun(args, "s0.log"), 0);
+    zt_same_latest("s3", "s0", 0, 0);
+}
