@@ -253,22 +253,6 @@ typedef struct {
     void *ctx;
 } zck_progress;
 
-/* ---------------------------------------------------------------- fault injection */
-
-/* Every storage operation of the library passes through a hook that tests replace to fail the
- * Nth write, fsync or rename. Return 0 to let the operation happen, or a positive errno to make
- * it fail with that error. */
-typedef enum {
-    ZCK_OP_OPEN, ZCK_OP_WRITE, ZCK_OP_READ, ZCK_OP_FSYNC, ZCK_OP_RENAME, ZCK_OP_MKDIR,
-    ZCK_OP_UNLINK,
-    ZCK_OP_OPEN_DIRECT, /* the O_DIRECT attempt of a shard open: EINVAL acts as a filesystem
-                           that refuses O_DIRECT, exercising the buffered fallback */
-    ZCK_OP_COUNT
-} zck_op;
-typedef int (*zck_fault_fn)(zck_op op, const char *path, void *ctx);
-/* Install a hook for the whole process (NULL removes it). Not thread-safe against running I/O. */
-void zck_fault_set(zck_fault_fn fn, void *ctx);
-
 /* ---------------------------------------------------------------- opening files */
 
 /* Open path read-only as a regular file. A FIFO, socket, device or directory is refused without
@@ -577,12 +561,6 @@ uint64_t zck_report_bytes_hashed(const zck_report *rep);
 const char *zck_problem_kind_name(zck_problem_kind k); /* "missing", "hash mismatch", ... */
 void zck_report_free(zck_report *rep);
 
-/* Problems found by other checkers (an archive verifier) go into the same kind of report. */
-int zck_report_new(zck_report **out);
-int zck_report_add(zck_report *rep, zck_problem_kind kind, const char *file, const char *fmt,
-                   ...) __attribute__((format(printf, 4, 5)));
-void zck_report_add_bytes_hashed(zck_report *rep, uint64_t n);
-
 /* Streaming SHA-256 (OpenSSL EVP). hex finalizes: call once. */
 typedef struct zck_sha256 zck_sha256;
 int zck_sha256_new(zck_sha256 **out);
@@ -646,6 +624,41 @@ void zck_diff_free(zck_diff *d);
 /* Value of element i of an array of dtype t, as a double. */
 double zck_dtype_get_f64(zck_dtype t, const void *base, size_t i);
 
+/* SHA-256 of a whole file as 64 hex characters (+ NUL) through the library's I/O engine. */
+int zck_sha256_file(char out[65], const char *path, const zck_io_opts *opts);
+
+/* ================================================================ advanced
+ *
+ * Below: the engine's and the tests' tools, not the checkpoint API a client programs against.
+ * They may change between minor versions: the fault hook (tests), the report plumbing of
+ * checkers other than zck_verify (formats' archive verifier), and the swap files of core's
+ * NVMe offload.
+ */
+
+/* ---------------------------------------------------------------- fault injection (tests) */
+
+/* Every storage operation of the library passes through a hook that tests replace to fail the
+ * Nth write, fsync or rename. Return 0 to let the operation happen, or a positive errno to make
+ * it fail with that error. */
+typedef enum {
+    ZCK_OP_OPEN, ZCK_OP_WRITE, ZCK_OP_READ, ZCK_OP_FSYNC, ZCK_OP_RENAME, ZCK_OP_MKDIR,
+    ZCK_OP_UNLINK,
+    ZCK_OP_OPEN_DIRECT, /* the O_DIRECT attempt of a shard open: EINVAL acts as a filesystem
+                           that refuses O_DIRECT, exercising the buffered fallback */
+    ZCK_OP_COUNT
+} zck_op;
+typedef int (*zck_fault_fn)(zck_op op, const char *path, void *ctx);
+/* Install a hook for the whole process (NULL removes it). Not thread-safe against running I/O. */
+void zck_fault_set(zck_fault_fn fn, void *ctx);
+
+/* ---------------------------------------------------------------- reports of other checkers */
+
+/* Problems found by other checkers (an archive verifier) go into the same kind of report. */
+int zck_report_new(zck_report **out);
+int zck_report_add(zck_report *rep, zck_problem_kind kind, const char *file, const char *fmt,
+                   ...) __attribute__((format(printf, 4, 5)));
+void zck_report_add_bytes_hashed(zck_report *rep, uint64_t n);
+
 /* ---------------------------------------------------------------- swap files (offload) */
 
 /*
@@ -675,9 +688,6 @@ uint64_t zck_swap_size(const zck_swap *s);
 const char *zck_swap_path(const zck_swap *s);
 /* Wait for what is in flight, close, and remove the file when remove is set. */
 int zck_swap_close(zck_swap *s, int remove);
-
-/* SHA-256 of a whole file as 64 hex characters (+ NUL) through the library's I/O engine. */
-int zck_sha256_file(char out[65], const char *path, const zck_io_opts *opts);
 
 #ifdef __cplusplus
 }
