@@ -60,6 +60,9 @@ typedef struct {
      * library, device.h; ranks beyond the GPUs share them), or auto: cuda when a GPU can be
      * used, else cpu */
     int device;
+    /* this invocation's id in the --log-json records and the checkpoint's training section
+     * (zrun: random per invocation, ZR_RUN_ID for its ranks); NULL: one made here */
+    const char *run_id;
 } zr_train_opts;
 enum { ZR_DEVICE_CPU = 0, ZR_DEVICE_CUDA = 1, ZR_DEVICE_AUTO = 2 };
 enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };
@@ -67,7 +70,7 @@ enum { ZR_OFFLOAD_NONE = 0, ZR_OFFLOAD_CPU = 1, ZR_OFFLOAD_NVME = 2 };
 #define ZR_TRAIN_OPTS_INIT                                                                     \
     {NULL, "synthetic", 8, 0, 0, 200, 1e-3f, 0.1f, 20, 0.1f, 1.0f, 1337, "runs/default", 0, 3, \
      "auto", NULL, 2, 0, 0.0, 0, NULL, NULL, 2, 0, 0, NULL, 8, 4, (size_t)1 << 20, -1,       \
-     ZR_VERIFY_FULL, ZR_DEVICE_CPU}
+     ZR_VERIFY_FULL, ZR_DEVICE_CPU, NULL}
 
 typedef struct {
     uint64_t step;           /* optimizer steps completed */
