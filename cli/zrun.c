@@ -201,8 +201,8 @@ static const zcli_opt zrun_table[] = {
     ZCLI_SECTION("running:"),
     ZCLI_INTEGER(INT, "--threads", o.threads, "N", 1, 256, NULL, "compute threads per rank"),
     ZCLI_STRING("--log-json", o.log_json, "FILE", "",
-                "append one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, "
-                "step_ms, save_blocked_ms, mem, rss_peak)"),
+                "append one JSON object per step (step, time, run_id, loss, lr, grad_norm, "
+                "tokens_per_s, step_ms, save_blocked_ms, mem, rss_peak)"),
     ZCLI_INTEGER(U32, "--nproc", nproc, "N", 1, 65536, NULL,
                  "data-parallel CPU ranks on this node, one process each"),
     ZCLI_INTEGER(INT, "--zero", o.zero_stage, "S", 0, 3, NULL,

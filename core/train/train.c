@@ -648,22 +648,20 @@ static void log_step(run *r, int json, float loss, float lr, float norm, double 
                 zb.optimizer * mib, zb.buffers * mib, ab * mib, nvme, pinned);
     if (r->jlog && json) {
         char when[32];
-        fprintf(r->jlog, "{\"step\":%llu,\"time\":\"%s\",\"run_id\":\"%s\","
-                         "\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
+        fprintf(r->jlog, "{\"step\":%llu,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
                          "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"save_blocked_ms\":%.3f,"
                          "\"world\":%d,\"zero\":%d,\"device\":\"%s\","
                          "\"mem\":{\"params\":%llu,\"grads\":%llu,\"optimizer\":%llu,"
                          "\"buffers\":%llu,\"activations\":%llu,\"nvme\":%llu,"
                          "\"pinned\":%llu},"
-                         "\"rss_peak\":%llu}\n",
-                (unsigned long long)r->step, iso_time(when), r->run_id, loss, lr, norm, tps,
-                dt * 1e3, save_ms, r->W,
+                         "\"rss_peak\":%llu,\"time\":\"%s\",\"run_id\":\"%s\"}\n",
+                (unsigned long long)r->step, loss, lr, norm, tps, dt * 1e3, save_ms, r->W,
                 o->zero_stage, r->dev ? r->dev->name : "cpu", (unsigned long long)zb.params,
                 (unsigned long long)zb.grads,
                 (unsigned long long)zb.optimizer, (unsigned long long)zb.buffers,
                 (unsigned long long)ab, (unsigned long long)zb.nvme,
                 (unsigned long long)zb.pinned,
-                (unsigned long long)rss_peak());
+                (unsigned long long)rss_peak(), iso_time(when), r->run_id);
         fflush(r->jlog);
     }
 }
@@ -1291,8 +1289,8 @@ static int diverged(run *r, zr_train_result *out, float loss, float norm)
         zr_err_clear();
     int rc = zr_err_set(ZR_ERROR, "step %llu: the loss is %g and the gradient norm %g: the "
                         "run diverged and stops without saving this step; %s%s (lower --lr or "
-                        "set --grad-clip%s)", (unsigned long long)r->step + 1, (double)loss,
-                        (double)norm,
+                        "set --grad-clip%s)", (unsigned long long)r->step + 1,
+                        isnan(loss) ? NAN : (double)loss, isnan(norm) ? NAN : (double)norm,
                         latest ? "the newest checkpoint stays " : "no checkpoint was saved yet",
                         latest ? latest : "", latest ? ", and run again to resume from it" : "");
     free(latest);
