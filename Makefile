@@ -230,7 +230,7 @@ test: export ZT_NVCC := $(NVCC)
 TEST_SRC := $(wildcard tests/*.c) $(wildcard tests/fuzz/*.c)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-$(BUILD)/zt: $(TEST_OBJ) $(BUILD)/libzr.a $(BUILD)/libzfmt.a $(BUILD)/libzck.a
+$(BUILD)/zt: $(TEST_OBJ) $(BUILD)/cli/common.o $(BUILD)/libzr.a $(BUILD)/libzfmt.a $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
 # the CLI tests run the real zckpt binary (ZT_ZCKPT)

@@ -54,6 +54,9 @@ static const struct {
     [ZR_ENV_SLURM_STEP_ID] = {"SLURM_STEP_ID", "Slurm's job step, with SLURM_JOB_ID"},
     [ZR_ENV_PMIX_NAMESPACE] = {"PMIX_NAMESPACE",
                                "Open MPI's job (PMIx), the job's identity under mpirun"},
+    [ZR_ENV_RUN_ID] = {"ZR_RUN_ID",
+                       "the run id of the --log-json records and the checkpoints (set by zrun, "
+                       "random per invocation)"},
 };
 
 const char *zr_env_name(zr_env_var v) { return v < ZR_ENV_COUNT ? table[v].name : NULL; }

@@ -77,7 +77,7 @@ typedef enum {
     ZR_ENV_OMPI_SIZE, ZR_ENV_OMPI_LOCAL_RANK, ZR_ENV_PMI_RANK, ZR_ENV_PMI_SIZE,
     ZR_ENV_PMI_LOCAL_RANK, ZR_ENV_SLURM_PROCID, ZR_ENV_SLURM_NTASKS, ZR_ENV_SLURM_LOCALID,
     ZR_ENV_JOB_ID, ZR_ENV_SLURM_JOB_ID, ZR_ENV_SLURM_STEP_ID, ZR_ENV_PMIX_NAMESPACE,
-    ZR_ENV_COUNT
+    ZR_ENV_RUN_ID, ZR_ENV_COUNT
 } zr_env_var;
 const char *zr_env(zr_env_var v);
 const char *zr_env_name(zr_env_var v);

@@ -86,35 +86,61 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+size_t zcli_progress_format(char *buf, size_t cap, const char *what, uint64_t done,
+                            uint64_t total, double elapsed_s, size_t prev_len)
+{
+    char a[32], b[32], r[32], rate_eta[96] = "";
+    /* a rate only once it is measured: some bytes done over at least a tenth of a second */
+    double rate = done && elapsed_s >= 0.1 ? (double)done / elapsed_s : 0;
+    int n;
+    if (total) {
+        int w = 30, fill = (int)((double)w * (double)(done < total ? done : total) /
+                                 (double)total);
+        char barstr[64];
+        for (int i = 0; i < w; i++)
+            barstr[i] = i < fill ? '#' : ' ';
+        barstr[w] = 0;
+        if (rate > 0)
+            snprintf(rate_eta, sizeof rate_eta, "  %s/s  ETA %.0fs", zcli_human(r, rate),
+                     done < total ? (double)(total - done) / rate : 0.0);
+        n = snprintf(buf, cap, "\r%-12s [%s] %3.0f%% %s / %s%s", what, barstr,
+                     100.0 * (double)done / (double)total, zcli_human(a, (double)done),
+                     zcli_human(b, (double)total), rate_eta);
+    } else {
+        if (rate > 0)
+            snprintf(rate_eta, sizeof rate_eta, "  %s/s", zcli_human(r, rate));
+        n = snprintf(buf, cap, "\r%-12s %s%s", what, zcli_human(a, (double)done), rate_eta);
+    }
+    if (n < 0 || cap == 0)
+        return 0;
+    size_t len = (size_t)n < cap ? (size_t)n : cap - 1;
+    size_t shown = len - 1; /* without the "\r" */
+    /* blanks over what is left of a longer previous frame */
+    for (size_t k = shown; k < prev_len && len + 1 < cap; k++)
+        buf[len++] = ' ';
+    buf[len] = 0;
+    return shown;
+}
+
 static void draw(void *ctx, const char *what, uint64_t done, uint64_t total)
 {
     zcli_bar *bar = ctx;
     if (!bar->tty)
         return;
     double t = now();
-    if (bar->what && strcmp(bar->what, what)) /* a new phase: finish the old line */
+    if (bar->what && strcmp(bar->what, what)) { /* a new phase: finish the old line */
         fputc('\n', stderr);
-    else if (t - bar->last < 0.1 && done < total)
+        bar->width = 0;
+    } else if (t - bar->last < 0.1 && done < total)
         return;
     if (!bar->what || strcmp(bar->what, what))
         bar->t0 = t;
     bar->what = what;
     bar->last = t;
-    double el = t - bar->t0, rate = el > 0 ? (double)done / el : 0;
-    char a[32], b[32], r[32];
-    if (total) {
-        int w = 30, fill = (int)((double)w * (double)done / (double)total);
-        char barstr[64];
-        for (int i = 0; i < w; i++)
-            barstr[i] = i < fill ? '#' : ' ';
-        barstr[w] = 0;
-        double eta = rate > 0 ? (double)(total - done) / rate : 0;
-        fprintf(stderr, "\r%-12s [%s] %3.0f%% %s / %s  %s/s  ETA %.0fs  ", what, barstr,
-                100.0 * (double)done / (double)total, zcli_human(a, (double)done),
-                zcli_human(b, (double)total), zcli_human(r, rate), eta);
-    } else
-        fprintf(stderr, "\r%-12s %s  %s/s  ", what, zcli_human(a, (double)done),
-                zcli_human(r, rate));
+    char line[256];
+    bar->width = zcli_progress_format(line, sizeof line, what, done, total, t - bar->t0,
+                                      bar->width);
+    fputs(line, stderr);
 }
 
 zck_progress zcli_progress_init(zcli_bar *bar)
@@ -127,7 +153,8 @@ zck_progress zcli_progress_init(zcli_bar *bar)
 
 void zcli_progress_end(zcli_bar *bar)
 {
-    if (bar->tty && bar->what)
-        fputc('\n', stderr);
+    if (bar->tty && bar->width) /* the bar's line cleared for what follows */
+        fprintf(stderr, "\r%*s\r", (int)bar->width, "");
     bar->what = NULL;
+    bar->width = 0;
 }

@@ -26,15 +26,21 @@ bool zcli_parse_size(const char *prog, const char *opt, const char *text, size_t
 /* "1.2 GiB" into buf */
 const char *zcli_human(char buf[32], double bytes);
 
-/* A progress bar on stderr when it is a terminal (and nothing otherwise): bytes done, rate,
- * ETA. zcli_progress_init fills p for the library's options; zcli_progress_end finishes the
- * line. */
+/* A progress bar on stderr when it is a terminal (and nothing otherwise): bytes done, and
+ * rate and ETA once measured. zcli_progress_init fills p for the library's options;
+ * zcli_progress_end clears the bar's line. */
 typedef struct {
     bool tty;
     double t0, last;
     const char *what;
+    size_t width; /* columns of the frame on the line (0: none) */
 } zcli_bar;
 zck_progress zcli_progress_init(zcli_bar *bar);
 void zcli_progress_end(zcli_bar *bar);
+/* One frame into buf: "\r", the phase, the bar (total > 0) or the bytes, rate and ETA when
+ * elapsed_s measured a rate, then blanks over the rest of a previous frame of prev_len
+ * columns. Returns the frame's columns (without the blanks). */
+size_t zcli_progress_format(char *buf, size_t cap, const char *what, uint64_t done,
+                            uint64_t total, double elapsed_s, size_t prev_len);
 
 #endif

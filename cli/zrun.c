@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PROG "zrun"
@@ -199,8 +201,8 @@ static const zcli_opt zrun_table[] = {
     ZCLI_SECTION("running:"),
     ZCLI_INTEGER(INT, "--threads", o.threads, "N", 1, 256, NULL, "compute threads per rank"),
     ZCLI_STRING("--log-json", o.log_json, "FILE", "",
-                "append one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, "
-                "step_ms, save_blocked_ms, mem, rss_peak)"),
+                "append one JSON object per step (step, time, run_id, loss, lr, grad_norm, "
+                "tokens_per_s, step_ms, save_blocked_ms, mem, rss_peak)"),
     ZCLI_INTEGER(U32, "--nproc", nproc, "N", 1, 65536, NULL,
                  "data-parallel CPU ranks on this node, one process each"),
     ZCLI_INTEGER(INT, "--zero", o.zero_stage, "S", 0, 3, NULL,
@@ -320,13 +322,33 @@ static int run_rank(zr_train_opts *o)
     return ZCLI_OK;
 }
 
+/* This invocation's run id: ZR_RUN_ID when the launcher (this zrun, one level up) set it,
+ * else 16 random hex digits, put in the environment for the ranks and the restarts. */
+static const char *run_id(void)
+{
+    const char *id = zr_env(ZR_ENV_RUN_ID);
+    if (id)
+        return id;
+    uint64_t v;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+        v = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL) ^ (uint64_t)clock();
+    char buf[17];
+    snprintf(buf, sizeof buf, "%016llx", (unsigned long long)v);
+    setenv(zr_env_name(ZR_ENV_RUN_ID), buf, 1);
+    return zr_env(ZR_ENV_RUN_ID);
+}
+
 int main(int argc, char **argv)
 {
+    /* a closed stdout (`| head`, a `| tee` gone with Ctrl-C) loses output, never the run: the
+     * writes fail and training, its JSON log and its saves go on (the ranks inherit this) */
+    signal(SIGPIPE, SIG_IGN);
     zrun_args a;
     int rc = parse_args(&a, argc, argv);
     if (rc)
         return rc == ZCLI_OPTS_HELP ? ZCLI_OK : rc;
     zr_train_opts *o = &a.o;
+    o->run_id = run_id();
     uint32_t nproc = a.nproc, max_restarts = a.max_restarts, nproc_restart = a.nproc_restart;
     const nodes_opts no = a.no;
 

@@ -66,6 +66,9 @@ static const int all_sigs[] = {SIGINT, SIGTERM, SIGUSR1, SIGCHLD};
 #define N_ALL 4
 
 static volatile sig_atomic_t self_w = -1;
+/* SIGPIPE is ignored while the launcher runs (a closed stdout, `| head`, drops rank output,
+ * never the job); its disposition before, which the ranks get back */
+static struct sigaction old_pipe;
 
 static void on_signal(int s)
 {
@@ -304,6 +307,7 @@ static void child_exec(int rank, char *const argv[], char *const envp[], int dev
         sigemptyset(&sa.sa_mask);
         sigaction(all_sigs[i], &sa, NULL);
     }
+    sigaction(SIGPIPE, &old_pipe, NULL);
     sigprocmask(SIG_SETMASK, old_mask, NULL);
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent)
@@ -488,6 +492,11 @@ static int launch_prepare(launch *L)
         sigemptyset(&sa.sa_mask);
         sigaction(all_sigs[i], &sa, &L->old_act[i]);
     }
+    struct sigaction ign;
+    memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, &old_pipe);
     L->handlers = 1;
     sigset_t block;
     sigemptyset(&block);
@@ -746,6 +755,7 @@ static void launch_cleanup(launch *L)
     if (L->handlers) {
         for (int i = 0; i < N_ALL; i++)
             sigaction(all_sigs[i], &L->old_act[i], NULL);
+        sigaction(SIGPIPE, &old_pipe, NULL);
         self_w = -1;
     }
     if (L->P) {

@@ -27,7 +27,7 @@ static int json_u64(const json_t *j, const char *key, uint64_t *out)
 int zr_train__section_parse(zr_train__section *s, const char *json)
 {
     s->order_known = 0;
-    s->data = NULL;
+    s->data = s->run_id = NULL;
     json_error_t je;
     json_t *t = json_loads(json, 0, &je);
     if (!t)
@@ -41,6 +41,9 @@ int zr_train__section_parse(zr_train__section *s, const char *json)
     json_t *dv = json_object_get(t, "data");
     if (!rc && json_is_string(dv) && !(s->data = strdup(json_string_value(dv))))
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
+    json_t *id = json_object_get(t, "run_id");
+    if (!rc && json_is_string(id) && !(s->run_id = strdup(json_string_value(id))))
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
     json_decref(t);
     return rc;
 }
@@ -48,5 +51,6 @@ int zr_train__section_parse(zr_train__section *s, const char *json)
 void zr_train__section_clear(zr_train__section *s)
 {
     free(s->data);
-    s->data = NULL;
+    free(s->run_id);
+    s->data = s->run_id = NULL;
 }

@@ -12,11 +12,12 @@ typedef struct {
     uint64_t seed, batch, seq;            /* in: the run's; out: the section's where it says */
     int order_known;  /* 1 when seed, batch and seq were each absent or a valid integer */
     char *data;       /* the section's "data" string (malloc'ed), NULL when it has none */
+    char *run_id;     /* the run id of the invocation that saved it (malloc'ed), or NULL */
 } zr_train__section;
 
 /* Parse the training section (JSON object text). ZR_ECORRUPT "training section unreadable" or
  * naming the field when optimizer_step or next_sample is not a non-negative integer; a bad seed,
- * batch or seq only leaves order_known 0. Free s->data with zr_train__section_clear, whatever
+ * batch or seq only leaves order_known 0. Free s->data and s->run_id with zr_train__section_clear, whatever
  * the result. */
 int zr_train__section_parse(zr_train__section *s, const char *json);
 void zr_train__section_clear(zr_train__section *s);

@@ -63,6 +63,8 @@ typedef struct {
         uint64_t step;
         double t0, blocked_s;
     } pend;
+    char run_id[40];         /* this invocation's (o->run_id, else made here) */
+    char ck_run_id[40];      /* the run id recorded in the checkpoint resumed from ("": none) */
 } run;
 
 static double now_s(void)
@@ -72,20 +74,32 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* Wall-clock time, ISO 8601 UTC with milliseconds: "2025-01-31T12:34:56.789Z". */
+static const char *iso_time(char buf[32])
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t n = strftime(buf, 32, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf + n, 32 - n, ".%03ldZ", ts.tv_nsec / 1000000);
+    return buf;
+}
+
 /* ---------------------------------------------------------------- checkpoints */
 
 static int training_json(char **out, const run *r, float loss)
 {
     const zr_train_opts *o = r->o;
     json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:I, s:f, s:f, s:s, "
-                          "s:f}",
+                          "s:f, s:s}",
                           "step", (json_int_t)r->step, "optimizer_step", (json_int_t)r->step,
                           "next_sample", (json_int_t)r->next_sample, "seed", (json_int_t)o->seed,
                           "batch", (json_int_t)o->batch, "seq", (json_int_t)r->T, "lr",
                           (double)o->lr, "min_lr_ratio", (double)o->min_lr_ratio, "warmup",
                           (json_int_t)o->warmup, "steps", (json_int_t)o->steps, "weight_decay",
                           (double)o->weight_decay, "grad_clip", (double)o->grad_clip, "data",
-                          o->data, "loss", (double)loss);
+                          o->data, "loss", (double)loss, "run_id", r->run_id);
     char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(j);
     if (!s)
@@ -469,7 +483,8 @@ static int load(run *r, zck_reader *rd)
 /* The training section: step, data position; differences from this run's options said. */
 static int load_training(run *r, zck_reader *rd)
 {
-    zr_train__section s = {r->step, r->next_sample, r->o->seed, r->o->batch, r->T, 0, NULL};
+    zr_train__section s = {.optimizer_step = r->step, .next_sample = r->next_sample,
+                           .seed = r->o->seed, .batch = r->o->batch, .seq = r->T};
     int rc = zr_train__section_parse(&s, zck_reader_training_json(rd));
     if (rc) {
         zr_train__section_clear(&s);
@@ -480,6 +495,8 @@ static int load_training(run *r, zck_reader *rd)
     r->next_sample = s.next_sample;
     /* a different seed, batch, sequence length or data source changes which samples come
      * next: allowed (a deliberate change), but said */
+    if (s.run_id)
+        snprintf(r->ck_run_id, sizeof r->ck_run_id, "%s", s.run_id);
     if (s.order_known && r->log &&
         (s.seed != r->o->seed || s.batch != r->o->batch || s.seq != r->T ||
          (s.data && strcmp(s.data, r->o->data))))
@@ -520,6 +537,8 @@ static int forward_backward(run *r, float scale, float *loss)
     return zr_model_backward(r->model, scale);
 }
 
+/* One optimizer step: 0 done; 1 when the loss or the gradient norm is not finite (the run
+ * diverged; nothing updated, the step not counted); < 0 an error. */
 static int train_step(run *r, int want_stop, int *stop, int *saves, float *loss,
                       float *lr_out, float *norm_out)
 {
@@ -564,6 +583,9 @@ static int train_step(run *r, int want_stop, int *stop, int *saves, float *loss,
         return rc;
     *loss = (float)(total / ((double)r->n_micro * r->W));
     float norm = (float)sqrt(sq);
+    *norm_out = norm;
+    if (!isfinite(*loss) || !isfinite(norm))
+        return 1; /* diverged (every rank sees the same sums): nothing applied */
     float clip = 1.0f;
     if (o->grad_clip > 0 && norm > o->grad_clip)
         clip = o->grad_clip / (norm + 1e-6f);
@@ -613,20 +635,21 @@ static void log_step(run *r, int json, float loss, float lr, float norm, double 
                 dt * 1e3, r->dev ? "gpu/rank" : "mem/rank", zb.params * mib, zb.grads * mib,
                 zb.optimizer * mib, zb.buffers * mib, ab * mib, nvme, pinned);
     if (r->jlog && json) {
+        char when[32];
         fprintf(r->jlog, "{\"step\":%llu,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
                          "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"save_blocked_ms\":%.3f,"
                          "\"world\":%d,\"zero\":%d,\"device\":\"%s\","
                          "\"mem\":{\"params\":%llu,\"grads\":%llu,\"optimizer\":%llu,"
                          "\"buffers\":%llu,\"activations\":%llu,\"nvme\":%llu,"
                          "\"pinned\":%llu},"
-                         "\"rss_peak\":%llu}\n",
+                         "\"rss_peak\":%llu,\"time\":\"%s\",\"run_id\":\"%s\"}\n",
                 (unsigned long long)r->step, loss, lr, norm, tps, dt * 1e3, save_ms, r->W,
                 o->zero_stage, r->dev ? r->dev->name : "cpu", (unsigned long long)zb.params,
                 (unsigned long long)zb.grads,
                 (unsigned long long)zb.optimizer, (unsigned long long)zb.buffers,
                 (unsigned long long)ab, (unsigned long long)zb.nvme,
                 (unsigned long long)zb.pinned,
-                (unsigned long long)rss_peak());
+                (unsigned long long)rss_peak(), iso_time(when), r->run_id);
         fflush(r->jlog);
     }
 }
@@ -710,9 +733,18 @@ int zr_train__check_opts(const zr_train_opts *o)
 /* The options that depend on the world size W. */
 int zr_train__check_world(const zr_train_opts *o, int W)
 {
-    if (o->batch % (uint32_t)W)
+    if (o->batch % (uint32_t)W) {
+        uint64_t below = o->batch / (uint32_t)W * (uint64_t)W, above = below + (uint64_t)W;
+        char use[64];
+        if (below)
+            snprintf(use, sizeof use, "use --batch %llu or %llu", (unsigned long long)below,
+                     (unsigned long long)above);
+        else
+            snprintf(use, sizeof use, "use --batch %llu", (unsigned long long)above);
         return zr_err_set(ZR_EINVAL, "--batch %u is not a multiple of the world size %d (each "
-                          "rank takes an equal share of the global batch)", o->batch, W);
+                          "rank takes an equal share of the global batch): %s", o->batch, W,
+                          use);
+    }
     uint32_t per_rank = o->batch / (uint32_t)W;
     if (o->micro_batch && per_rank % o->micro_batch)
         return zr_err_set(ZR_EINVAL, "--micro-batch %u does not divide the %u sequences per "
@@ -1174,6 +1206,74 @@ static int build_engine(run *r)
     return 0;
 }
 
+/* r->run_id: o->run_id (only [A-Za-z0-9._-] kept, which JSON takes as it is), else 16 random
+ * hex digits. */
+static void set_run_id(run *r)
+{
+    const char *id = r->o->run_id;
+    size_t n = 0;
+    for (; id && *id && n + 1 < sizeof r->run_id; id++)
+        if ((*id >= 'a' && *id <= 'z') || (*id >= 'A' && *id <= 'Z') ||
+            (*id >= '0' && *id <= '9') || strchr("._-", *id))
+            r->run_id[n++] = *id;
+    r->run_id[n] = 0;
+    if (n)
+        return;
+    uint64_t v = ((uint64_t)getpid() << 32) ^ (uint64_t)(now_s() * 1e9);
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f) {
+        if (fread(&v, sizeof v, 1, f) != 1)
+            v ^= (uint64_t)clock();
+        fclose(f);
+    }
+    snprintf(r->run_id, sizeof r->run_id, "%016llx", (unsigned long long)v);
+}
+
+/* The highest step of the step records already in the JSON log (0: none, or no log yet). */
+static uint64_t logged_max_step(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char *line = NULL;
+    size_t cap = 0;
+    uint64_t max = 0;
+    while (getline(&line, &cap, f) > 0) {
+        json_t *j = json_loads(line, 0, NULL);
+        json_t *st = json_object_get(j, "step");
+        if (json_is_integer(st) && !json_object_get(j, "event") &&
+            json_integer_value(st) > 0 && (uint64_t)json_integer_value(st) > max)
+            max = (uint64_t)json_integer_value(st);
+        json_decref(j);
+    }
+    free(line);
+    fclose(f);
+    return max;
+}
+
+/* A resume behind the JSON log's last step (a crash after steps the checkpoint does not hold):
+ * the steps redone said, one "resume" record in the log and a line on the step log. */
+static void log_redone(run *r, uint64_t logged)
+{
+    if (!r->rd || logged <= r->step)
+        return;
+    uint64_t k = logged - r->step;
+    char when[32];
+    if (r->jlog) {
+        fprintf(r->jlog, "{\"event\":\"resume\",\"time\":\"%s\",\"run_id\":\"%s\","
+                         "\"from_step\":%llu,\"redone_steps\":%llu,\"logged_step\":%llu,"
+                         "\"checkpoint_run_id\":\"%s\"}\n",
+                iso_time(when), r->run_id, (unsigned long long)r->step,
+                (unsigned long long)k, (unsigned long long)logged, r->ck_run_id);
+        fflush(r->jlog);
+    }
+    if (r->log)
+        fprintf(r->log, "note: %s already holds steps up to %llu: steps %llu-%llu are redone "
+                        "(%llu step%s), and appear again in it\n", r->o->log_json,
+                (unsigned long long)logged, (unsigned long long)r->step + 1,
+                (unsigned long long)logged, (unsigned long long)k, k == 1 ? "" : "s");
+}
+
 /* The states from the checkpoint, or each rank initializes what it holds; then the JSON log
  * and the first lines. */
 static int resume_or_init(run *r)
@@ -1195,9 +1295,12 @@ static int resume_or_init(run *r)
     }
     int lrc = 0;
     if (o->log_json && r->rank == 0) {
+        uint64_t logged = r->rd ? logged_max_step(o->log_json) : 0;
         make_parent_dirs(o->log_json); /* fopen says what is wrong if this was not enough */
         if (!(r->jlog = fopen(o->log_json, "a")))
             lrc = zr_err_sys(errno, "%s: open for appending", o->log_json);
+        else
+            log_redone(r, logged);
     }
     ZR_TRY(agree(r, lrc));
     if (r->log && r->dev)
@@ -1209,6 +1312,25 @@ static int resume_or_init(run *r)
                 (unsigned long long)o->steps, o->batch, r->T, r->W, r->W == 1 ? "" : "s",
                 o->zero_stage);
     return 0;
+}
+
+/* The run diverged at step r->step + 1: the asynchronous save of an earlier step still in
+ * flight is committed (its state was sound), nothing of this step is saved, and the error names
+ * the step and the newest checkpoint, which is left as it is. */
+static int diverged(run *r, zr_train_result *out, float loss, float norm)
+{
+    ZR_TRY(finish_pending(r, out->ckpt, sizeof out->ckpt));
+    char *latest = NULL;
+    if (zck_latest(&latest, r->o->ckpt_dir) < 0)
+        zr_err_clear();
+    int rc = zr_err_set(ZR_ERROR, "step %llu: the loss is %g and the gradient norm %g: the "
+                        "run diverged and stops without saving this step; %s%s (lower --lr or "
+                        "set --grad-clip%s)", (unsigned long long)r->step + 1,
+                        isnan(loss) ? NAN : (double)loss, isnan(norm) ? NAN : (double)norm,
+                        latest ? "the newest checkpoint stays " : "no checkpoint was saved yet",
+                        latest ? latest : "", latest ? ", and run again to resume from it" : "");
+    free(latest);
+    return rc;
 }
 
 /* Steps until the end, a stop (signal, --stop-after, time limit) or an error; saves every
@@ -1232,8 +1354,9 @@ static int train_loop(run *r, zr_train_result *out, float *loss, uint64_t *done,
         }
         int wish = sig || (tl && el + 3 * slowest + 1.0 > o->time_limit);
         float lr = 0, norm = 0;
-        int stop = 0, saves = 0;
-        ZR_TRY(train_step(r, wish, &stop, &saves, loss, &lr, &norm));
+        int stop = 0, saves = 0, st = train_step(r, wish, &stop, &saves, loss, &lr, &norm);
+        if (st)
+            return st < 0 ? st : diverged(r, out, *loss, norm);
         /* an asynchronous save whose shards are all durable is committed at this step
          * boundary; a failed one stops the run here, naming the file, without a commit */
         if (saves == 2 || saves < 0)
@@ -1286,6 +1409,7 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
     run r;
     memset(&r, 0, sizeof r);
     r.o = o;
+    set_run_id(&r);
     int rc = 0, lrc = 0, saved_now = 0;
     float loss = 0;
     uint64_t done = 0;

@@ -60,6 +60,9 @@ typedef struct {
      * library, device.h; ranks beyond the GPUs share them), or auto: cuda when a GPU can be
      * used, else cpu */
     int device;
+    /* this invocation's id in the --log-json records and the checkpoint's training section
+     * (zrun: random per invocation, ZR_RUN_ID for its ranks); NULL: one made here */
+    const char *run_id;
 } zr_train_opts;
 enum { ZR_DEVICE_CPU = 0, ZR_DEVICE_CUDA = 1, ZR_DEVICE_AUTO = 2 };
 enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };

@@ -26,7 +26,8 @@ static void expect(json_t *root, const char *key, uint64_t run, uint64_t got)
 int zfuzz_training(const uint8_t *data, size_t size)
 {
     char *txt = zfuzz_cstr(data, size);
-    zr_train__section s = {7, 11, 13, 17, 19, 0, NULL};
+    zr_train__section s = {.optimizer_step = 7, .next_sample = 11, .seed = 13, .batch = 17,
+                           .seq = 19};
     zr_err_clear();
     int ok = zfuzz_verdict(zr_train__section_parse(&s, txt), "zr_train__section_parse");
     if (ok) {

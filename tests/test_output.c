@@ -1,0 +1,242 @@
+/*
+ * test_output.c: zrun's output and a diverged run. A closed stdout (a reader that goes away
+ * after the first line) neither stops training nor loses its checkpoint, at one rank and
+ * through the launcher; --batch not a multiple of the world size names the batches that
+ * work; the JSON log's records carry the time and the run id, which the checkpoint records,
+ * and a resume that redoes logged steps says so; a run whose loss becomes non-finite stops at
+ * that step without saving it; the progress bar's frames.
+ */
+#include "ckutil.h"
+#include "common.h"
+#include "zr.h"
+
+#include <jansson.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#define SMALL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
+
+/* zrun with args, its stdout read up to the first line, then the pipe closed: its exit
+ * status (128 + N for a signal N). */
+static int zrun_first_line(const char *args)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "exec %s %s 2>/dev/null", zt_zrun_path(), args);
+    FILE *p = popen(cmd, "r");
+    ZT_CHECK(p);
+    char line[512];
+    ZT_CHECK(fgets(line, sizeof line, p));
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static uint64_t latest_step(const char *dir)
+{
+    char *p;
+    ZT_OK(zck_latest(&p, dir));
+    const char *s = strrchr(p, '-');
+    ZT_CHECK(s);
+    uint64_t step = strtoull(s + 1, NULL, 10);
+    free(p);
+    return step;
+}
+
+ZT_TEST(output_closed_stdout_keeps_training)
+{
+    static const char *const runs[][2] = {{"one", "--nproc 1"}, {"two", "--nproc 2 --zero 1"}};
+    for (size_t i = 0; i < 2; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, "--model %s --batch 4 --steps 40 --threads 1 --save-every "
+                 "20 --ckpt-dir %s --log-json %s.jsonl %s", SMALL, runs[i][0], runs[i][0],
+                 runs[i][1]);
+        int st = zrun_first_line(args);
+        if (st != 0)
+            ZT_FAIL("zrun %s with its stdout closed after one line: exit status %d", args, st);
+        ZT_CHECK_EQ(latest_step(runs[i][0]), 40);
+        ZT_CHECK_EQ(zt_verify_count(runs[i][0], 0), 0);
+        char path[64];
+        snprintf(path, sizeof path, "%s.jsonl", runs[i][0]);
+        char *log = zt_slurp(path);
+        ZT_CHECK(strstr(log, "{\"step\":40,")); /* the JSON log went on */
+        free(log);
+    }
+}
+
+ZT_TEST(output_batch_not_multiple_names_the_batches)
+{
+    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
+    o.ckpt_dir = "run";
+    o.batch = 7;
+    FILE *f = tmpfile();
+    ZT_ERR(zr_train_dry_run(&o, 3, f), ZR_EINVAL, "--batch 7 is not a multiple of the world "
+           "size 3 (each rank takes an equal share of the global batch): use --batch 6 or 9");
+    o.batch = 2;
+    ZT_ERR(zr_train_dry_run(&o, 3, f), ZR_EINVAL, "use --batch 3");
+    fclose(f);
+}
+
+/* Every line of the JSON log, parsed. */
+static size_t read_records(json_t **out, size_t cap, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    ZT_CHECK(f);
+    char line[4096];
+    size_t n = 0;
+    while (n < cap && fgets(line, sizeof line, f)) {
+        json_error_t e;
+        out[n] = json_loads(line, 0, &e);
+        if (!out[n])
+            ZT_FAIL("%s: line %zu is not JSON (%s): %s", path, n + 1, e.text, line);
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+static const char *str_of(json_t *j, const char *key)
+{
+    const char *s = json_string_value(json_object_get(j, key));
+    if (!s)
+        ZT_FAIL("record without a string '%s'", key);
+    return s;
+}
+
+/* "2025-01-31T12:34:56.789Z" */
+static int is_iso_time(const char *s)
+{
+    int y, mo, d, h, mi, sec, ms;
+    char z;
+    return strlen(s) == 24 &&
+           sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d.%3d%c", &y, &mo, &d, &h, &mi, &sec, &ms, &z) == 8 &&
+           z == 'Z' && y >= 2020 && mo >= 1 && mo <= 12;
+}
+
+ZT_TEST(output_json_log_time_run_id_and_redone_steps)
+{
+    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
+    o.model = SMALL;
+    o.batch = 4;
+    o.steps = 6;
+    o.save_every = 3;
+    o.keep_last = 0;
+    o.threads = 1;
+    o.ckpt_dir = "run";
+    o.log_json = "train.jsonl";
+    o.run_id = "first";
+    zr_train_result res;
+    ZT_OK(zr_train(&res, &o));
+    /* a crash after step 6 was logged but before its checkpoint: back to step 3 */
+    ZT_CHECK_EQ(system("rm -rf run/step-00000006"), 0);
+    ZT_OK(zck_latest_set("run", 3));
+    o.run_id = "sec\"ond"; /* kept to what JSON takes as it is */
+    FILE *log = tmpfile();
+    o.log = log;
+    ZT_OK(zr_train(&res, &o));
+    ZT_CHECK_EQ(res.start_step, 3);
+
+    json_t *rec[32];
+    size_t n = read_records(rec, 32, "train.jsonl");
+    ZT_CHECK_EQ(n, 10); /* 6 steps, the resume, steps 4-6 again */
+    for (size_t i = 0; i < n; i++) {
+        ZT_CHECK(is_iso_time(str_of(rec[i], "time")));
+        ZT_CHECK_EQ(strcmp(str_of(rec[i], "run_id"), i < 6 ? "first" : "second"), 0);
+    }
+    ZT_CHECK_EQ(strcmp(str_of(rec[6], "event"), "resume"), 0);
+    ZT_CHECK_EQ(json_integer_value(json_object_get(rec[6], "from_step")), 3);
+    ZT_CHECK_EQ(json_integer_value(json_object_get(rec[6], "redone_steps")), 3);
+    ZT_CHECK_EQ(strcmp(str_of(rec[6], "checkpoint_run_id"), "first"), 0);
+    ZT_CHECK_EQ(json_integer_value(json_object_get(rec[7], "step")), 4);
+    for (size_t i = 0; i < n; i++)
+        json_decref(rec[i]);
+
+    rewind(log);
+    char text[8192];
+    size_t k = fread(text, 1, sizeof text - 1, log);
+    text[k] = 0;
+    fclose(log);
+    if (!strstr(text, "note: train.jsonl already holds steps up to 6: steps 4-6 are redone "
+                      "(3 steps)"))
+        ZT_FAIL("the step log does not say that steps are redone:\n%s", text);
+
+    /* the checkpoint records the run id of the run that saved it */
+    zck_reader *rd;
+    ZT_OK(zck_reader_open(&rd, "run/step-00000006"));
+    ZT_CHECK(strstr(zck_reader_training_json(rd), "\"run_id\":\"second\""));
+    zck_reader_free(rd);
+    /* a resume that redoes nothing adds no record */
+    o.log = NULL;
+    ZT_OK(zr_train(&res, &o));
+    ZT_CHECK_EQ(read_records(rec, 32, "train.jsonl"), 10);
+    for (size_t i = 0; i < 10; i++)
+        json_decref(rec[i]);
+}
+
+/* A learning rate that makes the tiny model's loss overflow within a few steps: zrun stops at
+ * the step whose loss or gradient norm is not finite, exit 2, naming it; that step is not
+ * saved and the previous checkpoint stays latest and sound. */
+static void diverge(const char *dir, const char *extra)
+{
+    char args[1024], out[64];
+    snprintf(out, sizeof out, "%s.out", dir);
+    snprintf(args, sizeof args, "--model %s --batch 4 --steps 50 --warmup 0 --lr 1e3 "
+             "--save-every 1 --threads 1 --ckpt-dir %s --log-json %s.jsonl %s", SMALL, dir,
+             dir, extra);
+    int st = zt_zrun(args, out);
+    char *text = zt_slurp(out);
+    const char *m = strstr(text, "zrun: error: step ");
+    unsigned long long bad = m ? strtoull(m + 18, NULL, 10) : 0;
+    if (st != 2 || !m || !strstr(text, "the run diverged") || bad < 2)
+        ZT_FAIL("zrun %s: exit %d, expected 2 and the diverged step (after step 1):\n%s", args,
+                st, text);
+    ZT_CHECK(strstr(m, ": the loss is "));
+    char want[256], bad_dir[300];
+    snprintf(want, sizeof want, "the newest checkpoint stays %s/step-%08llu", dir, bad - 1);
+    if (!strstr(text, want))
+        ZT_FAIL("zrun %s: the error does not say '%s':\n%s", args, want, text);
+    ZT_CHECK_EQ(latest_step(dir), bad - 1);
+    snprintf(bad_dir, sizeof bad_dir, "%s/step-%08llu", dir, bad);
+    struct stat sb;
+    ZT_CHECK(stat(bad_dir, &sb) < 0);
+    ZT_CHECK_EQ(zt_verify_count(dir, 0), 0);
+    snprintf(want, sizeof want, "%s.jsonl", dir);
+    char *log = zt_slurp(want);
+    snprintf(want, sizeof want, "{\"step\":%llu,", bad);
+    ZT_CHECK(!strstr(log, want)); /* the diverged step has no record */
+    snprintf(want, sizeof want, "{\"step\":%llu,", bad - 1);
+    ZT_CHECK(strstr(log, want));
+    free(log);
+    free(text);
+}
+
+ZT_TEST(output_diverged_run_stops_without_saving)
+{
+    diverge("one", "--async-save off");
+    diverge("two", "--nproc 2 --zero 2 --async-save on");
+}
+
+ZT_TEST(output_progress_frames)
+{
+    char buf[256];
+    /* at the start: no rate, no ETA */
+    size_t w = zcli_progress_format(buf, sizeof buf, "verify", 0, 1 << 20, 0.0, 0);
+    ZT_CHECK(buf[0] == '\r' && strstr(buf, "0 B / 1.0 MiB"));
+    ZT_CHECK(!strstr(buf, "B/s") && !strstr(buf, "ETA"));
+    ZT_CHECK_EQ(w, strlen(buf) - 1);
+    /* measured: rate and ETA */
+    size_t w2 = zcli_progress_format(buf, sizeof buf, "verify", 512 << 10, 1 << 20, 1.0, w);
+    ZT_CHECK(strstr(buf, "512.0 KiB/s  ETA 1s"));
+    ZT_CHECK_EQ(w2, strlen(buf) - 1);
+    ZT_CHECK(w2 > w);
+    /* a shorter frame blanks what is left of the longer one */
+    size_t w3 = zcli_progress_format(buf, sizeof buf, "verify", 1 << 20, 1 << 20, 0.05, w2);
+    ZT_CHECK(w3 < w2);
+    ZT_CHECK_EQ(strlen(buf) - 1, w2);
+    ZT_CHECK(!strstr(buf, "ETA") && buf[strlen(buf) - 1] == ' ');
+    for (size_t i = w3 + 1; i < strlen(buf); i++)
+        ZT_CHECK(buf[i] == ' ');
+    /* no total: bytes, and the rate once measured */
+    zcli_progress_format(buf, sizeof buf, "pack", 3 << 20, 0, 2.0, 0);
+    ZT_CHECK(strstr(buf, "3.0 MiB  1.5 MiB/s") && !strstr(buf, "ETA"));
+    zcli_progress_format(buf, sizeof buf, "pack", 0, 0, 2.0, 0);
+    ZT_CHECK(!strstr(buf, "/s"));
+}
