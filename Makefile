@@ -46,6 +46,8 @@ DEPS_CHECK = \
   pkg-config --exists libcrypto 2>/dev/null || missing="$$missing libssl-dev"; \
   pkg-config --exists libarchive 2>/dev/null || missing="$$missing libarchive-dev"; \
   pkg-config --exists openblas 2>/dev/null || missing="$$missing libopenblas-dev"; \
+  pkg-config --exists ompi-c 2>/dev/null || missing="$$missing libopenmpi-dev"; \
+  command -v mpirun >/dev/null 2>&1 || missing="$$missing openmpi-bin"; \
   printf '\#include <libaio.h>\nint main(void){io_context_t c=0;return io_setup(1,&c);}\n' | \
     $(CC) -x c - -laio -o /dev/null >/dev/null 2>&1 || missing="$$missing libaio-dev";
 
@@ -63,7 +65,7 @@ deps:
 	      { echo "[deps] error: apt-get install$$missing failed" >&2; exit 1; }; \
 	  else \
 	    echo "[deps] error: missing dependencies; install the packages providing:$$missing" \
-	         "(Debian names; on Fedora: jansson-devel openssl-devel libaio-devel libarchive-devel openblas-devel)" >&2; exit 1; \
+	         "(Debian names; on Fedora: jansson-devel openssl-devel libaio-devel libarchive-devel openblas-devel openmpi-devel)" >&2; exit 1; \
 	  fi; \
 	fi
 
@@ -77,8 +79,9 @@ CKPT_OBJ := $(CKPT_SRC:%.c=$(BUILD)/%.o)
 FMT_SRC  := $(wildcard formats/*.c)
 FMT_OBJ  := $(FMT_SRC:%.c=$(BUILD)/%.o)
 CORE_DIRS := model dist device zero train
-# core/device/hostsim.c is test scaffolding: its own loadable backend (below), not in libzr
-CORE_SRC := $(filter-out core/device/hostsim.c,$(foreach d,$(CORE_DIRS),$(wildcard core/$(d)/*.c)))
+# core/device/hostsim.c is test scaffolding and core/dist/comm_mpi.c the MPI backend: each its
+# own loadable shared object (below), not in libzr
+CORE_SRC := $(filter-out core/device/hostsim.c core/dist/comm_mpi.c,$(foreach d,$(CORE_DIRS),$(wildcard core/$(d)/*.c)))
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
 CLI_COMMON := $(BUILD)/cli/common.o $(BUILD)/cli/opts.o
 INC_ckpt   := -Ickpt
@@ -157,6 +160,18 @@ $(BUILD)/libzr_hostsim.so: core/device/hostsim.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CORE_OPT) $(INC_device) -fPIC -fvisibility=hidden -shared $< -o $@
 all test: $(BUILD)/libzr_hostsim.so
+
+# The MPI backend of the communicator (core/dist/comm_mpi.c, docs/RUNNING.md): a shared object
+# next to zrun, loaded (dlopen) only when the ranks come from mpirun or srun, so libzr and the
+# programs never link libmpi. Open MPI's flags from pkg-config when the compile runs (after
+# deps installed it).
+MPI_CFLAGS = $$(pkg-config --cflags ompi-c)
+MPI_LIBS   = $$(pkg-config --libs ompi-c)
+$(BUILD)/libzr_mpi.so: core/dist/comm_mpi.c core/dist/comm_be.h | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CORE_OPT) $(INC_dist) $(MPI_CFLAGS) -fPIC -fvisibility=hidden -shared \
+	  $< -o $@ $(MPI_LIBS)
+all test: $(BUILD)/libzr_mpi.so
 
 # The main job: train the tiny GPT-2 on the built-in corpus on 2 CPU ranks with ZeRO stage 3 and
 # checkpoints (resumes when run again), then list and verify what was saved.

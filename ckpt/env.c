@@ -57,6 +57,15 @@ static const struct {
     [ZR_ENV_RUN_ID] = {"ZR_RUN_ID",
                        "the run id of the --log-json records and the checkpoints (set by zrun, "
                        "random per invocation)"},
+    [ZR_ENV_COMM] = {"ZR_COMM",
+                     "`mpi`: the ranks talk through MPI (set by zrun under mpirun or srun, "
+                     "--comm)"},
+    [ZR_ENV_COMM_MPI_WINDOW] = {"ZR_COMM_MPI_WINDOW",
+                                "the most bytes one MPI message of a collective carries "
+                                "(default 67108864; larger calls stream in windows)"},
+    [ZR_ENV_PMIX_RANK] = {"PMIX_RANK",
+                          "read (not set): a rank started by srun --mpi=pmix (or mpirun) can "
+                          "initialize MPI"},
 };
 
 const char *zr_env_name(zr_env_var v) { return v < ZR_ENV_COUNT ? table[v].name : NULL; }

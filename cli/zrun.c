@@ -70,11 +70,15 @@ static int supervise(char **argv, const zr_train_opts *o, uint32_t nproc, int lo
     return code;
 }
 
+enum { COMM_AUTO, COMM_MPI, COMM_TCP };
+
 /* A rank started by mpirun (Open MPI, MPICH/PMI) or srun: its rank, size and local rank from
- * their environment become ZR_RANK, ZR_WORLD and ZR_LOCAL_RANK, and the TCP rendezvous is
- * --master, else MASTER_ADDR:MASTER_PORT. 1 when so (the environment set), 0 when not under
- * one of them (or a world of 1), -1 after printing an error. */
-static int under_mpi(const char *master)
+ * their environment become ZR_RANK, ZR_WORLD and ZR_LOCAL_RANK. The communicator: MPI
+ * (ZR_COMM=mpi) with --comm mpi, or by default under Open MPI's mpirun or srun --mpi=pmix
+ * (PMIX_RANK set); else the TCP rendezvous at --master, or MASTER_ADDR:MASTER_PORT. Each
+ * process is one rank: --nproc and --max-restarts are refused. 1 when so (the environment
+ * set), 0 when not under one of them (or a world of 1), -1 after printing an error. */
+static int under_mpi(const char *master, int comm, uint32_t nproc, uint32_t max_restarts)
 {
     static const zr_env_var vars[][3] = {
         {ZR_ENV_OMPI_RANK, ZR_ENV_OMPI_SIZE, ZR_ENV_OMPI_LOCAL_RANK},
@@ -85,12 +89,22 @@ static int under_mpi(const char *master)
         const char *r = zr_env(vars[i][0]), *w = zr_env(vars[i][1]), *l = zr_env(vars[i][2]);
         if (!r || !w || atoi(w) <= 1)
             continue;
+        if (nproc > 1 || max_restarts)
+            return zcli_fail(PROG, nproc > 1 ? "drop --nproc: the launcher's -np / --ntasks "
+                             "sets the ranks" : "restart the job from your batch script "
+                             "(docs/RUNNING.md): each run resumes from the newest sound "
+                             "checkpoint", "started by mpirun or srun (%s=%s), each process is "
+                             "one rank: %s", zr_env_name(vars[i][1]), w, nproc > 1 ?
+                             "--nproc does not apply" : "--max-restarts does not apply"), -1;
+        int mpi = comm == COMM_MPI ||
+                  (comm == COMM_AUTO && (i == 0 || (i == 2 && zr_env(ZR_ENV_PMIX_RANK))));
         char buf[300];
-        if (!master) {
+        if (!mpi && !master) {
             const char *h = zr_env(ZR_ENV_MASTER_ADDR), *p = zr_env(ZR_ENV_MASTER_PORT);
             if (!h || !p) {
                 zcli_fail(PROG, "add --master HOST:PORT (the address of the first rank's node "
-                          "and a free port), or set MASTER_ADDR and MASTER_PORT",
+                          "and a free port), or set MASTER_ADDR and MASTER_PORT, or run "
+                          "srun --mpi=pmix for the MPI communicator",
                           "started by mpirun or srun (%s=%s) without a rendezvous address",
                           zr_env_name(vars[i][1]), w);
                 return -1;
@@ -101,10 +115,20 @@ static int under_mpi(const char *master)
         setenv(zr_env_name(ZR_ENV_RANK), r, 1);
         setenv(zr_env_name(ZR_ENV_WORLD), w, 1);
         setenv(zr_env_name(ZR_ENV_LOCAL_RANK), l ? l : "0", 1);
-        setenv(zr_env_name(ZR_ENV_COMM_TCP), master, 1);
+        if (mpi) {
+            setenv(zr_env_name(ZR_ENV_COMM), "mpi", 1);
+            unsetenv(zr_env_name(ZR_ENV_COMM_TCP));
+        } else {
+            unsetenv(zr_env_name(ZR_ENV_COMM));
+            setenv(zr_env_name(ZR_ENV_COMM_TCP), master, 1);
+        }
         unsetenv(zr_env_name(ZR_ENV_COMM_SHM));
         return 1;
     }
+    if (comm == COMM_MPI)
+        return zcli_fail(PROG, "start zrun with mpirun -np N (or srun --mpi=pmix); each MPI "
+                         "process is one rank", "--comm mpi, but this process was not "
+                         "started by mpirun or srun"), -1;
     return 0;
 }
 
@@ -117,6 +141,7 @@ typedef struct {
     double backoff;
     nodes_opts no;
     int dry_run, log_all;
+    int comm;   /* COMM_AUTO, COMM_MPI, COMM_TCP */
     int device; /* -1 until set: then ZR_DEVICE, else auto */
 } zrun_args;
 #define ZCLI_ARGS zrun_args
@@ -138,6 +163,8 @@ static const char *const verify_names[] = {"full", "quick", "off", NULL};
 static const int verify_values[] = {ZR_VERIFY_FULL, ZR_VERIFY_QUICK, ZR_VERIFY_OFF};
 static const char *const ranks_names[] = {"0", "all", NULL};
 static const int ranks_values[] = {0, 1};
+static const char *const comm_names[] = {"auto", "mpi", "tcp", NULL};
+static const int comm_values[] = {COMM_AUTO, COMM_MPI, COMM_TCP};
 static const char *const device_names[] = {"cpu", "cuda", "auto", NULL};
 static const int device_values[] = {ZR_DEVICE_CPU, ZR_DEVICE_CUDA, ZR_DEVICE_AUTO};
 static const char *const offload_names[] = {"none", "cpu", "nvme", NULL};
@@ -223,6 +250,11 @@ static const zcli_opt zrun_table[] = {
                 "waiting up to ZR_COMM_TCP_TIMEOUT seconds, 300). Also under mpirun or srun "
                 "(one zrun per rank: their rank and size are used; HOST:PORT may come from "
                 "MASTER_ADDR and MASTER_PORT instead)"),
+    ZCLI_ENUM("--comm", comm, comm_names, comm_values, NULL,
+              "how the CPU ranks exchange. auto: shared memory on one node (--nproc); MPI "
+              "under mpirun or srun --mpi=pmix; the TCP star across --nnodes. mpi: MPI "
+              "(under mpirun or srun). tcp: the TCP star through global rank 0 (small jobs "
+              "without MPI; see docs/RUNNING.md)"),
     ZCLI_FLAG("--dry-run", dry_run,
               "print the memory each rank would hold (params, grads, optimizer states, "
               "buffers, activations) against the ZeRO formula; no training"),
@@ -358,11 +390,14 @@ int main(int argc, char **argv)
         return ZCLI_OK;
     }
     const char *world_env = zr_env(ZR_ENV_WORLD);
-    rc = world_env ? 0 : under_mpi(no.master);
+    rc = world_env ? 0 : under_mpi(no.master, a.comm, nproc, max_restarts);
     if (rc < 0)
         return ZCLI_ERROR;
-    if (rc > 0) /* mpirun or srun started this rank: their world, our TCP rendezvous */
+    if (rc > 0) /* mpirun or srun started this rank: their world, MPI or our TCP rendezvous */
         world_env = zr_env(ZR_ENV_WORLD);
+    else if (!world_env && a.comm == COMM_TCP && no.nnodes < 2)
+        return zcli_fail(PROG, "drop --comm tcp: one node's ranks share memory", "--comm tcp "
+                         "needs --nnodes > 1, or ranks started by mpirun or srun");
     else if (no.nnodes > 1) {
         if (!no.master)
             return zcli_fail(PROG, "add --master HOST:PORT (node 0's address and a free port)",

@@ -12,6 +12,7 @@
  * backend built by the Makefile and not linked into any program), loaded and checked as the
  * CUDA backend is.
  */
+#include "comm.h"
 #include "device.h"
 
 #include <dlfcn.h>
@@ -29,22 +30,13 @@ static int forward_error(int code, const char *msg)
     return zr_err_set(code, "%s", msg);
 }
 
-/* buf[cap] = the directory of the running executable + "/" + lib */
+/* buf[cap] = the directory of the running executable + "/" + lib (comm.h's helper) */
 static int next_to_exe(char *buf, size_t cap, const char *lib)
 {
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
-        return zr_err_sys(errno, "cuda: cannot find the running executable (/proc/self/exe)");
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    size_t dir = slash ? (size_t)(slash - exe) : 0;
-    int w = slash ? snprintf(buf, cap, "%.*s/%s", (int)dir, exe, lib)
-                  : snprintf(buf, cap, "./%s", lib);
-    if (w < 0 || (size_t)w >= cap)
-        return zr_err_set(ZR_EINVAL, "cuda: the path of %s next to %s does not fit in %zu "
-                          "bytes", lib, exe, cap);
-    return 0;
+    int rc = zr__next_to_exe(buf, cap, lib);
+    if (rc < 0)
+        zr_err_prefix("cuda: ");
+    return rc;
 }
 
 int zr_device_lib_path(char *buf, size_t cap)

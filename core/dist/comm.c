@@ -55,7 +55,10 @@
  * A communicator is used by one thread at a time; it must not be carried across fork().
  */
 #include "comm.h"
+#include "comm_be.h"
 #include "comm_tcp.h"
+
+#include <dlfcn.h>
 
 #include <dirent.h>
 #include <errno.h>
@@ -123,7 +126,8 @@ _Static_assert(sizeof(rank_rec) <= RANK_REC, "rank record too large");
 
 struct zr_comm {
     int rank, world;
-    zr_tcp *tcp;                /* the tcp backend (comm_tcp.c); NULL: shm */
+    const zr_comm_be *be;       /* tcp (comm_tcp.c) or mpi (comm_mpi.c); NULL: shm */
+    void *bh;                   /* the backend's handle */
     /* shm only */
     shm_hdr *h;
     size_t map_bytes;
@@ -538,8 +542,8 @@ int zr_comm_all_reduce(zr_comm *c, const void *send, void *recv, size_t n, zr_co
             memmove(recv, send, n * es);
         return 0;
     }
-    if (c->tcp)
-        return ztcp_all_reduce(c->tcp, send, recv, n, es);
+    if (c->be)
+        return c->be->all_reduce(c->bh, send, recv, n, es);
     ZR_TRY(enter(c, op));
     const int W = c->world, r = c->rank;
     const char *in = send;
@@ -590,8 +594,8 @@ int zr_comm_reduce_scatter(zr_comm *c, const void *send, void *recv, size_t n,
             memmove(recv, send, n * es);
         return 0;
     }
-    if (c->tcp)
-        return ztcp_reduce_scatter(c->tcp, send, recv, n, es);
+    if (c->be)
+        return c->be->reduce_scatter(c->bh, send, recv, n, es);
     ZR_TRY(enter(c, op));
     const int W = c->world, r = c->rank;
     const char *in = send;
@@ -635,8 +639,8 @@ int zr_comm_all_gather(zr_comm *c, const void *send, void *recv, size_t n, size_
             memmove(out, in, bytes);
         return 0;
     }
-    if (c->tcp)
-        return ztcp_all_gather(c->tcp, send, recv, bytes);
+    if (c->be)
+        return c->be->all_gather(c->bh, send, recv, bytes);
     ZR_TRY(enter(c, op));
     const int W = c->world, r = c->rank;
     size_t chunk = c->half & ~(size_t)63;
@@ -667,8 +671,8 @@ int zr_comm_broadcast(zr_comm *c, void *buf, size_t bytes, int root)
         return 0;
     if (!buf)
         return zr_err_set(ZR_EINVAL, "%s: NULL buffer", op);
-    if (c->tcp)
-        return ztcp_broadcast(c->tcp, buf, bytes, root);
+    if (c->be)
+        return c->be->broadcast(c->bh, buf, bytes, root);
     ZR_TRY(enter(c, op));
     char *p = buf;
     size_t chunk = c->half & ~(size_t)63;
@@ -704,8 +708,8 @@ int zr_comm_gather(zr_comm *c, const void *send, void *recv, size_t bytes, int r
             memmove(out, in, bytes);
         return 0;
     }
-    if (c->tcp)
-        return ztcp_gather(c->tcp, send, recv, bytes, root);
+    if (c->be)
+        return c->be->gather(c->bh, send, recv, bytes, root);
     ZR_TRY(enter(c, op));
     const int W = c->world, r = c->rank;
     size_t chunk = c->half & ~(size_t)63;
@@ -734,8 +738,8 @@ int zr_comm_barrier(zr_comm *c)
     const char *op = "barrier";
     if (c->world == 1)
         return 0;
-    if (c->tcp)
-        return ztcp_barrier(c->tcp);
+    if (c->be)
+        return c->be->barrier(c->bh);
     ZR_TRY(enter(c, op));
     int half = round_begin(c, 1, OP_BARRIER, 0, 0);
     ZR_TRY(barrier(c, op));
@@ -746,8 +750,8 @@ int zr_comm_check(zr_comm *c)
 {
     if (c->world == 1)
         return 0;
-    if (c->tcp)
-        return ztcp_check(c->tcp);
+    if (c->be)
+        return c->be->check(c->bh);
     if (c->dead)
         return zr_err_set(c->dead_code, "communicator unusable after an earlier error: %s",
                           c->dead_msg);
@@ -867,6 +871,89 @@ static int open_shm(zr_comm *c, const char *name, int rank, int world)
 
 static zr_comm *env_comm; /* zr_comm_env */
 
+/* ---------------------------------------------------------------- the mpi backend */
+
+int zr__next_to_exe(char *buf, size_t cap, const char *file)
+{
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return zr_err_sys(errno, "cannot find the running executable (/proc/self/exe)");
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    size_t dir = slash ? (size_t)(slash - exe) : 0;
+    int w = slash ? snprintf(buf, cap, "%.*s/%s", (int)dir, exe, file)
+                  : snprintf(buf, cap, "./%s", file);
+    if (w < 0 || (size_t)w >= cap)
+        return zr_err_set(ZR_EINVAL, "the path of %s next to %s does not fit in %zu bytes",
+                          file, exe, cap);
+    return 0;
+}
+
+static int mpi_error(int code, const char *msg) { return zr_err_set(code, "%s", msg); }
+
+static void mpi_sum(size_t es, void *out, const void *const *src, int W, size_t n)
+{
+    reduce(es == 8 ? ZR_COMM_F64 : ZR_COMM_F32, out, NULL, src, W, n);
+}
+
+/* libzr_mpi.so next to the program, loaded once (RTLD_GLOBAL: Open MPI's components resolve
+ * MPI's symbols through it) and kept for the life of the process, as MPI must be */
+static int mpi_plugin(const zr_mpi_plugin **out)
+{
+    static const zr_mpi_plugin *loaded;
+    if (loaded) {
+        *out = loaded;
+        return 0;
+    }
+    char path[4200];
+    ZR_TRY(zr__next_to_exe(path, sizeof path, ZR_MPI_LIB));
+    if (access(path, F_OK) != 0)
+        return zr_err_set(ZR_EUNSUPPORTED, "mpi: built without MPI: no %s (make builds it "
+                          "with Open MPI: make deps installs libopenmpi-dev)", path);
+    dlerror();
+    void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        const char *e = dlerror();
+        return zr_err_set(ZR_EUNSUPPORTED, "mpi: cannot load the MPI backend: %s",
+                          e ? e : path);
+    }
+    zr_mpi_getter get;
+    void *sym = dlsym(h, ZR_MPI_SYMBOL);
+    memcpy(&get, &sym, sizeof get);
+    const zr_mpi_plugin *p = sym ? get() : NULL;
+    if (!p || p->abi != ZR_MPI_ABI || p->size < sizeof *p)
+        return zr_err_set(ZR_EUNSUPPORTED, "mpi: %s is not this build's MPI backend (ABI %u, "
+                          "expected %u): rebuild with make", path, p ? p->abi : 0, ZR_MPI_ABI);
+    *out = loaded = p;
+    return 0;
+}
+
+/* The mpi backend into c: MPI's world must be the one ZR_WORLD and ZR_RANK name, when set. */
+static int open_mpi(zr_comm *c, int rank, int world, int has_r, int has_w)
+{
+    static const zr_mpi_host host = {mpi_error, mpi_sum};
+    const zr_mpi_plugin *p;
+    ZR_TRY(mpi_plugin(&p));
+    int win = 64 << 20, has;
+    ZR_TRY(env_int(&win, &has, ZR_ENV_COMM_MPI_WINDOW, 1024, 1 << 30));
+    const char *ver = "";
+    int r = 0, w = 0;
+    ZR_TRY(p->open(&c->bh, &r, &w, &ver, (size_t)win, &host));
+    c->be = &p->be;
+    if ((has_w && w != world) || (has_r && r != rank)) {
+        p->be.close(c->bh);
+        c->be = NULL;
+        return zr_err_set(ZR_EINVAL, "mpi: MPI says rank %d of %d, the environment rank %d of "
+                          "%d (ZR_RANK, ZR_WORLD): ranks started by another MPI's launcher than "
+                          "the one libzr_mpi.so was built with (%s)?", r, w, rank, world, ver);
+    }
+    c->rank = r;
+    c->world = w;
+    zr_log(ZR_LOG_INFO, "communicator: mpi, rank %d of %d (%s)", r, w, ver);
+    return 0;
+}
+
 int zr_comm_open_env(zr_comm **out)
 {
     *out = NULL;
@@ -878,12 +965,16 @@ int zr_comm_open_env(zr_comm **out)
     if (has_r && rank >= world)
         return zr_err_set(ZR_EINVAL, "ZR_RANK=%d outside the world of %d (ZR_WORLD)", rank,
                           world);
-    if (world > 1 && !has_r)
+    const char *kind = zr_env(ZR_ENV_COMM);
+    int mpi = kind && !strcmp(kind, "mpi");
+    if (kind && !mpi)
+        return zr_err_set(ZR_EINVAL, "ZR_COMM='%s': expected mpi (or unset)", kind);
+    if (world > 1 && !has_r && !mpi)
         return zr_err_set(ZR_EINVAL, "ZR_RANK is not set (ZR_WORLD=%d)", world);
     const char *name = zr_env(ZR_ENV_COMM_SHM), *tcp = zr_env(ZR_ENV_COMM_TCP);
     if (tcp && !*tcp)
         tcp = NULL;
-    if (world > 1 && !tcp && (!name || !*name))
+    if (world > 1 && !mpi && !tcp && (!name || !*name))
         return zr_err_set(ZR_EINVAL, "ZR_COMM_SHM is not set (ZR_WORLD=%d)", world);
     int timeout = 300, has_t;
     ZR_TRY(env_int(&timeout, &has_t, ZR_ENV_COMM_TCP_TIMEOUT, 1, 86400));
@@ -892,13 +983,23 @@ int zr_comm_open_env(zr_comm **out)
         return zr_err_set(ZR_ENOMEM, "out of memory");
     c->rank = world > 1 ? rank : 0;
     c->world = world;
-    if (world > 1) {
-        int rc = tcp ? ztcp_open(&c->tcp, tcp, rank, world, timeout, job_token(tcp, world))
-                     : open_shm(c, name, rank, world);
-        if (rc < 0) {
-            free(c);
-            return rc;
-        }
+    int rc = 0;
+    if (mpi)
+        rc = open_mpi(c, rank, world, has_r, has_w);
+    else if (world > 1 && tcp) {
+        zr_tcp *t = NULL;
+        rc = ztcp_open(&t, tcp, rank, world, timeout, job_token(tcp, world));
+        c->be = t ? &ztcp_be : NULL;
+        c->bh = t;
+    } else if (world > 1)
+        rc = open_shm(c, name, rank, world);
+    if (rc < 0) {
+        free(c);
+        return rc;
+    }
+    if (c->world == 1 && c->be) { /* mpirun -np 1: nothing to talk to */
+        c->be->close(c->bh);
+        c->be = NULL;
     }
     *out = c;
     env_comm = c;
@@ -915,7 +1016,8 @@ void zr_comm_close(zr_comm *c)
         env_comm = NULL;
     if (c->h)
         munmap(c->h, c->map_bytes);
-    ztcp_close(c->tcp);
+    if (c->be)
+        c->be->close(c->bh);
     free(c);
 }
 

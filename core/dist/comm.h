@@ -94,6 +94,10 @@ void zr_comm_shm_unlink(const char *name);
  * SIGKILL leaves its segment behind); zr_comm_shm_create calls it. Returns how many. */
 int zr_comm_shm_reclaim(void);
 
+/* buf[cap] = the directory of the running executable + "/" + file (where the loadable
+ * backends live: libzr_mpi.so, libzr_cuda.so). */
+int zr__next_to_exe(char *buf, size_t cap, const char *file);
+
 /* The name of signal s ("SIGKILL"), for messages about ranks that died (comm, launcher). */
 const char *zr__signal_name(int s);
 

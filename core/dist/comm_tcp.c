@@ -592,3 +592,32 @@ void ztcp_close(zr_tcp *t)
     free(t->acc);
     free(t);
 }
+
+/* ---------------------------------------------------------------- the operations table */
+
+static int be_all_reduce(void *h, const void *s, void *r, size_t n, size_t es)
+{
+    return ztcp_all_reduce(h, s, r, n, es);
+}
+static int be_reduce_scatter(void *h, const void *s, void *r, size_t n, size_t es)
+{
+    return ztcp_reduce_scatter(h, s, r, n, es);
+}
+static int be_all_gather(void *h, const void *s, void *r, size_t b)
+{
+    return ztcp_all_gather(h, s, r, b);
+}
+static int be_broadcast(void *h, void *b, size_t n, int root)
+{
+    return ztcp_broadcast(h, b, n, root);
+}
+static int be_gather(void *h, const void *s, void *r, size_t b, int root)
+{
+    return ztcp_gather(h, s, r, b, root);
+}
+static int be_barrier(void *h) { return ztcp_barrier(h); }
+static int be_check(void *h) { return ztcp_check(h); }
+static void be_close(void *h) { ztcp_close(h); }
+
+const zr_comm_be ztcp_be = {"tcp", be_all_reduce, be_reduce_scatter, be_all_gather,
+                            be_broadcast, be_gather, be_barrier, be_check, be_close};

@@ -11,6 +11,8 @@
 #ifndef ZR_COMM_TCP_H
 #define ZR_COMM_TCP_H
 
+#include "comm_be.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,5 +35,7 @@ int ztcp_gather(zr_tcp *t, const void *send, void *recv, size_t bytes, int root)
 int ztcp_barrier(zr_tcp *t);
 /* Without waiting: ZR_EIO when a connection was closed (zr_comm_check). */
 int ztcp_check(zr_tcp *t);
+/* the same functions in comm.c's table (handle: a zr_tcp) */
+extern const zr_comm_be ztcp_be;
 
 #endif
