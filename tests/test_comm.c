@@ -1149,3 +1149,110 @@ ZT_TEST(comm_tcp_rendezvous_turns_away_strangers)
         ZT_FAIL("the rendezvous took %.1f s: a silent client held it up", now_s() - t0);
     clear_env();
 }
+
+/* ---------------------------------------------------------------- the mpi backend */
+
+/*
+ * The test binary as MPI ranks (mpirun -np W zt TEST with ZT_COMM_MPI set): ZR_COMM=mpi, as
+ * zrun sets it. ops: every op of every case, exact bits (as the shm backend's test);
+ * mismatch: rank 0 all_reduces while the others call barrier: every rank fails with ZR_ECOMM
+ * naming both calls, and writes what it got to rank<r>.txt in ZT_COMM_DIR.
+ */
+static void mpi_rank(const char *mode)
+{
+    setenv("ZR_COMM", "mpi", 1);
+    zr_comm *c;
+    ZT_OK(zr_comm_open_env(&c));
+    int r = zr_comm_rank(c), W = zr_comm_world(c);
+    ZT_CHECK_EQ(r, atoi(getenv("OMPI_COMM_WORLD_RANK")));
+    ZT_CHECK_EQ(W, atoi(getenv("OMPI_COMM_WORLD_SIZE")));
+    if (!strcmp(mode, "ops")) {
+        static const size_t ns[] = {1, 7, 1009, 20011};
+        for (int d = 0; d < 2; d++)
+            for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
+                op_case k = {d ? ZR_COMM_F64 : ZR_COMM_F32, ns[i], 1000 + i * 2 + (size_t)d};
+                ops_rank(c, r, W, &k);
+            }
+        ZT_OK(zr_comm_check(c));
+        zr_comm_close(c);
+        return;
+    }
+    double x[10] = {0};
+    int rc = r == 0 ? zr_comm_all_reduce(c, x, x, 10, ZR_COMM_F64) : zr_comm_barrier(c);
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/rank%d.txt", getenv("ZT_COMM_DIR"), r);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    ZT_CHECK(f);
+    fprintf(f, "%d %s\n", rc, zr_err_msg());
+    fclose(f);
+    rename(tmp, path);
+    /* later calls fail with the same error; check says so too */
+    ZT_CHECK_EQ(zr_comm_barrier(c), ZR_ECOMM);
+    ZT_CHECK_EQ(zr_comm_check(c), ZR_ECOMM);
+    zr_comm_close(c);
+}
+
+/* mpirun -np W [mca] zt test (mode in ZT_COMM_MPI); its exit status, output in log */
+static int mpi_world(const char *test, const char *mode, int W, const char *mca, const char *log)
+{
+    if (system("command -v mpirun >/dev/null 2>&1") != 0)
+        ZT_SKIP("no mpirun (make deps installs openmpi-bin)");
+    char cwd[4096], exe[4096], cmd[12000];
+    ZT_CHECK(getcwd(cwd, sizeof cwd));
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    ZT_CHECK(k > 0);
+    exe[k] = 0;
+    snprintf(cmd, sizeof cmd, "ZT_COMM_MPI=%s ZT_COMM_DIR=%s timeout 120 mpirun --oversubscribe "
+             "--allow-run-as-root --bind-to none -np %d %s %s %s > %s 2>&1", mode, cwd, W, mca,
+             exe, test, log);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+ZT_TEST(comm_mpi_every_op_exact_bits)
+{
+    const char *mode = getenv("ZT_COMM_MPI");
+    if (mode && getenv("OMPI_COMM_WORLD_RANK")) {
+        mpi_rank(mode);
+        return;
+    }
+    /* 2 ranks over shared memory with one window per call; 4 over TCP only, in windows of
+     * 1 KiB (every call of the larger counts streams) */
+    static const struct {
+        int W;
+        const char *mca;
+    } runs[] = {{2, ""}, {4, "--mca btl tcp,self -x ZR_COMM_MPI_WINDOW=1024"}};
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        int st = mpi_world("comm_mpi_every_op_exact_bits", "ops", runs[i].W, runs[i].mca,
+                           "ops.log");
+        char *s = slurp("ops.log");
+        if (st != 0 || count_of(s, "1 passed, 0 failed") != runs[i].W)
+            ZT_FAIL("mpirun -np %d %s: status %d:\n%s", runs[i].W, runs[i].mca, st, s);
+        free(s);
+    }
+}
+
+ZT_TEST(comm_mpi_mismatched_calls_fail_on_every_rank)
+{
+    const char *mode = getenv("ZT_COMM_MPI");
+    if (mode && getenv("OMPI_COMM_WORLD_RANK")) {
+        mpi_rank(mode);
+        return;
+    }
+    double t0 = now_s();
+    mpi_world("comm_mpi_mismatched_calls_fail_on_every_rank", "mismatch", 3, "", "mm.log");
+    ZT_CHECK(now_s() - t0 < 60);
+    for (int r = 0; r < 3; r++) {
+        char path[32];
+        snprintf(path, sizeof path, "rank%d.txt", r);
+        char *s = slurp(path);
+        if (!s)
+            ZT_FAIL("rank %d wrote nothing:\n%s", r, slurp("mm.log"));
+        int rc = 0;
+        if (sscanf(s, "%d", &rc) != 1 || rc != ZR_ECOMM || !strstr(s, "collective mismatch") ||
+            !strstr(s, "all_reduce(n=10") || !strstr(s, "barrier(n=0"))
+            ZT_FAIL("rank %d: %s", r, s);
+        free(s);
+    }
+}

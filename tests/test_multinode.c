@@ -56,14 +56,14 @@ ZT_TEST(multinode_under_mpirun_and_srun)
     zt_zrun_ok(COMMON "--steps 6 --zero 3 --nproc 2 --ckpt-dir ref", "ref.log");
     static const char *fmt[2] = {
         "OMPI_COMM_WORLD_RANK=%d OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=%d "
-        "MASTER_ADDR=127.0.0.1 MASTER_PORT=%d",
+        "MASTER_ADDR=127.0.0.1 MASTER_PORT=%d ZR_COMM=",
         "SLURM_PROCID=%d SLURM_NTASKS=2 SLURM_LOCALID=%d MASTER_ADDR=localhost MASTER_PORT=%d"};
     for (int m = 0; m < 2; m++) {
         int port = zt_free_port();
         pid_t p[2];
         char env[256], dir[16], args[512], log[32];
         snprintf(dir, sizeof dir, "mpi%d", m);
-        snprintf(args, sizeof args, COMMON "--steps 6 --zero 3 --ckpt-dir %s", dir);
+        snprintf(args, sizeof args, COMMON "--steps 6 --zero 3 --ckpt-dir %s --comm tcp", dir);
         for (int r = 0; r < 2; r++) {
             snprintf(env, sizeof env, fmt[m], r, r, port);
             snprintf(log, sizeof log, "mpi%d-%d.log", m, r);
@@ -84,7 +84,7 @@ ZT_TEST(multinode_under_mpirun_and_srun)
     setenv("OMPI_COMM_WORLD_RANK", "0", 1);
     setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
     unsetenv("MASTER_ADDR");
-    ZT_CHECK_EQ(zt_zrun(COMMON "--steps 2 --ckpt-dir y", "nomaster.log"), 2);
+    ZT_CHECK_EQ(zt_zrun(COMMON "--steps 2 --ckpt-dir y --comm tcp", "nomaster.log"), 2);
     t = zt_slurp("nomaster.log");
     ZT_CHECK(strstr(t, "without a rendezvous address") && strstr(t, "MASTER_ADDR"));
     free(t);
