@@ -341,6 +341,11 @@ $(BUILD)/comm_bench: $(BUILD)/tests/bench/comm_bench.o $(BUILD)/libzr.a $(BUILD)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 bench: $(BUILD)/comm_bench
 
+# every communicator backend at W ranks (shm, the TCP star, MPI); mpi_bench.sh runs it
+$(BUILD)/comm_world_bench: $(BUILD)/tests/bench/comm_world_bench.o $(BUILD)/libzr.a $(BUILD)/libzck.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+bench: $(BUILD)/comm_world_bench $(BUILD)/libzr_mpi.so
+
 bench: $(BUILD)/bench_ckpt $(BUILD)/mkckpt $(BUILD)/zckpt
 	BENCH_BIN=$(BUILD)/bench_ckpt tests/bench/run.sh
 	ZCKPT=$(BUILD)/zckpt MKCKPT=$(BUILD)/mkckpt tests/bench/zckpt_bench.sh
@@ -349,6 +354,7 @@ bench: $(BUILD)/bench_ckpt $(BUILD)/mkckpt $(BUILD)/zckpt
 	tests/bench/offload_bench.sh
 	tests/bench/save_bench.sh
 	ZRUN=$(BUILD)/zrun tests/bench/tcp_bench.sh
+	BENCH=$(BUILD)/comm_world_bench ZRUN=$(BUILD)/zrun tests/bench/mpi_bench.sh
 
 clean:
 	rm -rf build build-san build-tsan
