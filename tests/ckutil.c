@@ -206,6 +206,11 @@ pid_t zt_spawn_zrun(const char *env, const char *args, const char *log)
 {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "%s exec %s %s > %s 2>&1", env, zt_zrun_path(), args, log);
+    return zt_spawn_sh(cmd);
+}
+
+pid_t zt_spawn_sh(const char *cmd)
+{
     fflush(NULL);
     pid_t p = fork();
     ZT_CHECK(p >= 0);

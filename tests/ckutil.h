@@ -38,6 +38,8 @@ int zck__mkdir_for_tests(const char *path);
  * the pids of p's children (the ranks of a launcher) into out[cap], their count. */
 pid_t zt_spawn_zrun(const char *env, const char *args, const char *log);
 int zt_wait_status(pid_t p);
+/* sh -c cmd in the background (its pid) */
+pid_t zt_spawn_sh(const char *cmd);
 int zt_children(pid_t p, pid_t *out, int cap);
 /* A TCP port free on 127.0.0.1 now (for ranks that rendezvous over TCP). */
 int zt_free_port(void);

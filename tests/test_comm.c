@@ -953,6 +953,19 @@ ZT_TEST(launch_forwards_signals)
  *          all_reduce, learn it from the launcher's abort record and write what they got to
  *          files in ZT_COMM_DIR.
  */
+/* a rank's outcome for the test's parent: "rc message" in dir/rank<r>.txt, whole or absent */
+static void write_result(const char *dir, int r, int rc)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/rank%d.txt", dir, r);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    ZT_CHECK(f);
+    fprintf(f, "%d %s\n", rc, zr_err_msg());
+    fclose(f);
+    rename(tmp, path);
+}
+
 static void e2e_rank(const char *mode)
 {
     zr_comm *c;
@@ -973,17 +986,8 @@ static void e2e_rank(const char *mode)
         for (int i = 0; i < 100; i++)
             ZT_CHECK(x[i] == 1000.0 * W * (W - 1) / 2 + (double)W * i);
         ZT_OK(zr_comm_barrier(c));
-    } else {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/rank%d.txt", dir, r);
-        char tmp[4200];
-        snprintf(tmp, sizeof tmp, "%s.tmp", path);
-        FILE *f = fopen(tmp, "w");
-        ZT_CHECK(f);
-        fprintf(f, "%d %s\n", rc, zr_err_msg());
-        fclose(f);
-        rename(tmp, path);
-    }
+    } else
+        write_result(dir, r, rc);
     zr_comm_close(c);
 }
 
@@ -1179,14 +1183,7 @@ static void mpi_rank(const char *mode)
     }
     double x[10] = {0};
     int rc = r == 0 ? zr_comm_all_reduce(c, x, x, 10, ZR_COMM_F64) : zr_comm_barrier(c);
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/rank%d.txt", getenv("ZT_COMM_DIR"), r);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    ZT_CHECK(f);
-    fprintf(f, "%d %s\n", rc, zr_err_msg());
-    fclose(f);
-    rename(tmp, path);
+    write_result(getenv("ZT_COMM_DIR"), r, rc);
     /* later calls fail with the same error; check says so too */
     ZT_CHECK_EQ(zr_comm_barrier(c), ZR_ECOMM);
     ZT_CHECK_EQ(zr_comm_check(c), ZR_ECOMM);

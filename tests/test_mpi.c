@@ -126,13 +126,7 @@ ZT_TEST(mpi_rank_killed_ends_the_job)
     char cmd[8192];
     mpi_cmd(cmd, sizeof cmd, 2, "", COMMON "--steps 100000 --save-every 5 --zero 1 "
             "--ckpt-dir run", "job.log");
-    fflush(NULL);
-    pid_t p = fork();
-    ZT_CHECK(p >= 0);
-    if (p == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
+    pid_t p = zt_spawn_sh(cmd);
     /* p execs timeout, which runs mpirun: the ranks are mpirun's children */
     double t0 = now_s();
     for (;;) {

@@ -1,7 +1,8 @@
 /*
  * comm.h: core-internal communicator on flat buffers (not part of zr.h; the trainer and the
  * tests use it). One interface, backends behind it: `shm` (ranks of one node, POSIX shared
- * memory) and `tcp` (ranks on several nodes, a star through rank 0). Device buffers move
+ * memory), `mpi` (ranks started by mpirun or srun: libzr_mpi.so, comm_mpi.c, loaded at run
+ * time) and `tcp` (ranks on several nodes without MPI, a star through rank 0). Device buffers move
  * through the device's own communicator (device.h, NCCL), not this one.
  *
  * Conventions (ckpt's): 0 or a negative ZR_E* code with a one-line message (zr_err_msg()).
@@ -46,6 +47,11 @@ typedef struct zr_comm zr_comm;
  * With ZR_COMM_TCP=HOST:PORT instead (ranks on several nodes, zrun --nnodes): the `tcp`
  * backend (comm_tcp.h): rank 0 listens on PORT, the others connect to HOST:PORT, waiting up to
  * ZR_COMM_TCP_TIMEOUT seconds (300) for each other; the same calls, bits and failure rules.
+ * With ZR_COMM=mpi: the `mpi` backend, libzr_mpi.so next to the running program (ZR_EUNSUPPORTED
+ * when it is missing or cannot be loaded), MPI_Init_thread, rank and world from MPI (ZR_EINVAL
+ * when ZR_RANK or ZR_WORLD, set, disagree); the same calls and bits; a dead peer ends the job
+ * through mpirun / srun (a call may first fail with ZR_EIO); ZR_COMM_MPI_WINDOW (bytes, default
+ * 64 MiB) bounds one message. After an error, close skips MPI_Finalize. One per process.
  */
 int zr_comm_open_env(zr_comm **out);
 void zr_comm_close(zr_comm *c);

@@ -65,7 +65,10 @@ typedef struct {
     char *tmp;            /* W windows: the pieces received for a reduction */
     size_t tmp_bytes;
     MPI_Request *req;     /* 2 W */
-    const void **src;     /* W */
+    const void **src;     /* W: the pieces summed */
+    const void **sp;      /* W: what goes to rank q (exchange) */
+    void **rp;            /* W: where rank q's piece lands */
+    size_t *sb, *rb;      /* W: their bytes */
     int *counts, *displs; /* W */
     int own_init;         /* this backend called MPI_Init_thread (and finalizes) */
     int dead, dead_code;
@@ -140,10 +143,13 @@ static int begin(mpi_comm *m, uint32_t op, uint32_t aux, uint64_t n)
     return 0;
 }
 
-/* Every rank q != me sends send[q] (sb[q] bytes) to q and receives recv[q] (rb[q] bytes). */
-static int exchange(mpi_comm *m, const char *op, const void *const *send, const size_t *sb,
-                    void *const *recv, const size_t *rb)
+/* Every rank q != me sends m->sp[q] (m->sb[q] bytes) to q and receives m->rp[q] (m->rb[q]
+ * bytes) from it. */
+static int exchange(mpi_comm *m, const char *op)
 {
+    const void *const *send = m->sp;
+    void *const *recv = m->rp;
+    const size_t *sb = m->sb, *rb = m->rb;
     int k = 0;
     for (int q = 0; q < m->world; q++)
         if (q != m->rank && rb[q])
@@ -167,58 +173,51 @@ static size_t piece_numel(const mpi_comm *m, size_t es)
 static int be_reduce_scatter(void *h, const void *send, void *recv, size_t n, size_t es)
 {
     mpi_comm *m = h;
-    const char *op = "reduce_scatter";
     TRY(begin(m, OP_REDUCE_SCATTER, (uint32_t)es, n));
     const int W = m->world, r = m->rank;
     const char *in = send;
     char *out = recv;
     size_t cw = piece_numel(m, es);
-    const void *sp[W];
-    void *rp[W];
-    size_t sb[W], rb[W];
     for (size_t off = 0; off < n; off += cw) {
         size_t cur = n - off < cw ? n - off : cw;
         for (int q = 0; q < W; q++) {
-            sp[q] = in + ((size_t)q * n + off) * es;
-            rp[q] = m->tmp + (size_t)q * cw * es;
-            sb[q] = rb[q] = cur * es;
-            m->src[q] = q == r ? sp[r] : rp[q];
+            m->sp[q] = in + ((size_t)q * n + off) * es;
+            m->rp[q] = m->tmp + (size_t)q * cw * es;
+            m->sb[q] = m->rb[q] = cur * es;
+            m->src[q] = q == r ? m->sp[r] : m->rp[q];
         }
-        TRY(exchange(m, op, sp, sb, rp, rb));
+        TRY(exchange(m, "reduce_scatter"));
         H->sum(es, out + off * es, m->src, W, cur);
     }
     return 0;
 }
 
+/* Each window of up to W cw elements in W pieces, [m q / W, m (q+1) / W): piece q reduced by
+ * rank q as in reduce_scatter, then every piece to every rank by MPI_Allgatherv. */
 static int be_all_reduce(void *h, const void *send, void *recv, size_t n, size_t es)
 {
     mpi_comm *m = h;
-    const char *op = "all_reduce";
     TRY(begin(m, OP_ALL_REDUCE, (uint32_t)es, n));
-    const int W = m->world, r = m->rank;
+    const size_t W = (size_t)m->world, r = (size_t)m->rank, cw = piece_numel(m, es);
     const char *in = send;
     char *out = recv;
-    size_t cw = piece_numel(m, es);
-    const void *sp[W];
-    void *rp[W];
-    size_t sb[W], rb[W];
     for (size_t off = 0; off < n;) {
-        size_t mw = n - off < cw * (size_t)W ? n - off : cw * (size_t)W;
-        size_t a = mw * (size_t)r / (size_t)W, b = mw * (size_t)(r + 1) / (size_t)W;
-        for (int q = 0; q < W; q++) {
-            size_t qa = mw * (size_t)q / (size_t)W, qb = mw * (size_t)(q + 1) / (size_t)W;
-            sp[q] = in + (off + qa) * es;
-            sb[q] = (qb - qa) * es;
-            rp[q] = m->tmp + (size_t)q * cw * es;
-            rb[q] = (b - a) * es;
-            m->src[q] = q == r ? (const void *)(in + (off + a) * es) : rp[q];
+        size_t mw = n - off < cw * W ? n - off : cw * W;
+        size_t a = mw * r / W, b = mw * (r + 1) / W;
+        for (size_t q = 0; q < W; q++) {
+            size_t qa = mw * q / W, qb = mw * (q + 1) / W;
+            m->sp[q] = in + (off + qa) * es;
+            m->sb[q] = (qb - qa) * es;
+            m->rp[q] = m->tmp + q * cw * es;
+            m->rb[q] = (b - a) * es;
+            m->src[q] = q == r ? (const void *)(in + (off + a) * es) : m->rp[q];
             m->counts[q] = (int)((qb - qa) * es);
             m->displs[q] = (int)(qa * es);
         }
-        TRY(exchange(m, op, sp, sb, rp, rb));
-        H->sum(es, out + (off + a) * es, m->src, W, b - a);
-        MPI_TRY(m, op, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out + off * es, m->counts,
-                                      m->displs, MPI_BYTE, m->comm));
+        TRY(exchange(m, "all_reduce"));
+        H->sum(es, out + (off + a) * es, m->src, (int)W, b - a);
+        MPI_TRY(m, "all_reduce", MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, out + off * es,
+                                                m->counts, m->displs, MPI_BYTE, m->comm));
         off += mw;
     }
     return 0;
@@ -319,6 +318,10 @@ static void free_bufs(mpi_comm *m)
     free(m->tmp);
     free(m->req);
     free(m->src);
+    free(m->sp);
+    free(m->rp);
+    free(m->sb);
+    free(m->rb);
     free(m->counts);
     free(m->displs);
 }
@@ -381,9 +384,14 @@ static int be_open(void **out, int *rank, int *world, const char **version, size
     m->tmp = malloc(m->tmp_bytes);
     m->req = calloc(2 * W, sizeof *m->req);
     m->src = calloc(W, sizeof *m->src);
+    m->sp = calloc(W, sizeof *m->sp);
+    m->rp = calloc(W, sizeof *m->rp);
+    m->sb = calloc(W, sizeof *m->sb);
+    m->rb = calloc(W, sizeof *m->rb);
     m->counts = calloc(W, sizeof *m->counts);
     m->displs = calloc(W, sizeof *m->displs);
-    if (!m->descs || !m->tmp || !m->req || !m->src || !m->counts || !m->displs) {
+    if (!m->descs || !m->tmp || !m->req || !m->src || !m->sp || !m->rp || !m->sb || !m->rb ||
+        !m->counts || !m->displs) {
         free_bufs(m);
         free(m);
         return fail(NULL, ZR_ENOMEM, "mpi: out of memory for the buffers of %d ranks", (int)W);

@@ -2,9 +2,10 @@
  * comm_world_bench.c: reduce_scatter and all_gather bandwidth of one communicator backend at a
  * world of W ranks (core/dist/comm.h), for mpi_bench.sh.
  *
- *   comm_world_bench shm|tcp W [MiB (64)] [iterations (5)]   forks W ranks itself (a shared
- *                                                            segment, or the TCP star on a
- *                                                            free 127.0.0.1 port)
+ *   comm_world_bench shm|tcp W [MiB (64)] [iterations (5)]   W ranks of itself through the
+ *                                                            launcher (zr_launch): one node's
+ *                                                            shm, or W one-rank "nodes" of the
+ *                                                            TCP star on a free local port
  *   mpirun -np W comm_world_bench mpi - [MiB] [iterations]   one rank per MPI process
  *
  * MiB is the size of the full vector: reduce_scatter takes MiB of f32 per rank and leaves
@@ -14,6 +15,7 @@
  * traffic every rank must carry). Rank 0 prints one line per op.
  */
 #include "comm.h"
+#include "zr.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -93,43 +95,59 @@ static int free_port(void)
     return ntohs(a.sin_port);
 }
 
+/* W ranks of this program (argv: "rank" instead of the backend) through the launcher: one
+ * launcher of W ranks over shm, or W one-rank "nodes" over the TCP star */
+static int launch(const char *backend, int W, char **argv)
+{
+    char *rank_argv[] = {"/proc/self/exe", "rank", argv[1], argv[2], argv[3], argv[4], NULL};
+    zr_launch_opts o = ZR_LAUNCH_OPTS_INIT;
+    int code = 0;
+    if (!strcmp(backend, "shm")) {
+        o.nproc = W;
+        if (zr_launch(&code, &o, rank_argv) < 0)
+            die("launch");
+        return code;
+    }
+    char master[64];
+    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
+    o.nnodes = W;
+    o.master = master;
+    fflush(NULL);
+    for (int k = W - 1; k >= 0; k--) {
+        o.node_rank = k;
+        if (k && fork())
+            continue;
+        if (zr_launch(&code, &o, rank_argv) < 0)
+            die("launch");
+        if (k)
+            _exit(code);
+        break;
+    }
+    int st;
+    while (wait(&st) > 0)
+        code |= !WIFEXITED(st) || WEXITSTATUS(st);
+    return code;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc < 3) {
+    if (argc < 3 || (strcmp(argv[1], "shm") && strcmp(argv[1], "tcp") &&
+                     strcmp(argv[1], "mpi") && strcmp(argv[1], "rank"))) {
         fprintf(stderr, "usage: comm_world_bench shm|tcp|mpi W|- [MiB] [iterations]\n");
         return 2;
     }
-    const char *backend = argv[1];
-    size_t mib = argc > 3 ? strtoul(argv[3], NULL, 10) : 64;
-    int iters = argc > 4 ? atoi(argv[4]) : 5;
-    if (!strcmp(backend, "mpi")) {
+    int rank = !strcmp(argv[1], "rank"); /* started by launch(): argv[2] is the backend */
+    const char *backend = rank ? argv[2] : argv[1];
+    char **args = rank ? argv + 1 : argv;
+    size_t mib = argc > 3 + rank && args[3] ? strtoul(args[3], NULL, 10) : 64;
+    int iters = argc > 4 + rank && args[4] ? atoi(args[4]) : 5;
+    if (!strcmp(backend, "mpi"))
         setenv("ZR_COMM", "mpi", 1);
+    if (rank || !strcmp(backend, "mpi")) {
         bench(backend, mib, iters);
         return 0;
     }
-    int W = atoi(argv[2]);
-    char *name = NULL, master[64], b[32];
-    snprintf(master, sizeof master, "127.0.0.1:%d", free_port());
-    if (!strcmp(backend, "shm") && zr_comm_shm_create(&name, W, 0) < 0)
-        die("shm segment");
-    fflush(NULL);
-    for (int r = 0; r < W; r++)
-        if (fork() == 0) {
-            snprintf(b, sizeof b, "%d", r);
-            setenv("ZR_RANK", b, 1);
-            snprintf(b, sizeof b, "%d", W);
-            setenv("ZR_WORLD", b, 1);
-            if (name)
-                setenv("ZR_COMM_SHM", name, 1);
-            else
-                setenv("ZR_COMM_TCP", master, 1);
-            bench(backend, mib, iters);
-            _exit(0);
-        }
-    int bad = 0, st;
-    while (wait(&st) > 0)
-        bad |= !WIFEXITED(st) || WEXITSTATUS(st);
-    zr_comm_shm_unlink(name);
-    free(name);
-    return bad;
+    char *fwd[] = {argv[0], argv[1], argv[2], argc > 3 ? argv[3] : "64",
+                   argc > 4 ? argv[4] : "5"};
+    return launch(backend, atoi(argv[2]), fwd);
 }

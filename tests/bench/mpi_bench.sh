@@ -17,8 +17,8 @@ STEPS=${STEPS:-20}
 if ! command -v mpirun >/dev/null; then echo "[mpi-bench] skip: no mpirun (make deps)"; exit 0; fi
 mpirun="mpirun --oversubscribe --allow-run-as-root --bind-to none"
 echo "[mpi-bench] collectives, 4 ranks, $MIB MiB, best of $ITERS"
-"$BENCH" shm 4 "$MIB" "$ITERS"
-"$BENCH" tcp 4 "$MIB" "$ITERS" | sed 's/^tcp /tcp*/'
+"$BENCH" shm 4 "$MIB" "$ITERS" | sed 's/^\[rank 0\] //'
+"$BENCH" tcp 4 "$MIB" "$ITERS" | sed 's/^\[rank 0\] tcp /tcp*/'
 $mpirun -np 4 "$BENCH" mpi - "$MIB" "$ITERS"
 $mpirun -np 4 --mca btl tcp,self "$BENCH" mpi - "$MIB" "$ITERS" | sed 's/^mpi /mpiT/'
 echo "[mpi-bench] (tcp*: the TCP star; mpiT: MPI over TCP only)"
@@ -33,6 +33,7 @@ mean() { # mean step_ms after the first 3 steps of a JSON log
 }
 echo "[mpi-bench] 8-rank job, small GPT-2 at ZeRO 2, batch 8 x 64, $STEPS steps"
 $ZRUN $args --nproc 8 --ckpt-dir "$w/shm" --log-json "$w/shm.json" >"$w/shm.log" 2>&1
+$mpirun -np 8 $ZRUN $args --ckpt-dir "$w/mpis" --log-json "$w/mpis.json" >"$w/mpis.log" 2>&1
 $mpirun -np 8 --mca btl tcp,self $ZRUN $args --ckpt-dir "$w/mpi" --log-json "$w/mpi.json" \
     >"$w/mpi.log" 2>&1
 port=$((20000 + RANDOM % 20000))
@@ -43,4 +44,4 @@ done
 $ZRUN $args --nproc 1 --nnodes 8 --node-rank 0 --master 127.0.0.1:$port --ckpt-dir "$w/tcp" \
     --log-json "$w/tcp.json" >"$w/tcp0.log" 2>&1
 wait
-echo "[mpi-bench] shm $(mean "$w/shm.json") ms/step, mpi over tcp $(mean "$w/mpi.json") ms/step, tcp star $(mean "$w/tcp.json") ms/step"
+echo "[mpi-bench] shm $(mean "$w/shm.json") ms/step, mpi (shared memory) $(mean "$w/mpis.json") ms/step, mpi over tcp $(mean "$w/mpi.json") ms/step, tcp star $(mean "$w/tcp.json") ms/step"
