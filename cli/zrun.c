@@ -1,7 +1,8 @@
 /*
  * zrun.c: the training launcher. Parses the options (one table, zrun_table, which also makes
  * --help) into zr_train_opts and runs the training loop of core/. With --nproc N > 1 it starts N ranks of itself through zr_launch (the
- * environment tells each one its rank) and waits for them; a rank runs zr_train. Other devices
+ * environment tells each one its rank) and waits for them; a rank runs zr_train. Under mpirun
+ * or srun each process is one rank (under_mpi: the MPI communicator, or --comm tcp). Other devices
  * and offload are refused with a clear message. SIGINT/SIGTERM/SIGUSR1 finish the current step,
  * save a checkpoint and exit 0 saying where.
  */

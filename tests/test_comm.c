@@ -1200,9 +1200,9 @@ static int mpi_world(const char *test, const char *mode, int W, const char *mca,
     ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
     ZT_CHECK(k > 0);
     exe[k] = 0;
-    snprintf(cmd, sizeof cmd, "ZT_COMM_MPI=%s ZT_COMM_DIR=%s timeout 120 mpirun --oversubscribe "
-             "--allow-run-as-root --bind-to none -np %d %s %s %s > %s 2>&1", mode, cwd, W, mca,
-             exe, test, log);
+    snprintf(cmd, sizeof cmd, ZT_MPI_ENV "ZT_COMM_MPI=%s ZT_COMM_DIR=%s timeout 120 mpirun "
+             "--oversubscribe --allow-run-as-root --bind-to none -np %d %s %s %s > %s 2>&1", mode,
+             cwd, W, mca, exe, test, log);
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }

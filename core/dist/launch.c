@@ -362,10 +362,11 @@ static void signal_group(const rank_proc *p, int sig)
         kill(p->pid, sig);
 }
 
-/* environment of rank r: environ without ZR_RANK, ZR_WORLD, ZR_COMM_SHM, ZR_COMM_TCP and
- * ZR_LOCAL_RANK, plus ours (the shm segment on one node, the master's address on several) */
+/* environment of rank r: environ without ZR_RANK, ZR_WORLD, ZR_COMM_SHM, ZR_COMM_TCP,
+ * ZR_COMM and ZR_LOCAL_RANK, plus ours (the shm segment on one node, the master's address on
+ * several) */
 static const zr_env_var launcher_vars[] = {ZR_ENV_RANK, ZR_ENV_WORLD, ZR_ENV_COMM_SHM,
-                                           ZR_ENV_COMM_TCP, ZR_ENV_LOCAL_RANK};
+                                           ZR_ENV_COMM_TCP, ZR_ENV_COMM, ZR_ENV_LOCAL_RANK};
 
 static int ours(const char *e)
 {
