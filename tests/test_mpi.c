@@ -4,7 +4,8 @@
  * nodes), give exactly the checkpoints of the shm communicator at the same world; checkpoints
  * written under MPI resume under shm at another world and the reverse, with the bits of the
  * all-shm run; a rank killed ends the job within seconds naming it, `latest` sound; the NCCL id
- * of the device path crosses over MPI (hostsim); the options' errors. Skipped with one line
+ * of the device path crosses over MPI (hostsim); the options' errors, and a zrun without its
+ * MPI backend. Skipped with one line
  * when mpirun is absent (make deps installs it). The collectives themselves (every op, exact
  * bits, a mismatch in the order of calls) are tested in test_comm.c.
  */
@@ -186,6 +187,7 @@ ZT_TEST(mpi_option_errors)
         {"OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2", "--nproc 2", "drop --nproc"},
         {"SLURM_PROCID=0 SLURM_NTASKS=2", "--max-restarts 1", "--max-restarts does not apply"},
         {"SLURM_PROCID=0 SLURM_NTASKS=2", "", "srun --mpi=pmix"},
+        {"ZR_COMM=nccl", "", "ZR_COMM='nccl': expected mpi"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char args[512];
@@ -198,4 +200,15 @@ ZT_TEST(mpi_option_errors)
                     bad[i].want, t);
         free(t);
     }
+    /* a zrun without libzr_mpi.so next to it, under mpirun: every rank says what is missing */
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "mkdir -p bin && cp %s bin/zrun", zt_zrun_path());
+    ZT_CHECK(system(cmd) == 0);
+    snprintf(cmd, sizeof cmd, ZT_MPI_ENV "timeout 60 " MPIRUN "-np 2 bin/zrun " COMMON
+             "--steps 2 --ckpt-dir n > noso.log 2>&1");
+    int st = system(cmd);
+    char *t = zt_slurp("noso.log");
+    if (st == 0 || !strstr(t, "mpi: no MPI backend ") || !strstr(t, "bin/libzr_mpi.so"))
+        ZT_FAIL("zrun without libzr_mpi.so under mpirun: status %d:\n%s", st, t);
+    free(t);
 }

@@ -909,8 +909,9 @@ static int mpi_plugin(const zr_mpi_plugin **out)
     char path[4200];
     ZR_TRY(zr__next_to_exe(path, sizeof path, ZR_MPI_LIB));
     if (access(path, F_OK) != 0)
-        return zr_err_set(ZR_EUNSUPPORTED, "mpi: built without MPI: no %s (make builds it "
-                          "with Open MPI: make deps installs libopenmpi-dev)", path);
+        return zr_err_set(ZR_EUNSUPPORTED, "mpi: no MPI backend %s (make builds it next to "
+                          "the programs with Open MPI, which make deps installs; or run with "
+                          "--comm tcp)", path);
     dlerror();
     void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
     if (!h) {
