@@ -115,7 +115,8 @@ static int write_config(const char *path, const zfmt_gpt2_config *c, int dtype, 
         "zero_step", (json_int_t)step);
     if (!j)
         return zr_err_set(ZR_ENOMEM, "out of memory");
-    char *text = zfmt__json_dump(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    char *text =
+        zfmt__json_dump(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     json_decref(j);
     if (!text)
         return zr_err_set(ZR_ENOMEM, "out of memory");
