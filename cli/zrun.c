@@ -356,8 +356,8 @@ int main(int argc, char **argv)
     uint32_t nproc = a.nproc, max_restarts = a.max_restarts, nproc_restart = a.nproc_restart;
     const nodes_opts no = a.no;
 
-    if (a.dry_run) {
-        if (zr_train_dry_run(o, (int)nproc, stdout) < 0)
+    if (a.dry_run) { /* the plan of the whole job: every node's ranks */
+        if (zr_train_dry_run(o, (int)(nproc * no.nnodes), stdout) < 0)
             return zcli_fail_lib(PROG, NULL);
         return ZCLI_OK;
     }
