@@ -5,10 +5,13 @@
  * libzr and every program that links it stay free of libmpi (docs/RUNNING.md says why).
  *
  * Each process is one rank of MPI_COMM_WORLD (a private duplicate of it, errors returned, not
- * fatal). Every collective begins with an MPI_Allgather of a 24-byte descriptor (op, count,
- * element size or root, call number), compared on every rank: calls that do not match (a
- * collective out of order, another size) fail with ZR_ECOMM on every rank, naming both calls,
- * instead of hanging in or corrupting an MPI collective. Then the data:
+ * fatal). Every collective begins with an MPI_Allgather of a 128-byte block per rank: a
+ * descriptor (op, count, element size or root, call number), compared on every rank, so calls
+ * that do not match (a collective out of order, another size) fail with ZR_ECOMM on every rank,
+ * naming both calls, instead of hanging in or corrupting an MPI collective; and, for a small
+ * call (at most 104 bytes of data per rank: a norm, a loss, a flag, a barrier), its whole data,
+ * so that the call ends there in one round (reductions summed by every rank in rank order from
+ * the blocks). Then the data of larger calls:
  *
  *   reduce_scatter  every rank sends piece d of its input to rank d (MPI_Isend / MPI_Irecv,
  *                   (W-1)/W of the input per rank, as a ring moves), and rank d sums the W
@@ -18,7 +21,7 @@
  *                   MPI_Allgatherv of the reduced pieces: the bits of reduce_scatter +
  *                   all_gather, as comm.h promises, and of the shm backend
  *   all_gather      MPI_Allgather (data movement only)
- *   broadcast       MPI_Bcast; gather MPI_Gather; barrier MPI_Barrier
+ *   broadcast       MPI_Bcast; gather MPI_Gather; barrier: the descriptors' all-gather
  *
  * MPI's own reductions (MPI_Allreduce, MPI_Reduce_scatter_block) are not used: their order of
  * summation depends on the algorithm Open MPI picks for the size and the world, so the bits
@@ -51,9 +54,14 @@ static const char *const op_names[] = {"?", "all_reduce", "reduce_scatter", "all
             return try_rc_;                                                                    \
     } while (0)
 
+#define INLINE 104 /* payload bytes that ride with the descriptor */
+
+/* What every rank contributes to the first step of a call: its descriptor, and the whole data
+ * of a small call (128 bytes in all, the same size on every rank whatever the call) */
 typedef struct {
     uint32_t op, aux; /* aux: element size, or the root */
     uint64_t n, seq;
+    unsigned char data[INLINE];
 } desc;
 
 typedef struct {
@@ -61,7 +69,7 @@ typedef struct {
     int rank, world;
     size_t win;           /* bytes per message at most */
     uint64_t seq;         /* collectives called */
-    desc *descs;          /* W descriptors */
+    desc *descs;          /* W descriptors, with their inline payloads */
     char *tmp;            /* W windows: the pieces received for a reduction */
     size_t tmp_bytes;
     MPI_Request *req;     /* 2 W */
@@ -123,11 +131,19 @@ static int dead_error(const mpi_comm *m, const char *op)
 }
 
 /* The call's descriptor against every rank's: ZR_ECOMM on every rank when they differ. */
-static int begin(mpi_comm *m, uint32_t op, uint32_t aux, uint64_t n)
+static int begin(mpi_comm *m, uint32_t op, uint32_t aux, uint64_t n, const void *payload,
+                 size_t bytes)
 {
     const char *name = op_names[op];
     TRY(dead_error(m, name));
-    desc me = {op, aux, n, ++m->seq};
+    desc me;
+    memset(&me, 0, sizeof me);
+    me.op = op;
+    me.aux = aux;
+    me.n = n;
+    me.seq = ++m->seq;
+    if (payload && bytes <= INLINE)
+        memcpy(me.data, payload, bytes);
     MPI_TRY(m, name, MPI_Allgather(&me, sizeof me, MPI_BYTE, m->descs, sizeof me, MPI_BYTE,
                                    m->comm));
     for (int q = 0; q < m->world; q++) {
@@ -173,10 +189,17 @@ static size_t piece_numel(const mpi_comm *m, size_t es)
 static int be_reduce_scatter(void *h, const void *send, void *recv, size_t n, size_t es)
 {
     mpi_comm *m = h;
-    TRY(begin(m, OP_REDUCE_SCATTER, (uint32_t)es, n));
     const int W = m->world, r = m->rank;
     const char *in = send;
     char *out = recv;
+    int small = (size_t)W * n * es <= INLINE;
+    TRY(begin(m, OP_REDUCE_SCATTER, (uint32_t)es, n, small ? send : NULL, (size_t)W * n * es));
+    if (small) { /* every rank's input came with the descriptors */
+        for (int q = 0; q < W; q++)
+            m->src[q] = m->descs[q].data + (size_t)r * n * es;
+        H->sum(es, out, m->src, W, n);
+        return 0;
+    }
     size_t cw = piece_numel(m, es);
     for (size_t off = 0; off < n; off += cw) {
         size_t cur = n - off < cw ? n - off : cw;
@@ -197,10 +220,17 @@ static int be_reduce_scatter(void *h, const void *send, void *recv, size_t n, si
 static int be_all_reduce(void *h, const void *send, void *recv, size_t n, size_t es)
 {
     mpi_comm *m = h;
-    TRY(begin(m, OP_ALL_REDUCE, (uint32_t)es, n));
     const size_t W = (size_t)m->world, r = (size_t)m->rank, cw = piece_numel(m, es);
     const char *in = send;
     char *out = recv;
+    int small = n * es <= INLINE;
+    TRY(begin(m, OP_ALL_REDUCE, (uint32_t)es, n, small ? send : NULL, n * es));
+    if (small) { /* every rank sums all inputs, in rank order: the same bits everywhere */
+        for (size_t q = 0; q < W; q++)
+            m->src[q] = m->descs[q].data;
+        H->sum(es, out, m->src, (int)W, n);
+        return 0;
+    }
     for (size_t off = 0; off < n;) {
         size_t mw = n - off < cw * W ? n - off : cw * W;
         size_t a = mw * r / W, b = mw * (r + 1) / W;
@@ -240,9 +270,14 @@ static int be_all_gather(void *h, const void *send, void *recv, size_t bytes)
 {
     mpi_comm *m = h;
     const char *op = "all_gather";
-    TRY(begin(m, OP_ALL_GATHER, 0, bytes));
     const char *in = send;
     char *out = recv;
+    TRY(begin(m, OP_ALL_GATHER, 0, bytes, send, bytes));
+    if (bytes <= INLINE) {
+        for (int q = 0; q < m->world; q++)
+            memcpy(out + (size_t)q * bytes, m->descs[q].data, bytes);
+        return 0;
+    }
     int in_place = in == out + (size_t)m->rank * bytes;
     for (size_t off = 0; off < bytes; off += m->win) {
         size_t cur = bytes - off < m->win ? bytes - off : m->win;
@@ -265,9 +300,14 @@ static int be_gather(void *h, const void *send, void *recv, size_t bytes, int ro
 {
     mpi_comm *m = h;
     const char *op = "gather";
-    TRY(begin(m, OP_GATHER, (uint32_t)root, bytes));
     const char *in = send;
     char *out = recv;
+    TRY(begin(m, OP_GATHER, (uint32_t)root, bytes, send, bytes));
+    if (bytes <= INLINE) {
+        for (int q = 0; m->rank == root && q < m->world; q++)
+            memcpy(out + (size_t)q * bytes, m->descs[q].data, bytes);
+        return 0;
+    }
     int at_root = m->rank == root, in_place = at_root && in == out + (size_t)root * bytes;
     for (size_t off = 0; off < bytes; off += m->win) {
         size_t cur = bytes - off < m->win ? bytes - off : m->win;
@@ -290,7 +330,12 @@ static int be_broadcast(void *h, void *buf, size_t bytes, int root)
 {
     mpi_comm *m = h;
     const char *op = "broadcast";
-    TRY(begin(m, OP_BROADCAST, (uint32_t)root, bytes));
+    TRY(begin(m, OP_BROADCAST, (uint32_t)root, bytes, m->rank == root ? buf : NULL, bytes));
+    if (bytes <= INLINE) {
+        if (m->rank != root)
+            memcpy(buf, m->descs[root].data, bytes);
+        return 0;
+    }
     for (size_t off = 0; off < bytes; off += m->win) {
         size_t cur = bytes - off < m->win ? bytes - off : m->win;
         MPI_TRY(m, op, MPI_Bcast((char *)buf + off, (int)cur, MPI_BYTE, root, m->comm));
@@ -301,9 +346,8 @@ static int be_broadcast(void *h, void *buf, size_t bytes, int root)
 static int be_barrier(void *h)
 {
     mpi_comm *m = h;
-    TRY(begin(m, OP_BARRIER, 0, 0));
-    MPI_TRY(m, "barrier", MPI_Barrier(m->comm));
-    return 0;
+    /* the descriptors' all-gather completes only when every rank has called: a barrier */
+    return begin(m, OP_BARRIER, 0, 0, NULL, 0);
 }
 
 /* MPI cannot tell whether a peer lives without waiting for it: only an earlier error. */

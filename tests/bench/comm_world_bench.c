@@ -12,7 +12,8 @@
  * MiB / W; all_gather takes MiB / W per rank and leaves MiB. Each op runs once to warm up, then
  * `iterations` times, each between two barriers; the best time counts (noise only adds).
  * Bandwidths as nccl-tests defines them: algbw = MiB / time, busbw = algbw (W-1) / W (the
- * traffic every rank must carry). Rank 0 prints one line per op.
+ * traffic every rank must carry). Then the latency: the mean time of an all_reduce of 16 floats
+ * over 1000 calls. Rank 0 prints one line per op.
  */
 #include "comm.h"
 #include "zr.h"
@@ -76,6 +77,17 @@ static void bench(const char *backend, size_t mib, int iters)
                    backend, W, op ? "all_gather" : "reduce_scatter", bytes / 1048576.0,
                    best * 1e3, algbw, algbw * (W - 1) / W);
     }
+    /* latency: all_reduce of 16 floats (64 bytes), the mean of 1000 calls after 10 */
+    double t0 = 0;
+    for (int k = 0; k < 1010; k++) {
+        if (k == 10 && zr_comm_barrier(c) == 0)
+            t0 = now_s();
+        if (zr_comm_all_reduce(c, full, piece, 16, ZR_COMM_F32) < 0)
+            die("all_reduce");
+    }
+    double us = (now_s() - t0) / 1000 * 1e6;
+    if (r == 0)
+        printf("%-4s W=%d %-14s %7d B    %8.1f us per call\n", backend, W, "all_reduce", 64, us);
     free(full);
     free(piece);
     zr_comm_close(c);
