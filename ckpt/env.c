@@ -66,6 +66,12 @@ static const struct {
     [ZR_ENV_PMIX_RANK] = {"PMIX_RANK",
                           "read (not set): a rank started by srun --mpi=pmix (or mpirun) can "
                           "initialize MPI"},
+    [ZR_ENV_OMPI_LOCAL_SIZE] = {"OMPI_COMM_WORLD_LOCAL_SIZE",
+                                "Open MPI's ranks on this node (read: more ranks than CPUs "
+                                "makes MPI yield while it waits)"},
+    [ZR_ENV_OMPI_YIELD] = {"OMPI_MCA_mpi_yield_when_idle",
+                           "Open MPI's setting; set to 1 by the MPI communicator when a node "
+                           "has more ranks than CPUs and it is not set already"},
 };
 
 const char *zr_env_name(zr_env_var v) { return v < ZR_ENV_COUNT ? table[v].name : NULL; }
