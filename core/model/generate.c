@@ -389,3 +389,56 @@ size_t zr_gen_bytes_decode(char *out, size_t cap, const int32_t *ids, size_t n)
     out[w] = 0;
     return w;
 }
+
+/* ---------------------------------------------------------------- parameters of a checkpoint */
+
+int zr_gen_load_params(float **out, zr_gpt2_config *cfg, const char *path, unsigned jobs)
+{
+    assert(out && cfg && path);
+    *out = NULL;
+    zck_reader *rd = NULL;
+    zck_layout *want = NULL;
+    zck_read_req *q = NULL;
+    float *p = NULL;
+    int rc = 0;
+    ZR_TRY_GOTO(zck_reader_open(&rd, path), rc, out);
+    const char *dir = zck_reader_path(rd);
+    if (zr_gpt2_config_from_json(cfg, zck_reader_model_json(rd)) < 0) {
+        rc = zr_err_code();
+        zr_err_prefix("%s: ", dir);
+        goto out;
+    }
+    ZR_TRY_GOTO(zr_gpt2_layout(&want, cfg), rc, out);
+    const zck_layout *L = zck_reader_layout(rd);
+    ZR_TRY_GOTO(zr_gpt2_layout_check(L, want, dir), rc, out);
+    size_t st, ng = zck_layout_n_groups(L);
+    if (zck_layout_find_state(L, &st, "param") < 0 || zck_layout_state_dtype(L, st) != ZCK_F32) {
+        rc = zr_err_set(ZR_EINVAL, "%s: no f32 state 'param' in the checkpoint", dir);
+        goto out;
+    }
+    uint64_t numel = 0;
+    for (size_t g = 0; g < ng; g++)
+        numel += zck_layout_group_numel(L, g);
+    q = calloc(ng, sizeof *q);
+    p = malloc(numel ? numel * sizeof *p : 1);
+    if (!q || !p) {
+        rc = zr_err_set(ZR_ENOMEM, "%s: out of memory for %.1f MiB of parameters", dir,
+                        (double)numel * sizeof *p / (1 << 20));
+        goto out;
+    }
+    /* the groups end to end in layout order: the arena of zr_gpt2_offsets */
+    for (size_t g = 0, at = 0; g < ng; at += zck_layout_group_numel(L, g), g++)
+        q[g] = (zck_read_req){g, st, 0, zck_layout_group_numel(L, g), p + at};
+    zck_read_opts ro = ZCK_READ_OPTS_INIT;
+    ro.verify = 1;
+    ro.jobs = jobs ? jobs : 1;
+    ZR_TRY_GOTO(zck_reader_read(rd, q, ng, &ro), rc, out);
+    *out = p;
+    p = NULL;
+out:
+    free(p);
+    free(q);
+    zck_layout_free(want);
+    zck_reader_free(rd);
+    return rc;
+}

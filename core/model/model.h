@@ -41,6 +41,10 @@ int zr_gpt2_config_from_json(zr_gpt2_config *out, const char *json);
 /* The checkpoint layout: the GPT-2 naming contract of docs/FORMAT.md, built by ckpt's family
  * table (zck_arch_layout; formats/' zfmt_gpt2_layout is the same call). */
 int zr_gpt2_layout(zck_layout **out, const zr_gpt2_config *c);
+/* Whether a checkpoint's layout ck has the groups and tensors of want (names, sizes, offsets:
+ * the same model shape); states are not compared. ZR_EINVAL naming path and the first
+ * difference ("another model shape"). */
+int zr_gpt2_layout_check(const zck_layout *ck, const zck_layout *want, const char *path);
 
 /* The roles the model's maths gives the tensors of a block (h.<l>), bound by name to ckpt's
  * family table in config.c. */
@@ -219,6 +223,13 @@ int zr_sample_token(int32_t *out, const float *logits, uint32_t V, const zr_samp
  * ZR_EINVAL for an empty or too long prompt or an id out of the vocabulary. */
 int zr_gen_run(zr_gen *g, int32_t *out, const int32_t *prompt, size_t n_prompt, size_t n_new,
                const zr_sample_opts *o);
+/* The parameters of a checkpoint (its directory, or a run directory through latest; any world
+ * size, ZeRO stage or shard layout: zck_reader_read), only the "param" state, every shard file
+ * it touches hashed against the manifest while reading (jobs files at once). *out: a malloc'ed
+ * arena for zr_gen_new (free()), *cfg the model section's config. ZR_ENOTFOUND, ZR_ECORRUPT
+ * (a damaged checkpoint: the file named), ZR_EVERSION, ZR_EINVAL (not a GPT-2 of the family
+ * table, no f32 params), ZR_ENOMEM. */
+int zr_gen_load_params(float **out, zr_gpt2_config *cfg, const char *path, unsigned jobs);
 /* Ids as bytes (the byte-level models: id < 256 is that byte; any other id "<|id|>") into out
  * (NUL-terminated, cut at cap; 16 n + 1 bytes always suffice). Returns the bytes written
  * without the NUL (the text may hold NUL bytes). */
