@@ -194,29 +194,7 @@ static json_t *json_bytes(const char *s, size_t n)
     char *u = malloc(3 * n + 1);
     if (!u)
         return NULL;
-    size_t w = 0;
-    for (size_t i = 0; i < n;) {
-        unsigned char c = (unsigned char)s[i];
-        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        int ok = k && i + k <= n;
-        for (size_t j = 1; ok && j < k; j++)
-            ok = ((unsigned char)s[i + j] >> 6) == 2;
-        if (ok) { /* jansson's own check of the sequence (overlong forms, surrogates) */
-            json_t *probe = json_stringn(s + i, k);
-            ok = probe != NULL;
-            json_decref(probe);
-        }
-        if (ok) {
-            memcpy(u + w, s + i, k);
-            w += k;
-            i += k;
-        } else {
-            memcpy(u + w, "\xef\xbf\xbd", 3);
-            w += 3;
-            i++;
-        }
-    }
-    json_t *j = json_stringn(u, w);
+    json_t *j = json_stringn(u, zr_gen_utf8_repair(u, s, n));
     free(u);
     return j;
 }

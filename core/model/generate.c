@@ -442,3 +442,34 @@ out:
     zck_reader_free(rd);
     return rc;
 }
+
+size_t zr_gen_utf8_repair(char *out, const char *s, size_t n)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        size_t k = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3
+                 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        int ok = k && i + k <= n;
+        for (size_t j = 1; ok && j < k; j++) {
+            /* the second byte's range excludes overlong forms, surrogates and past U+10FFFF */
+            unsigned char d = (unsigned char)s[i + j], lo = 0x80, hi = 0xbf;
+            if (j == 1 && (c == 0xe0 || c == 0xf0))
+                lo = c == 0xe0 ? 0xa0 : 0x90;
+            if (j == 1 && (c == 0xed || c == 0xf4))
+                hi = c == 0xed ? 0x9f : 0x8f;
+            ok = d >= lo && d <= hi;
+        }
+        if (ok) {
+            memcpy(out + w, s + i, k);
+            w += k;
+            i += k;
+        } else {
+            memcpy(out + w, "\xef\xbf\xbd", 3);
+            w += 3;
+            i++;
+        }
+    }
+    out[w] = 0;
+    return w;
+}

@@ -234,6 +234,9 @@ int zr_gen_load_params(float **out, zr_gpt2_config *cfg, const char *path, unsig
  * (NUL-terminated, cut at cap; 16 n + 1 bytes always suffice). Returns the bytes written
  * without the NUL (the text may hold NUL bytes). */
 size_t zr_gen_bytes_decode(char *out, size_t cap, const int32_t *ids, size_t n);
+/* s[n] as valid UTF-8 into out (room for 3 n + 1): each byte that does not start a well-formed
+ * sequence becomes U+FFFD. Returns the bytes written without the NUL (NUL bytes of s stay). */
+size_t zr_gen_utf8_repair(char *out, const char *s, size_t n);
 
 #ifdef __cplusplus
 }

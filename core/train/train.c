@@ -12,6 +12,7 @@
  */
 #include "comm.h"
 #include "device.h"
+#include "sample.h"
 #include "saver.h"
 #include "zero.h"
 #include "model.h"
@@ -694,6 +695,10 @@ int zr_train__check_opts(const zr_train_opts *o)
     if (o->offload_params != ZR_OFFLOAD_NONE && o->zero_stage != 3)
         return zr_err_set(ZR_EINVAL, "--offload-params needs ZeRO stage 3, not %d",
                           o->zero_stage);
+    if (o->sample_every && o->sample_tokens < 1)
+        return zr_err_set(ZR_EINVAL, "--sample-tokens 0: at least 1");
+    if (o->sample_every && o->sample_prompt && !o->sample_prompt[0])
+        return zr_err_set(ZR_EINVAL, "--prompt: empty (the samples need at least one byte)");
     if (o->offload_optimizer != ZR_OFFLOAD_NVME && o->offload_params != ZR_OFFLOAD_NVME)
         return 0;
     if (!o->nvme_path || !o->nvme_path[0])
@@ -1116,6 +1121,11 @@ static int open_world(run *r)
     return open_device(r);
 }
 
+static const char *sample_prompt(const zr_train_opts *o)
+{
+    return o->sample_prompt ? o->sample_prompt : "the ";
+}
+
 /* What to resume from (rank 0 decides for all; the others learn its pick or its error), then
  * the model and the shapes. Returns this rank's result, still to be agreed. */
 static int pick_start(run *r)
@@ -1141,6 +1151,8 @@ static int pick_start(run *r)
         lrc = zr_train__pick_config(&r->cfg, o, r->rd);
     if (!lrc)
         lrc = zr_train__seq(&r->T, o, &r->cfg);
+    if (!lrc && o->sample_every)
+        lrc = zr_train__sample_check(&r->cfg, sample_prompt(o), o->sample_tokens);
     r->mb = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)r->W;
     r->n_micro = o->batch / (uint32_t)r->W / r->mb;
     return lrc;
@@ -1311,6 +1323,62 @@ static int diverged(run *r, zr_train_result *out, float loss, float norm)
     return rc;
 }
 
+/* Every sample_every steps: the parameters gathered to rank 0 (every rank takes part), which
+ * prints the greedy continuation of the prompt after the step line and logs it as an event. */
+static int sample_now(run *r)
+{
+    const zr_train_opts *o = r->o;
+    if (!o->sample_every || r->step % o->sample_every)
+        return 0;
+    zr_train__sampler *s = NULL;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    size_t len = 0;
+    int rc = agree(r, zr_train__sample_begin(&s, r->zero, r->L, &r->cfg, r->rank, r->W));
+    if (!rc)
+        rc = zr_train__sample_gather(s, r->zero);
+    if (!rc)
+        rc = agree(r, r->rank == 0 ? zr_train__sample_text(s, sample_prompt(o),
+                                                           o->sample_tokens, &text, &len, &ids)
+                                   : 0);
+    zr_train__sample_free(s);
+    if (rc || r->rank != 0)
+        return rc;
+    const char *pr = sample_prompt(o);
+    size_t plen = strlen(pr);
+    char *u = malloc(3 * (len + plen) + 2), *up = u ? u + 3 * len + 1 : NULL;
+    if (u && r->log) { /* one line: control characters (newlines too) shown as '?' */
+        char *p = malloc(len + 1);
+        for (size_t i = 0; p && i <= len; i++)
+            p[i] = i < len && !text[i] ? '?' : text[i];
+        if (p)
+            fprintf(r->log, "sample at step %llu: %s\n", (unsigned long long)r->step,
+                    zr_printable(p, len + 1, p));
+        free(p);
+    }
+    if (u && r->jlog) {
+        char when[32];
+        json_t *a = json_array();
+        for (uint32_t i = 0; i < o->sample_tokens; i++)
+            json_array_append_new(a, json_integer(ids[i]));
+        json_t *j = json_pack("{s:s, s:I, s:o, s:o, s:o, s:s, s:s}", "event", "sample", "step",
+                              (json_int_t)r->step, "prompt",
+                              json_stringn(up, zr_gen_utf8_repair(up, pr, plen)), "ids", a,
+                              "text", json_stringn(u, zr_gen_utf8_repair(u, text, len)),
+                              "time", iso_time(when), "run_id", r->run_id);
+        char *line = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (line)
+            fprintf(r->jlog, "%s\n", line);
+        fflush(r->jlog);
+        free(line);
+        json_decref(j);
+    }
+    free(u);
+    free(text);
+    free(ids);
+    return 0;
+}
+
 /* Steps until the end, a stop (signal, --stop-after, time limit) or an error; saves every
  * save_every steps. *done: steps taken here, *saved_now: the last one was just saved. */
 static int train_loop(run *r, zr_train_result *out, float *loss, uint64_t *done,
@@ -1350,6 +1418,7 @@ static int train_loop(run *r, zr_train_result *out, float *loss, uint64_t *done,
             *saved_now = 1;
         }
         log_step(r, 1, *loss, lr, norm, dt, *saved_now ? r->blocked_s * 1e3 : 0);
+        ZR_TRY(sample_now(r));
         if (stop && r->step < o->steps) {
             out->stopped = 1;
             break;
