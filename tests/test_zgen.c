@@ -190,3 +190,188 @@ ZT_TEST(zgen_seed_repeats_and_another_seed_differs)
     zr_gen_free(g);
     zr_model_free(m);
 }
+
+/* ------------------------------------------------------------------ the programs */
+
+#define TINY_RUN "--model " SMALL " --batch 4 --micro-batch 2 --lr 3e-3 --warmup 2 --threads 1"
+
+/* Run zgen (ZT_ZGEN) with args; stdout into out, stderr into err; the exit status. */
+static int zgen(const char *args, const char *out, const char *err)
+{
+    const char *bin = getenv("ZT_ZGEN");
+    if (!bin)
+        ZT_SKIP("ZT_ZGEN is not set (run through make test)");
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s %s > %s 2> %s", bin, args, out, err);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static char *zgen_ok(const char *args)
+{
+    if (zgen(args, "gen.out", "gen.err") != 0)
+        ZT_FAIL("zgen %s failed:\n%s", args, zt_slurp("gen.err"));
+    return zt_slurp("gen.out");
+}
+
+/* zgen fails with status and its stderr holds text */
+static void zgen_fails(const char *args, int status, const char *text)
+{
+    int st = zgen(args, "bad.out", "bad.err");
+    char *e = zt_slurp("bad.err");
+    if (st != status || !strstr(e, text))
+        ZT_FAIL("zgen %s: status %d (expected %d), stderr '%s' (expected '%s')", args, st,
+                status, e, text);
+    free(e);
+}
+
+/* The text of zrun's "sample at step N: " line in log (malloc'ed) */
+static char *sample_line(const char *log, int step)
+{
+    char *t = zt_slurp(log), key[64];
+    snprintf(key, sizeof key, "sample at step %d: ", step);
+    char *p = strstr(t, key);
+    if (!p)
+        ZT_FAIL("%s has no '%s':\n%s", log, key, t);
+    p += strlen(key);
+    char *e = strchr(p, '\n');
+    ZT_CHECK(e);
+    char *s = strndup(p, (size_t)(e - p));
+    free(t);
+    return s;
+}
+
+ZT_TEST(zgen_zrun_samples_at_stage_0_and_3_and_zgen_agrees)
+{
+    /* world 2, one micro-batch per rank: stages 0 and 3 train the same bits */
+    zt_zrun_ok("--nproc 2 --zero 0 --steps 10 --sample-every 5 --sample-tokens 24 "
+               "--ckpt-dir s0 --log-json s0/log.jsonl " TINY_RUN, "s0.log");
+    zt_zrun_ok("--nproc 2 --zero 3 --steps 10 --sample-every 5 --sample-tokens 24 "
+               "--ckpt-dir s3 " TINY_RUN, "s3.log");
+    for (int step = 5; step <= 10; step += 5) {
+        char *a = sample_line("s0.log", step), *b = sample_line("s3.log", step);
+        if (strcmp(a, b))
+            ZT_FAIL("step %d: stage 0 sampled '%s', stage 3 '%s'", step, a, b);
+        ZT_CHECK(!strncmp(a, "the ", 4) && strlen(a) == 4 + 24);
+        free(a);
+        free(b);
+    }
+    char *j = zt_slurp("s0/log.jsonl");
+    ZT_CHECK(strstr(j, "{\"event\":\"sample\",\"step\":5,\"prompt\":\"the \",\"ids\":["));
+    ZT_CHECK(strstr(j, "{\"event\":\"sample\",\"step\":10,"));
+    free(j);
+    /* zgen, greedy, on the final checkpoint gives zrun's last sample */
+    char *z = zgen_ok("s3 --prompt 'the ' --tokens 24 --temperature 0");
+    char *last = sample_line("s3.log", 10);
+    if (strncmp(z, last, strlen(last)) || z[strlen(last)] != '\n')
+        ZT_FAIL("zgen printed '%s', zrun sampled '%s'", z, last);
+    free(z);
+    free(last);
+    /* bad sample options fail before any step */
+    ZT_CHECK(zt_zrun("--steps 2 --sample-every 1 --prompt '' --ckpt-dir e " TINY_RUN, "e.log"));
+    ZT_CHECK(strstr(zt_slurp("e.log"), "--prompt: empty"));
+    ZT_CHECK(zt_zrun("--steps 2 --sample-every 1 --sample-tokens 0 --ckpt-dir e " TINY_RUN,
+                     "e.log"));
+    ZT_CHECK(strstr(zt_slurp("e.log"), "--sample-tokens"));
+    char longp[80];
+    memset(longp, 'a', 40);
+    longp[40] = 0;
+    char args[512];
+    snprintf(args, sizeof args, "--steps 2 --sample-every 1 --prompt %s --ckpt-dir e " TINY_RUN,
+             longp);
+    ZT_CHECK(zt_zrun(args, "e.log"));
+    ZT_CHECK(strstr(zt_slurp("e.log"), "more than the model's context of 32"));
+}
+
+ZT_TEST(zgen_same_text_from_world_2_stage_3_and_resharded)
+{
+    const char *zckpt = getenv("ZT_ZCKPT");
+    if (!zckpt)
+        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
+    zt_zrun_ok("--nproc 2 --zero 3 --steps 20 --ckpt-dir w2 " TINY_RUN, "w2.log");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s reshard w2 --world 1 -o w1 > /dev/null && "
+             "%s reshard w2 --world 3 -o w3 > /dev/null", zckpt, zckpt);
+    ZT_CHECK(system(cmd) == 0);
+    const char *opts = " --prompt 'the cat' --tokens 40 --seed 5 --json";
+    char args[256];
+    snprintf(args, sizeof args, "w2%s", opts);
+    char *a = zgen_ok(args);
+    snprintf(args, sizeof args, "w1%s", opts);
+    char *b = zgen_ok(args);
+    snprintf(args, sizeof args, "w3/latest/..%s", opts); /* a checkpoint path, not a run */
+    (void)b;
+    char *ck;
+    ZT_OK(zck_latest(&ck, "w3"));
+    snprintf(args, sizeof args, "%s%s", ck, opts);
+    char *c = zgen_ok(args);
+    /* the same ids and text; only the checkpoint's path and the speed differ */
+    const char *ids_a = strstr(a, "\"ids\":"), *ids_b = strstr(b, "\"ids\":"),
+               *ids_c = strstr(c, "\"ids\":");
+    ZT_CHECK(ids_a && ids_b && ids_c);
+    size_t n = (size_t)(strstr(ids_a, "\"tokens_per_s\"") - ids_a);
+    ZT_CHECK(!strncmp(ids_a, ids_b, n) && !strncmp(ids_a, ids_c, n));
+    ZT_CHECK(strstr(a, "\"prompt\":\"the cat\",\"prompt_ids\":[116,104,101,32,99,97,116]"));
+    ZT_CHECK(strstr(a, "\"checkpoint\":\"w2/step-00000020\""));
+    ZT_CHECK(strstr(a, "\"tokens\":40,"));
+    /* text mode prints the prompt and its continuation; the same seed the same text, another
+     * seed another */
+    char *t1 = zgen_ok("w1 --prompt 'the cat' --tokens 40 --seed 5");
+    char *t2 = zgen_ok("w2 --prompt 'the cat' --tokens 40 --seed 5");
+    char *t3 = zgen_ok("w2 --prompt 'the cat' --tokens 40 --seed 6");
+    ZT_CHECK(!strncmp(t1, "the cat", 7) && strlen(t1) == 7 + 40 + 1);
+    ZT_CHECK(!strcmp(t1, t2) && strcmp(t1, t3));
+    free(a);
+    free(b);
+    free(c);
+    free(ck);
+}
+
+ZT_TEST(zgen_bad_inputs_and_corrupt_checkpoint)
+{
+    zt_zrun_ok("--steps 2 --ckpt-dir run " TINY_RUN, "run.log");
+    zgen_fails("run --prompt ''", 2, "empty prompt");
+    zgen_fails("run --prompt x --tokens 0", 2, "--tokens");
+    zgen_fails("run", 2, "no prompt");
+    zgen_fails("run --prompt x --prompt-ids 1", 2, "exclusive");
+    zgen_fails("run --prompt-ids 1,256", 2, "id 256 (number 2) is not below the model's "
+               "vocabulary of 256");
+    zgen_fails("run --prompt-ids 1,,2", 2, "not a comma-separated list");
+    zgen_fails("run --prompt-ids -1", 2, "not a comma-separated list");
+    zgen_fails("run --prompt x --temperature -1", 2, "--temperature");
+    zgen_fails("run --prompt aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", 2,
+               "the prompt has 33 tokens, more than the model's context of 32");
+    zgen_fails("nowhere --prompt x", 1, "nowhere");
+    /* ids given are decoded as bytes in a byte model */
+    char *t = zgen_ok("run --prompt-ids 104,105 --tokens 3");
+    ZT_CHECK(!strncmp(t, "hi", 2) && strlen(t) == 2 + 3 + 1);
+    free(t);
+    /* a model of 300 tokens trained on a file: no text codec, ids in and out */
+    zt_write_file("corpus.txt", "the cat sat on the mat and the dog sat on the log. "
+                                "the cat sat on the mat and the dog sat on the log.\n");
+    zt_zrun_ok("--steps 2 --ckpt-dir v300 --data corpus.txt --model "
+               "gpt2:layers=1,heads=2,dim=16,ctx=16,vocab=300 --batch 2 --threads 1", "v.log");
+    zgen_fails("v300 --prompt x", 2, "--prompt-ids");
+    zgen_fails("v300 --prompt-ids 300", 2, "not below the model's vocabulary of 300");
+    t = zgen_ok("v300 --prompt-ids 299,1,2 --tokens 4");
+    int a, b, c, d[4], k = sscanf(t, "%d %d %d %d %d %d %d", &a, &b, &c, &d[0], &d[1], &d[2],
+                                  &d[3]);
+    ZT_CHECK_EQ(k, 7);
+    ZT_CHECK(a == 299 && b == 1 && c == 2);
+    for (int i = 0; i < 4; i++)
+        ZT_CHECK(d[i] >= 0 && d[i] < 300);
+    free(t);
+    t = zgen_ok("v300 --prompt-ids 5 --tokens 2 --json");
+    ZT_CHECK(strstr(t, "\"prompt\":null,\"prompt_ids\":[5],") && strstr(t, "\"text\":null"));
+    free(t);
+    /* a flipped byte in a shard: refused, naming the file, before anything is printed */
+    char *ck, shard[4200];
+    ZT_OK(zck_latest(&ck, "run"));
+    snprintf(shard, sizeof shard, "%s/shard-00000-of-00001.bin", ck);
+    zt_flip_byte(shard, 4096 + 100);
+    zgen_fails("run --prompt x", 1, "shard-00000-of-00001.bin");
+    ZT_CHECK(!strlen(zt_slurp("bad.out")));
+    zt_truncate(shard, 1000);
+    zgen_fails("run --prompt x", 1, "shard-00000-of-00001.bin");
+    free(ck);
+}
