@@ -332,6 +332,7 @@ int main(int argc, char **argv)
         rc = print_json(&a, ckpt, prompt, np, out, bytes, tps);
     else {
         putchar('\n');
+        fflush(stdout);
         fprintf(stderr, PROG ": %u tokens at %.1f tokens/s from %s\n", a.tokens, tps, ckpt);
     }
 out:

@@ -695,6 +695,9 @@ int zr_train__check_opts(const zr_train_opts *o)
     if (o->offload_params != ZR_OFFLOAD_NONE && o->zero_stage != 3)
         return zr_err_set(ZR_EINVAL, "--offload-params needs ZeRO stage 3, not %d",
                           o->zero_stage);
+    if (!o->sample_every && o->sample_prompt)
+        return zr_err_set(ZR_EINVAL, "--prompt sets the prompt of the samples: add "
+                          "--sample-every N");
     if (o->sample_every && o->sample_tokens < 1)
         return zr_err_set(ZR_EINVAL, "--sample-tokens 0: at least 1");
     if (o->sample_every && o->sample_prompt && !o->sample_prompt[0])
