@@ -10,6 +10,7 @@
 #include "zr.h"
 
 #include <math.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #define SMALL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
@@ -297,6 +298,8 @@ ZT_TEST(zgen_zrun_samples_at_stage_0_and_3_and_zgen_agrees)
              longp);
     ZT_CHECK(zt_zrun(args, "e.log"));
     ZT_CHECK(strstr(zt_slurp("e.log"), "more than the model's context of 32"));
+    ZT_CHECK(zt_zrun("--steps 2 --prompt x --ckpt-dir e " TINY_RUN, "e.log"));
+    ZT_CHECK(strstr(zt_slurp("e.log"), "add --sample-every N"));
 }
 
 ZT_TEST(zgen_same_text_from_world_2_stage_3_and_resharded)
@@ -358,6 +361,8 @@ ZT_TEST(zgen_bad_inputs_and_corrupt_checkpoint)
     zgen_fails("run --prompt aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", 2,
                "the prompt has 33 tokens, more than the model's context of 32");
     zgen_fails("nowhere --prompt x", 1, "nowhere");
+    ZT_CHECK(mkdir("empty", 0755) == 0);
+    zgen_fails("empty --prompt x", 1, "empty");
     /* ids given are decoded as bytes in a byte model */
     char *t = zgen_ok("run --prompt-ids 104,105 --tokens 3");
     ZT_CHECK(!strncmp(t, "hi", 2) && strlen(t) == 2 + 3 + 1);
