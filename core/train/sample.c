@@ -16,7 +16,9 @@ struct zr_train__sampler {
     zr_gpt2_config c;
     const zck_layout *L;
     int rank, W;
-    uint64_t *goff;      /* [ng]: where group g starts in the arena */
+    uint64_t *goff;      /* [ng]: where group g starts in the arena (rank 0), or where this
+                            rank's partition of it starts in its packed buffer (others) */
+    uint64_t *lo;        /* [ng]: this rank's partition's first element */
     float *full;         /* rank 0: the whole arena (numel floats); others: own partitions */
     float *scratch;      /* others: the largest partition of any group */
     /* the sink's position while the engine writes */
@@ -48,7 +50,7 @@ static int sink_begin(void *ctx, size_t g, size_t state, uint64_t start, uint64_
     zr_train__sampler *s = ctx;
     s->g = g;
     s->state = state;
-    s->at = s->goff[g] + start;
+    s->at = s->goff[g] + (s->rank ? start - s->lo[g] : start);
     s->left = count;
     return 0;
 }
@@ -73,26 +75,28 @@ int zr_train__sample_begin(zr_train__sampler **out, zr_zero *z, const zck_layout
     *out = NULL;
     zr_train__sampler *s = calloc(1, sizeof *s);
     size_t ng = zck_layout_n_groups(L);
-    if (!s || !(s->goff = calloc(ng, sizeof *s->goff))) {
-        free(s);
+    if (!s || !(s->goff = calloc(ng, sizeof *s->goff)) || !(s->lo = calloc(ng, sizeof *s->lo))) {
+        zr_train__sample_free(s);
         return zr_err_set(ZR_ENOMEM, "sample: out of memory");
     }
     s->c = *c;
     s->L = L;
     s->rank = rank;
     s->W = W;
+    /* rank 0: the whole arena; a rank r > 0: its own partitions packed, and one scratch
+     * partition for what the others broadcast */
     uint64_t numel = 0, biggest = 0;
     for (size_t g = 0; g < ng; g++) {
-        uint64_t lo, n;
-        s->goff[g] = numel;
-        numel += zck_layout_group_numel(L, g);
+        uint64_t lo, n, first;
         zck_partition(zck_layout_group_numel(L, g), (uint32_t)W, 0, ZR_ZERO_ALIGN, &lo, &n);
         biggest = n > biggest ? n : biggest;
+        zck_partition(zck_layout_group_numel(L, g), (uint32_t)W, (uint32_t)rank, ZR_ZERO_ALIGN,
+                      &first, &n);
+        s->lo[g] = first;
+        s->goff[g] = numel;
+        numel += rank ? n : zck_layout_group_numel(L, g);
     }
-    /* every rank addresses its partitions at their arena places: rank 0 needs the arena
-     * anyway; a rank r > 0 keeps a full-size buffer only in address space (untouched pages
-     * cost nothing) and one scratch partition for what the others broadcast */
-    s->full = malloc(numel * sizeof(float));
+    s->full = malloc((numel ? numel : 1) * sizeof(float));
     s->scratch = rank ? malloc((biggest ? biggest : 1) * sizeof(float)) : NULL;
     if (!s->full || (rank && !s->scratch)) {
         zr_train__sample_free(s);
@@ -120,7 +124,8 @@ int zr_train__sample_gather(zr_train__sampler *s, zr_zero *z)
                           ZR_ZERO_ALIGN, &lo, &n);
             if (!n)
                 continue;
-            float *buf = s->rank == 0 || s->rank == q ? s->full + s->goff[g] + lo : s->scratch;
+            float *buf = s->rank == 0 ? s->full + s->goff[g] + lo
+                         : s->rank == q ? s->full + s->goff[g] : s->scratch;
             ZR_TRY(zr_zero_broadcast(z, buf, n * sizeof(float), q));
         }
     return 0;
@@ -163,6 +168,7 @@ void zr_train__sample_free(zr_train__sampler *s)
     if (!s)
         return;
     free(s->goff);
+    free(s->lo);
     free(s->full);
     free(s->scratch);
     free(s);
