@@ -310,7 +310,9 @@ ZT_TEST(zgen_same_text_from_world_2_stage_3_and_resharded)
     zt_zrun_ok("--nproc 2 --zero 3 --steps 20 --ckpt-dir w2 " TINY_RUN, "w2.log");
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "%s reshard w2 --world 1 -o w1 > /dev/null && "
-             "%s reshard w2 --world 3 -o w3 > /dev/null", zckpt, zckpt);
+             "%s reshard w2 --world 3 -o w3 > /dev/null && "
+             "%s export w2 -o m.bin --format llmc > /dev/null && "
+             "%s import m.bin -o imp --world 3 > /dev/null", zckpt, zckpt, zckpt, zckpt);
     ZT_CHECK(system(cmd) == 0);
     const char *opts = " --prompt 'the cat' --tokens 40 --seed 5 --json";
     char args[256];
@@ -318,18 +320,19 @@ ZT_TEST(zgen_same_text_from_world_2_stage_3_and_resharded)
     char *a = zgen_ok(args);
     snprintf(args, sizeof args, "w1%s", opts);
     char *b = zgen_ok(args);
-    snprintf(args, sizeof args, "w3/latest/..%s", opts); /* a checkpoint path, not a run */
-    (void)b;
-    char *ck;
+    snprintf(args, sizeof args, "imp%s", opts); /* imported from llm.c's file, at world 3 */
+    char *d = zgen_ok(args);
+    char *ck; /* a checkpoint directory rather than a run directory */
     ZT_OK(zck_latest(&ck, "w3"));
     snprintf(args, sizeof args, "%s%s", ck, opts);
     char *c = zgen_ok(args);
     /* the same ids and text; only the checkpoint's path and the speed differ */
     const char *ids_a = strstr(a, "\"ids\":"), *ids_b = strstr(b, "\"ids\":"),
-               *ids_c = strstr(c, "\"ids\":");
-    ZT_CHECK(ids_a && ids_b && ids_c);
+               *ids_c = strstr(c, "\"ids\":"), *ids_d = strstr(d, "\"ids\":");
+    ZT_CHECK(ids_a && ids_b && ids_c && ids_d);
     size_t n = (size_t)(strstr(ids_a, "\"tokens_per_s\"") - ids_a);
-    ZT_CHECK(!strncmp(ids_a, ids_b, n) && !strncmp(ids_a, ids_c, n));
+    ZT_CHECK(!strncmp(ids_a, ids_b, n) && !strncmp(ids_a, ids_c, n) &&
+             !strncmp(ids_a, ids_d, n));
     ZT_CHECK(strstr(a, "\"prompt\":\"the cat\",\"prompt_ids\":[116,104,101,32,99,97,116]"));
     ZT_CHECK(strstr(a, "\"checkpoint\":\"w2/step-00000020\""));
     ZT_CHECK(strstr(a, "\"tokens\":40,"));
@@ -343,6 +346,7 @@ ZT_TEST(zgen_same_text_from_world_2_stage_3_and_resharded)
     free(a);
     free(b);
     free(c);
+    free(d);
     free(ck);
 }
 
