@@ -202,6 +202,15 @@ static const zcli_opt zrun_table[] = {
                  "end this invocation after N more steps, with a checkpoint"),
     ZCLI_REAL(DOUBLE, "--time-limit", o.time_limit, "SEC", 0, DBL_MAX, "",
               "save and stop before this many seconds of training"),
+    ZCLI_SECTION("samples:"),
+    ZCLI_INTEGER(U64, "--sample-every", o.sample_every, "N", 0, UINT64_MAX, "0, none",
+                 "every N steps, rank 0 prints a greedy continuation of --prompt after the "
+                 "step line (and logs it as a \"sample\" event with --log-json); at ZeRO-3 "
+                 "the parameters are gathered to rank 0 for it"),
+    ZCLI_STRING("--prompt", o.sample_prompt, "TEXT", "\"the \"",
+                "the samples' prompt; its bytes are the token ids"),
+    ZCLI_INTEGER(U32, "--sample-tokens", o.sample_tokens, "N", 1, 1u << 20, NULL,
+                 "tokens each sample generates"),
     ZCLI_SECTION("running:"),
     ZCLI_INTEGER(INT, "--threads", o.threads, "N", 1, 256, NULL, "compute threads per rank"),
     ZCLI_STRING("--log-json", o.log_json, "FILE", "",

@@ -315,6 +315,11 @@ ZT_TEST(cli_every_option_is_documented)
     ZT_CHECK_EQ(run_bin(&help, zt_zrun_path(), "--help"), 0);
     ZT_CHECK(check_listed(help, docs, "zrun") >= 40);
     free(help);
+    if (getenv("ZT_ZGEN")) { /* zgen's table too */
+        ZT_CHECK_EQ(run_bin(&help, getenv("ZT_ZGEN"), "--help"), 0);
+        ZT_CHECK(check_listed(help, docs, "zgen") >= 7);
+        free(help);
+    }
 
     /* the commands, from zckpt's own list, each with its table */
     char *top;
