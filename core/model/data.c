@@ -57,6 +57,8 @@
 #define LLMC_HEADER_BYTES 1024    /* 256 int32 */
 
 #define SYNTH_TOKENS ((size_t)1 << 20)
+#define SYNTH_VAL_TOKENS ((size_t)1 << 17) /* the held-out continuation (zr_data_hold_out) */
+#define HOLD_OUT_DIV 10                    /* a file's held-out tail: a tenth of its tokens */
 #define SYNTH_SEED 0x7a65726f2d646174ull /* "zero-dat": fixed, independent of the run seed */
 
 struct zr_data {
@@ -69,6 +71,7 @@ struct zr_data {
     size_t map_bytes;
     uint8_t *owned;      /* synthetic corpus, or NULL */
     char *desc;
+    uint64_t held;       /* tokens held out past n (zr_data_hold_out; 0: none) */
 };
 
 /* ---------------------------------------------------------------- hashing */
@@ -279,11 +282,12 @@ static int open_synthetic(zr_data *d, uint32_t vocab)
     if (vocab < 256)
         return zr_err_set(ZR_EINVAL, "synthetic corpus: byte tokens need vocab >= 256 (model "
                           "vocab %u)", vocab);
-    d->owned = malloc(SYNTH_TOKENS + 16);
+    /* the training part, then its continuation, which only zr_data_hold_out hands out */
+    d->owned = malloc(SYNTH_TOKENS + SYNTH_VAL_TOKENS + 16);
     if (!d->owned)
         return zr_err_set(ZR_ENOMEM, "out of memory (synthetic corpus, %zu bytes)",
-                          SYNTH_TOKENS);
-    synth_generate(d->owned, SYNTH_TOKENS);
+                          SYNTH_TOKENS + SYNTH_VAL_TOKENS);
+    synth_generate(d->owned, SYNTH_TOKENS + SYNTH_VAL_TOKENS);
     d->base = d->owned;
     d->width = 1;
     d->n = SYNTH_TOKENS;
@@ -333,6 +337,55 @@ void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens)
 {
     /* N >= T + 1 was checked at open, so N - T >= 1 and [s, s + T] lies inside */
     uint64_t s = mix(mix(d->seed) ^ index) % (d->n - d->T);
+    const uint8_t *p = d->base + s * (uint64_t)d->width;
+    if (d->width == 1)
+        for (uint32_t k = 0; k <= d->T; k++)
+            tokens[k] = p[k];
+    else
+        for (uint32_t k = 0; k <= d->T; k++)
+            tokens[k] = (int32_t)((uint32_t)p[2 * k] | (uint32_t)p[2 * k + 1] << 8);
+}
+
+/* ---------------------------------------------------------------- validation */
+
+int zr_data_hold_out(zr_data **val, zr_data *d)
+{
+    if (d->held)
+        return zr_err_set(ZR_EINVAL, "%s: a validation part is held out already", d->desc);
+    uint64_t held = d->owned ? SYNTH_VAL_TOKENS : d->n / HOLD_OUT_DIV;
+    uint64_t keep = d->owned ? d->n : d->n - held;
+    if (held < (uint64_t)d->T + 1 || keep < (uint64_t)d->T + 1)
+        return zr_err_set(ZR_EINVAL, "%s: too short to hold out a validation part (%llu "
+                          "tokens) and keep a training part, each of at least T+1 = %llu "
+                          "tokens: give --val-data FILE", d->desc, (unsigned long long)held,
+                          (unsigned long long)d->T + 1);
+    zr_data *v = calloc(1, sizeof *v);
+    if (!v)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    v->base = d->base + keep * (uint64_t)d->width;
+    v->width = d->width;
+    v->n = held;
+    v->T = d->T;
+    v->seed = d->seed;
+    v->held = held; /* a view: never split again */
+    int rc = set_desc(v, "%s of %s (%llu tokens)",
+                      d->owned ? "the held-out continuation" : "the held-out tail", d->desc,
+                      (unsigned long long)held);
+    if (rc) {
+        free(v);
+        return rc;
+    }
+    d->n = keep;
+    d->held = held;
+    *val = v;
+    return 0;
+}
+
+void zr_data_window(const zr_data *d, uint64_t i, uint64_t count, int32_t *tokens)
+{
+    assert(i < count);
+    /* evenly spaced starts over [0, N - T]: the first at 0, the last at most N - T - 1 */
+    uint64_t s = (uint64_t)((unsigned __int128)i * (d->n - d->T) / count);
     const uint8_t *p = d->base + s * (uint64_t)d->width;
     if (d->width == 1)
         for (uint32_t k = 0; k <= d->T; k++)

@@ -63,6 +63,12 @@ typedef struct {
     /* this invocation's id in the --log-json records and the checkpoint's training section
      * (zrun: random per invocation, ZR_RUN_ID for its ranks); NULL: one made here */
     const char *run_id;
+    /* validation (zrun --eval-every): every eval_every steps (0: never) and at the last step,
+     * the mean loss over eval_batches x batch fixed sequences of val_data (NULL: the held-out
+     * part of data, which training never samples; see zr_data_hold_out) */
+    uint64_t eval_every;
+    uint32_t eval_batches;
+    const char *val_data;
 } zr_train_opts;
 enum { ZR_DEVICE_CPU = 0, ZR_DEVICE_CUDA = 1, ZR_DEVICE_AUTO = 2 };
 enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };
@@ -72,7 +78,7 @@ enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };
      .ckpt_dir = "runs/default", .keep_last = 3, .resume = "auto", .threads = 2,               \
      .prefetch = 2, .offload_optimizer = ZR_OFFLOAD_NONE, .offload_params = ZR_OFFLOAD_NONE,   \
      .aio_depth = 8, .offload_buffers = 4, .aio_block = (size_t)1 << 20, .async_save = -1,     \
-     .verify_on_resume = ZR_VERIFY_FULL, .device = ZR_DEVICE_CPU}
+     .verify_on_resume = ZR_VERIFY_FULL, .device = ZR_DEVICE_CPU, .eval_batches = 8}
 
 typedef struct {
     uint64_t step;           /* optimizer steps completed */
