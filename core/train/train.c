@@ -1389,6 +1389,21 @@ static int diverged(run *r, zr_train_result *out, float loss, float norm)
     return rc;
 }
 
+/* Rank 0 redraws RUN/train.svg from the JSON log (at each save and at the end); a failure is
+ * said, and training goes on. */
+static void plot(run *r)
+{
+    if (!r->jlog)
+        return;
+    char *svg = NULL;
+    if (asprintf(&svg, "%s/train.svg", r->o->ckpt_dir) < 0)
+        return;
+    if (zr_plot_write(NULL, r->o->log_json, svg) && r->log)
+        fprintf(r->log, "warning: %s not drawn: %s\n", svg, zr_err_msg());
+    zr_err_clear();
+    free(svg);
+}
+
 /* Validation every eval_every steps and at the last step (before the step's line, which
  * shows it, and its save, which records it). */
 static int eval_if_due(run *r)
@@ -1444,6 +1459,8 @@ static int train_loop(run *r, zr_train_result *out, float *loss, uint64_t *done,
             *saved_now = 1;
         }
         log_step(r, 1, *loss, lr, norm, dt, *saved_now ? r->blocked_s * 1e3 : 0);
+        if (*saved_now)
+            plot(r);
         if (stop && r->step < o->steps) {
             out->stopped = 1;
             break;
@@ -1460,6 +1477,8 @@ static int finish(run *r, zr_train_result *out, float loss, uint64_t done, int s
     if (done && !saved_now)
         ZR_TRY(save(r, loss, out->ckpt, sizeof out->ckpt));
     ZR_TRY(finish_pending(r, out->ckpt, sizeof out->ckpt));
+    if (done)
+        plot(r);
     out->step = r->step;
     out->loss = loss;
     if (r->log && !done)

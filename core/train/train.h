@@ -123,6 +123,24 @@ int zr_train_mem_plan(zr_mem_plan *out, const zr_train_opts *opts, int world);
 void zr_mem_plan_print(const zr_mem_plan *p, FILE *out); /* zrun --dry-run's table */
 void zr_mem_plan_free(zr_mem_plan *p); /* its members; accepts NULL */
 
+/* ---------------------------------------------------------------- plots */
+
+typedef struct {
+    size_t records;          /* step records drawn */
+    size_t skipped;          /* lines that were not a JSON object (a truncated last line) */
+    size_t marks;            /* resumes and world-size changes marked */
+} zr_plot_info;
+
+/* Draw the JSON log at log_path (zrun --log-json's records) as an SVG at svg_path: panels for
+ * the loss (training and validation), the learning rate and tokens/s against the step, each
+ * invocation's steps a line of its own, resumes and world-size changes marked by labelled
+ * vertical lines; long logs decimated (each series keeps the lowest and highest of each bucket
+ * of points). Lines that are not JSON objects and values that are not finite are skipped. The
+ * file is written beside svg_path and renamed over it. ZR_ENOTFOUND for a missing log,
+ * ZR_ECORRUPT for one that is not a regular file, ZR_EINVAL when it has no step record, I/O
+ * errors naming the file. info (may be NULL): what was drawn. */
+int zr_plot_write(zr_plot_info *info, const char *log_path, const char *svg_path);
+
 /* ---------------------------------------------------------------- the audit before a resume */
 
 typedef struct {
