@@ -477,3 +477,33 @@ ZT_TEST(plot_renders_in_chromium)
     if (system("python3 png.py > png.out 2>&1") != 0)
         ZT_FAIL("the screenshot of train.svg is blank or unreadable: %s", zt_slurp("png.out"));
 }
+
+/* The device path (the host simulation of a device: the device ABI's forward, the device
+ * engine's forward-only schedule) evaluates to the CPU engine's bits. */
+ZT_TEST(eval_on_the_device_path)
+{
+    char args[1024];
+    static const char *const dev[2] = {"--device cpu", "--device cuda"};
+    char vals[2][8][32];
+    for (int i = 0; i < 2; i++) {
+        char dir[16], log[32], out[32];
+        snprintf(dir, sizeof dir, "d%d", i);
+        snprintf(log, sizeof log, "d%d.jsonl", i);
+        snprintf(out, sizeof out, "d%d.out", i);
+        snprintf(args, sizeof args, "--model %s --batch 4 --steps 4 --threads 1 --eval-every 2 "
+                 "--eval-batches 2 --nproc 2 --zero 3 --ckpt-dir %s --log-json %s %s", SMALL,
+                 dir, log, dev[i]);
+        setenv("ZR_CUDA_LIB", "hostsim", 1);
+        zt_zrun_ok(args, out);
+        unsetenv("ZR_CUDA_LIB");
+        ZT_CHECK_EQ(val_texts(log, vals[i], 8), 2);
+    }
+    char *t = zt_slurp("d1.out");
+    if (!strstr(t, "device: hostsim"))
+        ZT_FAIL("d1.out: not on the device path:\n%s", t);
+    free(t);
+    for (int k = 0; k < 2; k++)
+        if (strcmp(vals[0][k], vals[1][k]))
+            ZT_FAIL("val_loss %s on the device path, %s on the CPU", vals[1][k], vals[0][k]);
+    ZT_CHECK(section_number("d0", "best_val_loss") == section_number("d1", "best_val_loss"));
+}

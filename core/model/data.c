@@ -30,6 +30,11 @@
  * model (8 x 128 tokens a step, AdamW, lr 3e-3 with warmup and cosine decay) goes from a loss
  * of 5.53 to 0.86 in 300 steps.
  *
+ * Validation (zr_data_hold_out): the synthetic corpus is generated SYNTH_VAL_TOKENS further,
+ * and that continuation is held out (training's 1048576 tokens unchanged); a file's last tenth
+ * of tokens is held out, and training samples from the first part only. zr_data_window gives
+ * evenly spaced sequences of the held-out part: a fixed evaluation set.
+ *
  * Raw bytes: any file, memory-mapped, each byte a token (vocab 256).
  *
  * llm.c token files (what llm.c's dev/data scripts write): int32 header[256] (little-endian)
