@@ -338,10 +338,9 @@ const char *zr_data_describe(const zr_data *d) { return d->desc; }
 
 uint64_t zr_data_tokens(const zr_data *d) { return d->n; }
 
-void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens)
+/* The T+1 tokens from position s. */
+static void copy_tokens(const zr_data *d, uint64_t s, int32_t *tokens)
 {
-    /* N >= T + 1 was checked at open, so N - T >= 1 and [s, s + T] lies inside */
-    uint64_t s = mix(mix(d->seed) ^ index) % (d->n - d->T);
     const uint8_t *p = d->base + s * (uint64_t)d->width;
     if (d->width == 1)
         for (uint32_t k = 0; k <= d->T; k++)
@@ -349,6 +348,12 @@ void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens)
     else
         for (uint32_t k = 0; k <= d->T; k++)
             tokens[k] = (int32_t)((uint32_t)p[2 * k] | (uint32_t)p[2 * k + 1] << 8);
+}
+
+void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens)
+{
+    /* N >= T + 1 was checked at open, so N - T >= 1 and [s, s + T] lies inside */
+    copy_tokens(d, mix(mix(d->seed) ^ index) % (d->n - d->T), tokens);
 }
 
 /* ---------------------------------------------------------------- validation */
@@ -390,12 +395,5 @@ void zr_data_window(const zr_data *d, uint64_t i, uint64_t count, int32_t *token
 {
     assert(i < count);
     /* evenly spaced starts over [0, N - T]: the first at 0, the last at most N - T - 1 */
-    uint64_t s = (uint64_t)((unsigned __int128)i * (d->n - d->T) / count);
-    const uint8_t *p = d->base + s * (uint64_t)d->width;
-    if (d->width == 1)
-        for (uint32_t k = 0; k <= d->T; k++)
-            tokens[k] = p[k];
-    else
-        for (uint32_t k = 0; k <= d->T; k++)
-            tokens[k] = (int32_t)((uint32_t)p[2 * k] | (uint32_t)p[2 * k + 1] << 8);
+    copy_tokens(d, (uint64_t)((unsigned __int128)i * (d->n - d->T) / count), tokens);
 }

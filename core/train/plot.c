@@ -49,16 +49,23 @@ static double num_or_nan(const json_t *j, const char *key)
     return isfinite(d) ? d : NAN;
 }
 
+/* Room for one more of *n elements of `size` bytes in *arr (capacity *cap). */
+static int grow(void *arr, size_t n, size_t *cap, size_t size)
+{
+    if (n < *cap)
+        return 0;
+    size_t c = *cap ? 2 * *cap : 64;
+    void *p = realloc(*(void **)arr, c * size);
+    if (!p)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    *(void **)arr = p;
+    *cap = c;
+    return 0;
+}
+
 static int add_mark(plog *L, double x, const char *label)
 {
-    if (L->nm == L->cap_m) {
-        size_t cap = L->cap_m ? 2 * L->cap_m : 8;
-        mark *m = realloc(L->m, cap * sizeof *m);
-        if (!m)
-            return zr_err_set(ZR_ENOMEM, "out of memory");
-        L->m = m;
-        L->cap_m = cap;
-    }
+    ZR_TRY(grow(&L->m, L->nm, &L->cap_m, sizeof *L->m));
     L->m[L->nm].x = x;
     snprintf(L->m[L->nm].label, sizeof L->m[L->nm].label, "%s", label);
     L->nm++;
@@ -71,14 +78,7 @@ static int add_record(plog *L, const json_t *j)
     json_t *st = json_object_get(j, "step"), *id = json_object_get(j, "run_id");
     if (!json_is_integer(st) || json_object_get(j, "event"))
         return 0; /* an event record, or not zrun's */
-    if (L->n == L->cap) {
-        size_t cap = L->cap ? 2 * L->cap : 1024;
-        pt *p = realloc(L->p, cap * sizeof *p);
-        if (!p)
-            return zr_err_set(ZR_ENOMEM, "out of memory");
-        L->p = p;
-        L->cap = cap;
-    }
+    ZR_TRY(grow(&L->p, L->n, &L->cap, sizeof *L->p));
     pt *p = &L->p[L->n];
     p->step = (double)json_integer_value(st);
     p->y[S_LOSS] = num_or_nan(j, "loss");
@@ -262,15 +262,17 @@ static void series(FILE *o, const plog *L, const frame *f, int s, const char *co
     while (i < L->n) {
         int seg = L->p[i].seg;
         size_t count = 0, first = i;
-        fprintf(o, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"",
-                color);
         for (; i < L->n && L->p[i].seg == seg; i++)
-            if (keep[i]) {
-                fprintf(o, "%s%.1f,%.1f", count ? " " : "", px(f, L->p[i].step),
-                        py(f, L->p[i].y[s]));
-                count++;
-            }
-        fputs("\"/>\n", o);
+            count += keep[i];
+        if (count > 1) {
+            fprintf(o, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" "
+                       "points=\"", color);
+            for (size_t k = first, c = 0; k < i; k++)
+                if (keep[k])
+                    fprintf(o, "%s%.1f,%.1f", c++ ? " " : "", px(f, L->p[k].step),
+                            py(f, L->p[k].y[s]));
+            fputs("\"/>\n", o);
+        }
         for (size_t k = first; k < i; k++)
             if (keep[k] && (dots || count == 1))
                 fprintf(o, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n",
