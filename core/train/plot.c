@@ -403,7 +403,7 @@ int zr_plot_write(zr_plot_info *info, const char *log_path, const char *svg_path
     int rc = read_log(&L, log_path);
     if (!rc) {
         char *title = NULL;
-        if (asprintf(&title, "%s: %zu steps logged, %zu resume%s", log_path, L.n,
+        if (asprintf(&title, "%s: %zu step records, %zu resume%s", log_path, L.n,
                      (size_t)(L.p[L.n - 1].seg), L.p[L.n - 1].seg == 1 ? "" : "s") < 0)
             rc = zr_err_set(ZR_ENOMEM, "out of memory");
         else
