@@ -46,7 +46,10 @@ ZT_TEST(eval_held_out_tail_never_sampled)
     ZT_OK(zr_data_hold_out(&v, d));
     ZT_CHECK_EQ(zr_data_tokens(d), N - N / 10);
     ZT_CHECK_EQ(zr_data_tokens(v), N / 10);
-    ZT_CHECK(strstr(zr_data_describe(v), "held-out tail of file 'corpus.txt'"));
+    ZT_CHECK(!strcmp(zr_data_describe(v), "the held-out tail of file 'corpus.txt' as raw bytes "
+                     "(1000 tokens)"));
+    ZT_CHECK(!strcmp(zr_data_describe(d), "file 'corpus.txt' as raw bytes (9000 tokens; 1000 "
+                     "after them held out for validation)"));
     int32_t x[T + 1];
     for (uint64_t i = 0; i < 20000; i++) {
         zr_data_sample(d, i, x);
@@ -376,8 +379,17 @@ ZT_TEST(plot_robust_logs)
     ZT_CHECK_EQ(mkfifo("fifo", 0600), 0);
     ZT_ERR(zr_plot_write(&info, "fifo", "e.svg"), ZR_ECORRUPT, "FIFO");
     ZT_ERR(zr_plot_write(&info, "missing.jsonl", "e.svg"), ZR_ENOTFOUND, "missing.jsonl");
-    /* an unwritable destination: an error, and the old file untouched */
+    /* an unwritable destination: an error naming it */
     ZT_ERR(zr_plot_write(&info, "t.jsonl", "no-dir/t.svg"), ZR_ENOTFOUND, "no-dir/t.svg");
+    /* a FIFO where the drawing goes, or where its temporary would: replaced, never opened */
+    ZT_CHECK_EQ(mkfifo("f.svg", 0600), 0);
+    ZT_OK(zr_plot_write(&info, "t.jsonl", "f.svg"));
+    ZT_CHECK(stat("f.svg", &st) == 0 && S_ISREG(st.st_mode));
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "g.svg.tmp.%ld", (long)getpid());
+    ZT_CHECK_EQ(mkfifo(tmp, 0600), 0);
+    ZT_OK(zr_plot_write(&info, "t.jsonl", "g.svg"));
+    ZT_CHECK(stat("g.svg", &st) == 0 && S_ISREG(st.st_mode) && stat(tmp, &st) < 0);
 }
 
 /* zckpt with args; its output in *out, exit status returned. */

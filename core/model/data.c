@@ -378,11 +378,21 @@ int zr_data_hold_out(zr_data **val, zr_data *d)
     v->T = d->T;
     v->seed = d->seed;
     v->held = held; /* a view: never split again */
-    int rc = set_desc(v, "%s of %s (%llu tokens)",
-                      d->owned ? "the held-out continuation" : "the held-out tail", d->desc,
-                      (unsigned long long)held);
+    /* the descriptions: "<what> (N tokens)" of d's, with the counts after the split */
+    char *what = strndup(d->desc, strcspn(d->desc, "(") - (strchr(d->desc, '(') ? 1 : 0));
+    char *old = d->desc;
+    int rc = what ? set_desc(v, "the held-out %s of %s (%llu tokens)",
+                             d->owned ? "continuation" : "tail", what, (unsigned long long)held)
+                  : zr_err_set(ZR_ENOMEM, "out of memory");
+    if (!rc && !(rc = set_desc(d, "%s (%llu tokens; %llu %s held out for validation)", what,
+                               (unsigned long long)keep, (unsigned long long)held,
+                               d->owned ? "more" : "after them")))
+        free(old);
+    else
+        d->desc = old;
+    free(what);
     if (rc) {
-        free(v);
+        zr_data_free(v);
         return rc;
     }
     d->n = keep;

@@ -11,6 +11,7 @@
 #include "train.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -372,9 +373,14 @@ static int write_atomic(const plog *L, const char *svg_path, const char *title)
         return zr_err_set(ZR_ENOMEM, "out of memory");
     }
     int rc = 0;
-    FILE *o = fopen(tmp, "w");
+    /* a new file of ours: whatever had the name (a FIFO would block the open) goes first */
+    unlink(tmp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    FILE *o = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!o) {
         rc = zr_err_sys(errno, "%s: create", tmp);
+        if (fd >= 0)
+            close(fd);
         goto out;
     }
     draw(o, L, title, keep);
