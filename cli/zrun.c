@@ -1,9 +1,13 @@
 /*
  * zrun.c: the training launcher. Parses the options (one table, zrun_table, which also makes
- * --help) into zr_train_opts and runs the training loop of core/. With --nproc N > 1 it starts N ranks of itself through zr_launch (the
- * environment tells each one its rank) and waits for them; a rank runs zr_train. Other devices
- * and offload are refused with a clear message. SIGINT/SIGTERM/SIGUSR1 finish the current step,
- * save a checkpoint and exit 0 saying where.
+ * --help) into zr_train_opts and runs the training loop of core/. With --nproc N > 1, --nnodes
+ * or --max-restarts it is the launcher: zr_supervise starts N ranks of itself through zr_launch
+ * (the environment tells each one its rank and world) and restarts them from the newest sound
+ * checkpoint when the job fails; under mpirun or srun it is one rank. A rank runs zr_train on
+ * the device --device picks (cpu, or cuda through the backend loaded at run time), with the
+ * optimizer states and parameters offloaded to host memory or NVMe as asked. The checks here
+ * are those between options that need no environment; zr_train checks the rest.
+ * SIGINT/SIGTERM/SIGUSR1 finish the current step, save a checkpoint and exit 0 saying where.
  */
 #include "common.h"
 #include "opts.h"
@@ -165,7 +169,7 @@ static const zcli_opt zrun_table[] = {
     ZCLI_INTEGER(U32, "--batch", o.batch, "N", 1, 1u << 20, NULL,
                  "global batch in sequences per optimizer step"),
     ZCLI_INTEGER(U32, "--micro-batch", o.micro_batch, "N", 1, 1u << 20,
-                 "the rank's share, --batch / --nproc",
+                 "the rank's share, --batch / world (--nproc x --nnodes)",
                  "sequences per forward pass on each rank; gradients accumulate"),
     ZCLI_INTEGER(U64, "--steps", o.steps, "N", 1, UINT64_MAX, NULL,
                  "total optimizer steps of the run, the LR schedule's horizon"),
@@ -213,7 +217,7 @@ static const zcli_opt zrun_table[] = {
                 "append one JSON object per step (step, time, run_id, loss, lr, grad_norm, "
                 "tokens_per_s, step_ms, save_blocked_ms, mem, rss_peak)"),
     ZCLI_INTEGER(U32, "--nproc", nproc, "N", 1, 65536, NULL,
-                 "data-parallel CPU ranks on this node, one process each"),
+                 "data-parallel ranks on this node, one process each"),
     ZCLI_INTEGER(INT, "--zero", o.zero_stage, "S", 0, 3, NULL,
                  "ZeRO stage: 0 everything replicated, gradients all-reduced; 1 optimizer "
                  "states partitioned; 2 also gradients; 3 also parameters, gathered group by "
@@ -361,8 +365,8 @@ int main(int argc, char **argv)
     uint32_t nproc = a.nproc, max_restarts = a.max_restarts, nproc_restart = a.nproc_restart;
     const nodes_opts no = a.no;
 
-    if (a.dry_run) {
-        if (zr_train_dry_run(o, (int)nproc, stdout) < 0)
+    if (a.dry_run) { /* the plan of the whole job: every node's ranks */
+        if (zr_train_dry_run(o, (int)(nproc * no.nnodes), stdout) < 0)
             return zcli_fail_lib(PROG, NULL);
         return ZCLI_OK;
     }

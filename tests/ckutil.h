@@ -51,5 +51,9 @@ void zt_zrun_ok(const char *args, const char *log);
 /* The checkpoints latest names in run directories a and b hold the same values (within atol +
  * rtol |b|; 0, 0: exactly), whatever their world sizes. */
 void zt_same_latest(const char *a, const char *b, double atol, double rtol);
+/* The python of a venv under build/ (ZT_ROOT/build/venv) in which `import MODULES` works
+ * (space-separated), pip-installing PACKAGES there when not (PyPI reachable); NULL when that
+ * fails (the caller skips with one line). The venv is made once and reused. */
+const char *zt_venv_python(const char *modules, const char *packages);
 
 #endif

@@ -374,6 +374,13 @@ ZT_TEST(cli_audit_sound_run)
     ZT_CHECK(strstr(o, "\n     3 ")); /* rank 3 */
     free(o);
     free(dry);
+    /* the dry run of a job of 2 nodes x 2 ranks plans for world 4, as the audit at --world 4 */
+    ZT_CHECK_EQ(zckpt(&o, "audit run --world 4 --zero 3"), 0);
+    ZT_CHECK_EQ(run_bin(&dry, zt_zrun_path(), "--dry-run --nproc 2 --nnodes 2 --master "
+                        "127.0.0.1:1 --zero 3 --batch 4 --seq 32 --ckpt-dir run"), 0);
+    ZT_CHECK((table = strstr(dry, "dry run: ")) && strstr(o, table));
+    free(o);
+    free(dry);
     expect(0, "checkpoint: run/step-00000002 (step 2)\n", "audit run/step-00000002");
 
     json_t *j = json_of("audit run --json");
