@@ -156,6 +156,15 @@ static const zcli_opt zrun_table[] = {
                 "llm.c token file (uint16 GPT-2 tokens)"),
     ZCLI_INTEGER(U32, "--seq", o.seq, "T", 1, 1u << 20, "the model's context",
                  "tokens per sequence"),
+    ZCLI_SECTION("validation:"),
+    ZCLI_INTEGER(U64, "--eval-every", o.eval_every, "N", 0, UINT64_MAX, "0, never",
+                 "validation loss every N steps and at the last step: on the step line, in "
+                 "the JSON log (val_loss) and in checkpoints with the best so far"),
+    ZCLI_INTEGER(U32, "--eval-batches", o.eval_batches, "K", 1, 1u << 16, NULL,
+                 "each evaluation covers K x --batch fixed sequences"),
+    ZCLI_STRING("--val-data", o.val_data, "FILE", "the held-out tail of --data",
+                "validation tokens, as --data; without it a tenth of a --data file (the "
+                "synthetic corpus: its own continuation) is held out and never trained on"),
     ZCLI_SECTION("optimization:"),
     ZCLI_INTEGER(U32, "--batch", o.batch, "N", 1, 1u << 20, NULL,
                  "global batch in sequences per optimizer step"),

@@ -341,7 +341,7 @@ ZT_TEST(cli_every_option_is_documented)
         free(help);
         cmds++;
     }
-    ZT_CHECK_EQ(cmds, 12);
+    ZT_CHECK_EQ(cmds, 13);
     ZT_CHECK(opts >= 30);
     free(top);
     free(docs);

@@ -175,6 +175,18 @@ void zr_data_free(zr_data *d);
 const char *zr_data_describe(const zr_data *d); /* "synthetic corpus (1048576 tokens)" ... */
 uint64_t zr_data_tokens(const zr_data *d);
 void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens /* T+1 */);
+/*
+ * Validation data. zr_data_hold_out splits d: a file's last tenth of tokens (rounded down)
+ * becomes *val, and d's samples come from the first part only from then on (zr_data_tokens
+ * drops accordingly); the synthetic corpus holds out its own continuation (131072 more tokens
+ * of the same text, generated past the 1048576 that training samples, which stay as they
+ * are). *val borrows d's tokens: free it before d. ZR_EINVAL when either part would be shorter
+ * than T+1 tokens, or d was split already.
+ * zr_data_window: sequence i of `count` evenly spaced ones (the T+1 tokens at
+ * floor(i (N - T) / count)), independent of the seed: a fixed evaluation set.
+ */
+int zr_data_hold_out(zr_data **val, zr_data *d);
+void zr_data_window(const zr_data *d, uint64_t i, uint64_t count, int32_t *tokens /* T+1 */);
 
 /* ---------------------------------------------------------------- generation (generate.c) */
 
