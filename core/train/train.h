@@ -85,7 +85,7 @@ enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };
      .ckpt_dir = "runs/default", .keep_last = 3, .resume = "auto", .threads = 2,               \
      .prefetch = 2, .offload_optimizer = ZR_OFFLOAD_NONE, .offload_params = ZR_OFFLOAD_NONE,   \
      .aio_depth = 8, .offload_buffers = 4, .aio_block = (size_t)1 << 20, .async_save = -1,     \
-     .verify_on_resume = ZR_VERIFY_FULL, .device = ZR_DEVICE_CPU, .sample_tokens = 32,
+     .verify_on_resume = ZR_VERIFY_FULL, .device = ZR_DEVICE_CPU, .sample_tokens = 32,       \
      .eval_batches = 8}
 
 typedef struct {
