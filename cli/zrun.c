@@ -222,9 +222,11 @@ static const zcli_opt zrun_table[] = {
                  "tokens each sample generates"),
     ZCLI_SECTION("running:"),
     ZCLI_INTEGER(INT, "--threads", o.threads, "N", 1, 256, NULL, "compute threads per rank"),
-    ZCLI_STRING("--log-json", o.log_json, "FILE", "",
+    ZCLI_STRING("--log-json", o.log_json, "FILE", "CKPT_DIR/train.jsonl",
                 "append one JSON object per step (step, time, run_id, loss, lr, grad_norm, "
-                "tokens_per_s, step_ms, save_blocked_ms, mem, rss_peak)"),
+                "tokens_per_s, step_ms, save_blocked_ms, mem, rss_peak), from which "
+                "CKPT_DIR/train.svg is drawn at each save and at the end; 'none': no JSON log "
+                "and no plot"),
     ZCLI_INTEGER(U32, "--nproc", nproc, "N", 1, 65536, NULL,
                  "data-parallel ranks on this node, one process each"),
     ZCLI_INTEGER(INT, "--zero", o.zero_stage, "S", 0, 3, NULL,
@@ -371,6 +373,11 @@ int main(int argc, char **argv)
         return rc == ZCLI_OPTS_HELP ? ZCLI_OK : rc;
     zr_train_opts *o = &a.o;
     o->run_id = run_id();
+    static char *log_json; /* the default JSON log: beside the checkpoints */
+    if (!o->log_json && asprintf(&log_json, "%s/train.jsonl", o->ckpt_dir) > 0)
+        o->log_json = log_json;
+    else if (o->log_json && !strcmp(o->log_json, "none"))
+        o->log_json = NULL;
     uint32_t nproc = a.nproc, max_restarts = a.max_restarts, nproc_restart = a.nproc_restart;
     const nodes_opts no = a.no;
 
