@@ -75,14 +75,7 @@ static int corrupt_at(const char *ctx)
 
 int zck__shard_add_extent(zck_shard *s, const zck__extent *e)
 {
-    if (s->next == s->capext) {
-        size_t nc = s->capext ? s->capext * 2 : 16;
-        zck__extent *p = realloc(s->ext, nc * sizeof *p);
-        if (!p)
-            return zr_err_set(ZR_ENOMEM, "out of memory");
-        s->ext = p;
-        s->capext = nc;
-    }
+    ZR_TRY(zr_array_grow(&s->ext, &s->capext, s->next, sizeof *s->ext));
     s->ext[s->next++] = *e;
     return 0;
 }

@@ -39,7 +39,7 @@ static int names_add(zck_namelist *l, const char *name)
 
 static bool is_dir_in(const char *dir, const char *name)
 {
-    char *p = zck__path_join(dir, name);
+    char *p = zck_path_join(dir, name);
     struct stat st;
     bool r = p && lstat(p, &st) == 0 && S_ISDIR(st.st_mode);
     free(p);
@@ -80,7 +80,7 @@ static bool format_only(const char *dir, int nest)
         uint64_t s;
         if (!strcmp(nm, ".") || !strcmp(nm, ".."))
             continue;
-        char *p = zck__path_join(dir, nm);
+        char *p = zck_path_join(dir, nm);
         struct stat st;
         if (!p || lstat(p, &st) < 0)
             ok = false;
@@ -98,7 +98,7 @@ static bool format_only(const char *dir, int nest)
  * a half-written latest that is a regular file. Else it is left, with a warning. */
 static bool ours_to_delete(const char *run_dir, const char *name)
 {
-    char *p = zck__path_join(run_dir, name);
+    char *p = zck_path_join(run_dir, name);
     struct stat st;
     bool ok = false;
     if (p && lstat(p, &st) == 0)
@@ -116,11 +116,11 @@ static int remove_step_dir(const char *run_dir, const char *name)
 {
     char hidden[128];
     snprintf(hidden, sizeof hidden, ".del-%s-%ld", name, (long)getpid());
-    char *from = zck__path_join(run_dir, name), *to = zck__path_join(run_dir, hidden);
+    char *from = zck_path_join(run_dir, name), *to = zck_path_join(run_dir, hidden);
     int rc = 0;
     if (!from || !to)
         rc = ZR_ENOMEM;
-    else if (!(rc = zck__rename(from, to)) && !(rc = zck__fsync_dir(run_dir)))
+    else if (!(rc = zck__rename(from, to)) && !(rc = zck_fsync_dir(run_dir)))
         rc = zck__rmtree(to);
     free(from);
     free(to);
@@ -129,7 +129,7 @@ static int remove_step_dir(const char *run_dir, const char *name)
 
 static int remove_any(const char *run_dir, const char *name)
 {
-    char *p = zck__path_join(run_dir, name);
+    char *p = zck_path_join(run_dir, name);
     if (!p)
         return ZR_ENOMEM;
     struct stat st;
@@ -257,7 +257,7 @@ static uint64_t dir_bytes(const char *dir)
     uint64_t sum = 0;
     struct dirent *de;
     while (d && (de = readdir(d))) {
-        char *p = zck__path_join(dir, de->d_name);
+        char *p = zck_path_join(dir, de->d_name);
         struct stat st;
         if (p && lstat(p, &st) == 0 && S_ISREG(st.st_mode))
             sum += (uint64_t)st.st_size;
@@ -276,7 +276,7 @@ static int cmp_entry(const void *a, const void *b)
 
 static int check_entry(zck_run_entry *e, const char *run_dir)
 {
-    char *p = zck__path_join(run_dir, e->name);
+    char *p = zck_path_join(run_dir, e->name);
     if (!p)
         return ZR_ENOMEM;
     e->bytes = dir_bytes(p);
@@ -389,7 +389,7 @@ void zck_run_list_free(zck_run_list *l)
 
 static bool has_manifest(const char *dir)
 {
-    char *p = zck__path_join(dir, "manifest.json");
+    char *p = zck_path_join(dir, "manifest.json");
     struct stat st;
     bool r = p && stat(p, &st) == 0 && S_ISREG(st.st_mode);
     free(p);
@@ -402,7 +402,7 @@ static bool is_zckpt_dir(const char *dir)
 {
     if (has_manifest(dir))
         return true;
-    char *lp = zck__path_join(dir, "latest");
+    char *lp = zck_path_join(dir, "latest");
     struct stat st;
     bool r = lp && lstat(lp, &st) == 0 && S_ISREG(st.st_mode);
     free(lp);
@@ -411,7 +411,7 @@ static bool is_zckpt_dir(const char *dir)
     uint64_t s;
     while (d && !r && (de = readdir(d)))
         if (zck__parse_step_name(de->d_name, &s)) {
-            char *p = zck__path_join(dir, de->d_name);
+            char *p = zck_path_join(dir, de->d_name);
             r = p && has_manifest(p);
             free(p);
         }

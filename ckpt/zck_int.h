@@ -186,17 +186,14 @@ void zck__warn_buffered(const char *path);
  * message re-set in the calling thread. */
 int zck__parallel(size_t n, unsigned jobs, int (*fn)(void *ctx, size_t i), void *ctx);
 
-/* Small filesystem helpers, all through the fault hook. */
-int zck__fsync_dir(const char *dir);
+/* Small filesystem helpers, all through the fault hook (and in zck.h: zck_path_join,
+ * zck_fsync_dir, zck_rename_noreplace). */
 int zck__mkdir(const char *path);                 /* EEXIST is success */
 int zck__mkdir_p(const char *path);  /* mkdir -p, each new directory made durable in its parent */
 int zck__rename(const char *from, const char *to);
-/* rename that never replaces an existing `to` (ZR_EEXIST), where the filesystem allows */
-int zck__rename_noreplace(const char *from, const char *to);
 int zck__rmtree(const char *path);                /* a flat checkpoint directory */
 int zck__write_small(const char *path, const void *data, size_t len); /* create, write, fsync */
 int zck__read_small(char **out, size_t *len, const char *path, size_t max);
-char *zck__path_join(const char *a, const char *b);  /* NULL on ENOMEM (error set) */
 const char *zck__file_type_name(mode_t m);          /* "a FIFO", "a symbolic link", ... */
 
 /* "step-<1-19 digits>" -> step; false for anything else */
