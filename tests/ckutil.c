@@ -9,6 +9,7 @@
 #include "zck_int.h"
 
 #include <fcntl.h>
+#include <stdarg.h>
 #include <time.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -164,14 +165,59 @@ size_t zt_verify_count(const char *path, int quick)
     zck_verify_opts o = ZCK_VERIFY_OPTS_INIT;
     o.quick = quick;
     ZT_OK(zck_verify(&rep, path, &o));
+    size_t n = zt_report_print(rep, path);
+    zck_report_free(rep);
+    return n;
+}
+
+size_t zt_report_print(const zck_report *rep, const char *what)
+{
     size_t n = zck_report_count(rep);
     for (size_t i = 0; i < n; i++) {
         const zck_problem *p = zck_report_get(rep, i);
-        fprintf(stderr, "  verify %s: %s: %s: %s\n", path, p->file,
+        fprintf(stderr, "  verify %s: %s: %s: %s\n", what, p->file,
                 zck_problem_kind_name(p->kind), p->detail);
     }
-    zck_report_free(rep);
     return n;
+}
+
+void zt_expect_one_problem(zck_report *rep, const char *what, zck_problem_kind kind,
+                           const char *file, const char *detail)
+{
+    if (zck_report_count(rep) != 1) {
+        zt_report_print(rep, what);
+        ZT_FAIL("%s: %zu problems found, expected 1 (%s in %s)", what, zck_report_count(rep),
+                zck_problem_kind_name(kind), file);
+    }
+    const zck_problem *p = zck_report_get(rep, 0);
+    if (p->kind != kind || strcmp(p->file, file) || (detail && !strstr(p->detail, detail)))
+        ZT_FAIL("%s: found %s in %s (%s), expected %s in %s (%s)", what,
+                zck_problem_kind_name(p->kind), p->file, p->detail, zck_problem_kind_name(kind),
+                file, detail ? detail : "");
+    zck_report_free(rep);
+}
+
+int zt_read_all(const char *ckpt, int verify)
+{
+    zck_reader *r;
+    ZT_OK(zck_reader_open(&r, ckpt));
+    const zck_layout *L = zck_reader_layout(r);
+    size_t ng = zck_layout_n_groups(L);
+    zck_read_req *q = calloc(ng, sizeof *q);
+    ZT_CHECK(q);
+    for (size_t g = 0; g < ng; g++) {
+        uint64_t n = zck_layout_group_numel(L, g);
+        q[g] = (zck_read_req){g, 0, 0, n, malloc(n * 4)};
+        ZT_CHECK(q[g].dst);
+    }
+    zck_read_opts o = ZCK_READ_OPTS_INIT;
+    o.verify = verify;
+    int rc = zck_reader_read(r, q, ng, &o);
+    for (size_t g = 0; g < ng; g++)
+        free(q[g].dst);
+    free(q);
+    zck_reader_free(r);
+    return rc;
 }
 
 void zt_flip_byte(const char *path, uint64_t off)
@@ -277,6 +323,49 @@ int zt_zrun(const char *args, const char *log)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+int zt_zrunf(const char *log, const char *fmt, ...)
+{
+    char args[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    return zt_zrun(args, log);
+}
+
+int zt_run(char **out, const char *bin, const char *args)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin, args);
+    FILE *p = popen(cmd, "r");
+    ZT_CHECK(p);
+    size_t cap = 1 << 16, n = 0, k;
+    char *buf = malloc(cap);
+    ZT_CHECK(buf);
+    while ((k = fread(buf + n, 1, cap - n - 1, p)) > 0)
+        if ((n += k) + 1 == cap) {
+            buf = realloc(buf, cap *= 2);
+            ZT_CHECK(buf);
+        }
+    buf[n] = 0;
+    int st = pclose(p);
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+int zt_zckpt(char **out, const char *fmt, ...)
+{
+    const char *bin = getenv("ZT_ZCKPT");
+    if (!bin)
+        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
+    char args[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    return zt_run(out, bin, args);
+}
+
 void zt_zrun_ok(const char *args, const char *log)
 {
     int st = zt_zrun(args, log);
@@ -299,4 +388,18 @@ void zt_same_latest(const char *a, const char *b, double atol, double rtol)
     zck_diff_free(d);
     free(pa);
     free(pb);
+}
+
+zr_train_opts zt_small_opts(const char *dir, uint64_t steps)
+{
+    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
+    o.model = ZT_SMALL;
+    o.batch = 4;
+    o.micro_batch = 2;
+    o.steps = steps;
+    o.warmup = 5;
+    o.lr = 3e-3f;
+    o.ckpt_dir = dir;
+    o.threads = 1;
+    return o;
 }

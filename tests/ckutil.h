@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 #include "harness.h"
+#include "zr.h"
 
 /* States: param f32, exp_avg f32, exp_avg_sq bf16 (a 2-byte state exercises sizes). */
 zck_layout *zt_layout(size_t n_groups, const uint64_t *numel);
@@ -24,6 +25,15 @@ char *zt_save(const char *run_dir, const zck_layout *L, uint32_t world, uint64_t
 void zt_check_content(const char *path, uint64_t seed);
 /* Number of problems zck_verify finds (printing them). */
 size_t zt_verify_count(const char *path, int quick);
+/* Print rep's problems to stderr ("  verify <what>: <file>: <kind>: <detail>"); their count. */
+size_t zt_report_print(const zck_report *rep, const char *what);
+/* rep (of a check of what) must hold exactly one problem, of this kind, in this file, with
+ * detail in its text when detail is not NULL; frees rep. */
+void zt_expect_one_problem(zck_report *rep, const char *what, zck_problem_kind kind,
+                           const char *file, const char *detail);
+/* Read state 0 (f32) of every group of the checkpoint at ckpt whole, verified or not; the
+ * reader's result (its message left set). */
+int zt_read_all(const char *ckpt, int verify);
 /* Overwrite or append bytes of a file / truncate it. */
 void zt_flip_byte(const char *path, uint64_t off);
 void zt_truncate(const char *path, uint64_t size);
@@ -47,9 +57,22 @@ char *zt_slurp(const char *path);
 /* zrun with args (a shell fragment), stdout and stderr into log; the exit status as a shell
  * reports it. zt_zrun_ok fails the test, showing the log, unless it is 0. */
 int zt_zrun(const char *args, const char *log);
+/* As zt_zrun, the arguments formatted as printf would. */
+int zt_zrunf(const char *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void zt_zrun_ok(const char *args, const char *log);
+/* Run a program with arguments (a shell fragment); its output (stdout and stderr) in *out
+ * (caller frees); its exit status (128 when it did not exit). */
+int zt_run(char **out, const char *bin, const char *args);
+/* zckpt (ZT_ZCKPT, set by make test; the test is skipped when unset) with the arguments
+ * formatted as printf would, as zt_run. */
+int zt_zckpt(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The checkpoints latest names in run directories a and b hold the same values (within atol +
  * rtol |b|; 0, 0: exactly), whatever their world sizes. */
 void zt_same_latest(const char *a, const char *b, double atol, double rtol);
+
+/* A small GPT-2 that trains in milliseconds, and the options of such a run into dir: batch 4 of
+ * micro-batches of 2, warmup 5, lr 3e-3, one thread, the given steps. */
+#define ZT_SMALL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
+zr_train_opts zt_small_opts(const char *dir, uint64_t steps);
 
 #endif

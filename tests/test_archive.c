@@ -60,12 +60,7 @@ static size_t verify_count(const char *arc, uint64_t *hashed)
 {
     zck_report *rep;
     ZT_OK(zfmt_archive_verify(&rep, arc, NULL));
-    size_t n = zck_report_count(rep);
-    for (size_t i = 0; i < n; i++) {
-        const zck_problem *p = zck_report_get(rep, i);
-        fprintf(stderr, "  verify %s: %s: %s: %s\n", arc, p->file,
-                zck_problem_kind_name(p->kind), p->detail);
-    }
+    size_t n = zt_report_print(rep, arc);
     if (hashed)
         *hashed = zck_report_bytes_hashed(rep);
     zck_report_free(rep);
@@ -78,17 +73,7 @@ static void expect_one(const char *arc, zck_problem_kind kind, const char *file,
 {
     zck_report *rep;
     ZT_OK(zfmt_archive_verify(&rep, arc, NULL));
-    if (zck_report_count(rep) != 1) {
-        verify_count(arc, NULL);
-        ZT_FAIL("%s: %zu problems found, expected 1 (%s in %s)", arc, zck_report_count(rep),
-                zck_problem_kind_name(kind), file);
-    }
-    const zck_problem *p = zck_report_get(rep, 0);
-    if (p->kind != kind || strcmp(p->file, file) || (detail && !strstr(p->detail, detail)))
-        ZT_FAIL("%s: found %s in %s (%s), expected %s in %s (%s)", arc,
-                zck_problem_kind_name(p->kind), p->file, p->detail, zck_problem_kind_name(kind),
-                file, detail ? detail : "");
-    zck_report_free(rep);
+    zt_expect_one_problem(rep, arc, kind, file, detail);
 }
 
 static uint64_t shard_bytes(const char *ckpt)

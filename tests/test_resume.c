@@ -16,19 +16,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SMALL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
+#define SMALL ZT_SMALL
 
+/* the shared small run (ckutil.h), saving every 10 steps and keeping every checkpoint */
 static zr_train_opts small_opts(const char *dir, uint64_t steps)
 {
-    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
-    o.model = SMALL;
-    o.batch = 4;
-    o.micro_batch = 2;
-    o.steps = steps;
-    o.warmup = 5;
-    o.lr = 3e-3f;
-    o.ckpt_dir = dir;
-    o.threads = 1;
+    zr_train_opts o = zt_small_opts(dir, steps);
     o.save_every = 10;
     o.keep_last = 0;
     return o;
