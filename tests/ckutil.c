@@ -315,8 +315,11 @@ char *zt_slurp(const char *path)
     return t;
 }
 
+static char zrun_args[4096]; /* the last zt_zrun's, for zt_zrun_expect's message */
+
 int zt_zrun(const char *args, const char *log)
 {
+    snprintf(zrun_args, sizeof zrun_args, "%s", args);
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "%s %s > %s 2>&1", zt_zrun_path(), args, log);
     int st = system(cmd);
@@ -332,6 +335,7 @@ int zt_zrunf(const char *log, const char *fmt, ...)
     va_end(ap);
     return zt_zrun(args, log);
 }
+
 
 int zt_run(char **out, const char *bin, const char *args)
 {
@@ -368,9 +372,13 @@ int zt_zckpt(char **out, const char *fmt, ...)
 
 void zt_zrun_ok(const char *args, const char *log)
 {
-    int st = zt_zrun(args, log);
-    if (st != 0)
-        ZT_FAIL("zrun %s: exit status %d\n%s", args, st, zt_slurp(log));
+    zt_zrun_expect(zt_zrun(args, log), log);
+}
+
+void zt_zrun_expect(int status, const char *log)
+{
+    if (status != 0)
+        ZT_FAIL("zrun %s: exit status %d\n%s", zrun_args, status, zt_slurp(log));
 }
 
 void zt_same_latest(const char *a, const char *b, double atol, double rtol)

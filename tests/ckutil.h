@@ -57,8 +57,11 @@ char *zt_slurp(const char *path);
 /* zrun with args (a shell fragment), stdout and stderr into log; the exit status as a shell
  * reports it. zt_zrun_ok fails the test, showing the log, unless it is 0. */
 int zt_zrun(const char *args, const char *log);
-/* As zt_zrun, the arguments formatted as printf would. */
+/* As zt_zrun and zt_zrun_ok, the arguments formatted as printf would. */
 int zt_zrunf(const char *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define zt_zrunf_ok(log, ...) zt_zrun_expect(zt_zrunf((log), __VA_ARGS__), (log))
+/* Fails the test, showing the last zrun's arguments and its log, unless status is 0. */
+void zt_zrun_expect(int status, const char *log);
 void zt_zrun_ok(const char *args, const char *log);
 /* Run a program with arguments (a shell fragment); its output (stdout and stderr) in *out
  * (caller frees); its exit status (128 when it did not exit). */

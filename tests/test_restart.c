@@ -111,8 +111,7 @@ ZT_TEST(restart_after_sigkills_matches_an_uninterrupted_run)
     const char *common = "--model " MODEL " --batch 4 --steps 800 --warmup 5 --lr 3e-3 "
                          "--threads 1 --nproc 2 --zero 3 --save-every 10 --keep-last 3";
     char args[2048];
-    snprintf(args, sizeof args, "%s --ckpt-dir straight", common);
-    ZT_CHECK_EQ(zt_zrun(args, "straight.log"), 0);
+    ZT_CHECK_EQ(zt_zrunf("straight.log", "%s --ckpt-dir straight", common), 0);
     snprintf(args, sizeof args, "%s --ckpt-dir run --max-restarts 3 --restart-backoff 0",
              common);
     pid_t launcher = zrun_bg(args, "run.log");
@@ -171,14 +170,11 @@ ZT_TEST(restart_falls_back_from_a_damaged_checkpoint)
 {
     const char *common = "--model " MODEL " --batch 4 --warmup 5 --lr 3e-3 --threads 1 "
                          "--save-every 10 --keep-last 3 --ckpt-dir run";
-    char args[2048];
-    snprintf(args, sizeof args, "%s --steps 20", common);
-    ZT_CHECK_EQ(zt_zrun(args, "a.log"), 0);
+    ZT_CHECK_EQ(zt_zrunf("a.log", "%s --steps 20", common), 0);
     zt_flip_byte("run/step-00000020/shard-00000-of-00001.bin", 1000);
     /* the resume finds step 20 damaged, moves it aside, falls back to step 10, says so, and
      * finishes (saving step 20 again) without needing a restart */
-    snprintf(args, sizeof args, "%s --steps 30 --max-restarts 1 --restart-backoff 0", common);
-    int st = zt_zrun(args, "b.log");
+    int st = zt_zrunf("b.log", "%s --steps 30 --max-restarts 1 --restart-backoff 0", common);
     char *t = zt_slurp("b.log");
     if (st != 0 || !strstr(t, "step-00000020 does not verify") ||
         !strstr(t, "moved aside to run/damaged-step-00000020") ||

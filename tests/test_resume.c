@@ -263,12 +263,9 @@ ZT_TEST(resume_zrun_max_restarts_moves_a_damaged_latest_aside)
 {
     const char *common = "--model " SMALL " --batch 4 --threads 1 --save-every 10 "
                          "--keep-last 0 --ckpt-dir run";
-    char args[1024];
-    snprintf(args, sizeof args, "%s --steps 20", common);
-    zt_zrun_ok(args, "a.log");
+    zt_zrunf_ok("a.log", "%s --steps 20", common);
     rm_shard("run/step-00000020");
-    snprintf(args, sizeof args, "%s --steps 30 --max-restarts 1 --restart-backoff 0", common);
-    int st = zt_zrun(args, "b.log");
+    int st = zt_zrunf("b.log", "%s --steps 30 --max-restarts 1 --restart-backoff 0", common);
     char *t = zt_slurp("b.log");
     if (st != 0 || !strstr(t, "run/step-00000020 does not verify (shard-00000-of-00001.bin: "
                               "missing") ||
