@@ -64,8 +64,14 @@ void zt_fill(const zck_layout *L, size_t g, size_t s, uint64_t start, uint64_t c
     }
 }
 
-zck_shard *zt_write_rank(const char *staging, const zck_layout *L, uint32_t world,
-                         uint32_t rank, uint64_t seed, const zck_io_opts *io)
+void zt_seed_fill(void *ctx, const zck_layout *L, size_t g, size_t s, uint64_t start,
+                  uint64_t count, void *dst)
+{
+    zt_fill(L, g, s, start, count, *(const uint64_t *)ctx, dst);
+}
+
+static zck_shard *write_rank(const char *staging, const zck_layout *L, uint32_t world,
+                             uint32_t rank, const zck_io_opts *io, zt_fill_fn fill, void *ctx)
 {
     zck_writer *w;
     ZT_OK(zck_writer_open(&w, staging, L, world, rank, io));
@@ -79,7 +85,7 @@ zck_shard *zt_write_rank(const char *staging, const zck_layout *L, uint32_t worl
             size_t dsz = zck_dtype_size(zck_layout_state_dtype(L, s));
             unsigned char *buf = malloc(n * dsz);
             ZT_CHECK(buf);
-            zt_fill(L, g, s, a, n, seed, buf);
+            fill(ctx, L, g, s, a, n, buf);
             /* stream it in uneven pieces to exercise buffer boundaries */
             ZT_OK(zck_writer_begin(w, g, s, a, n));
             size_t off = 0, piece = 1 + (size_t)(n * dsz / 3);
@@ -96,19 +102,37 @@ zck_shard *zt_write_rank(const char *staging, const zck_layout *L, uint32_t worl
     return sh;
 }
 
-char *zt_save(const char *run_dir, const zck_layout *L, uint32_t world, uint64_t step,
-              uint64_t seed, unsigned keep_last)
+zck_shard *zt_write_rank(const char *staging, const zck_layout *L, uint32_t world,
+                         uint32_t rank, uint64_t seed, const zck_io_opts *io)
+{
+    return write_rank(staging, L, world, rank, io, zt_seed_fill, &seed);
+}
+
+char *zt_save_as(const char *run_dir, const zck_layout *L, const zck_commit_opts *o,
+                 zt_fill_fn fill, void *ctx)
 {
     char *staging;
     static uint64_t nth;
     /* a fresh nonce per save, as the engine draws one: a save retried after a crash at the
      * same step never meets the staging directory of the crashed attempt */
     uint64_t nonce = ((uint64_t)getpid() << 32) ^ ((uint64_t)time(NULL) << 8) ^ ++nth;
-    ZT_OK(zck_staging_create(&staging, run_dir, step, nonce));
-    zck_shard **sh = calloc(world, sizeof *sh);
+    ZT_OK(zck_staging_create(&staging, run_dir, o->step, nonce));
+    zck_shard **sh = calloc(o->world, sizeof *sh);
     ZT_CHECK(sh);
-    for (uint32_t r = 0; r < world; r++)
-        sh[r] = zt_write_rank(staging, L, world, r, seed, NULL);
+    for (uint32_t r = 0; r < o->world; r++)
+        sh[r] = write_rank(staging, L, o->world, r, NULL, fill, ctx);
+    char *final;
+    ZT_OK(zck_commit(&final, run_dir, staging, L, sh, o->world, o));
+    for (uint32_t r = 0; r < o->world; r++)
+        zck_shard_free(sh[r]);
+    free(sh);
+    free(staging);
+    return final;
+}
+
+char *zt_save(const char *run_dir, const zck_layout *L, uint32_t world, uint64_t step,
+              uint64_t seed, unsigned keep_last)
+{
     zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
     o.step = step;
     o.world = world;
@@ -118,13 +142,7 @@ char *zt_save(const char *run_dir, const zck_layout *L, uint32_t world, uint64_t
     char tj[64];
     snprintf(tj, sizeof tj, "{\"seed\":%llu}", (unsigned long long)seed);
     o.training_json = tj;
-    char *final;
-    ZT_OK(zck_commit(&final, run_dir, staging, L, sh, world, &o));
-    for (uint32_t r = 0; r < world; r++)
-        zck_shard_free(sh[r]);
-    free(sh);
-    free(staging);
-    return final;
+    return zt_save_as(run_dir, L, &o, zt_seed_fill, &seed);
 }
 
 void zt_check_content(const char *path, uint64_t seed)
@@ -282,6 +300,24 @@ int zt_children(pid_t p, pid_t *out, int cap)
         out[n++] = v;
     fclose(f);
     return n;
+}
+
+int zt_rank_of(pid_t p)
+{
+    char env[65536], path[64];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)p);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, env, sizeof env - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    env[n] = 0;
+    for (ssize_t i = 0; i < n; i += (ssize_t)strlen(env + i) + 1)
+        if (!strncmp(env + i, "ZR_RANK=", 8))
+            return atoi(env + i + 8);
+    return -1;
 }
 
 int zt_free_port(void)

@@ -21,6 +21,17 @@ zck_shard *zt_write_rank(const char *staging, const zck_layout *L, uint32_t worl
 /* Save a full checkpoint of world W at step, contents from seed; returns the final path. */
 char *zt_save(const char *run_dir, const zck_layout *L, uint32_t world, uint64_t step,
               uint64_t seed, unsigned keep_last);
+/* Elements [start, start+count) of (g, s) of a checkpoint being saved, into dst. */
+typedef void (*zt_fill_fn)(void *ctx, const zck_layout *L, size_t g, size_t s, uint64_t start,
+                           uint64_t count, void *dst);
+/* Save a checkpoint as o->world ranks would (each writing its partitions, in uneven pieces),
+ * contents from fill, committed with o (step and world from it) into run_dir; returns the
+ * final path. */
+/* zt_fill as a zt_fill_fn: ctx points to the seed (a uint64_t). */
+void zt_seed_fill(void *ctx, const zck_layout *L, size_t g, size_t s, uint64_t start,
+                  uint64_t count, void *dst);
+char *zt_save_as(const char *run_dir, const zck_layout *L, const zck_commit_opts *o,
+                 zt_fill_fn fill, void *ctx);
 /* Read every (group, state) of the checkpoint at path (verified) and compare with seed. */
 void zt_check_content(const char *path, uint64_t seed);
 /* Number of problems zck_verify finds (printing them). */
@@ -49,6 +60,8 @@ int zck__mkdir_for_tests(const char *path);
 pid_t zt_spawn_zrun(const char *env, const char *args, const char *log);
 int zt_wait_status(pid_t p);
 int zt_children(pid_t p, pid_t *out, int cap);
+/* The rank a process runs as (its ZR_RANK), or -1 (not a rank, or gone). */
+int zt_rank_of(pid_t p);
 /* A TCP port free on 127.0.0.1 now (for ranks that rendezvous over TCP). */
 int zt_free_port(void);
 const char *zt_zrun_path(void);

@@ -144,17 +144,14 @@ ZT_TEST(cli_pack_unpack_export_import)
     zfmt_gpt2_config c = {2, 2, 8, 16, 11};
     zck_layout *L;
     ZT_OK(zfmt_gpt2_layout(&L, &c));
-    char *staging, *model;
+    char *model;
     ZT_OK(zfmt_gpt2_config_to_json(&model, &c));
-    ZT_OK(zck_staging_create(&staging, "run", 5, 1));
-    zck_shard *sh[2];
-    for (uint32_t r = 0; r < 2; r++)
-        sh[r] = zt_write_rank(staging, L, 2, r, 3, NULL);
     zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
     o.step = 5;
     o.world = 2;
     o.model_json = model;
-    ZT_OK(zck_commit(NULL, "run", staging, L, sh, 2, &o));
+    uint64_t seed = 3;
+    free(zt_save_as("run", L, &o, zt_seed_fill, &seed));
     expect(0, "archive of run", "pack run -o run.tar.gz");
     expect(2, "already exists", "pack run -o run.tar.gz");
     expect(0, "sound", "verify run.tar.gz");
@@ -177,9 +174,6 @@ ZT_TEST(cli_pack_unpack_export_import)
     }
     json_decref(j);
     expect(0, "safetensors of run", "consolidate run -o all.safetensors --dtype bf16");
-    for (uint32_t r = 0; r < 2; r++)
-        zck_shard_free(sh[r]);
-    free(staging);
     free(model);
     zck_layout_free(L);
 }

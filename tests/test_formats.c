@@ -129,35 +129,21 @@ static float val(uint64_t seed, size_t g, size_t s, uint64_t i)
     return v == 0.0f ? 0.5f : v;
 }
 
+static void val_fill(void *ctx, const zck_layout *L, size_t g, size_t s, uint64_t start,
+                     uint64_t count, void *dst)
+{
+    (void)L;
+    float *b = dst;
+    for (uint64_t i = 0; i < count; i++)
+        b[i] = val(*(const uint64_t *)ctx, g, s, start + i);
+}
+
 /* Save a GPT-2 checkpoint of config c at step 5 by world ranks, as an engine would. */
 static char *save_gpt2(const char *run, const zfmt_gpt2_config *c, uint32_t world, uint64_t seed)
 {
     zck_layout *L;
     ZT_OK(zfmt_gpt2_layout(&L, c));
-    char *staging, *model, *final;
-    ZT_OK(zck_staging_create(&staging, run, 5, seed));
-    zck_shard **sh = calloc(world, sizeof *sh);
-    ZT_CHECK(sh);
-    for (uint32_t r = 0; r < world; r++) {
-        zck_writer *w;
-        ZT_OK(zck_writer_open(&w, staging, L, world, r, NULL));
-        for (size_t g = 0; g < zck_layout_n_groups(L); g++)
-            for (size_t s = 0; s < zck_layout_n_states(L); s++) {
-                uint64_t a, n;
-                zck_partition(zck_layout_group_numel(L, g), world, r,
-                              zck_layout_partition_align(L), &a, &n);
-                if (!n)
-                    continue;
-                float *b = malloc(n * 4);
-                ZT_CHECK(b);
-                for (uint64_t i = 0; i < n; i++)
-                    b[i] = val(seed, g, s, a + i);
-                ZT_OK(zck_writer_put(w, g, s, a, n, b));
-                free(b);
-            }
-        ZT_OK(zck_writer_finish(w, &sh[r]));
-        zck_writer_free(w);
-    }
+    char *model;
     ZT_OK(zfmt_gpt2_config_to_json(&model, c));
     zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
     o.step = 5;
@@ -165,11 +151,7 @@ static char *save_gpt2(const char *run, const zfmt_gpt2_config *c, uint32_t worl
     o.zero_stage = 3;
     o.model_json = model;
     o.training_json = "{\"optimizer_step\":5}";
-    ZT_OK(zck_commit(&final, run, staging, L, sh, world, &o));
-    for (uint32_t r = 0; r < world; r++)
-        zck_shard_free(sh[r]);
-    free(sh);
-    free(staging);
+    char *final = zt_save_as(run, L, &o, val_fill, &seed);
     free(model);
     zck_layout_free(L);
     return final;

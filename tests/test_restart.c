@@ -48,30 +48,12 @@ static pid_t zrun_bg(const char *args, const char *log)
 /* The pids of the launcher's rank processes (children of pid with ZR_RANK set). */
 static size_t rank_pids(pid_t launcher, pid_t *out, size_t cap)
 {
-    char path[128];
-    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)launcher, (int)launcher);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
+    pid_t kids[64];
+    int nk = zt_children(launcher, kids, 64);
     size_t n = 0;
-    int pid;
-    while (n < cap && fscanf(f, "%d", &pid) == 1) {
-        char env[65536], ep[128];
-        snprintf(ep, sizeof ep, "/proc/%d/environ", pid);
-        int fd = open(ep, O_RDONLY);
-        if (fd < 0)
-            continue;
-        ssize_t k = read(fd, env, sizeof env - 1);
-        close(fd);
-        for (ssize_t i = 0; k > 0 && i < k; i += (ssize_t)strlen(env + i) + 1) {
-            env[k] = 0;
-            if (!strncmp(env + i, "ZR_RANK=", 8)) {
-                out[n++] = pid;
-                break;
-            }
-        }
-    }
-    fclose(f);
+    for (int k = 0; k < nk && n < cap; k++)
+        if (zt_rank_of(kids[k]) >= 0)
+            out[n++] = kids[k];
     return n;
 }
 
