@@ -43,7 +43,7 @@ zck_layout *zt_layout(size_t n_groups, const uint64_t *numel)
     return L;
 }
 
-static uint64_t mix(uint64_t x)
+uint64_t zt_mix(uint64_t x)
 {
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdULL;
@@ -59,7 +59,7 @@ void zt_fill(const zck_layout *L, size_t g, size_t s, uint64_t start, uint64_t c
     size_t dsz = zck_dtype_size(zck_layout_state_dtype(L, s));
     unsigned char *p = dst;
     for (uint64_t i = 0; i < count; i++) {
-        uint64_t v = mix(seed * 1000003 + g * 7919 + s * 104729 + (start + i) * 31 + 1);
+        uint64_t v = zt_mix(seed * 1000003 + g * 7919 + s * 104729 + (start + i) * 31 + 1);
         memcpy(p + i * dsz, &v, dsz);
     }
 }

@@ -12,6 +12,8 @@
 
 /* States: param f32, exp_avg f32, exp_avg_sq bf16 (a 2-byte state exercises sizes). */
 zck_layout *zt_layout(size_t n_groups, const uint64_t *numel);
+/* A 64-bit mixing function (MurmurHash3's fmix64): deterministic pseudo-random values. */
+uint64_t zt_mix(uint64_t x);
 /* Deterministic bytes of elements [start, start+count) of (g, s). */
 void zt_fill(const zck_layout *L, size_t g, size_t s, uint64_t start, uint64_t count,
              uint64_t seed, void *dst);

@@ -45,16 +45,6 @@ static uint32_t from16(uint16_t h, zck_dtype t)
     return f2u(f);
 }
 
-static uint64_t hmix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
-
 static uint64_t name_hash(const char *s)
 {
     uint64_t h = 1469598103934665603ULL;
@@ -124,7 +114,7 @@ static void check_no_file_like(const char *dir, const char *prefix)
 /* deterministic non-zero value of element i of (group g, state s) */
 static float val(uint64_t seed, size_t g, size_t s, uint64_t i)
 {
-    uint64_t h = hmix(seed * 1000003 + g * 7919 + s * 104729 + i * 31 + 1);
+    uint64_t h = zt_mix(seed * 1000003 + g * 7919 + s * 104729 + i * 31 + 1);
     float v = (float)((double)(h >> 11) / 9007199254740992.0 * 4.0 - 2.0);
     return v == 0.0f ? 0.5f : v;
 }
@@ -296,9 +286,9 @@ ZT_TEST(formats_convert_exhaustive_16bit)
 #ifdef __FLT16_MAX__
     /* against the compiler's own conversion (round to nearest even) on many f32 patterns */
     for (uint64_t i = 0; i < 2000000; i++) {
-        uint32_t u = (uint32_t)hmix(i + 17);
+        uint32_t u = (uint32_t)zt_mix(i + 17);
         if (i & 1) /* half of them near f16's range, where the interesting cases are */
-            u = (u & 0x807fffffu) | ((uint32_t)(100 + (hmix(i) % 45)) << 23);
+            u = (u & 0x807fffffu) | ((uint32_t)(100 + (zt_mix(i) % 45)) << 23);
         float f = u2f(u);
         if (isnan(f))
             continue;
