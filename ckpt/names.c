@@ -30,6 +30,34 @@ bool zck__parse_step_name(const char *name, uint64_t *step)
     return true;
 }
 
+int zck__steps_add(zck__stepdir **v, size_t *n, size_t *cap, uint64_t step, const char *name)
+{
+    ZR_TRY(zr_array_grow(v, cap, *n, sizeof **v));
+    if (!((*v)[*n].name = strdup(name)))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    (*v)[(*n)++].step = step;
+    return 0;
+}
+
+static int cmp_step_desc(const void *a, const void *b)
+{
+    const zck__stepdir *x = a, *y = b;
+    return x->step > y->step ? -1 : x->step < y->step;
+}
+
+void zck__steps_sort_desc(zck__stepdir *v, size_t n)
+{
+    if (n) /* qsort(NULL, 0, ...) is undefined */
+        qsort(v, n, sizeof *v, cmp_step_desc);
+}
+
+void zck__steps_free(zck__stepdir *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i].name);
+    free(v);
+}
+
 void zck_step_dirname(char out[32], uint64_t step)
 {
     snprintf(out, 32, "step-%08llu", (unsigned long long)step);

@@ -18,23 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-typedef struct {
-    uint64_t step;
-    char *name;
-} cand;
-
-static int cmp_cand_desc(const void *a, const void *b)
-{
-    const cand *x = a, *y = b;
-    return x->step > y->step ? -1 : x->step < y->step;
-}
-
-static void cands_free(cand *v, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        free(v[i].name);
-    free(v);
-}
+typedef zck__stepdir cand;
 
 /* The step directories of run_dir, newest first; *n 0 (and 0 returned) when run_dir is
  * absent. */
@@ -46,7 +30,7 @@ static int list_steps(cand **out, size_t *n, const char *run_dir)
     if (!d)
         return errno == ENOENT ? 0 : zr_err_sys(errno, "%s: opendir", run_dir);
     cand *v = NULL;
-    size_t k = 0;
+    size_t k = 0, cap = 0;
     int rc = 0;
     struct dirent *de;
     while (!rc && (de = readdir(d))) {
@@ -57,26 +41,16 @@ static int list_steps(cand **out, size_t *n, const char *run_dir)
             continue;
         if (!(p = zck_path_join(run_dir, de->d_name)))
             rc = ZR_ENOMEM;
-        else if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
-            cand *nv = realloc(v, (k + 1) * sizeof *nv);
-            if (!nv || !(nv[k].name = strdup(de->d_name))) {
-                if (nv)
-                    v = nv;
-                rc = zr_err_set(ZR_ENOMEM, "out of memory");
-            } else {
-                v = nv;
-                v[k++].step = s;
-            }
-        }
+        else if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+            rc = zck__steps_add(&v, &k, &cap, s, de->d_name);
         free(p);
     }
     closedir(d);
     if (rc) {
-        cands_free(v, k);
+        zck__steps_free(v, k);
         return rc;
     }
-    if (k)
-        qsort(v, k, sizeof *v, cmp_cand_desc);
+    zck__steps_sort_desc(v, k);
     *out = v;
     *n = k;
     return 0;
@@ -235,6 +209,6 @@ int zck_resume_pick(char **out, const char *run_dir, const zck_resume_opts *opts
         rc = ZR_ENOMEM;
 out:
     free(why);
-    cands_free(v, n);
+    zck__steps_free(v, n);
     return rc;
 }

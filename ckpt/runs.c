@@ -142,46 +142,22 @@ static int remove_any(const char *run_dir, const char *name)
     return rc;
 }
 
-typedef struct {
-    uint64_t step;
-    char *name;
-} stepdir;
-
-static int cmp_step_desc(const void *a, const void *b)
-{
-    const stepdir *x = a, *y = b;
-    return x->step > y->step ? -1 : x->step < y->step;
-}
-
 int zck__housekeeping(const char *run_dir, uint64_t step, uint64_t tmp_below, const char *keep,
                       const zck_prune_opts *o, zck_namelist *removed)
 {
     DIR *d = opendir(run_dir);
     if (!d)
         return zr_err_sys(errno, "%s: opendir", run_dir);
-    stepdir *v = NULL;
+    zck__stepdir *v = NULL;
     size_t n = 0, cap = 0;
     int rc = 0;
     struct dirent *de;
     while ((de = readdir(d)) && !rc) {
         uint64_t s;
         const char *nm = de->d_name;
-        if (zck__parse_step_name(nm, &s) && s <= step && is_dir_in(run_dir, nm)) {
-            if (n == cap) {
-                cap = cap ? 2 * cap : 16;
-                stepdir *nv = realloc(v, cap * sizeof *v);
-                if (!nv) {
-                    rc = zr_err_set(ZR_ENOMEM, "out of memory");
-                    break;
-                }
-                v = nv;
-            }
-            v[n].step = s;
-            if (!(v[n].name = strdup(nm)))
-                rc = zr_err_set(ZR_ENOMEM, "out of memory");
-            else
-                n++;
-        } else if (o->gc_tmp && is_stale_tmp(nm, tmp_below) && ours_to_delete(run_dir, nm)) {
+        if (zck__parse_step_name(nm, &s) && s <= step && is_dir_in(run_dir, nm))
+            rc = zck__steps_add(&v, &n, &cap, s, nm);
+        else if (o->gc_tmp && is_stale_tmp(nm, tmp_below) && ours_to_delete(run_dir, nm)) {
             rc = names_add(removed, nm);
             if (!rc && !o->dry_run)
                 rc = remove_any(run_dir, nm);
@@ -189,8 +165,7 @@ int zck__housekeeping(const char *run_dir, uint64_t step, uint64_t tmp_below, co
     }
     closedir(d);
     if (!rc && o->keep_last) {
-        if (n) /* qsort(NULL, 0, ...) is undefined */
-            qsort(v, n, sizeof *v, cmp_step_desc);
+        zck__steps_sort_desc(v, n);
         unsigned kept = 0;
         for (size_t i = 0; i < n && !rc; i++) {
             bool every = o->keep_every && v[i].step % o->keep_every == 0;
@@ -205,9 +180,7 @@ int zck__housekeeping(const char *run_dir, uint64_t step, uint64_t tmp_below, co
                 rc = remove_step_dir(run_dir, v[i].name);
         }
     }
-    for (size_t i = 0; i < n; i++)
-        free(v[i].name);
-    free(v);
+    zck__steps_free(v, n);
     return rc;
 }
 

@@ -198,6 +198,14 @@ const char *zck__file_type_name(mode_t m);          /* "a FIFO", "a symbolic lin
 
 /* "step-<1-19 digits>" -> step; false for anything else */
 bool zck__parse_step_name(const char *name, uint64_t *step);
+/* A list of step directories (names.c): add one (grows the array), sort newest first, free. */
+typedef struct {
+    uint64_t step;
+    char *name;
+} zck__stepdir;
+int zck__steps_add(zck__stepdir **v, size_t *n, size_t *cap, uint64_t step, const char *name);
+void zck__steps_sort_desc(zck__stepdir *v, size_t n);
+void zck__steps_free(zck__stepdir *v, size_t n);
 /* replace run_dir/latest by a file naming `name` (write-temp + rename + fsync of the directory) */
 int zck__write_latest(const char *run_dir, const char *name);
 /* Retention and garbage collection in run_dir around the checkpoint `keep` of step `step`
