@@ -1070,6 +1070,30 @@ ZT_TEST(formats_import_rejects_bad_safetensors)
 
 /* ---------------------------------------------------------------- llm.c */
 
+/* b (an import of what a holds) has a's params (state 0) in every group, and with
+ * zero_states, zeros in state 1 */
+static void expect_same_params(zck_reader *a, zck_reader *b, int zero_states, const char *what)
+{
+    const zck_layout *L = zck_reader_layout(a);
+    for (size_t g = 0; g < zck_layout_n_groups(L); g++) {
+        uint64_t m = zck_layout_group_numel(L, g);
+        float *x = malloc(m * 4), *y = malloc(m * 4);
+        ZT_CHECK(x && y);
+        ZT_OK(zck_reader_read_range(a, g, 0, 0, m, x));
+        ZT_OK(zck_reader_read_range(b, g, 0, 0, m, y));
+        if (memcmp(x, y, m * 4))
+            ZT_FAIL("%s: group %s differs after export and import", what,
+                    zck_layout_group_name(L, g));
+        if (zero_states) {
+            ZT_OK(zck_reader_read_range(b, g, 1, 0, m, y));
+            for (uint64_t i = 0; i < m; i++)
+                ZT_CHECK_EQ(f2u(y[i]), 0);
+        }
+        free(x);
+        free(y);
+    }
+}
+
 ZT_TEST(formats_llmc_roundtrip)
 {
     char *ck = save_gpt2("src", &tiny, 2, 31);
@@ -1132,21 +1156,7 @@ ZT_TEST(formats_llmc_roundtrip)
         ZT_OK(zck_reader_open(&b, run));
         ZT_CHECK_EQ(zck_reader_world(b), w);
         ZT_CHECK(!strcmp(zck_reader_model_json(b), zck_reader_model_json(r)));
-        const zck_layout *L = zck_reader_layout(r);
-        for (size_t g = 0; g < zck_layout_n_groups(L); g++) {
-            uint64_t m = zck_layout_group_numel(L, g);
-            float *x = malloc(m * 4), *y = malloc(m * 4);
-            ZT_OK(zck_reader_read_range(r, g, 0, 0, m, x));
-            ZT_OK(zck_reader_read_range(b, g, 0, 0, m, y));
-            if (memcmp(x, y, m * 4))
-                ZT_FAIL("world %u: group %s differs after export and import", w,
-                        zck_layout_group_name(L, g));
-            ZT_OK(zck_reader_read_range(b, g, 1, 0, m, y));
-            for (uint64_t i = 0; i < m; i++)
-                ZT_CHECK_EQ(f2u(y[i]), 0);
-            free(x);
-            free(y);
-        }
+        expect_same_params(r, b, 1, run);
         zck_reader_free(b);
     }
 
@@ -1166,16 +1176,7 @@ ZT_TEST(formats_llmc_roundtrip)
     ZT_OK(zfmt_import("v1.bin", "runv1", &io));
     zck_reader *b;
     ZT_OK(zck_reader_open(&b, "runv1"));
-    const zck_layout *L = zck_reader_layout(r);
-    for (size_t g = 0; g < zck_layout_n_groups(L); g++) {
-        uint64_t m = zck_layout_group_numel(L, g);
-        float *x = malloc(m * 4), *y = malloc(m * 4);
-        ZT_OK(zck_reader_read_range(r, g, 0, 0, m, x));
-        ZT_OK(zck_reader_read_range(b, g, 0, 0, m, y));
-        ZT_CHECK(!memcmp(x, y, m * 4));
-        free(x);
-        free(y);
-    }
+    expect_same_params(r, b, 0, "runv1");
     zck_reader_free(b);
     zck_reader_free(r);
 

@@ -96,23 +96,11 @@ ZT_TEST(train_resume_is_bit_exact)
 
 ZT_TEST(train_resume_after_sigkill)
 {
-    const char *zrun = getenv("ZT_ZRUN");
-    if (!zrun)
-        ZT_SKIP("ZT_ZRUN is not set (run through make test)");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s --model %s --batch 4 --micro-batch 2 --steps 40 --warmup 5 "
-             "--lr 3e-3 --threads 1 --ckpt-dir straight > straight.log 2>&1", zrun, SMALL);
-    ZT_CHECK(system(cmd) == 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open("killed.log", O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execl(zrun, zrun, "--model", SMALL, "--batch", "4", "--micro-batch", "2", "--steps",
-              "40", "--warmup", "5", "--lr", "3e-3", "--threads", "1", "--ckpt-dir", "killed",
-              "--save-every", "20", (char *)NULL);
-        _exit(127);
-    }
+    zt_zrun_ok("--model " SMALL " --batch 4 --micro-batch 2 --steps 40 --warmup 5 --lr 3e-3 "
+               "--threads 1 --ckpt-dir straight", "straight.log");
+    pid_t pid = zt_spawn_zrun("", "--model " SMALL " --batch 4 --micro-batch 2 --steps 40 "
+                              "--warmup 5 --lr 3e-3 --threads 1 --ckpt-dir killed "
+                              "--save-every 20", "killed.log");
     /* kill it as soon as its step-20 checkpoint is committed */
     struct stat st;
     for (int i = 0; i < 6000 && stat("killed/step-00000020", &st) != 0; i++) {
@@ -123,26 +111,15 @@ ZT_TEST(train_resume_after_sigkill)
     int status;
     waitpid(pid, &status, 0);
     ZT_CHECK(stat("killed/step-00000020", &st) == 0);
-    snprintf(cmd, sizeof cmd, "%s --batch 4 --micro-batch 2 --steps 40 --warmup 5 --lr 3e-3 "
-             "--threads 1 --ckpt-dir killed --save-every 20 > resumed.log 2>&1", zrun);
-    ZT_CHECK(system(cmd) == 0);
+    zt_zrun_ok("--batch 4 --micro-batch 2 --steps 40 --warmup 5 --lr 3e-3 --threads 1 "
+               "--ckpt-dir killed --save-every 20", "resumed.log");
     expect_same_final("straight", "killed");
 }
 
 ZT_TEST(train_sigterm_saves_and_exits_zero)
 {
-    const char *zrun = getenv("ZT_ZRUN");
-    if (!zrun)
-        ZT_SKIP("ZT_ZRUN is not set (run through make test)");
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open("out.log", O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execl(zrun, zrun, "--model", SMALL, "--batch", "4", "--steps", "100000", "--threads",
-              "1", "--ckpt-dir", "run", (char *)NULL);
-        _exit(127);
-    }
+    pid_t pid = zt_spawn_zrun("", "--model " SMALL " --batch 4 --steps 100000 --threads 1 "
+                              "--ckpt-dir run", "out.log");
     struct timespec ts = {1, 0};
     nanosleep(&ts, NULL);
     kill(pid, SIGTERM);
