@@ -54,17 +54,15 @@ static uint64_t lcg(uint64_t *s)
 
 /* ---------------------------------------------------------------- model specs */
 
-ZT_TEST(engine_config_presets)
+typedef struct {
+    const char *spec;
+    zr_gpt2_config c;
+} spec_case;
+
+/* each spec parses to its config */
+static void expect_parses(const spec_case *cases, size_t n)
 {
-    const struct {
-        const char *spec;
-        zr_gpt2_config c;
-    } cases[] = {
-        {"tiny", {4, 4, 128, 128, 256}},
-        {"gpt2", {12, 12, 768, 1024, 50257}},
-        {"gpt2-medium", {24, 16, 1024, 1024, 50257}},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    for (size_t i = 0; i < n; i++) {
         zr_gpt2_config c;
         ZT_OK(zr_gpt2_config_parse(&c, cases[i].spec));
         if (!cfg_eq(&c, &cases[i].c))
@@ -73,12 +71,19 @@ ZT_TEST(engine_config_presets)
     }
 }
 
+ZT_TEST(engine_config_presets)
+{
+    static const spec_case cases[] = {
+        {"tiny", {4, 4, 128, 128, 256}},
+        {"gpt2", {12, 12, 768, 1024, 50257}},
+        {"gpt2-medium", {24, 16, 1024, 1024, 50257}},
+    };
+    expect_parses(cases, sizeof cases / sizeof *cases);
+}
+
 ZT_TEST(engine_config_fields)
 {
-    const struct {
-        const char *spec;
-        zr_gpt2_config c;
-    } cases[] = {
+    static const spec_case cases[] = {
         {"gpt2:layers=2", {2, 4, 128, 128, 256}},
         {"gpt2:heads=8", {4, 8, 128, 128, 256}},
         {"gpt2:dim=256", {4, 4, 256, 128, 256}},
@@ -89,13 +94,7 @@ ZT_TEST(engine_config_fields)
         {"gpt2:layers=007", {7, 4, 128, 128, 256}},
         {"gpt2:heads=1,dim=1,ctx=1,vocab=4294967295", {4, 1, 1, 1, 4294967295u}},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        zr_gpt2_config c;
-        ZT_OK(zr_gpt2_config_parse(&c, cases[i].spec));
-        if (!cfg_eq(&c, &cases[i].c))
-            ZT_FAIL("'%s' parsed as %u/%u/%u/%u/%u", cases[i].spec, c.layers, c.heads, c.dim,
-                    c.ctx, c.vocab);
-    }
+    expect_parses(cases, sizeof cases / sizeof *cases);
 }
 
 ZT_TEST(engine_config_errors)
