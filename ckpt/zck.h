@@ -246,6 +246,17 @@ uint32_t zck_arch_layers(const zck_arch_config *c); /* how many times per-layer 
  * per-layer ones repeated for each layer. Caller frees. ZR_EINVAL as to_json. */
 int zck_arch_layout(zck_layout **out, const zck_arch_config *c);
 
+/* GPT-2's config as a C struct: the "gpt2" family's fields (the engine's zr_gpt2_config and the
+ * converters' zfmt_gpt2_config are this type, so the binding is written once). zck_arch_gpt2:
+ * the family. to_arch: a config of every field (unchecked); from_arch: the fields of a gpt2
+ * config (assert), each a uint32 once checked. */
+typedef struct {
+    uint32_t layers, heads, dim, ctx, vocab; /* L, NH, C, maximum T, V */
+} zck_gpt2_config;
+const zck_arch *zck_arch_gpt2(void);
+void zck_gpt2_to_arch(zck_arch_config *out, const zck_gpt2_config *c);
+void zck_gpt2_from_arch(zck_gpt2_config *out, const zck_arch_config *a);
+
 /* ---------------------------------------------------------------- progress */
 
 /* Long operations report progress through this callback (the CLI draws a bar from it).
