@@ -132,6 +132,28 @@ void zck_gpt2_from_arch(zck_gpt2_config *out, const zck_arch_config *a)
     out->vocab = (uint32_t)a->v[G_VOCAB];
 }
 
+int zck_gpt2_layout(zck_layout **out, const zck_gpt2_config *c)
+{
+    zck_arch_config a;
+    zck_gpt2_to_arch(&a, c);
+    return zck_arch_layout(out, &a);
+}
+
+int zck_gpt2_to_json(char **out, const zck_gpt2_config *c)
+{
+    zck_arch_config a;
+    zck_gpt2_to_arch(&a, c);
+    return zck_arch_config_to_json(out, &a);
+}
+
+int zck_gpt2_from_json(zck_gpt2_config *out, const char *json)
+{
+    zck_arch_config a;
+    ZR_TRY(zck_arch_config_from_json(&a, json, zck_arch_gpt2()));
+    zck_gpt2_from_arch(out, &a);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- families and fields */
 
 /* "\"gpt2\"" or "one of \"gpt2\", \"llama\"" into buf */

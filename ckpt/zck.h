@@ -256,6 +256,11 @@ typedef struct {
 const zck_arch *zck_arch_gpt2(void);
 void zck_gpt2_to_arch(zck_arch_config *out, const zck_gpt2_config *c);
 void zck_gpt2_from_arch(zck_gpt2_config *out, const zck_arch_config *a);
+/* zck_arch_layout, zck_arch_config_to_json and zck_arch_config_from_json (want "gpt2") of a
+ * GPT-2 config. */
+int zck_gpt2_layout(zck_layout **out, const zck_gpt2_config *c);
+int zck_gpt2_to_json(char **out, const zck_gpt2_config *c);
+int zck_gpt2_from_json(zck_gpt2_config *out, const char *json);
 
 /* ---------------------------------------------------------------- progress */
 

@@ -79,22 +79,15 @@ int zfmt__find_tensor(const zck_layout *L, const char *name, size_t *group, zck_
 
 int zfmt_gpt2_layout(zck_layout **out, const zfmt_gpt2_config *c)
 {
-    zck_arch_config a;
-    zck_gpt2_to_arch(&a, c);
-    return zck_arch_layout(out, &a);
+    return zck_gpt2_layout(out, c);
 }
 
 int zfmt_gpt2_config_from_json(zfmt_gpt2_config *out, const char *model_json)
 {
-    zck_arch_config a;
-    ZR_TRY(zck_arch_config_from_json(&a, model_json, zck_arch_gpt2()));
-    zck_gpt2_from_arch(out, &a);
-    return 0;
+    return zck_gpt2_from_json(out, model_json);
 }
 
 int zfmt_gpt2_config_to_json(char **out, const zfmt_gpt2_config *c)
 {
-    zck_arch_config a;
-    zck_gpt2_to_arch(&a, c);
-    return zck_arch_config_to_json(out, &a);
+    return zck_gpt2_to_json(out, c);
 }

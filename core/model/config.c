@@ -50,27 +50,20 @@ int zr_gpt2_config_parse(zr_gpt2_config *out, const char *spec)
 
 int zr_gpt2_config_to_json(char **out, const zr_gpt2_config *c)
 {
-    zck_arch_config a;
-    zck_gpt2_to_arch(&a, c);
-    return zck_arch_config_to_json(out, &a);
+    return zck_gpt2_to_json(out, c);
 }
 
 int zr_gpt2_config_from_json(zr_gpt2_config *out, const char *json)
 {
     assert(out && json);
-    zck_arch_config a;
-    ZR_TRY(zck_arch_config_from_json(&a, json, zck_arch_gpt2()));
-    zck_gpt2_from_arch(out, &a);
-    return 0;
+    return zck_gpt2_from_json(out, json);
 }
 
 /* ---------------------------------------------------------------- layout */
 
 int zr_gpt2_layout(zck_layout **out, const zr_gpt2_config *c)
 {
-    zck_arch_config a;
-    zck_gpt2_to_arch(&a, c);
-    return zck_arch_layout(out, &a);
+    return zck_gpt2_layout(out, c);
 }
 
 /* The table's name of each role the model's maths gives a block tensor (zr_gpt2_blk). */
