@@ -182,6 +182,21 @@ int zck__io_close(zck__io *io);
 /* The one-line warning (once per process) that a filesystem refused O_DIRECT. */
 void zck__warn_buffered(const char *path);
 
+/* The first failure among threads, with its message: record keeps the first code and the
+ * calling thread's message and raises failed (which workers poll to stop early); result
+ * returns that code with the message re-set in the calling thread (0 when none failed).
+ * init and destroy around them. */
+typedef struct {
+    pthread_mutex_t mu;
+    atomic_int failed;
+    int rc;
+    char msg[1024];
+} zck__first_error;
+void zck__first_error_init(zck__first_error *f);
+void zck__first_error_record(zck__first_error *f, int rc);
+int zck__first_error_result(const zck__first_error *f);
+void zck__first_error_destroy(zck__first_error *f);
+
 /* Run fn(ctx, i) for i in [0, n) on up to jobs threads. Returns the first failure, with its
  * message re-set in the calling thread. */
 int zck__parallel(size_t n, unsigned jobs, int (*fn)(void *ctx, size_t i), void *ctx);
