@@ -179,6 +179,20 @@ int zck__io_read_spans(zck__io *io, const zck__span *spans, size_t n, zck__chunk
 int zck__io_size(zck__io *io, uint64_t *out);
 /* Close (and report a close error); always frees. */
 int zck__io_close(zck__io *io);
+/* libaio's io_getevents for at least min of up to max events into ev, retried on EINTR (io.c,
+ * the libaio adapter, for itself and swap.c): their count, or the error naming path. */
+struct io_context;
+struct io_event;
+int zck__aio_getevents(struct io_context *ctx, long min, long max, struct io_event *ev,
+                       const char *path);
+/* Prepare cb as a pwrite (write) or pread of len bytes of buf at off, carrying data to its
+ * completion, and io_submit it: 1, or libaio's negative errno. */
+struct iocb;
+int zck__aio_submit(struct io_context *ctx, struct iocb *cb, int fd, int write, void *buf,
+                    size_t len, uint64_t off, void *data);
+/* After io_submit refused an O_DIRECT request (EINVAL): clear O_DIRECT on fd and warn once;
+ * false when fd cannot be switched. */
+bool zck__aio_to_buffered(int fd, const char *path);
 /* The one-line warning (once per process) that a filesystem refused O_DIRECT. */
 void zck__warn_buffered(const char *path);
 
