@@ -25,6 +25,7 @@
 typedef struct {
     const char *path, *path2; /* the positional arguments: CKPT, RUNDIR, SRC, A and B */
     const char *out;          /* -o */
+    const char *tokenizer;    /* export --format hf: a tokenizer.json to include */
     int json, tensors, force, params_only, all;
     int format;               /* FMT_*, -1: from the output's name */
     int dtype;                /* a zck_dtype, -1: as stored */
@@ -37,7 +38,7 @@ typedef struct {
     zr_audit_opts audit;
 } zckpt_args;
 #define ZCLI_ARGS zckpt_args
-enum { FMT_ZCKPT, FMT_SAFETENSORS, FMT_LLMC };
+enum { FMT_ZCKPT, FMT_SAFETENSORS, FMT_LLMC, FMT_HF };
 
 static void args_init(zckpt_args *a)
 {
@@ -529,6 +530,26 @@ static int cmd_consolidate(const zckpt_args *a)
 
 /* ------------------------------------------------------------------ export, import */
 
+static int export_hf(const zckpt_args *a)
+{
+    zfmt_hf_opts o = ZFMT_HF_OPTS_INIT;
+    zcli_bar bar;
+    o.dtype = a->dtype;
+    o.force = a->force;
+    o.tokenizer_json = a->tokenizer;
+    o.progress = zcli_progress_init(&bar);
+    int rc = zfmt_hf_export(a->path, a->out, &o);
+    zcli_progress_end(&bar);
+    if (rc < 0)
+        return zcli_fail_lib(PROG, rc == ZR_EEXIST && !a->force
+                                       ? "choose another output, or pass --force to replace an "
+                                         "earlier export"
+                                       : NULL);
+    printf("%s: Hugging Face GPT-2 model (config.json, model.safetensors%s) of %s\n", a->out,
+           a->tokenizer ? ", tokenizer.json" : "", a->path);
+    return ZCLI_OK;
+}
+
 static int cmd_export(const zckpt_args *a)
 {
     const char *src = a->path, *out = a->out;
@@ -540,6 +561,10 @@ static int cmd_export(const zckpt_args *a)
         so.params_only = 1;
         return export_st(src, out, force, &so);
     }
+    if (a->tokenizer && a->format != FMT_HF)
+        return zcli_fail(PROG, NULL, "--tokenizer applies to --format hf only");
+    if (a->format == FMT_HF)
+        return export_hf(a);
     if (dtype >= 0)
         return zcli_fail(PROG, NULL, "llm.c model files are float32: --dtype does not apply");
     if (exists(out) && !force)
@@ -788,8 +813,8 @@ static const char *const dtype_names[] = {"f32", "bf16", "f16", NULL};
 static const int dtype_values[] = {ZCK_F32, ZCK_BF16, ZCK_F16};
 static const char *const consolidate_formats[] = {"zckpt", "safetensors", NULL};
 static const int consolidate_format_values[] = {FMT_ZCKPT, FMT_SAFETENSORS};
-static const char *const export_formats[] = {"safetensors", "llmc", NULL};
-static const int export_format_values[] = {FMT_SAFETENSORS, FMT_LLMC};
+static const char *const export_formats[] = {"safetensors", "llmc", "hf", NULL};
+static const int export_format_values[] = {FMT_SAFETENSORS, FMT_LLMC, FMT_HF};
 
 static const zcli_opt ls_opts[] = {ZCLI_POSITIONAL("RUNDIR", path), OPT_JSON};
 static const zcli_opt inspect_opts[] = {
@@ -827,12 +852,15 @@ static const zcli_opt consolidate_opts[] = {
 };
 static const zcli_opt export_opts[] = {
     ZCLI_POSITIONAL("CKPT", path),
-    OPT_OUTPUT("FILE", "the model file"),
+    OPT_OUTPUT("OUT", "the model file (hf: the model directory)"),
     {.name = "--format", .kind = ZCLI_OPT_ENUM, .flags = ZCLI_OPT_REQUIRED,
      .off = offsetof(zckpt_args, format), .choices = export_formats,
      .values = export_format_values,
-     .help = "safetensors in our tensor names, or llm.c's GPT-2 model file"},
+     .help = "safetensors in our tensor names, llm.c's GPT-2 model file, or a Hugging Face "
+             "model directory (config.json + model.safetensors) that transformers loads"},
     OPT_DTYPE,
+    ZCLI_STRING("--tokenizer", tokenizer, "FILE", "",
+                "hf: a tokenizer.json to put beside the model"),
     OPT_FORCE,
 };
 static const zcli_opt import_opts[] = {
@@ -920,8 +948,9 @@ static const command commands[] = {
      "params only; --format zckpt writes a world-1 checkpoint into the run directory OUT.\n"
      "Streaming, bounded memory.\n"},
     {"export", cmd_export, TABLE(export_opts),
-     "Export the model (params) of a GPT-2 checkpoint: safetensors in our tensor names, or\n"
-     "llm.c's model file (gpt2_124M.bin layout).\n"},
+     "Export the model (params) of a GPT-2 checkpoint: safetensors in our tensor names,\n"
+     "llm.c's model file (gpt2_124M.bin layout), or a Hugging Face model directory\n"
+     "(config.json + model.safetensors) that transformers loads as GPT2LMHeadModel.\n"},
     {"import", cmd_import, TABLE(import_opts),
      "Make a step-0 checkpoint (N shards) from a GPT-2 model: a safetensors file in our\n"
      "names, a Hugging Face GPT-2 directory (config.json + model.safetensors), or an llm.c\n"

@@ -87,6 +87,10 @@ int zt_zckpt(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 
 /* The checkpoints latest names in run directories a and b hold the same values (within atol +
  * rtol |b|; 0, 0: exactly), whatever their world sizes. */
 void zt_same_latest(const char *a, const char *b, double atol, double rtol);
+/* The python of a venv under build/ (ZT_ROOT/build/venv) in which `import MODULES` works
+ * (space-separated), pip-installing PACKAGES there when not (PyPI reachable); NULL when that
+ * fails (the caller skips with one line). The venv is made once and reused. */
+const char *zt_venv_python(const char *modules, const char *packages);
 
 /* A small GPT-2 that trains in milliseconds, and the options of such a run into dir: batch 4 of
  * micro-batches of 2, warmup 5, lr 3e-3, one thread, the given steps. */

@@ -12,6 +12,7 @@
  */
 #include "comm.h"
 #include "device.h"
+#include "sample.h"
 #include "saver.h"
 #include "zero.h"
 #include "model.h"
@@ -337,29 +338,7 @@ static int save(run *r, float loss, char *path_out, size_t cap)
 /* Check that the checkpoint holds this model: same groups, sizes, tensors, and f32 states. */
 int zr_train__check_layout(const zck_layout *ck, const zck_layout *want, const char *path)
 {
-    if (zck_layout_n_groups(ck) != zck_layout_n_groups(want))
-        return zr_err_set(ZR_EINVAL, "%s: checkpoint has %zu parameter groups, this model %zu "
-                          "(another model shape)", path, zck_layout_n_groups(ck),
-                          zck_layout_n_groups(want));
-    for (size_t g = 0; g < zck_layout_n_groups(want); g++) {
-        if (strcmp(zck_layout_group_name(ck, g), zck_layout_group_name(want, g)) ||
-            zck_layout_group_numel(ck, g) != zck_layout_group_numel(want, g) ||
-            zck_layout_group_n_tensors(ck, g) != zck_layout_group_n_tensors(want, g))
-            return zr_err_set(ZR_EINVAL, "%s: group %zu is '%s' of %llu elements, this model "
-                              "expects '%s' of %llu (another model shape)", path, g,
-                              zck_layout_group_name(ck, g),
-                              (unsigned long long)zck_layout_group_numel(ck, g),
-                              zck_layout_group_name(want, g),
-                              (unsigned long long)zck_layout_group_numel(want, g));
-        for (size_t t = 0; t < zck_layout_group_n_tensors(want, g); t++) {
-            zck_tensor_info a, b;
-            zck_layout_tensor(ck, g, t, &a);
-            zck_layout_tensor(want, g, t, &b);
-            if (strcmp(a.name, b.name) || a.numel != b.numel || a.offset != b.offset)
-                return zr_err_set(ZR_EINVAL, "%s: tensor '%s' where this model has '%s'", path,
-                                  a.name, b.name);
-        }
-    }
+    ZR_TRY(zr_gpt2_layout_check(ck, want, path));
     static const char *states[3] = {"param", "exp_avg", "exp_avg_sq"};
     for (size_t s = 0; s < 3; s++) {
         size_t idx;
@@ -716,6 +695,13 @@ int zr_train__check_opts(const zr_train_opts *o)
     if (o->offload_params != ZR_OFFLOAD_NONE && o->zero_stage != 3)
         return zr_err_set(ZR_EINVAL, "--offload-params needs ZeRO stage 3, not %d",
                           o->zero_stage);
+    if (!o->sample_every && o->sample_prompt)
+        return zr_err_set(ZR_EINVAL, "--prompt sets the prompt of the samples: add "
+                          "--sample-every N");
+    if (o->sample_every && o->sample_tokens < 1)
+        return zr_err_set(ZR_EINVAL, "--sample-tokens 0: at least 1");
+    if (o->sample_every && o->sample_prompt && !o->sample_prompt[0])
+        return zr_err_set(ZR_EINVAL, "--prompt: empty (the samples need at least one byte)");
     if (o->offload_optimizer != ZR_OFFLOAD_NVME && o->offload_params != ZR_OFFLOAD_NVME)
         return 0;
     if (!o->nvme_path || !o->nvme_path[0])
@@ -1138,6 +1124,11 @@ static int open_world(run *r)
     return open_device(r);
 }
 
+static const char *sample_prompt(const zr_train_opts *o)
+{
+    return o->sample_prompt ? o->sample_prompt : "the ";
+}
+
 /* What to resume from (rank 0 decides for all; the others learn its pick or its error), then
  * the model and the shapes. Returns this rank's result, still to be agreed. */
 static int pick_start(run *r)
@@ -1163,6 +1154,8 @@ static int pick_start(run *r)
         lrc = zr_train__pick_config(&r->cfg, o, r->rd);
     if (!lrc)
         lrc = zr_train__seq(&r->T, o, &r->cfg);
+    if (!lrc && o->sample_every)
+        lrc = zr_train__sample_check(&r->cfg, sample_prompt(o), o->sample_tokens);
     r->mb = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)r->W;
     r->n_micro = o->batch / (uint32_t)r->W / r->mb;
     return lrc;
@@ -1333,6 +1326,62 @@ static int diverged(run *r, zr_train_result *out, float loss, float norm)
     return rc;
 }
 
+/* Every sample_every steps: the parameters gathered to rank 0 (every rank takes part), which
+ * prints the greedy continuation of the prompt after the step line and logs it as an event. */
+static int sample_now(run *r)
+{
+    const zr_train_opts *o = r->o;
+    if (!o->sample_every || r->step % o->sample_every)
+        return 0;
+    zr_train__sampler *s = NULL;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    size_t len = 0;
+    int rc = agree(r, zr_train__sample_begin(&s, r->zero, r->L, &r->cfg, r->rank, r->W));
+    if (!rc)
+        rc = zr_train__sample_gather(s, r->zero);
+    if (!rc)
+        rc = agree(r, r->rank == 0 ? zr_train__sample_text(s, sample_prompt(o),
+                                                           o->sample_tokens, &text, &len, &ids)
+                                   : 0);
+    zr_train__sample_free(s);
+    if (rc || r->rank != 0)
+        return rc;
+    const char *pr = sample_prompt(o);
+    size_t plen = strlen(pr);
+    char *u = malloc(3 * (len + plen) + 2), *up = u ? u + 3 * len + 1 : NULL;
+    if (u && r->log) { /* one line: control characters (newlines too) shown as '?' */
+        char *p = malloc(len + 1);
+        for (size_t i = 0; p && i <= len; i++)
+            p[i] = i < len && !text[i] ? '?' : text[i];
+        if (p)
+            fprintf(r->log, "sample at step %llu: %s\n", (unsigned long long)r->step,
+                    zr_printable(p, len + 1, p));
+        free(p);
+    }
+    if (u && r->jlog) {
+        char when[32];
+        json_t *a = json_array();
+        for (uint32_t i = 0; i < o->sample_tokens; i++)
+            json_array_append_new(a, json_integer(ids[i]));
+        json_t *j = json_pack("{s:s, s:I, s:o, s:o, s:o, s:s, s:s}", "event", "sample", "step",
+                              (json_int_t)r->step, "prompt",
+                              json_stringn(up, zr_gen_utf8_repair(up, pr, plen)), "ids", a,
+                              "text", json_stringn(u, zr_gen_utf8_repair(u, text, len)),
+                              "time", iso_time(when), "run_id", r->run_id);
+        char *line = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (line)
+            fprintf(r->jlog, "%s\n", line);
+        fflush(r->jlog);
+        free(line);
+        json_decref(j);
+    }
+    free(u);
+    free(text);
+    free(ids);
+    return 0;
+}
+
 /* Steps until the end, a stop (signal, --stop-after, time limit) or an error; saves every
  * save_every steps. *done: steps taken here, *saved_now: the last one was just saved. */
 static int train_loop(run *r, zr_train_result *out, float *loss, uint64_t *done,
@@ -1372,6 +1421,7 @@ static int train_loop(run *r, zr_train_result *out, float *loss, uint64_t *done,
             *saved_now = 1;
         }
         log_step(r, 1, *loss, lr, norm, dt, *saved_now ? r->blocked_s * 1e3 : 0);
+        ZR_TRY(sample_now(r));
         if (stop && r->step < o->steps) {
             out->stopped = 1;
             break;

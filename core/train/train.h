@@ -63,6 +63,13 @@ typedef struct {
     /* this invocation's id in the --log-json records and the checkpoint's training section
      * (zrun: random per invocation, ZR_RUN_ID for its ranks); NULL: one made here */
     const char *run_id;
+    /* samples during training: every sample_every steps (0: none) rank 0 prints the greedy
+     * continuation of sample_prompt (bytes as token ids; NULL: "the ") by sample_tokens tokens
+     * after the step line, and logs it as a "sample" event in the JSON log; every rank takes
+     * part (at stage 3 the parameters are gathered to rank 0) */
+    uint64_t sample_every;
+    const char *sample_prompt;
+    uint32_t sample_tokens;
 } zr_train_opts;
 enum { ZR_DEVICE_CPU = 0, ZR_DEVICE_CUDA = 1, ZR_DEVICE_AUTO = 2 };
 enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };
@@ -72,7 +79,7 @@ enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };
      .ckpt_dir = "runs/default", .keep_last = 3, .resume = "auto", .threads = 2,               \
      .prefetch = 2, .offload_optimizer = ZR_OFFLOAD_NONE, .offload_params = ZR_OFFLOAD_NONE,   \
      .aio_depth = 8, .offload_buffers = 4, .aio_block = (size_t)1 << 20, .async_save = -1,     \
-     .verify_on_resume = ZR_VERIFY_FULL, .device = ZR_DEVICE_CPU}
+     .verify_on_resume = ZR_VERIFY_FULL, .device = ZR_DEVICE_CPU, .sample_tokens = 32}
 
 typedef struct {
     uint64_t step;           /* optimizer steps completed */
