@@ -275,7 +275,7 @@ ZT_TEST(cli_every_option_is_documented)
     ZT_CHECK(check_listed(help, docs, "zrun") >= 40);
     free(help);
     if (getenv("ZT_ZGEN")) { /* zgen's table too */
-        ZT_CHECK_EQ(run_bin(&help, getenv("ZT_ZGEN"), "--help"), 0);
+        ZT_CHECK_EQ(zt_run(&help, getenv("ZT_ZGEN"), "--help"), 0);
         ZT_CHECK(check_listed(help, docs, "zgen") >= 7);
         free(help);
     }
@@ -339,8 +339,8 @@ ZT_TEST(cli_audit_sound_run)
     free(o);
     free(dry);
     /* the dry run of a job of 2 nodes x 2 ranks plans for world 4, as the audit at --world 4 */
-    ZT_CHECK_EQ(zckpt(&o, "audit run --world 4 --zero 3"), 0);
-    ZT_CHECK_EQ(run_bin(&dry, zt_zrun_path(), "--dry-run --nproc 2 --nnodes 2 --master "
+    ZT_CHECK_EQ(zt_zckpt(&o, "audit run --world 4 --zero 3"), 0);
+    ZT_CHECK_EQ(zt_run(&dry, zt_zrun_path(), "--dry-run --nproc 2 --nnodes 2 --master "
                         "127.0.0.1:1 --zero 3 --batch 4 --seq 32 --ckpt-dir run"), 0);
     ZT_CHECK((table = strstr(dry, "dry run: ")) && strstr(o, table));
     free(o);
