@@ -748,7 +748,8 @@ static int verify_read(verify_ctx *c, struct archive *a, const char *file, char 
                        size_t max)
 {
     ZR_TRY(zr_array_grow(&c->m, &c->cap, c->n, sizeof *c->m));
-    seen_member *m = &c->m[c->n]; /* zeroed */
+    seen_member *m = &c->m[c->n];
+    *m = (seen_member){0};
     if (!(m->file = strdup(file)))
         return zr_err_set(ZR_ENOMEM, "out of memory");
     c->n++;
