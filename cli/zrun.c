@@ -34,6 +34,17 @@ static void on_signal(int sig)
     stop_flag = 1;
 }
 
+/* SIGINT, SIGTERM and SIGUSR1 set stop_flag */
+static void catch_stop_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
 typedef struct {
     uint32_t nnodes, node_rank;
     const char *master;
@@ -45,12 +56,7 @@ static int supervise(char **argv, const zr_train_opts *o, uint32_t nproc, int lo
                      uint32_t max_restarts, double backoff, uint32_t nproc_restart,
                      const nodes_opts *no)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
+    catch_stop_signals();
     zr_supervise_opts so = ZR_SUPERVISE_OPTS_INIT;
     so.nproc = (int)nproc;
     so.nproc_on_restart = (int)nproc_restart;
@@ -324,12 +330,7 @@ static int parse_args(zrun_args *a, int argc, char **argv)
 /* One rank: train until done or stopped by a signal. */
 static int run_rank(zr_train_opts *o)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
+    catch_stop_signals();
     o->stop = &stop_flag;
     o->log = stdout;
     setvbuf(stdout, NULL, _IOLBF, 0);

@@ -23,9 +23,7 @@ typedef enum { ZR_OFFLOAD_NONE = 0, ZR_OFFLOAD_CPU = 1, ZR_OFFLOAD_NVME = 2 } zr
 
 /* ---------------------------------------------------------------- model configuration */
 
-typedef struct {
-    uint32_t layers, heads, dim, ctx, vocab; /* L, NH, C, maximum T, V */
-} zr_gpt2_config;
+typedef zck_gpt2_config zr_gpt2_config; /* layers, heads, dim, ctx, vocab: L, NH, C, maximum T, V */
 
 /*
  * "tiny" (L=4, NH=4, C=128, T=128, V=256: the default run), "gpt2" (12, 12, 768, 1024, 50257),
