@@ -16,7 +16,7 @@
  * Shapes in comments: B batch, T sequence, C channels, NH heads, hs = C / NH, V vocabulary,
  * N = B * T positions.
  */
-#include "model.h"
+#include "model_int.h"
 #include "par.h"
 
 #include <assert.h>
@@ -78,6 +78,7 @@ struct zr_model {
 
     size_t B, T;     /* of the last forward */
     int fwd_targets; /* -1: no forward yet; 0: last forward had no targets; 1: it had */
+    zr__llama *ll;   /* a Llama model: every call goes there (llama.c) */
 };
 
 /* ---------------------------------------------------------------- layout */
@@ -97,7 +98,7 @@ static uint64_t group_offset(const zr_model *m, size_t g)
 /* ---------------------------------------------------------------- memory */
 
 /* A zeroed arena aligned to 2 MiB with huge pages advised; bytes rounded up to 2 MiB. */
-static void *arena_alloc(size_t *bytes)
+void *zr__arena_alloc(size_t *bytes)
 {
     size_t n = (*bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     void *p = NULL;
@@ -112,7 +113,7 @@ static void *arena_alloc(size_t *bytes)
 }
 
 /* Next buffer of the activation arena: with base NULL only counts (the sizing pass). */
-static void *carve(unsigned char *base, size_t *off, double *total, size_t numel)
+void *zr__carve(unsigned char *base, size_t *off, double *total, size_t numel)
 {
     *off = (*off + BUF_ALIGN - 1) / BUF_ALIGN * BUF_ALIGN;
     void *p = base ? base + *off : NULL;
@@ -128,44 +129,61 @@ static size_t acts_layout(zr_model *m, unsigned char *base, double *total)
     size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, T = m->max_T;
     size_t N = m->max_B * T, off = 0;
     *total = 0;
-    m->encoded = carve(base, &off, total, N * C);
+    m->encoded = zr__carve(base, &off, total, N * C);
     for (size_t l = 0; l < L; l++) {
         layer_acts a;
-        a.ln1 = carve(base, &off, total, N * C);
-        a.ln1_mean = carve(base, &off, total, N);
-        a.ln1_rstd = carve(base, &off, total, N);
-        a.qkv = carve(base, &off, total, N * 3 * C);
-        a.atty = carve(base, &off, total, N * C);
+        a.ln1 = zr__carve(base, &off, total, N * C);
+        a.ln1_mean = zr__carve(base, &off, total, N);
+        a.ln1_rstd = zr__carve(base, &off, total, N);
+        a.qkv = zr__carve(base, &off, total, N * 3 * C);
+        a.atty = zr__carve(base, &off, total, N * C);
         /* the one product that can overflow size_t: counted in double for the caller */
         *total += (double)m->max_B * NH * T * T * sizeof(float);
-        a.att = carve(base, &off, total, m->max_B * NH * T * T);
-        a.res2 = carve(base, &off, total, N * C);
-        a.ln2 = carve(base, &off, total, N * C);
-        a.ln2_mean = carve(base, &off, total, N);
-        a.ln2_rstd = carve(base, &off, total, N);
-        a.fch = carve(base, &off, total, N * 4 * C);
-        a.fch_gelu = carve(base, &off, total, N * 4 * C);
-        a.res3 = carve(base, &off, total, N * C);
+        a.att = zr__carve(base, &off, total, m->max_B * NH * T * T);
+        a.res2 = zr__carve(base, &off, total, N * C);
+        a.ln2 = zr__carve(base, &off, total, N * C);
+        a.ln2_mean = zr__carve(base, &off, total, N);
+        a.ln2_rstd = zr__carve(base, &off, total, N);
+        a.fch = zr__carve(base, &off, total, N * 4 * C);
+        a.fch_gelu = zr__carve(base, &off, total, N * 4 * C);
+        a.res3 = zr__carve(base, &off, total, N * C);
         if (base)
             m->layer[l] = a;
     }
-    m->lnf = carve(base, &off, total, N * C);
-    m->lnf_mean = carve(base, &off, total, N);
-    m->lnf_rstd = carve(base, &off, total, N);
-    m->probs = carve(base, &off, total, N * V);
-    m->losses = carve(base, &off, total, N);
-    m->inputs = carve(base, &off, total, N);
-    m->targets = carve(base, &off, total, N);
-    m->dres = carve(base, &off, total, N * C);
-    m->dC = carve(base, &off, total, N * C);
-    m->dqkv = carve(base, &off, total, N * 3 * C);
-    m->d4C = carve(base, &off, total, N * 4 * C);
-    m->dlogits = carve(base, &off, total, m->dlogits_rows * V);
-    m->drow = carve(base, &off, total, m->max_B * NH * T);
+    m->lnf = zr__carve(base, &off, total, N * C);
+    m->lnf_mean = zr__carve(base, &off, total, N);
+    m->lnf_rstd = zr__carve(base, &off, total, N);
+    m->probs = zr__carve(base, &off, total, N * V);
+    m->losses = zr__carve(base, &off, total, N);
+    m->inputs = zr__carve(base, &off, total, N);
+    m->targets = zr__carve(base, &off, total, N);
+    m->dres = zr__carve(base, &off, total, N * C);
+    m->dC = zr__carve(base, &off, total, N * C);
+    m->dqkv = zr__carve(base, &off, total, N * 3 * C);
+    m->d4C = zr__carve(base, &off, total, N * 4 * C);
+    m->dlogits = zr__carve(base, &off, total, m->dlogits_rows * V);
+    m->drow = zr__carve(base, &off, total, m->max_B * NH * T);
     return off;
 }
 
 /* ---------------------------------------------------------------- construction */
+
+/* A Llama model: the handle holds its config, the maths is llama.c's. */
+static int llama_new(zr_model **out, const zr_config *c, size_t max_B, size_t max_T,
+                     const zr_model_hooks *hooks)
+{
+    zr_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return zr_err_set(ZR_ENOMEM, "model: out of memory");
+    m->c = *c;
+    int rc = zr__llama_new(&m->ll, c, max_B, max_T, hooks);
+    if (rc < 0) {
+        free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
 
 int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B)
 {
@@ -177,6 +195,8 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
 {
     assert(out && c);
     *out = NULL;
+    if (c->family == ZR_FAMILY_LLAMA)
+        return llama_new(out, c, max_B, max_T, hooks);
     const struct {
         const char *name;
         uint32_t v;
@@ -212,11 +232,7 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
     m->fwd_targets = -1;
     uint64_t C = c->dim;
     size_t N = max_B * max_T;
-    m->dlogits_rows = DLOGITS_MAX_NUMEL / c->vocab;
-    if (m->dlogits_rows < 1)
-        m->dlogits_rows = 1;
-    if (m->dlogits_rows > N)
-        m->dlogits_rows = N;
+    m->dlogits_rows = zr__dlogits_rows(N, c->vocab);
     /* sizes in double first: past 2^60 bytes the size_t arithmetic below could wrap */
     double numel_d = ((double)c->vocab + c->ctx + 2) * C +
                      (double)c->layers * (12.0 * C + 13) * C; /* the table's 12C^2 + 13C */
@@ -237,11 +253,11 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
     uint64_t want = (uint64_t)pbytes + gbytes + abytes;
     int ok = (m->layer = calloc(c->layers, sizeof *m->layer)) != NULL;
     if (ok && pbytes)
-        ok = (m->params = arena_alloc(&pbytes)) != NULL;
+        ok = (m->params = zr__arena_alloc(&pbytes)) != NULL;
     if (ok && gbytes)
-        ok = (m->grads = arena_alloc(&gbytes)) != NULL;
+        ok = (m->grads = zr__arena_alloc(&gbytes)) != NULL;
     if (ok)
-        ok = (m->acts_mem = arena_alloc(&abytes)) != NULL;
+        ok = (m->acts_mem = zr__arena_alloc(&abytes)) != NULL;
     if (!ok) {
         zr_model_free(m);
         return zr_err_set(ZR_ENOMEM, "model: out of memory for %.1f MiB of parameters, "
@@ -258,17 +274,15 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
 
 uint64_t zr_model_activation_bytes(const zr_gpt2_config *c, size_t max_B, size_t max_T)
 {
+    if (c->family == ZR_FAMILY_LLAMA)
+        return zr__llama_activation_bytes(c, max_B, max_T);
     zr_model m;
     memset(&m, 0, sizeof m);
     m.c = *c;
     m.max_B = max_B;
     m.max_T = max_T;
     size_t N = max_B * max_T;
-    m.dlogits_rows = c->vocab ? DLOGITS_MAX_NUMEL / c->vocab : 1;
-    if (m.dlogits_rows < 1)
-        m.dlogits_rows = 1;
-    if (m.dlogits_rows > N)
-        m.dlogits_rows = N;
+    m.dlogits_rows = zr__dlogits_rows(N, c->vocab);
     double total;
     size_t b = acts_layout(&m, NULL, &total);
     return (b + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
@@ -278,6 +292,7 @@ void zr_model_free(zr_model *m)
 {
     if (!m)
         return;
+    zr__llama_free(m->ll);
     free(m->params);
     free(m->grads);
     free(m->acts_mem);
@@ -286,12 +301,22 @@ void zr_model_free(zr_model *m)
 }
 
 const zr_gpt2_config *zr_model_config(const zr_model *m) { return &m->c; }
-size_t zr_model_n_groups(const zr_model *m) { return (size_t)m->c.layers + 3; }
-uint64_t zr_model_numel(const zr_model *m) { return m->off.numel; }
+
+size_t zr_model_n_groups(const zr_model *m)
+{
+    return m->ll ? zr__llama_n_groups(m->ll) : (size_t)m->c.layers + 3;
+}
+
+uint64_t zr_model_numel(const zr_model *m)
+{
+    return m->ll ? zr__llama_numel(m->ll) : m->off.numel;
+}
 
 uint64_t zr_model_group_numel(const zr_model *m, size_t g)
 {
     assert(g < zr_model_n_groups(m));
+    if (m->ll)
+        return zr__llama_group_numel(m->ll, g);
     if (g == (size_t)m->c.layers + 2)
         return m->off.numel - m->off.ln_f;
     return g < 2 ? group_offset(m, g + 1) - group_offset(m, g) : m->off.layer_numel;
@@ -300,17 +325,23 @@ uint64_t zr_model_group_numel(const zr_model *m, size_t g)
 float *zr_model_param(zr_model *m, size_t g)
 {
     assert(g < zr_model_n_groups(m));
+    if (m->ll)
+        return zr__llama_param(m->ll, g);
     return m->params ? m->params + group_offset(m, g) : NULL;
 }
 
 float *zr_model_grad(zr_model *m, size_t g)
 {
     assert(g < zr_model_n_groups(m));
+    if (m->ll)
+        return zr__llama_grad(m->ll, g);
     return m->grads ? m->grads + group_offset(m, g) : NULL;
 }
 
 size_t zr_model_fetch_order(const zr_model *m, int backward, size_t *order)
 {
+    if (m->ll)
+        return zr__llama_fetch_order(m->ll, backward, order);
     size_t L = m->c.layers, n = 0;
     if (!backward) { /* wte and wpe (embedding), the blocks, ln_f, wte again (the head) */
         for (size_t g = 0; g < L + 3; g++)
@@ -325,41 +356,55 @@ size_t zr_model_fetch_order(const zr_model *m, int backward, size_t *order)
 }
 
 /* Group g's parameters and gradient buffer: the own arenas, or what the hooks lend. */
-static int params_get(zr_model *m, size_t g, const float **out)
+int zr__params_get(const zr_model_hooks *h, const float *own, size_t g, const float **out)
 {
-    if (!m->h.params) {
-        *out = m->params + group_offset(m, g);
+    if (!h->params) {
+        *out = own;
         return 0;
     }
     *out = NULL;
-    int rc = m->h.params(m->h.ctx, g, out);
+    int rc = h->params(h->ctx, g, out);
     if (!rc && !*out)
         rc = zr_err_set(ZR_EINVAL, "model: the params hook lent no buffer for group %zu", g);
     return rc;
 }
 
-static int params_put(zr_model *m, size_t g)
+int zr__params_put(const zr_model_hooks *h, size_t g)
 {
-    return m->h.params_done ? m->h.params_done(m->h.ctx, g) : 0;
+    return h->params_done ? h->params_done(h->ctx, g) : 0;
 }
 
-static int grads_get(zr_model *m, size_t g, float **out)
+int zr__grads_get(const zr_model_hooks *h, float *own, size_t g, float **out)
 {
-    if (!m->h.grads) {
-        *out = m->grads + group_offset(m, g);
+    if (!h->grads) {
+        *out = own;
         return 0;
     }
     *out = NULL;
-    int rc = m->h.grads(m->h.ctx, g, out);
+    int rc = h->grads(h->ctx, g, out);
     if (!rc && !*out)
         rc = zr_err_set(ZR_EINVAL, "model: the grads hook lent no buffer for group %zu", g);
     return rc;
 }
 
-static int grads_put(zr_model *m, size_t g)
+int zr__grads_put(const zr_model_hooks *h, size_t g)
 {
-    return m->h.grads_done ? m->h.grads_done(m->h.ctx, g) : 0;
+    return h->grads_done ? h->grads_done(h->ctx, g) : 0;
 }
+
+static int params_get(zr_model *m, size_t g, const float **out)
+{
+    return zr__params_get(&m->h, m->params ? m->params + group_offset(m, g) : NULL, g, out);
+}
+
+static int params_put(zr_model *m, size_t g) { return zr__params_put(&m->h, g); }
+
+static int grads_get(zr_model *m, size_t g, float **out)
+{
+    return zr__grads_get(&m->h, m->grads ? m->grads + group_offset(m, g) : NULL, g, out);
+}
+
+static int grads_put(zr_model *m, size_t g) { return zr__grads_put(&m->h, g); }
 
 /* x[0, n) = 0 on the par_for threads, in blocks of ZERO_BLOCK floats (64 KiB) */
 #define ZERO_BLOCK ((size_t)16384)
@@ -375,7 +420,7 @@ static void zero_blocks(void *p, size_t b0, size_t b1)
     memset(a->x + i0, 0, (i1 - i0) * sizeof(float));
 }
 
-static void par_zero(float *x, size_t n)
+void zr__par_zero(float *x, size_t n)
 {
     zero_args a = {x, n};
     par_for((n + ZERO_BLOCK - 1) / ZERO_BLOCK, 4, zero_blocks, &a);
@@ -383,14 +428,23 @@ static void par_zero(float *x, size_t n)
 
 void zr_model_zero_grad(zr_model *m)
 {
-    if (m->grads)
-        par_zero(m->grads, m->off.numel);
+    if (m->ll)
+        zr__llama_zero_grad(m->ll);
+    else if (m->grads)
+        zr__par_zero(m->grads, m->off.numel);
 }
 
-const float *zr_model_probs(const zr_model *m) { return m->probs; }
+const float *zr_model_probs(const zr_model *m)
+{
+    return m->ll ? zr__llama_probs(m->ll) : m->probs;
+}
 
 void zr_model_bytes(const zr_model *m, uint64_t *params, uint64_t *grads, uint64_t *acts)
 {
+    if (m->ll) {
+        zr__llama_bytes(m->ll, params, grads, acts);
+        return;
+    }
     if (params)
         *params = m->pbytes;
     if (grads)
@@ -436,6 +490,14 @@ static void fill_normal(float *x, uint64_t first, uint64_t n, uint64_t key, floa
     }
 }
 
+/* The stream of seed: the key fill_normal draws with. */
+static uint64_t init_key(uint64_t seed) { return mix64(seed ^ 0x7a65726f2d677074ull); } /* "zero-gpt" */
+
+void zr__fill_normal(float *x, uint64_t first, uint64_t n, uint64_t seed, float std)
+{
+    fill_normal(x, first, n, init_key(seed), std);
+}
+
 static void fill_const(float *x, uint64_t n, float v)
 {
     for (uint64_t i = 0; i < n; i++)
@@ -449,7 +511,11 @@ void zr_model_init_range(const zr_model *m, uint64_t seed, size_t g, uint64_t of
                          float *dst)
 {
     assert(g < zr_model_n_groups(m) && off + n <= zr_model_group_numel(m, g));
-    uint64_t key = mix64(seed ^ 0x7a65726f2d677074ull); /* "zero-gpt" */
+    if (m->ll) {
+        zr__llama_init_range(m->ll, seed, g, off, n, dst);
+        return;
+    }
+    uint64_t key = init_key(seed);
     uint64_t base = group_offset(m, g), C = m->c.dim;
     float std = 0.02f, std_res = 0.02f / sqrtf(2.0f * (float)m->c.layers);
     if (g < 2) { /* wte, wpe */
@@ -477,11 +543,11 @@ void zr_model_init_range(const zr_model *m, uint64_t seed, size_t g, uint64_t of
 
 void zr_model_init_weights(zr_model *m, uint64_t seed)
 {
-    if (!m->params)
-        return;
-    for (size_t g = 0; g < zr_model_n_groups(m); g++)
-        zr_model_init_range(m, seed, g, 0, zr_model_group_numel(m, g),
-                            m->params + group_offset(m, g));
+    for (size_t g = 0; g < zr_model_n_groups(m); g++) {
+        float *p = zr_model_param(m, g);
+        if (p)
+            zr_model_init_range(m, seed, g, 0, zr_model_group_numel(m, g), p);
+    }
 }
 
 /* ---------------------------------------------------------------- layers */
@@ -515,19 +581,6 @@ static inline float sum8(const float *restrict x, size_t n)
     float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (; i < n; i++)
         s += x[i];
-    return s;
-}
-
-static inline float dot8(const float *restrict a, const float *restrict b, size_t n)
-{
-    float acc[8] = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (size_t j = 0; j < 8; j++)
-            acc[j] += a[i + j] * b[i + j];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++)
-        s += a[i] * b[i];
     return s;
 }
 
@@ -780,8 +833,8 @@ static void gemm_part(void *p, size_t b0, size_t b1)
                 (int)g->lda, B, (int)g->ldb, g->beta, C, (int)g->ldc);
 }
 
-static void gemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
-                 const float *B, size_t ldb, float beta, float *C, size_t ldc)
+void zr__gemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
+              const float *B, size_t ldb, float beta, float *C, size_t ldc)
 {
     gemm_args g = {ta, tb, N > M, M, N, K, A, B, lda, ldb, ldc, beta, C};
     size_t n = g.by_cols ? N : M;
@@ -801,8 +854,12 @@ static void bias_rows(void *p, size_t n0, size_t n1)
     size_t OC = a->OC;
     for (size_t n = n0; n < n1; n++) {
         float *o = a->out + n * OC;
-        if (!a->res) {
+        if (!a->res && !a->bias) {
+            memset(o, 0, OC * sizeof(float));
+        } else if (!a->res) {
             memcpy(o, a->bias, OC * sizeof(float));
+        } else if (!a->bias) {
+            memcpy(o, a->res + n * OC, OC * sizeof(float));
         } else {
             const float *r = a->res + n * OC;
             for (size_t j = 0; j < OC; j++)
@@ -811,14 +868,14 @@ static void bias_rows(void *p, size_t n0, size_t n1)
     }
 }
 
-/* out[N, OC] = (res ? res : 0) + inp[N, IC] W[OC, IC]^T + b[OC]: res [N, OC] is the residual
- * the output adds onto (it may not alias out). */
-static void matmul_forward(float *out, const float *res, const float *inp, const float *W,
+/* out[N, OC] = (res ? res : 0) + inp[N, IC] W[OC, IC]^T + (b ? b[OC] : 0): res [N, OC] is the
+ * residual the output adds onto (it may not alias out). */
+void zr__matmul_forward(float *out, const float *res, const float *inp, const float *W,
                            const float *bias, size_t N, size_t IC, size_t OC)
 {
     bias_rows_args a = {out, res, bias, OC};
     par_for(N, ROWS_GRAIN, bias_rows, &a);
-    gemm(0, 1, N, OC, IC, inp, IC, W, IC, 1.0f, out, OC);
+    zr__gemm(0, 1, N, OC, IC, inp, IC, W, IC, 1.0f, out, OC);
 }
 
 /* db[OC] += column sums of dout [N, OC]: split by channel block, rows summed in order */
@@ -840,12 +897,15 @@ ZR_VEC_CLONES static void bias_grad_cols(void *p, size_t b0, size_t b1)
     }
 }
 
-/* dinp[N, IC] = dout W (overwritten); dW[OC, IC] += dout^T inp; db[OC] += column sums. */
-static void matmul_backward(float *dinp, float *dW, float *db, const float *dout,
+/* dinp[N, IC] = dout W (overwritten); dW[OC, IC] += dout^T inp; db[OC] += column sums (no db:
+ * no bias). */
+void zr__matmul_backward(float *dinp, float *dW, float *db, const float *dout,
                             const float *inp, const float *W, size_t N, size_t IC, size_t OC)
 {
-    gemm(0, 0, N, IC, OC, dout, OC, W, IC, 0.0f, dinp, IC);
-    gemm(1, 0, OC, IC, N, dout, OC, inp, IC, 1.0f, dW, IC);
+    zr__gemm(0, 0, N, IC, OC, dout, OC, W, IC, 0.0f, dinp, IC);
+    zr__gemm(1, 0, OC, IC, N, dout, OC, inp, IC, 1.0f, dW, IC);
+    if (!db)
+        return;
     bias_grad_args a = {db, dout, N, OC};
     par_for(col_blocks(OC), 1, bias_grad_cols, &a);
 }
@@ -883,17 +943,19 @@ static void sgemm1(int ta, int tb, size_t M, size_t N, size_t K, float alpha, co
 typedef struct {
     float *out, *att, *dqkv, *rows;
     const float *qkv, *dout;
-    size_t T, C, NH;
+    zr__att_geom g;
 } attention_args;
 
 ZR_VEC_CLONES static void attention_forward_pairs(void *p, size_t bh0, size_t bh1)
 {
     const attention_args *A = p;
-    size_t T = A->T, C = A->C, NH = A->NH, C3 = 3 * C, hs = C / NH;
+    size_t T = A->g.T, NH = A->g.NH, hs = A->g.hs, C3 = A->g.ld, C = NH * hs;
     float scale = 1.0f / sqrtf((float)hs);
     for (size_t bh = bh0; bh < bh1; bh++) {
-        size_t b = bh / NH, h = bh % NH;
-        const float *q = A->qkv + b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
+        size_t b = bh / NH, h = bh % NH, kv = h / A->g.grp * hs;
+        const float *q = A->qkv + b * T * C3 + h * hs;
+        const float *k = A->qkv + b * T * C3 + A->g.koff + kv;
+        const float *v = A->qkv + b * T * C3 + A->g.voff + kv;
         float *P = A->att + bh * T * T, *y = A->out + b * T * C + h * hs;
         for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
             size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
@@ -909,66 +971,78 @@ ZR_VEC_CLONES static void attention_forward_pairs(void *p, size_t bh0, size_t bh
     }
 }
 
-static void attention_forward(float *out, float *att, const float *qkv, size_t B, size_t T,
-                              size_t C, size_t NH)
+void zr__attention_forward(const zr__att_geom *g, float *out, float *att, const float *qkv)
 {
-    attention_args a = {out, att, NULL, NULL, qkv, NULL, T, C, NH};
-    par_for(B * NH, 1, attention_forward_pairs, &a);
+    attention_args a = {out, att, NULL, NULL, qkv, NULL, *g};
+    par_for(g->B * g->NH, 1, attention_forward_pairs, &a);
 }
 
-/* dqkv [N, 3C] (overwritten) from dout [N, C]; see above */
-ZR_VEC_CLONES static void attention_backward_pairs(void *p, size_t bh0, size_t bh1)
+/* One query head's backward (pair bh of head h); acc: its key/value head already holds the
+ * gradients of an earlier head of its group, to be added to rather than overwritten. */
+ZR_VEC_CLONES static void attention_backward_head(const attention_args *A, size_t bh, float *blk, int acc)
 {
-    const attention_args *A = p;
-    size_t T = A->T, C = A->C, NH = A->NH, C3 = 3 * C, hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    float blk[ATT_BLOCK * ATT_BLOCK]; /* dP, then dS, of one block */
-    for (size_t bh = bh0; bh < bh1; bh++) {
-        size_t b = bh / NH, h = bh % NH;
-        const float *q = A->qkv + b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
-        const float *P = A->att + bh * T * T, *dy = A->dout + b * T * C + h * hs;
-        float *dq = A->dqkv + b * T * C3 + h * hs, *dk = dq + C, *dv = dq + 2 * C;
-        float *D = A->rows + bh * T;
-        for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) { /* y = P v into dq, then D */
-            size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-            sgemm1(0, 0, r1 - r0, hs, r1, 1.0f, P + r0 * T, T, v, C3, 0.0f, dq + r0 * C3, C3);
-            for (size_t t = r0; t < r1; t++)
-                D[t] = dot8(dy + t * C, dq + t * C3, hs);
-        }
-        for (size_t c0 = 0; c0 < T; c0 += ATT_BLOCK) { /* dv[c] = P[c.., c]^T dy[c..] */
-            size_t c1 = c0 + ATT_BLOCK < T ? c0 + ATT_BLOCK : T;
-            sgemm1(1, 0, c1 - c0, hs, T - c0, 1.0f, P + c0 * T + c0, T, dy + c0 * C, C, 0.0f,
-                   dv + c0 * C3, C3);
-        }
-        for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-            size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, nr = r1 - r0;
-            for (size_t c0 = 0; c0 <= r0; c0 += ATT_BLOCK) {
-                size_t c1 = c0 + ATT_BLOCK < T ? c0 + ATT_BLOCK : T, nc = c1 - c0;
-                sgemm1(0, 1, nr, nc, hs, 1.0f, dy + r0 * C, C, v + c0 * C3, C3, 0.0f, blk, nc);
-                for (size_t i = 0; i < nr; i++) {
-                    const float *pr = P + (r0 + i) * T + c0;
-                    float *d = blk + i * nc, Di = D[r0 + i];
-                    /* in the diagonal block, columns past the row's own position are 0 */
-                    size_t end = c0 == r0 ? i + 1 : nc;
-                    for (size_t j = 0; j < end; j++)
-                        d[j] = pr[j] * (d[j] - Di) * scale;
-                    for (size_t j = end; j < nc; j++)
-                        d[j] = 0.0f;
-                }
-                sgemm1(0, 0, nr, hs, nc, 1.0f, blk, nc, k + c0 * C3, C3, c0 ? 1.0f : 0.0f,
-                       dq + r0 * C3, C3);
-                sgemm1(1, 0, nc, hs, nr, 1.0f, blk, nc, q + r0 * C3, C3,
-                       c0 == r0 ? 0.0f : 1.0f, dk + c0 * C3, C3);
+    size_t T = A->g.T, NH = A->g.NH, hs = A->g.hs, C3 = A->g.ld, C = NH * hs;
+    float scale = 1.0f / sqrtf((float)hs), b0 = acc ? 1.0f : 0.0f;
+    size_t b = bh / NH, h = bh % NH, kvo = h / A->g.grp * hs, row0 = b * T * C3;
+    const float *q = A->qkv + row0 + h * hs, *k = A->qkv + row0 + A->g.koff + kvo;
+    const float *v = A->qkv + row0 + A->g.voff + kvo;
+    const float *P = A->att + bh * T * T, *dy = A->dout + b * T * C + h * hs;
+    float *dq = A->dqkv + row0 + h * hs, *dk = A->dqkv + row0 + A->g.koff + kvo;
+    float *dv = A->dqkv + row0 + A->g.voff + kvo;
+    float *D = A->rows + bh * T;
+    for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) { /* y = P v into dq, then D */
+        size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
+        sgemm1(0, 0, r1 - r0, hs, r1, 1.0f, P + r0 * T, T, v, C3, 0.0f, dq + r0 * C3, C3);
+        for (size_t t = r0; t < r1; t++)
+            D[t] = zr__dot8(dy + t * C, dq + t * C3, hs);
+    }
+    for (size_t c0 = 0; c0 < T; c0 += ATT_BLOCK) { /* dv[c] = P[c.., c]^T dy[c..] */
+        size_t c1 = c0 + ATT_BLOCK < T ? c0 + ATT_BLOCK : T;
+        sgemm1(1, 0, c1 - c0, hs, T - c0, 1.0f, P + c0 * T + c0, T, dy + c0 * C, C, b0,
+               dv + c0 * C3, C3);
+    }
+    for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+        size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, nr = r1 - r0;
+        for (size_t c0 = 0; c0 <= r0; c0 += ATT_BLOCK) {
+            size_t c1 = c0 + ATT_BLOCK < T ? c0 + ATT_BLOCK : T, nc = c1 - c0;
+            sgemm1(0, 1, nr, nc, hs, 1.0f, dy + r0 * C, C, v + c0 * C3, C3, 0.0f, blk, nc);
+            for (size_t i = 0; i < nr; i++) {
+                const float *pr = P + (r0 + i) * T + c0;
+                float *d = blk + i * nc, Di = D[r0 + i];
+                /* in the diagonal block, columns past the row's own position are 0 */
+                size_t end = c0 == r0 ? i + 1 : nc;
+                for (size_t j = 0; j < end; j++)
+                    d[j] = pr[j] * (d[j] - Di) * scale;
+                for (size_t j = end; j < nc; j++)
+                    d[j] = 0.0f;
             }
+            sgemm1(0, 0, nr, hs, nc, 1.0f, blk, nc, k + c0 * C3, C3, c0 ? 1.0f : 0.0f,
+                   dq + r0 * C3, C3);
+            sgemm1(1, 0, nc, hs, nr, 1.0f, blk, nc, q + r0 * C3, C3,
+                   c0 == r0 ? b0 : 1.0f, dk + c0 * C3, C3);
         }
     }
 }
 
-static void attention_backward(float *dqkv, float *rows, const float *dout, const float *qkv,
-                               const float *att, size_t B, size_t T, size_t C, size_t NH)
+/* dqkv from dout; see above. Chunks are (b, key/value head) pairs, whose outputs are
+ * disjoint; the grp query heads of one key/value head run in order inside the chunk. */
+ZR_VEC_CLONES static void attention_backward_pairs(void *p, size_t p0, size_t p1)
 {
-    attention_args a = {NULL, (float *)att, dqkv, rows, qkv, dout, T, C, NH};
-    par_for(B * NH, 1, attention_backward_pairs, &a);
+    const attention_args *A = p;
+    size_t grp = A->g.grp, KV = A->g.NH / grp;
+    float blk[ATT_BLOCK * ATT_BLOCK]; /* dP, then dS, of one block */
+    for (size_t pr = p0; pr < p1; pr++) {
+        size_t b = pr / KV, kv = pr % KV;
+        for (size_t j = 0; j < grp; j++)
+            attention_backward_head(A, b * A->g.NH + kv * grp + j, blk, j > 0);
+    }
+}
+
+void zr__attention_backward(const zr__att_geom *g, float *dqkv, float *rows, const float *dout,
+                            const float *qkv, const float *att)
+{
+    attention_args a = {NULL, (float *)att, dqkv, rows, qkv, dout, *g};
+    par_for(g->B * (g->NH / g->grp), 1, attention_backward_pairs, &a);
 }
 
 /* tanh(sqrt(2/pi) (x + 0.044715 x^3)) as 1 - 2 / (e^2u + 1), through zr_expf, which
@@ -1046,8 +1120,8 @@ ZR_VEC_CLONES static void softmax_xent_rows(void *p, size_t n0, size_t n1)
     }
 }
 
-static void softmax_xent_forward(float *probs, float *losses, const int32_t *targets, size_t N,
-                                 size_t V)
+void zr__softmax_xent_forward(float *probs, float *losses, const int32_t *targets, size_t N,
+                              size_t V)
 {
     softmax_args a = {probs, losses, targets, V};
     par_for(N, 1, softmax_xent_rows, &a);
@@ -1075,9 +1149,30 @@ ZR_VEC_CLONES static void dlogits_rows(void *p, size_t r0, size_t r1)
     }
 }
 
+void zr__head_backward(float *dx, float *dW, float *dlogits, size_t rows_cap, const float *probs,
+                       const int32_t *targets, const float *W, const float *x, size_t N,
+                       size_t C, size_t V, float k)
+{
+    for (size_t r0 = 0; r0 < N; r0 += rows_cap) {
+        size_t rows = N - r0 < rows_cap ? N - r0 : rows_cap;
+        dlogits_args da = {dlogits, probs + r0 * V, targets + r0, V, k};
+        par_for(rows, 1, dlogits_rows, &da);
+        zr__gemm(0, 0, rows, C, V, dlogits, V, W, C, 0.0f, dx + r0 * C, C);
+        zr__gemm(1, 0, V, C, rows, dlogits, V, x + r0 * C, C, 1.0f, dW, C);
+    }
+}
+
+size_t zr__dlogits_rows(size_t N, size_t V)
+{
+    size_t rows = V ? DLOGITS_MAX_NUMEL / V : 1;
+    if (rows < 1)
+        rows = 1;
+    return rows > N ? N : rows;
+}
+
 /* ---------------------------------------------------------------- forward and backward */
 
-static int check_tokens(const int32_t *tok, size_t n, uint32_t V, const char *what)
+int zr__check_tokens(const int32_t *tok, size_t n, uint32_t V, const char *what)
 {
     for (size_t i = 0; i < n; i++)
         if (tok[i] < 0 || (uint32_t)tok[i] >= V)
@@ -1090,6 +1185,8 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
                      size_t T, float *loss)
 {
     assert(m && inputs && loss);
+    if (m->ll)
+        return zr__llama_forward(m->ll, inputs, targets, B, T, loss);
     size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, N = B * T;
     if (B < 1 || B > m->max_B)
         return zr_err_set(ZR_EINVAL, "forward: batch B = %zu out of range (expected 1..%zu)",
@@ -1097,9 +1194,9 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
     if (T < 1 || T > m->max_T)
         return zr_err_set(ZR_EINVAL, "forward: sequence length T = %zu out of range "
                           "(expected 1..%zu)", T, m->max_T);
-    ZR_TRY(check_tokens(inputs, N, m->c.vocab, "inputs"));
+    ZR_TRY(zr__check_tokens(inputs, N, m->c.vocab, "inputs"));
     if (targets)
-        ZR_TRY(check_tokens(targets, N, m->c.vocab, "targets"));
+        ZR_TRY(zr__check_tokens(targets, N, m->c.vocab, "targets"));
 
     m->B = B;
     m->T = T;
@@ -1119,17 +1216,18 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
         ZR_TRY(params_get(m, l + 2, &P));
         layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, TENSOR(P, LN1W),
                           TENSOR(P, LN1B), N, C);
-        matmul_forward(a->qkv, NULL, a->ln1, TENSOR(P, QKVW), TENSOR(P, QKVB), N, C, 3 * C);
-        attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+        zr__matmul_forward(a->qkv, NULL, a->ln1, TENSOR(P, QKVW), TENSOR(P, QKVB), N, C, 3 * C);
+        zr__att_geom ag = {B, T, NH, C / NH, 1, 3 * C, C, 2 * C};
+        zr__attention_forward(&ag, a->atty, a->att, a->qkv);
         /* res2 = res + c_proj(atty) */
-        matmul_forward(a->res2, res, a->atty, TENSOR(P, ATTPROJW), TENSOR(P, ATTPROJB), N,
+        zr__matmul_forward(a->res2, res, a->atty, TENSOR(P, ATTPROJW), TENSOR(P, ATTPROJB), N,
                        C, C);
         layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, TENSOR(P, LN2W),
                           TENSOR(P, LN2B), N, C);
-        matmul_forward(a->fch, NULL, a->ln2, TENSOR(P, FCW), TENSOR(P, FCB), N, C, 4 * C);
+        zr__matmul_forward(a->fch, NULL, a->ln2, TENSOR(P, FCW), TENSOR(P, FCB), N, C, 4 * C);
         gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
         /* res3 = res2 + mlp */
-        matmul_forward(a->res3, a->res2, a->fch_gelu, TENSOR(P, FCPROJW), TENSOR(P, FCPROJB),
+        zr__matmul_forward(a->res3, a->res2, a->fch_gelu, TENSOR(P, FCPROJW), TENSOR(P, FCPROJB),
                        N, 4 * C, C);
         ZR_TRY(params_put(m, l + 2));
         res = a->res3;
@@ -1140,9 +1238,9 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
     ZR_TRY(params_put(m, L + 2));
     /* logits [N, V] = lnf [N, C] wte[V, C]^T: the head is tied to the token embedding */
     ZR_TRY(params_get(m, 0, &wte));
-    gemm(0, 1, N, V, C, m->lnf, C, wte, C, 0.0f, m->probs, V);
+    zr__gemm(0, 1, N, V, C, m->lnf, C, wte, C, 0.0f, m->probs, V);
     ZR_TRY(params_put(m, 0));
-    softmax_xent_forward(m->probs, m->losses, targets ? m->targets : NULL, N, V);
+    zr__softmax_xent_forward(m->probs, m->losses, targets ? m->targets : NULL, N, V);
     double sum = 0.0;
     if (targets)
         for (size_t n = 0; n < N; n++)
@@ -1155,6 +1253,8 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
 int zr_model_backward(zr_model *m, float scale)
 {
     assert(m);
+    if (m->ll)
+        return zr__llama_backward(m->ll, scale);
     if (m->fwd_targets < 0)
         return zr_err_set(ZR_EINVAL, "backward: no forward to differentiate");
     if (m->fwd_targets == 0)
@@ -1170,16 +1270,10 @@ int zr_model_backward(zr_model *m, float scale)
      * backward adds its second contribution. */
     ZR_TRY(params_get(m, 0, &wte));
     ZR_TRY(grads_get(m, 0, &dwte));
-    float k = scale / (float)N;
-    for (size_t r0 = 0; r0 < N; r0 += m->dlogits_rows) {
-        size_t rows = N - r0 < m->dlogits_rows ? N - r0 : m->dlogits_rows;
-        dlogits_args da = {m->dlogits, m->probs + r0 * V, m->targets + r0, V, k};
-        par_for(rows, 1, dlogits_rows, &da);
-        gemm(0, 0, rows, C, V, m->dlogits, V, wte, C, 0.0f, m->dC + r0 * C, C);
-        gemm(1, 0, V, C, rows, m->dlogits, V, m->lnf + r0 * C, C, 1.0f, dwte, C);
-    }
+    zr__head_backward(m->dC, dwte, m->dlogits, m->dlogits_rows, m->probs, m->targets, wte,
+                      m->lnf, N, C, V, scale / (float)N);
     ZR_TRY(params_put(m, 0));
-    par_zero(m->dres, N * C);
+    zr__par_zero(m->dres, N * C);
     ZR_TRY(params_get(m, L + 2, &P));
     ZR_TRY(grads_get(m, L + 2, &G));
     layernorm_backward(m->dres, G + m->off.lnf_w, G + m->off.lnf_b, m->dC, res_last, m->lnf_mean,
@@ -1194,18 +1288,19 @@ int zr_model_backward(zr_model *m, float scale)
         ZR_TRY(params_get(m, l + 2, &P));
         ZR_TRY(grads_get(m, l + 2, &G));
         /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
-        matmul_backward(m->d4C, TENSOR(G, FCPROJW), TENSOR(G, FCPROJB), m->dres,
+        zr__matmul_backward(m->d4C, TENSOR(G, FCPROJW), TENSOR(G, FCPROJB), m->dres,
                         a->fch_gelu, TENSOR(P, FCPROJW), N, 4 * C, C);
         gelu_backward(m->d4C, a->fch, N * 4 * C);
-        matmul_backward(m->dC, TENSOR(G, FCW), TENSOR(G, FCB), m->d4C, a->ln2,
+        zr__matmul_backward(m->dC, TENSOR(G, FCW), TENSOR(G, FCB), m->d4C, a->ln2,
                         TENSOR(P, FCW), N, C, 4 * C);
         layernorm_backward(m->dres, TENSOR(G, LN2W), TENSOR(G, LN2B), m->dC, a->res2,
                            a->ln2_mean, a->ln2_rstd, TENSOR(P, LN2W), N, C);
         /* attention: res2 = res + c_proj(attn(c_attn(ln_1(res)))) */
-        matmul_backward(m->dC, TENSOR(G, ATTPROJW), TENSOR(G, ATTPROJB), m->dres, a->atty,
+        zr__matmul_backward(m->dC, TENSOR(G, ATTPROJW), TENSOR(G, ATTPROJB), m->dres, a->atty,
                         TENSOR(P, ATTPROJW), N, C, C);
-        attention_backward(m->dqkv, m->drow, m->dC, a->qkv, a->att, B, T, C, NH);
-        matmul_backward(m->dC, TENSOR(G, QKVW), TENSOR(G, QKVB), m->dqkv, a->ln1,
+        zr__att_geom ag = {B, T, NH, C / NH, 1, 3 * C, C, 2 * C};
+        zr__attention_backward(&ag, m->dqkv, m->drow, m->dC, a->qkv, a->att);
+        zr__matmul_backward(m->dC, TENSOR(G, QKVW), TENSOR(G, QKVB), m->dqkv, a->ln1,
                         TENSOR(P, QKVW), N, C, 3 * C);
         layernorm_backward(m->dres, TENSOR(G, LN1W), TENSOR(G, LN1B), m->dC, res,
                            a->ln1_mean, a->ln1_rstd, TENSOR(P, LN1W), N, C);
