@@ -1306,8 +1306,9 @@ static int resume_or_init(run *r)
     if (r->log && r->dev)
         fprintf(r->log, "device: %s\n", r->dev_name);
     if (r->log && !r->rd)
-        fprintf(r->log, "training a %u-layer GPT-2 (%llu parameters) on %s, %llu steps, batch "
+        fprintf(r->log, "training a %u-layer %s (%llu parameters) on %s, %llu steps, batch "
                         "%u x %u tokens, %d rank%s, ZeRO stage %d\n", r->cfg.layers,
+                r->cfg.family == ZR_FAMILY_LLAMA ? "Llama" : "GPT-2",
                 (unsigned long long)zr_model_numel(r->model), zr_data_describe(r->data),
                 (unsigned long long)o->steps, o->batch, r->T, r->W, r->W == 1 ? "" : "s",
                 o->zero_stage);
