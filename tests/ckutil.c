@@ -325,3 +325,21 @@ const char *zt_venv_python(const char *modules, const char *packages)
     snprintf(cmd, sizeof cmd, "'%s' -c '%s' >/dev/null 2>&1", py, imports);
     return system(cmd) == 0 ? py : NULL;
 }
+
+size_t zt_jlog_losses(double *loss, size_t cap, const char *path)
+{
+    char *text = zt_slurp(path);
+    size_t last = 0;
+    memset(loss, 0, cap * sizeof *loss);
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        const char *st = strstr(line, "{\"step\":"), *ls = strstr(line, ",\"loss\":");
+        if (!st || !ls)
+            ZT_FAIL("%s: a record without step or loss: %s", path, line);
+        unsigned long k = strtoul(st + 8, NULL, 10);
+        ZT_CHECK(k >= 1 && k < cap);
+        loss[k] = strtod(ls + 8, NULL);
+        last = k > last ? k : last;
+    }
+    free(text);
+    return last;
+}

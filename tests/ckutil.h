@@ -48,6 +48,9 @@ char *zt_slurp(const char *path);
  * reports it. zt_zrun_ok fails the test, showing the log, unless it is 0. */
 int zt_zrun(const char *args, const char *log);
 void zt_zrun_ok(const char *args, const char *log);
+/* loss[k] of each record {"step":k,...,"loss":x,...} of a --log-json file, 1 <= k < cap (0
+ * where a step has no record); returns the highest step seen. */
+size_t zt_jlog_losses(double *loss, size_t cap, const char *path);
 /* The checkpoints latest names in run directories a and b hold the same values (within atol +
  * rtol |b|; 0, 0: exactly), whatever their world sizes. */
 void zt_same_latest(const char *a, const char *b, double atol, double rtol);

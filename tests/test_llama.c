@@ -9,10 +9,12 @@
  * ckpt's family table), never through llama.c's offsets, so a wrong offset shows up as a
  * mismatch named by its tensor.
  */
+#include "ckutil.h"
 #include "harness.h"
 #include "zr.h"
 
 #include <math.h>
+#include <sys/wait.h>
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -359,4 +361,103 @@ ZT_TEST(llama_config_specs)
         ZT_ERR(zr_gpt2_config_parse(&c, bad[i].spec), ZR_EINVAL, bad[i].text);
         ZT_CHECK_EQ(c.layers, 99);
     }
+}
+
+/* ---------------------------------------------------------------- training through zrun */
+
+#define SMALL "llama:layers=2,heads=4,kv_heads=2,dim=64,ffn=176,ctx=64,vocab=256"
+#define STEPS 30
+
+static double rel(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-30 ? fabs(b) : 1e-30); }
+
+/* a run of model (NULL: the checkpoint's) into run directory dir, losses into dir.jsonl */
+static void llama_run(const char *model, const char *dir, const char *extra)
+{
+    char args[1024], log[80], jl[80];
+    snprintf(log, sizeof log, "%s.log", dir);
+    snprintf(jl, sizeof jl, "%s.jsonl", dir);
+    snprintf(args, sizeof args, "%s%s --batch 8 --steps %d --warmup 5 --lr 3e-3 --threads 1 "
+             "--device cpu --ckpt-dir %s --log-json %s %s", model ? "--model " : "",
+             model ? model : "", STEPS, dir, jl, extra);
+    zt_zrun_ok(args, log);
+}
+
+ZT_TEST(llama_trains_at_every_stage)
+{
+    static double ref[STEPS + 1], l[STEPS + 1];
+    llama_run(SMALL, "w1-s0", "--nproc 1 --zero 0");
+    ZT_CHECK_EQ(zt_jlog_losses(ref, STEPS + 1, "w1-s0.jsonl"), STEPS);
+    /* from ln 256 = 5.55 the synthetic corpus is learnable: the loss falls */
+    if (!(ref[1] > 5.2 && ref[STEPS] < ref[1] - 1.0))
+        ZT_FAIL("loss %.4f at step 1, %.4f at step %d: it does not fall", ref[1], ref[STEPS],
+                STEPS);
+    char *text = zt_slurp("w1-s0.log");
+    ZT_CHECK(strstr(text, "training a 2-layer Llama ("));
+    free(text);
+    const struct {
+        int W, s;
+    } runs[] = {{1, 3}, {2, 0}, {2, 1}, {2, 2}, {2, 3}};
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        char dir[32], extra[64], jl[48];
+        snprintf(dir, sizeof dir, "w%d-s%d", runs[i].W, runs[i].s);
+        snprintf(extra, sizeof extra, "--nproc %d --zero %d", runs[i].W, runs[i].s);
+        snprintf(jl, sizeof jl, "%s.jsonl", dir);
+        llama_run(SMALL, dir, extra);
+        ZT_CHECK_EQ(zt_jlog_losses(l, STEPS + 1, jl), STEPS);
+        for (int k = 1; k <= STEPS; k++)
+            if (rel(l[k], ref[k]) > 1e-4)
+                ZT_FAIL("W=%d stage %d step %d: loss %.6f, %.6f at W=1 stage 0", runs[i].W,
+                        runs[i].s, k, l[k], ref[k]);
+        zt_same_latest(dir, "w1-s0", 1e-4, 1e-3);
+    }
+}
+
+/* zckpt with args, its output into out; its exit status */
+static int zckpt_to(const char *args, const char *out)
+{
+    const char *bin = getenv("ZT_ZCKPT");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s %s >> %s 2>&1", bin, args, out);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int zckpt(const char *args) { return zckpt_to(args, "zckpt.log"); }
+
+ZT_TEST(llama_resume_at_another_world_and_zckpt)
+{
+    if (!getenv("ZT_ZCKPT"))
+        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
+    static double ref[STEPS + 1], l[STEPS + 1];
+    /* a tied head: the embedding's gradient comes from both ends */
+    llama_run(SMALL ",tied=1", "straight", "--nproc 1");
+    zt_jlog_losses(ref, STEPS + 1, "straight.jsonl");
+    llama_run(SMALL ",tied=1", "elastic", "--nproc 2 --zero 3 --stop-after 12");
+    llama_run(NULL, "elastic", "--nproc 1 --zero 1"); /* the checkpoint's model */
+    char *text = zt_slurp("elastic.log");
+    if (!strstr(text, "(world 2, ZeRO 3; every file hashed"))
+        ZT_FAIL("elastic.log does not say it resumed the world-2 stage-3 checkpoint:\n%s", text);
+    free(text);
+    ZT_CHECK_EQ(zt_jlog_losses(l, STEPS + 1, "elastic.jsonl"), STEPS);
+    for (int k = 1; k <= STEPS; k++)
+        if (rel(l[k], ref[k]) > 1e-4)
+            ZT_FAIL("resumed at W=1: step %d loss %.6f, straight %.6f", k, l[k], ref[k]);
+    zt_same_latest("elastic", "straight", 1e-4, 1e-3);
+    /* zckpt works on Llama checkpoints unchanged */
+    ZT_CHECK_EQ(zckpt("verify elastic"), 0);
+    ZT_CHECK_EQ(zckpt_to("inspect elastic", "inspect.txt"), 0);
+    text = zt_slurp("inspect.txt");
+    ZT_CHECK(strstr(text, "{\"arch\":\"llama\",\"layers\":2,\"heads\":4,\"kv_heads\":2,"));
+    free(text);
+    ZT_CHECK_EQ(zckpt("reshard elastic --world 3 -o w3"), 0);
+    ZT_CHECK_EQ(zckpt("consolidate elastic -o one"), 0);
+    ZT_CHECK_EQ(zckpt("verify w3"), 0);
+    ZT_CHECK_EQ(zckpt("diff elastic w3"), 0);
+    ZT_CHECK_EQ(zckpt("diff one w3"), 0);
+    ZT_CHECK_EQ(zckpt("diff w3 straight --atol 1e-4 --rtol 1e-3"), 0);
+    /* a resume with another model is refused */
+    ZT_CHECK(zt_zrun("--model " SMALL " --steps 40 --device cpu --ckpt-dir w3", "other.log"));
+    text = zt_slurp("other.log");
+    ZT_CHECK(strstr(text, "checkpoint of another model shape"));
+    free(text);
 }
