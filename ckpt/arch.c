@@ -278,8 +278,8 @@ static int set_real(zck_arch_config *c, int k, const char *what, const char *v, 
         return zr_err_set(ZR_EINVAL, "%s: field '%s': '%.*s' is not a number", what, f->name,
                           nv, v);
     if (x < f->min || x > f->max)
-        return zr_err_set(ZR_EINVAL, "%s: field '%s' is %.17g (expected a number in [%.17g, "
-                          "%.17g])", what, f->name, x, f->min, f->max);
+        return zr_err_set(ZR_EINVAL, "%s: field '%s' is %g (expected a number in [%g, %g])",
+                          what, f->name, x, f->min, f->max);
     c->v[k] = x;
     return 0;
 }
@@ -437,9 +437,10 @@ int zck_arch_config_from_json(zck_arch_config *out, const char *json, const zck_
         int ok = f->real ? json_is_number(v) : json_is_integer(v);
         double x = ok ? json_number_value(v) : 0;
         if (!ok || x < f->min || x > f->max) {
+            int p = f->real ? 6 : 17; /* 1e-12, not 9.9999999999999998e-13 */
             rc = zr_err_set(ZR_EINVAL, "model section: field '%s': expected %s in "
-                            "[%.17g, %.17g]", f->name, f->real ? "a number" : "an integer",
-                            f->min, f->max);
+                            "[%.*g, %.*g]", f->name, f->real ? "a number" : "an integer", p,
+                            f->min, p, f->max);
             goto out;
         }
         c.v[i] = x;
