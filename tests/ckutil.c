@@ -9,6 +9,7 @@
 #include "zck_int.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <time.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -342,4 +343,21 @@ size_t zt_jlog_losses(double *loss, size_t cap, const char *path)
     }
     free(text);
     return last;
+}
+
+double zt_ref_xent(const double *lg, const int32_t *tg, size_t N, size_t V, double *probs)
+{
+    double loss = 0;
+    for (size_t n = 0; n < N; n++) {
+        const double *row = lg + n * V;
+        double mx = -INFINITY, sum = 0;
+        for (size_t v = 0; v < V; v++)
+            mx = row[v] > mx ? row[v] : mx;
+        for (size_t v = 0; v < V; v++)
+            sum += exp(row[v] - mx);
+        loss += log(sum) - (row[tg[n]] - mx);
+        for (size_t v = 0; probs && v < V; v++)
+            probs[n * V + v] = exp(row[v] - mx) / sum;
+    }
+    return loss / (double)N;
 }

@@ -204,23 +204,12 @@ static double ref_loss(const ref_model *r, const double *p, const int32_t *in, c
         ref_layer(r, p, x, l, B, T, buf);
     ref_rms(h, x, p + ref_find(r, "norm.weight")->off, N, C, r->c.norm_eps);
     ref_linear(lg, h, p + (r->c.tied ? emb : ref_find(r, "lm_head.weight")->off), N, C, V);
-    double loss = 0;
-    for (size_t n = 0; n < N; n++) {
-        double mx = -INFINITY, sum = 0;
-        for (size_t v = 0; v < V; v++)
-            mx = lg[n * V + v] > mx ? lg[n * V + v] : mx;
-        for (size_t v = 0; v < V; v++)
-            sum += exp(lg[n * V + v] - mx);
-        loss += log(sum) - (lg[n * V + tg[n]] - mx);
-        if (probs)
-            for (size_t v = 0; v < V; v++)
-                probs[n * V + v] = exp(lg[n * V + v] - mx) / sum;
-    }
+    double loss = zt_ref_xent(lg, tg, N, V, probs);
     free(x);
     free(h);
     free(buf);
     free(lg);
-    return loss / N;
+    return loss;
 }
 
 /* ---------------------------------------------------------------- gradients */

@@ -11,6 +11,7 @@
  * mismatch is reported with the tensor's name, which points at the layer (ln_1, attn.c_attn,
  * attention, mlp.c_fc, gelu, ln_f, the tied head with softmax cross-entropy, the embeddings).
  */
+#include "ckutil.h"
 #include "harness.h"
 #include "zfmt.h"
 #include "zr.h"
@@ -288,25 +289,14 @@ static double ref_loss(const ref_model *r, const double *p, const int32_t *in, c
     }
     ref_ln(h, x, p + r->lnf_w, p + r->lnf_b, N, C);
     ref_linear(lg, h, p + r->wte, NULL, N, C, V);
-    double loss = 0;
-    for (size_t n = 0; n < N; n++) {
-        double mx = -INFINITY, sum = 0;
-        for (size_t v = 0; v < V; v++)
-            mx = lg[n * V + v] > mx ? lg[n * V + v] : mx;
-        for (size_t v = 0; v < V; v++)
-            sum += exp(lg[n * V + v] - mx);
-        loss += log(sum) - (lg[n * V + tg[n]] - mx);
-        if (probs)
-            for (size_t v = 0; v < V; v++)
-                probs[n * V + v] = exp(lg[n * V + v] - mx) / sum;
-    }
+    double loss = zt_ref_xent(lg, tg, N, V, probs);
     free(x);
     free(h);
     free(qkv);
     free(y);
     free(f);
     free(lg);
-    return loss / N;
+    return loss;
 }
 
 /* Parameters for the gradient check: larger than init's so that every path carries signal

@@ -28,6 +28,58 @@
 
 static size_t col_blocks(size_t n) { return (n + COLS_BLOCK - 1) / COLS_BLOCK; }
 
+/* ---------------------------------------------------------------- steps */
+
+int zr__check_new(size_t max_B, size_t max_T, uint32_t ctx, const zr_model_hooks *hooks)
+{
+    if (max_B == 0)
+        return zr_err_set(ZR_EINVAL, "model: max batch 0 (expected >= 1)");
+    if (max_T == 0 || max_T > ctx)
+        return zr_err_set(ZR_EINVAL, "model: max sequence length %zu (expected 1..ctx %u)",
+                          max_T, ctx);
+    if (hooks && (!hooks->params != !hooks->params_done || !hooks->grads != !hooks->grads_done))
+        return zr_err_set(ZR_EINVAL, "model: hooks come in pairs (params with params_done, "
+                          "grads with grads_done)");
+    return 0;
+}
+
+int zr__forward_begin(int32_t *in_copy, int32_t *tg_copy, const int32_t *inputs,
+                      const int32_t *targets, size_t B, size_t T, size_t max_B, size_t max_T,
+                      uint32_t V)
+{
+    if (B < 1 || B > max_B)
+        return zr_err_set(ZR_EINVAL, "forward: batch B = %zu out of range (expected 1..%zu)",
+                          B, max_B);
+    if (T < 1 || T > max_T)
+        return zr_err_set(ZR_EINVAL, "forward: sequence length T = %zu out of range "
+                          "(expected 1..%zu)", T, max_T);
+    ZR_TRY(zr__check_tokens(inputs, B * T, V, "inputs"));
+    if (targets)
+        ZR_TRY(zr__check_tokens(targets, B * T, V, "targets"));
+    memcpy(in_copy, inputs, B * T * sizeof *inputs);
+    if (targets)
+        memcpy(tg_copy, targets, B * T * sizeof *targets);
+    return 0;
+}
+
+float zr__mean_loss(const float *losses, size_t N, int targets)
+{
+    double sum = 0.0;
+    if (targets)
+        for (size_t n = 0; n < N; n++)
+            sum += losses[n];
+    return (float)(sum / (double)N);
+}
+
+int zr__backward_check(int fwd_targets)
+{
+    if (fwd_targets < 0)
+        return zr_err_set(ZR_EINVAL, "backward: no forward to differentiate");
+    if (fwd_targets == 0)
+        return zr_err_set(ZR_EINVAL, "backward: the last forward had no targets (no loss)");
+    return 0;
+}
+
 /* A zeroed arena aligned to 2 MiB with huge pages advised; bytes rounded up to 2 MiB. */
 void *zr__arena_alloc(size_t *bytes)
 {
@@ -41,6 +93,29 @@ void *zr__arena_alloc(size_t *bytes)
     memset(p, 0, n);
     *bytes = n;
     return p;
+}
+
+int zr__arenas_alloc(float **params, size_t *pbytes, float **grads, size_t *gbytes,
+                     unsigned char **acts, size_t *abytes, uint64_t numel,
+                     const zr_model_hooks *h, size_t max_B, size_t max_T)
+{
+    *pbytes = h->params ? 0 : numel * sizeof(float);
+    *gbytes = h->grads ? 0 : numel * sizeof(float);
+    uint64_t want = (uint64_t)*pbytes + *gbytes + *abytes;
+    *params = *pbytes ? zr__arena_alloc(pbytes) : NULL;
+    *grads = *gbytes ? zr__arena_alloc(gbytes) : NULL;
+    *acts = zr__arena_alloc(abytes);
+    if ((*pbytes && !*params) || (*gbytes && !*grads) || !*acts) {
+        free(*params);
+        free(*grads);
+        free(*acts);
+        *params = *grads = NULL;
+        *acts = NULL;
+        return zr_err_set(ZR_ENOMEM, "model: out of memory for %.1f MiB of parameters, "
+                          "gradients and activations (batch %zu x seq %zu)",
+                          (double)want / (1 << 20), max_B, max_T);
+    }
+    return 0;
 }
 
 /* Next buffer of the activation arena: with base NULL only counts (the sizing pass). */

@@ -208,14 +208,7 @@ static void rope_table(zr__llama *m)
 
 static int check_new(const zr_config *c, size_t max_B, size_t max_T, const zr_model_hooks *hooks)
 {
-    if (max_B == 0)
-        return zr_err_set(ZR_EINVAL, "model: max batch 0 (expected >= 1)");
-    if (max_T == 0 || max_T > c->ctx)
-        return zr_err_set(ZR_EINVAL, "model: max sequence length %zu (expected 1..ctx %u)",
-                          max_T, c->ctx);
-    if (hooks && (!hooks->params != !hooks->params_done || !hooks->grads != !hooks->grads_done))
-        return zr_err_set(ZR_EINVAL, "model: hooks come in pairs (params with params_done, "
-                          "grads with grads_done)");
+    ZR_TRY(zr__check_new(max_B, max_T, c->ctx, hooks));
     /* BLAS takes int dimensions */
     if ((double)max_B * max_T > INT_MAX || c->vocab > INT_MAX || c->ffn > INT_MAX ||
         c->dim > INT_MAX / 3)
@@ -250,24 +243,14 @@ int zr__llama_new(zr__llama **out, const zr_config *c, size_t max_B, size_t max_
                         "(batch %zu): too large", numel_d, acts_d, max_B);
         goto fail;
     }
-    size_t pbytes = m->h.params ? 0 : m->goff[m->n_groups] * sizeof(float);
-    size_t gbytes = m->h.grads ? 0 : m->goff[m->n_groups] * sizeof(float);
-    uint64_t want = (uint64_t)pbytes + gbytes + abytes;
-    int ok = (m->layer = calloc(m->L, sizeof *m->layer)) != NULL;
-    if (ok && pbytes)
-        ok = (m->params = zr__arena_alloc(&pbytes)) != NULL;
-    if (ok && gbytes)
-        ok = (m->grads = zr__arena_alloc(&gbytes)) != NULL;
-    if (ok)
-        ok = (m->acts_mem = zr__arena_alloc(&abytes)) != NULL;
-    if (!ok) {
-        rc = zr_err_set(ZR_ENOMEM, "model: out of memory for %.1f MiB of parameters, "
-                        "gradients and activations (batch %zu x seq %zu)",
-                        (double)want / (1 << 20), max_B, max_T);
+    if (!(m->layer = calloc(m->L, sizeof *m->layer))) {
+        rc = zr_err_set(ZR_ENOMEM, "model: out of memory");
         goto fail;
     }
-    m->pbytes = pbytes;
-    m->gbytes = gbytes;
+    rc = zr__arenas_alloc(&m->params, &m->pbytes, &m->grads, &m->gbytes, &m->acts_mem, &abytes,
+                          m->goff[m->n_groups], &m->h, max_B, max_T);
+    if (rc < 0)
+        goto fail;
     m->acts_bytes = abytes;
     acts_layout(m, m->acts_mem, &acts_d);
     rope_table(m);
@@ -603,21 +586,12 @@ int zr__llama_forward(zr__llama *m, const int32_t *inputs, const int32_t *target
                       size_t T, float *loss)
 {
     size_t L = m->L, C = m->C, V = m->V, N = B * T;
-    if (B < 1 || B > m->max_B)
-        return zr_err_set(ZR_EINVAL, "forward: batch B = %zu out of range (expected 1..%zu)",
-                          B, m->max_B);
-    if (T < 1 || T > m->max_T)
-        return zr_err_set(ZR_EINVAL, "forward: sequence length T = %zu out of range "
-                          "(expected 1..%zu)", T, m->max_T);
-    ZR_TRY(zr__check_tokens(inputs, N, m->c.vocab, "inputs"));
-    if (targets)
-        ZR_TRY(zr__check_tokens(targets, N, m->c.vocab, "targets"));
+    /* a rejected forward leaves the previous one in place (nothing copied yet) */
+    ZR_TRY(zr__forward_begin(m->inputs, m->targets, inputs, targets, B, T, m->max_B, m->max_T,
+                             m->c.vocab));
+    m->fwd_targets = -1; /* until this forward completes */
     m->B = B;
     m->T = T;
-    m->fwd_targets = -1;
-    memcpy(m->inputs, inputs, N * sizeof *inputs);
-    if (targets)
-        memcpy(m->targets, targets, N * sizeof *targets);
     const zr_model_hooks *h = &m->h;
     const float *P;
     ZR_TRY(zr__params_get(h, own_param(m, 0), 0, &P));
@@ -639,21 +613,14 @@ int zr__llama_forward(zr__llama *m, const int32_t *inputs, const int32_t *target
     zr__gemm(0, 1, N, V, C, m->xnf, C, P, C, 0.0f, m->probs, V);
     ZR_TRY(zr__params_put(h, hg));
     zr__softmax_xent_forward(m->probs, m->losses, targets ? m->targets : NULL, N, V);
-    double sum = 0.0;
-    if (targets)
-        for (size_t n = 0; n < N; n++)
-            sum += m->losses[n];
-    *loss = (float)(sum / (double)N);
+    *loss = zr__mean_loss(m->losses, N, targets != NULL);
     m->fwd_targets = targets != NULL;
     return 0;
 }
 
 int zr__llama_backward(zr__llama *m, float scale)
 {
-    if (m->fwd_targets < 0)
-        return zr_err_set(ZR_EINVAL, "backward: no forward to differentiate");
-    if (m->fwd_targets == 0)
-        return zr_err_set(ZR_EINVAL, "backward: the last forward had no targets (no loss)");
+    ZR_TRY(zr__backward_check(m->fwd_targets));
     size_t N = m->B * m->T, L = m->L, C = m->C, hg = head_group(m);
     const zr_model_hooks *h = &m->h;
     const float *P, *res_last = L ? m->layer[L - 1].res3 : m->encoded;

@@ -180,14 +180,7 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
     if (c->dim % c->heads)
         return zr_err_set(ZR_EINVAL, "model: dim %u is not a multiple of heads %u", c->dim,
                           c->heads);
-    if (max_B == 0)
-        return zr_err_set(ZR_EINVAL, "model: max batch 0 (expected >= 1)");
-    if (max_T == 0 || max_T > c->ctx)
-        return zr_err_set(ZR_EINVAL, "model: max sequence length %zu (expected 1..ctx %u)",
-                          max_T, c->ctx);
-    if (hooks && (!hooks->params != !hooks->params_done || !hooks->grads != !hooks->grads_done))
-        return zr_err_set(ZR_EINVAL, "model: hooks come in pairs (params with params_done, "
-                          "grads with grads_done)");
+    ZR_TRY(zr__check_new(max_B, max_T, c->ctx, hooks));
     /* BLAS takes int dimensions: N = max_B max_T rows, V and 4C columns */
     if ((double)max_B * max_T > INT_MAX || c->vocab > INT_MAX || c->dim > INT_MAX / 4)
         return zr_err_set(ZR_EINVAL, "model: batch %zu x seq %zu, vocab %u or 4 x dim %u "
@@ -220,24 +213,16 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
         free(m);
         return rc;
     }
-    size_t pbytes = m->h.params ? 0 : m->off.numel * sizeof(float);
-    size_t gbytes = m->h.grads ? 0 : m->off.numel * sizeof(float);
-    uint64_t want = (uint64_t)pbytes + gbytes + abytes;
-    int ok = (m->layer = calloc(c->layers, sizeof *m->layer)) != NULL;
-    if (ok && pbytes)
-        ok = (m->params = zr__arena_alloc(&pbytes)) != NULL;
-    if (ok && gbytes)
-        ok = (m->grads = zr__arena_alloc(&gbytes)) != NULL;
-    if (ok)
-        ok = (m->acts_mem = zr__arena_alloc(&abytes)) != NULL;
-    if (!ok) {
+    if (!(m->layer = calloc(c->layers, sizeof *m->layer))) {
         zr_model_free(m);
-        return zr_err_set(ZR_ENOMEM, "model: out of memory for %.1f MiB of parameters, "
-                          "gradients and activations (batch %zu x seq %zu)",
-                          (double)want / (1 << 20), max_B, max_T);
+        return zr_err_set(ZR_ENOMEM, "model: out of memory");
     }
-    m->pbytes = pbytes;
-    m->gbytes = gbytes;
+    rc = zr__arenas_alloc(&m->params, &m->pbytes, &m->grads, &m->gbytes, &m->acts_mem, &abytes,
+                          m->off.numel, &m->h, max_B, max_T);
+    if (rc < 0) {
+        zr_model_free(m);
+        return rc;
+    }
     m->acts_bytes = abytes;
     acts_layout(m, m->acts_mem, &acts_d);
     *out = m;
@@ -702,22 +687,12 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
     if (m->ll)
         return zr__llama_forward(m->ll, inputs, targets, B, T, loss);
     size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, N = B * T;
-    if (B < 1 || B > m->max_B)
-        return zr_err_set(ZR_EINVAL, "forward: batch B = %zu out of range (expected 1..%zu)",
-                          B, m->max_B);
-    if (T < 1 || T > m->max_T)
-        return zr_err_set(ZR_EINVAL, "forward: sequence length T = %zu out of range "
-                          "(expected 1..%zu)", T, m->max_T);
-    ZR_TRY(zr__check_tokens(inputs, N, m->c.vocab, "inputs"));
-    if (targets)
-        ZR_TRY(zr__check_tokens(targets, N, m->c.vocab, "targets"));
-
+    /* a rejected forward leaves the previous one in place (nothing copied yet) */
+    ZR_TRY(zr__forward_begin(m->inputs, m->targets, inputs, targets, B, T, m->max_B, m->max_T,
+                             m->c.vocab));
+    m->fwd_targets = -1; /* until this forward completes */
     m->B = B;
     m->T = T;
-    m->fwd_targets = -1; /* until this forward completes */
-    memcpy(m->inputs, inputs, N * sizeof *inputs);
-    if (targets)
-        memcpy(m->targets, targets, N * sizeof *targets);
     const float *wte, *wpe, *P;
     ZR_TRY(params_get(m, 0, &wte));
     ZR_TRY(params_get(m, 1, &wpe));
@@ -755,11 +730,7 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
     zr__gemm(0, 1, N, V, C, m->lnf, C, wte, C, 0.0f, m->probs, V);
     ZR_TRY(params_put(m, 0));
     zr__softmax_xent_forward(m->probs, m->losses, targets ? m->targets : NULL, N, V);
-    double sum = 0.0;
-    if (targets)
-        for (size_t n = 0; n < N; n++)
-            sum += m->losses[n];
-    *loss = (float)(sum / (double)N);
+    *loss = zr__mean_loss(m->losses, N, targets != NULL);
     m->fwd_targets = targets != NULL;
     return 0;
 }
@@ -769,10 +740,7 @@ int zr_model_backward(zr_model *m, float scale)
     assert(m);
     if (m->ll)
         return zr__llama_backward(m->ll, scale);
-    if (m->fwd_targets < 0)
-        return zr_err_set(ZR_EINVAL, "backward: no forward to differentiate");
-    if (m->fwd_targets == 0)
-        return zr_err_set(ZR_EINVAL, "backward: the last forward had no targets (no loss)");
+    ZR_TRY(zr__backward_check(m->fwd_targets));
     size_t B = m->B, T = m->T, N = B * T, L = m->c.layers, C = m->c.dim, NH = m->c.heads;
     size_t V = m->c.vocab;
     const float *res_last = L ? m->layer[L - 1].res3 : m->encoded;

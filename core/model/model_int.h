@@ -18,6 +18,12 @@
 /* A zeroed arena aligned to 2 MiB with huge pages advised; *bytes rounded up to 2 MiB. */
 void *zr__arena_alloc(size_t *bytes);
 #define ZR__ARENA_ALIGN ((size_t)2 << 20)
+/* A model's three arenas: parameters and gradients of numel floats each (none for a side the
+ * hooks lend: NULL, 0 bytes) and *abytes of activations; the byte counts rounded up to 2 MiB.
+ * ZR_ENOMEM naming the sizes (batch max_B x seq max_T), with nothing left allocated. */
+int zr__arenas_alloc(float **params, size_t *pbytes, float **grads, size_t *gbytes,
+                     unsigned char **acts, size_t *abytes, uint64_t numel,
+                     const zr_model_hooks *h, size_t max_B, size_t max_T);
 /* Next buffer of an activation arena at *off: with base NULL only counts (the sizing pass);
  * *total adds the bytes in double so that callers can reject sizes past size_t. */
 void *zr__carve(unsigned char *base, size_t *off, double *total, size_t numel);
@@ -34,6 +40,21 @@ int zr__check_tokens(const int32_t *tok, size_t n, uint32_t V, const char *what)
 /* x[i] = std N(0, 1) for arena elements [first, first + n) of the stream of seed: each element
  * a function of (seed, its arena index) alone */
 void zr__fill_normal(float *x, uint64_t first, uint64_t n, uint64_t seed, float std);
+
+/* ---------------------------------------------------------------- steps */
+
+/* ZR_EINVAL unless 1 <= max_B, 1 <= max_T <= ctx and hooks (may be NULL) come in pairs */
+int zr__check_new(size_t max_B, size_t max_T, uint32_t ctx, const zr_model_hooks *hooks);
+/* What a forward does first: ZR_EINVAL unless 1 <= B <= max_B, 1 <= T <= max_T and every token
+ * id is below V; then the tokens are copied into in_copy (and tg_copy when targets). */
+int zr__forward_begin(int32_t *in_copy, int32_t *tg_copy, const int32_t *inputs,
+                      const int32_t *targets, size_t B, size_t T, size_t max_B, size_t max_T,
+                      uint32_t V);
+/* The mean of losses[0, N) summed in double (0 without targets) */
+float zr__mean_loss(const float *losses, size_t N, int targets);
+/* ZR_EINVAL unless the last forward (fwd_targets: -1 none, 0 without targets, 1 with) can be
+ * differentiated */
+int zr__backward_check(int fwd_targets);
 
 /* ---------------------------------------------------------------- kernels */
 
