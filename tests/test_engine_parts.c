@@ -85,7 +85,8 @@ ZT_TEST(engine_config_fields)
         {"gpt2:ctx=64", ZR_GPT2(4, 4, 128, 64, 256)},
         {"gpt2:vocab=50257", ZR_GPT2(4, 4, 128, 128, 50257)},
         {"gpt2:layers=4,heads=4,dim=256,ctx=128,vocab=256", ZR_GPT2(4, 4, 256, 128, 256)},
-        {"gpt2:vocab=512,ctx=32,dim=96,heads=3,layers=6", ZR_GPT2(6, 3, 96, 32, 512)}, /* any order */
+        /* any order */
+        {"gpt2:vocab=512,ctx=32,dim=96,heads=3,layers=6", ZR_GPT2(6, 3, 96, 32, 512)},
         {"gpt2:layers=007", ZR_GPT2(7, 4, 128, 128, 256)},
         {"gpt2:heads=1,dim=1,ctx=1,vocab=4294967295", ZR_GPT2(4, 1, 1, 1, 4294967295u)},
     };

@@ -86,7 +86,8 @@ static size_t layout_tensors(tinfo *out, size_t cap, const zck_layout *lay)
 
 ZT_TEST(model_layout_matches_zfmt)
 {
-    const zr_gpt2_config cfgs[] = {ZR_GPT2(1, 1, 4, 3, 5), ZR_GPT2(3, 4, 16, 7, 50), ZR_GPT2(2, 3, 24, 16, 257)};
+    const zr_gpt2_config cfgs[] = {ZR_GPT2(1, 1, 4, 3, 5), ZR_GPT2(3, 4, 16, 7, 50),
+                                   ZR_GPT2(2, 3, 24, 16, 257)};
     for (size_t k = 0; k < sizeof cfgs / sizeof *cfgs; k++) {
         const zr_gpt2_config *c = &cfgs[k];
         zr_model *m = new_model(c->layers, c->heads, c->dim, c->ctx, c->vocab, 2);

@@ -447,7 +447,8 @@ void zr__attention_forward(const zr__att_geom *g, float *out, float *att, const 
 
 /* One query head's backward (pair bh of head h); acc: its key/value head already holds the
  * gradients of an earlier head of its group, to be added to rather than overwritten. */
-ZR_VEC_CLONES static void attention_backward_head(const attention_args *A, size_t bh, float *blk, int acc)
+ZR_VEC_CLONES static void attention_backward_head(const attention_args *A, size_t bh, float *blk,
+                                                 int acc)
 {
     size_t T = A->g.T, NH = A->g.NH, hs = A->g.hs, C3 = A->g.ld, C = NH * hs;
     float scale = 1.0f / sqrtf((float)hs), b0 = acc ? 1.0f : 0.0f;

@@ -2,8 +2,8 @@
  * model_int.h: what the model families of core/model/ share (not part of zr.h). kernels.c holds
  * the kernels every family uses (matmuls on the par_for threads, causal attention, softmax
  * cross-entropy and the head's backward, the deterministic initializer, the arenas and the ZeRO
- * hooks); model.c holds GPT-2 and llama.c the Llama family on top of them. zr_model (model.c) is the
- * public handle: a Llama model is a zr_model whose calls go to its zr__llama.
+ * hooks); model.c holds GPT-2 and llama.c the Llama family on top of them. zr_model (model.c)
+ * is the public handle: a Llama model is a zr_model whose calls go to its zr__llama.
  */
 #ifndef ZR_MODEL_INT_H
 #define ZR_MODEL_INT_H
