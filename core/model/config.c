@@ -4,8 +4,9 @@
  * "llama:layers=2,...", the Llama presets), the manifest's model section <-> zr_config, the
  * checkpoint layout of a model of that shape, and where the model's arena holds each tensor
  * (zr_gpt2_offsets). The naming contract itself (fields, checks, JSON, groups, tensors,
- * shapes) is ckpt's family table (zck.h, "model families", ckpt/arch.c), which formats/ uses too: this file only binds zr_config's members and GPT-2's
- * tensor roles to it (Llama's roles: llama.c).
+ * shapes) is ckpt's family table (zck.h, "model families", ckpt/arch.c), which formats/ uses
+ * too: this file only binds zr_config's members and GPT-2's tensor roles to it (Llama's roles:
+ * llama.c).
  */
 #include "model.h"
 
