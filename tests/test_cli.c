@@ -315,6 +315,11 @@ ZT_TEST(cli_every_option_is_documented)
     ZT_CHECK_EQ(run_bin(&help, zt_zrun_path(), "--help"), 0);
     ZT_CHECK(check_listed(help, docs, "zrun") >= 40);
     free(help);
+    if (getenv("ZT_ZGEN")) { /* zgen's table too */
+        ZT_CHECK_EQ(run_bin(&help, getenv("ZT_ZGEN"), "--help"), 0);
+        ZT_CHECK(check_listed(help, docs, "zgen") >= 7);
+        free(help);
+    }
 
     /* the commands, from zckpt's own list, each with its table */
     char *top;
@@ -336,7 +341,7 @@ ZT_TEST(cli_every_option_is_documented)
         free(help);
         cmds++;
     }
-    ZT_CHECK_EQ(cmds, 12);
+    ZT_CHECK_EQ(cmds, 13);
     ZT_CHECK(opts >= 30);
     free(top);
     free(docs);
@@ -372,6 +377,13 @@ ZT_TEST(cli_audit_sound_run)
     if (!strstr(o, table))
         ZT_FAIL("audit's memory differs from zrun --dry-run's:\n%s\n---\n%s", o, dry);
     ZT_CHECK(strstr(o, "\n     3 ")); /* rank 3 */
+    free(o);
+    free(dry);
+    /* the dry run of a job of 2 nodes x 2 ranks plans for world 4, as the audit at --world 4 */
+    ZT_CHECK_EQ(zckpt(&o, "audit run --world 4 --zero 3"), 0);
+    ZT_CHECK_EQ(run_bin(&dry, zt_zrun_path(), "--dry-run --nproc 2 --nnodes 2 --master "
+                        "127.0.0.1:1 --zero 3 --batch 4 --seq 32 --ckpt-dir run"), 0);
+    ZT_CHECK((table = strstr(dry, "dry run: ")) && strstr(o, table));
     free(o);
     free(dry);
     expect(0, "checkpoint: run/step-00000002 (step 2)\n", "audit run/step-00000002");

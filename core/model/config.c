@@ -222,3 +222,32 @@ int zr_gpt2_offsets_get(zr_gpt2_offsets *out, const zr_gpt2_config *c)
         *out = o;
     return rc;
 }
+
+/* The groups and tensors of a checkpoint's layout against the model's (states aside). */
+int zr_gpt2_layout_check(const zck_layout *ck, const zck_layout *want, const char *path)
+{
+    if (zck_layout_n_groups(ck) != zck_layout_n_groups(want))
+        return zr_err_set(ZR_EINVAL, "%s: checkpoint has %zu parameter groups, this model %zu "
+                          "(another model shape)", path, zck_layout_n_groups(ck),
+                          zck_layout_n_groups(want));
+    for (size_t g = 0; g < zck_layout_n_groups(want); g++) {
+        if (strcmp(zck_layout_group_name(ck, g), zck_layout_group_name(want, g)) ||
+            zck_layout_group_numel(ck, g) != zck_layout_group_numel(want, g) ||
+            zck_layout_group_n_tensors(ck, g) != zck_layout_group_n_tensors(want, g))
+            return zr_err_set(ZR_EINVAL, "%s: group %zu is '%s' of %llu elements, this model "
+                              "expects '%s' of %llu (another model shape)", path, g,
+                              zck_layout_group_name(ck, g),
+                              (unsigned long long)zck_layout_group_numel(ck, g),
+                              zck_layout_group_name(want, g),
+                              (unsigned long long)zck_layout_group_numel(want, g));
+        for (size_t t = 0; t < zck_layout_group_n_tensors(want, g); t++) {
+            zck_tensor_info a, b;
+            zck_layout_tensor(ck, g, t, &a);
+            zck_layout_tensor(want, g, t, &b);
+            if (strcmp(a.name, b.name) || a.numel != b.numel || a.offset != b.offset)
+                return zr_err_set(ZR_EINVAL, "%s: tensor '%s' where this model has '%s'", path,
+                                  a.name, b.name);
+        }
+    }
+    return 0;
+}
