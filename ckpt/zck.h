@@ -189,7 +189,7 @@ void zck_partition(uint64_t numel, uint32_t world, uint32_t rank, uint32_t align
 /* ---------------------------------------------------------------- model families (arch.c)
  *
  * The naming contracts between checkpoints and models (docs/FORMAT.md section 13), one table
- * entry per model family ("gpt2"): the config fields of the manifest's model section with their
+ * entry per model family ("gpt2", "llama"): the config fields of the manifest's model section with their
  * defaults and bounds, the checks, the section's JSON, and the ordered groups and tensors with
  * their shapes as functions of the config. core/ (the engine) and formats/ (the converters)
  * both use it, so the contract is written once. Names and shapes only: no model maths.
@@ -219,7 +219,8 @@ double zck_arch_config_get(const zck_arch_config *c, const char *field);
 void zck_arch_config_set(zck_arch_config *c, const char *field, double v);
 /* ZR_EINVAL "<what>: ..." naming the bad field (out of bounds, not a multiple, too large). */
 int zck_arch_config_check(const zck_arch_config *c, const char *what);
-/* Set fields from "key=value,key=value" (decimal integers) and check the result; messages
+/* Set fields from "key=value,key=value" (decimal integers; decimal numbers for real fields
+ * such as llama's rope_theta and norm_eps) and check the result; messages
  * start with what. On failure *c is unchanged. */
 int zck_arch_config_set_fields(zck_arch_config *c, const char *fields, const char *what);
 /* The manifest's model section, compact: {"arch":"<family>", then the fields in order}.
@@ -234,11 +235,13 @@ typedef struct {
                           "<group>.<l>." ("attn.c_attn.weight"); borrowed from the table */
     const char *group; /* the group, or for a per-layer group its prefix ("h": h.0, h.1 ...) */
     int per_layer;
+    int present;       /* 0: this config has no such tensor (Llama's lm_head when tied) */
     size_t ndim;
     uint64_t shape[ZCK_MAX_DIMS]; /* weights [out, in] */
     uint64_t numel;
 } zck_arch_tensor_info;
-/* The family's tensors in layout order, each per-layer tensor listed once. */
+/* The family's tensors in layout order, each per-layer tensor listed once; a tensor a config
+ * leaves out (present 0) is in no layout of that config. */
 size_t zck_arch_n_tensors(const zck_arch *a);
 void zck_arch_tensor(const zck_arch_config *c, size_t t, zck_arch_tensor_info *out);
 uint32_t zck_arch_layers(const zck_arch_config *c); /* how many times per-layer groups repeat */

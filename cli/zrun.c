@@ -156,7 +156,10 @@ static const int offload_values[] = {ZR_OFFLOAD_NONE, ZR_OFFLOAD_CPU, ZR_OFFLOAD
 static const zcli_opt zrun_table[] = {
     ZCLI_SECTION("model and data:"),
     ZCLI_STRING("--model", o.model, "SPEC", "tiny; when resuming, the checkpoint's model",
-                "tiny, gpt2, gpt2-medium, or gpt2:layers=4,heads=4,dim=256,ctx=128,vocab=256"),
+                "tiny, gpt2, gpt2-medium, gpt2:layers=4,heads=4,dim=256,ctx=128,vocab=256, "
+                "llama (llama-tiny), llama-124m, smollm-135m, tinyllama-1.1b, or "
+                "llama:layers=2,heads=4,kv_heads=2,dim=64,ffn=176,ctx=64,vocab=256"
+                "[,rope_theta=R,norm_eps=E,tied=0|1] (Llama: CPU only for now)"),
     ZCLI_STRING("--data", o.data, "SPEC", NULL,
                 "synthetic (a built-in learnable corpus), a text file (bytes, vocab 256) or an "
                 "llm.c token file (uint16 GPT-2 tokens)"),
@@ -289,7 +292,7 @@ static void usage(void)
     args_init(&defaults);
     fputs("usage: zrun [OPTIONS]\n"
           "\n"
-          "Train a GPT-2-style model with AdamW, checkpointing through the zckpt format; "
+          "Train a GPT-2 or Llama model with AdamW, checkpointing through the zckpt format; "
           "resumes from\nthe newest checkpoint of --ckpt-dir by default.\n\n", stdout);
     zcli_opts_help(stdout, &zrun_opts, &defaults);
     fputs("\n"

@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <stdarg.h>
+#include <math.h>
 #include <time.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -471,4 +472,39 @@ const char *zt_venv_python(const char *modules, const char *packages)
         return NULL;
     snprintf(cmd, sizeof cmd, "'%s' -c '%s' >/dev/null 2>&1", py, imports);
     return system(cmd) == 0 ? py : NULL;
+}
+
+size_t zt_jlog_losses(double *loss, size_t cap, const char *path)
+{
+    char *text = zt_slurp(path);
+    size_t last = 0;
+    memset(loss, 0, cap * sizeof *loss);
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        const char *st = strstr(line, "{\"step\":"), *ls = strstr(line, ",\"loss\":");
+        if (!st || !ls)
+            ZT_FAIL("%s: a record without step or loss: %s", path, line);
+        unsigned long k = strtoul(st + 8, NULL, 10);
+        ZT_CHECK(k >= 1 && k < cap);
+        loss[k] = strtod(ls + 8, NULL);
+        last = k > last ? k : last;
+    }
+    free(text);
+    return last;
+}
+
+double zt_ref_xent(const double *lg, const int32_t *tg, size_t N, size_t V, double *probs)
+{
+    double loss = 0;
+    for (size_t n = 0; n < N; n++) {
+        const double *row = lg + n * V;
+        double mx = -INFINITY, sum = 0;
+        for (size_t v = 0; v < V; v++)
+            mx = row[v] > mx ? row[v] : mx;
+        for (size_t v = 0; v < V; v++)
+            sum += exp(row[v] - mx);
+        loss += log(sum) - (row[tg[n]] - mx);
+        for (size_t v = 0; probs && v < V; v++)
+            probs[n * V + v] = exp(row[v] - mx) / sum;
+    }
+    return loss / (double)N;
 }

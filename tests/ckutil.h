@@ -84,6 +84,12 @@ int zt_run(char **out, const char *bin, const char *args);
 /* zckpt (ZT_ZCKPT, set by make test; the test is skipped when unset) with the arguments
  * formatted as printf would, as zt_run. */
 int zt_zckpt(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* loss[k] of each record {"step":k,...,"loss":x,...} of a --log-json file, 1 <= k < cap (0
+ * where a step has no record); returns the highest step seen. */
+size_t zt_jlog_losses(double *loss, size_t cap, const char *path);
+/* The mean cross-entropy of logits [N, V] against targets tg, in double (the model tests'
+ * references); the softmax into probs [N, V] when not NULL. */
+double zt_ref_xent(const double *lg, const int32_t *tg, size_t N, size_t V, double *probs);
 /* The checkpoints latest names in run directories a and b hold the same values (within atol +
  * rtol |b|; 0, 0: exactly), whatever their world sizes. */
 void zt_same_latest(const char *a, const char *b, double atol, double rtol);

@@ -74,9 +74,9 @@ static void expect_parses(const spec_case *cases, size_t n)
 ZT_TEST(engine_config_presets)
 {
     static const spec_case cases[] = {
-        {"tiny", {4, 4, 128, 128, 256}},
-        {"gpt2", {12, 12, 768, 1024, 50257}},
-        {"gpt2-medium", {24, 16, 1024, 1024, 50257}},
+        {"tiny", ZR_GPT2(4, 4, 128, 128, 256)},
+        {"gpt2", ZR_GPT2(12, 12, 768, 1024, 50257)},
+        {"gpt2-medium", ZR_GPT2(24, 16, 1024, 1024, 50257)},
     };
     expect_parses(cases, sizeof cases / sizeof *cases);
 }
@@ -84,15 +84,16 @@ ZT_TEST(engine_config_presets)
 ZT_TEST(engine_config_fields)
 {
     static const spec_case cases[] = {
-        {"gpt2:layers=2", {2, 4, 128, 128, 256}},
-        {"gpt2:heads=8", {4, 8, 128, 128, 256}},
-        {"gpt2:dim=256", {4, 4, 256, 128, 256}},
-        {"gpt2:ctx=64", {4, 4, 128, 64, 256}},
-        {"gpt2:vocab=50257", {4, 4, 128, 128, 50257}},
-        {"gpt2:layers=4,heads=4,dim=256,ctx=128,vocab=256", {4, 4, 256, 128, 256}},
-        {"gpt2:vocab=512,ctx=32,dim=96,heads=3,layers=6", {6, 3, 96, 32, 512}}, /* any order */
-        {"gpt2:layers=007", {7, 4, 128, 128, 256}},
-        {"gpt2:heads=1,dim=1,ctx=1,vocab=4294967295", {4, 1, 1, 1, 4294967295u}},
+        {"gpt2:layers=2", ZR_GPT2(2, 4, 128, 128, 256)},
+        {"gpt2:heads=8", ZR_GPT2(4, 8, 128, 128, 256)},
+        {"gpt2:dim=256", ZR_GPT2(4, 4, 256, 128, 256)},
+        {"gpt2:ctx=64", ZR_GPT2(4, 4, 128, 64, 256)},
+        {"gpt2:vocab=50257", ZR_GPT2(4, 4, 128, 128, 50257)},
+        {"gpt2:layers=4,heads=4,dim=256,ctx=128,vocab=256", ZR_GPT2(4, 4, 256, 128, 256)},
+        /* any order */
+        {"gpt2:vocab=512,ctx=32,dim=96,heads=3,layers=6", ZR_GPT2(6, 3, 96, 32, 512)},
+        {"gpt2:layers=007", ZR_GPT2(7, 4, 128, 128, 256)},
+        {"gpt2:heads=1,dim=1,ctx=1,vocab=4294967295", ZR_GPT2(4, 1, 1, 1, 4294967295u)},
     };
     expect_parses(cases, sizeof cases / sizeof *cases);
 }
@@ -138,7 +139,7 @@ ZT_TEST(engine_config_errors)
         {"gpt2:layers=4294967295,dim=1024,heads=16", "model too large"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        zr_gpt2_config c = {99, 99, 99, 99, 99};
+        zr_gpt2_config c = ZR_GPT2(99, 99, 99, 99, 99);
         ZT_ERR(zr_gpt2_config_parse(&c, cases[i].spec), ZR_EINVAL, cases[i].text);
         ZT_CHECK_EQ(c.layers, 99); /* untouched on failure */
     }
@@ -147,9 +148,10 @@ ZT_TEST(engine_config_errors)
 /* ---------------------------------------------------------------- model section JSON */
 
 static const zr_gpt2_config some_configs[] = {
-    {4, 4, 128, 128, 256},     {12, 12, 768, 1024, 50257}, {24, 16, 1024, 1024, 50257},
-    {1, 1, 1, 1, 1},           {3, 2, 6, 5, 7},            {2, 3, 96, 64, 50257},
-    {48, 25, 1600, 1024, 50257},
+    ZR_GPT2(4, 4, 128, 128, 256),  ZR_GPT2(12, 12, 768, 1024, 50257),
+    ZR_GPT2(24, 16, 1024, 1024, 50257),  ZR_GPT2(1, 1, 1, 1, 1),  ZR_GPT2(3, 2, 6, 5, 7),
+    ZR_GPT2(2, 3, 96, 64, 50257),
+    ZR_GPT2(48, 25, 1600, 1024, 50257),
 };
 #define N_SOME (sizeof some_configs / sizeof *some_configs)
 
@@ -169,14 +171,14 @@ ZT_TEST(engine_config_json)
         free(a);
     }
     char *t = NULL;
-    const zr_gpt2_config tiny = {4, 4, 128, 128, 256};
+    const zr_gpt2_config tiny = ZR_GPT2(4, 4, 128, 128, 256);
     ZT_OK(zr_gpt2_config_to_json(&t, &tiny));
     ZT_CHECK(!strcmp(t, "{\"arch\":\"gpt2\",\"layers\":4,\"heads\":4,\"dim\":128,\"ctx\":128,"
                         "\"vocab\":256}"));
     free(t);
     /* a bad config is refused, not written */
-    const zr_gpt2_config bad[] = {{0, 4, 128, 128, 256}, {4, 3, 128, 128, 256},
-                                  {4, 4, 128, 128, 0}};
+    const zr_gpt2_config bad[] = {ZR_GPT2(0, 4, 128, 128, 256), ZR_GPT2(4, 3, 128, 128, 256),
+                                  ZR_GPT2(4, 4, 128, 128, 0)};
     for (size_t i = 0; i < 3; i++) {
         t = NULL;
         ZT_ERR(zr_gpt2_config_to_json(&t, &bad[i]), ZR_EINVAL, "gpt2 config: ");
@@ -190,7 +192,7 @@ ZT_TEST(engine_config_from_json)
     /* fields in any order, whitespace, extra fields ignored (the demo writes a "note") */
     ZT_OK(zr_gpt2_config_from_json(&c, "{ \"vocab\": 256, \"ctx\": 128, \"dim\": 64, \"heads\": "
                                        "4, \"layers\": 4, \"arch\": \"gpt2\", \"note\": \"x\" }"));
-    const zr_gpt2_config want = {4, 4, 64, 128, 256};
+    const zr_gpt2_config want = ZR_GPT2(4, 4, 64, 128, 256);
     ZT_CHECK(cfg_eq(&c, &want));
     const struct {
         const char *json, *text;
@@ -199,8 +201,10 @@ ZT_TEST(engine_config_from_json)
         {"{", "invalid JSON"},
         {"[1, 2]", "model section: not a JSON object"},
         {"{\"layers\":4,\"heads\":4,\"dim\":8,\"ctx\":8,\"vocab\":8}", "missing field 'arch'"},
+        {"{\"arch\":\"mistral\",\"layers\":4,\"heads\":4,\"dim\":8,\"ctx\":8,\"vocab\":8}",
+         "field 'arch': expected one of \"gpt2\", \"llama\", found mistral"},
         {"{\"arch\":\"llama\",\"layers\":4,\"heads\":4,\"dim\":8,\"ctx\":8,\"vocab\":8}",
-         "field 'arch': expected \"gpt2\", found llama"},
+         "missing field 'kv_heads'"},
         {"{\"arch\":5,\"layers\":4,\"heads\":4,\"dim\":8,\"ctx\":8,\"vocab\":8}",
          "found a non-string"},
         {"{\"arch\":\"gpt2\",\"layers\":4,\"dim\":8,\"ctx\":8,\"vocab\":8}",
@@ -246,7 +250,7 @@ ZT_TEST(engine_layout)
         zck_layout_free(a);
     }
     /* spot checks against the contract itself (tiny: C = 128, V = 256, T = 128) */
-    const zr_gpt2_config tiny = {4, 4, 128, 128, 256};
+    const zr_gpt2_config tiny = ZR_GPT2(4, 4, 128, 128, 256);
     zck_layout *L;
     ZT_OK(zr_gpt2_layout(&L, &tiny));
     ZT_CHECK_EQ(zck_layout_n_groups(L), 4 + 3);
@@ -262,11 +266,11 @@ ZT_TEST(engine_layout)
     ZT_CHECK(!strcmp(zck_layout_state_name(L, 2), "exp_avg_sq"));
     zck_layout_free(L);
     /* a bad config is refused, naming the field */
-    const zr_gpt2_config bad = {4, 3, 128, 128, 256};
+    const zr_gpt2_config bad = ZR_GPT2(4, 3, 128, 128, 256);
     L = NULL;
     ZT_ERR(zr_gpt2_layout(&L, &bad), ZR_EINVAL, "dim 128 is not a multiple of heads 3");
     ZT_CHECK(!L);
-    const zr_gpt2_config zero = {4, 4, 128, 0, 256};
+    const zr_gpt2_config zero = ZR_GPT2(4, 4, 128, 0, 256);
     ZT_ERR(zr_gpt2_layout(&L, &zero), ZR_EINVAL, "field 'ctx' is 0");
 }
 

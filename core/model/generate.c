@@ -48,6 +48,9 @@ int zr_gen_new(zr_gen **out, const zr_gpt2_config *c, const float *params)
 {
     assert(out && c && params);
     *out = NULL;
+    if (c->family != ZR_FAMILY_GPT2) /* issue 17: a KV cache with grouped heads is to come */
+        return zr_err_set(ZR_EUNSUPPORTED, "generate: sampling knows GPT-2 models only (this "
+                          "one is a Llama)");
     zr_gen *g = calloc(1, sizeof *g);
     if (!g)
         return zr_err_set(ZR_ENOMEM, "generate: out of memory");

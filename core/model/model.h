@@ -23,21 +23,40 @@ typedef enum { ZR_OFFLOAD_NONE = 0, ZR_OFFLOAD_CPU = 1, ZR_OFFLOAD_NVME = 2 } zr
 
 /* ---------------------------------------------------------------- model configuration */
 
-typedef zck_gpt2_config zr_gpt2_config; /* layers, heads, dim, ctx, vocab: L, NH, C, maximum T, V */
+/* The model families (ckpt's family table: "gpt2", "llama"). */
+typedef enum { ZR_FAMILY_GPT2 = 0, ZR_FAMILY_LLAMA = 1 } zr_family;
+
+/* A model's shape. GPT-2 uses the first five fields (family 0, the rest 0: a positional
+ * {L, NH, C, T, V} is a GPT-2 config); Llama uses all of them. */
+typedef struct {
+    uint32_t layers, heads, dim, ctx, vocab; /* L, NH, C, maximum T, V */
+    zr_family family;
+    uint32_t kv_heads, ffn, tied;            /* Llama: KV heads, I (MLP width), head = embedding */
+    double rope_theta, norm_eps;             /* Llama: rotary base, RMSNorm epsilon */
+} zr_config;
+/* A GPT-2 config as an initializer: ZR_GPT2(L, NH, C, T, V). */
+#define ZR_GPT2(L, NH, C, T, V) {.layers = (L), .heads = (NH), .dim = (C), .ctx = (T), .vocab = (V)}
+/* The name from before the Llama family, kept for GPT-2-only callers. */
+typedef zr_config zr_gpt2_config;
 
 /*
  * "tiny" (L=4, NH=4, C=128, T=128, V=256: the default run), "gpt2" (12, 12, 768, 1024, 50257),
  * "gpt2-medium" (24, 16, 1024, 1024, 50257), or fields: "gpt2:layers=4,heads=4,dim=256,ctx=128,
- * vocab=256" (fields not given keep the tiny values). ZR_EINVAL naming the bad part; dim must
- * be a multiple of heads.
+ * vocab=256" (fields not given keep the tiny values). Llama: "llama" (= "llama-tiny": L=4,
+ * NH=4, KV=2, C=128, I=344, T=128, V=256), "llama-124m", "smollm-135m", "tinyllama-1.1b", or
+ * "llama:layers=..,heads=..,kv_heads=..,dim=..,ffn=..,ctx=..,vocab=..,rope_theta=..,
+ * norm_eps=..,tied=0|1" (fields not given keep llama-tiny's, rope_theta 10000, norm_eps 1e-5,
+ * tied 0). ZR_EINVAL naming the bad part; dim must be a multiple of heads (Llama: heads a
+ * multiple of kv_heads, dim / heads even). The zr_gpt2_config_* calls take every family.
  */
 int zr_gpt2_config_parse(zr_gpt2_config *out, const char *spec);
 /* The manifest's model section, through ckpt's family table (zck_arch_config_to_json, as
- * formats/ writes it): {"arch":"gpt2","layers":L,"heads":NH,"dim":C,"ctx":T,"vocab":V}. */
+ * formats/ writes it): {"arch":"gpt2","layers":L,"heads":NH,"dim":C,"ctx":T,"vocab":V}, or
+ * {"arch":"llama",...} with the llama fields. from_json takes any family. */
 int zr_gpt2_config_to_json(char **out, const zr_gpt2_config *c);
 int zr_gpt2_config_from_json(zr_gpt2_config *out, const char *json);
-/* The checkpoint layout: the GPT-2 naming contract of docs/FORMAT.md, built by ckpt's family
- * table (zck_arch_layout; formats/' zfmt_gpt2_layout is the same call). */
+/* The checkpoint layout: the naming contract of docs/FORMAT.md of c's family, built by ckpt's
+ * family table (zck_arch_layout; formats/' zfmt_gpt2_layout is the same call for GPT-2). */
 int zr_gpt2_layout(zck_layout **out, const zr_gpt2_config *c);
 /* Whether a checkpoint's layout ck has the groups and tensors of want (names, sizes, offsets:
  * the same model shape); states are not compared. ZR_EINVAL naming path and the first
@@ -62,7 +81,8 @@ typedef struct {
     uint64_t blk_numel[ZR_BLK_COUNT];
     uint64_t lnf_w, lnf_b;         /* offsets inside ln_f */
 } zr_gpt2_offsets;
-/* ZR_EINVAL as zr_gpt2_layout (or when the layout is not the groups the model addresses). */
+/* ZR_EINVAL as zr_gpt2_layout (or when the layout is not the groups the model addresses, or c
+ * is not a GPT-2 config). */
 int zr_gpt2_offsets_get(zr_gpt2_offsets *out, const zr_gpt2_config *c);
 
 /* ---------------------------------------------------------------- model */
@@ -72,6 +92,8 @@ int zr_gpt2_offsets_get(zr_gpt2_offsets *out, const zr_gpt2_config *c);
  * the groups of zr_gpt2_layout end to end in layout order: group g's tensors are contiguous at
  * zr_model_param(m, g), in the layout's tensor order and shapes, row-major. Activations for up
  * to max_B sequences of up to ctx tokens are allocated once at creation and reused.
+ * The family of c decides the maths (GPT-2: model.c; Llama: llama.c, groups embed_tokens,
+ * layers.<l>, norm, then lm_head unless tied); every call below works for both.
  */
 typedef struct zr_model zr_model;
 int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B);
@@ -112,7 +134,8 @@ float *zr_model_param(zr_model *m, size_t g);     /* borrowed; arena + group off
 float *zr_model_grad(zr_model *m, size_t g);
 /* GPT-2 initialization from seed alone: weights N(0, 0.02), the two residual projections
  * (attn.c_proj.weight, mlp.c_proj.weight) N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1
- * and biases 0. Deterministic: same seed, same bits, and each element depends only on (seed,
+ * and biases 0. Llama: every matrix N(0, 0.02) (Hugging Face's initializer_range), RMSNorm
+ * weights 1. Deterministic: same seed, same bits, and each element depends only on (seed,
  * its index), so init_range of any part of a group gives the bits init_weights puts there.
  * init_weights fills the own parameter arena (nothing when parameters are lent). */
 void zr_model_init_weights(zr_model *m, uint64_t seed);

@@ -1034,12 +1034,15 @@ int zr_train__pick_config(zr_gpt2_config *cfg, const zr_train_opts *o, zck_reade
         ZR_TRY(zr_gpt2_config_parse(cfg, o->model));
         zr_gpt2_config ck;
         if (rd && zr_gpt2_config_from_json(&ck, zck_reader_model_json(rd)) == 0 &&
-            memcmp(&ck, cfg, sizeof ck))
-            return zr_err_set(ZR_EINVAL, "%s: checkpoint of another model shape (layers %u "
-                              "heads %u dim %u ctx %u vocab %u; --model says %u %u %u %u %u)",
-                              zck_reader_path(rd), ck.layers, ck.heads, ck.dim, ck.ctx,
-                              ck.vocab, cfg->layers, cfg->heads, cfg->dim, cfg->ctx,
-                              cfg->vocab);
+            memcmp(&ck, cfg, sizeof ck)) {
+            char *want = NULL;
+            int rc = zr_gpt2_config_to_json(&want, cfg);
+            rc = zr_err_set(ZR_EINVAL, "%s: checkpoint of another model shape (%s; --model "
+                            "says %s)", zck_reader_path(rd), zck_reader_model_json(rd),
+                            rc ? "?" : want);
+            free(want);
+            return rc;
+        }
         zr_err_clear();
         return 0;
     }
@@ -1089,6 +1092,7 @@ int zr_train_mem_plan(zr_mem_plan *out, const zr_train_opts *o, int world)
     ZR_TRY_GOTO(zr_train__pick_config(&cfg, o, rd), rc, out);
     ZR_TRY_GOTO(zr_train__seq(&out->seq, o, &cfg), rc, out);
     out->layers = cfg.layers;
+    out->llama = cfg.family == ZR_FAMILY_LLAMA;
     out->zero_stage = o->zero_stage;
     out->world = world;
     out->micro_batch = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)world;
@@ -1145,8 +1149,9 @@ int zr_train_dry_run(const zr_train_opts *o, int world, FILE *f)
 void zr_mem_plan_print(const zr_mem_plan *p, FILE *f)
 {
     double mib = 1.0 / (1 << 20);
-    fprintf(f, "dry run: GPT-2 %u layers, %llu parameters, ZeRO stage %d, world %d, "
-               "micro-batch %u x %u tokens per rank, on %s%s%s\n", p->layers,
+    fprintf(f, "dry run: %s %u layers, %llu parameters, ZeRO stage %d, world %d, "
+               "micro-batch %u x %u tokens per rank, on %s%s%s\n", p->llama ? "Llama" : "GPT-2",
+            p->layers,
             (unsigned long long)p->numel, p->zero_stage, p->world, p->micro_batch, p->seq,
             p->on_gpu ? "the GPU (device memory; activations in bf16 and fp32)" : "the CPU",
             p->from ? "; resuming from " : "", p->from ? p->from : "");
@@ -1352,8 +1357,9 @@ static int resume_or_init(run *r)
     if (r->log && r->dev)
         fprintf(r->log, "device: %s\n", r->dev_name);
     if (r->log && !r->rd)
-        fprintf(r->log, "training a %u-layer GPT-2 (%llu parameters) on %s, %llu steps, batch "
+        fprintf(r->log, "training a %u-layer %s (%llu parameters) on %s, %llu steps, batch "
                         "%u x %u tokens, %d rank%s, ZeRO stage %d\n", r->cfg.layers,
+                r->cfg.family == ZR_FAMILY_LLAMA ? "Llama" : "GPT-2",
                 (unsigned long long)zr_model_numel(r->model), zr_data_describe(r->data),
                 (unsigned long long)o->steps, o->batch, r->T, r->W, r->W == 1 ? "" : "s",
                 o->zero_stage);

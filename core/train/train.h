@@ -116,6 +116,7 @@ typedef struct {
 typedef struct {
     char *from;              /* the checkpoint a resume would read (opts->resume), or NULL */
     uint32_t layers, micro_batch, seq;
+    int llama;               /* the model family: GPT-2 (0) or Llama (1) */
     uint64_t numel;          /* parameters */
     int zero_stage, world, on_gpu;
     double per_param[2];     /* the ZeRO formula: a + b / W bytes per parameter */
