@@ -52,7 +52,8 @@ DEPS_CHECK = \
     $(CC) -x c - -laio -o /dev/null >/dev/null 2>&1 || missing="$$missing libaio-dev";
 
 .PHONY: all deps test asan tsan tsan-run stress bench run fuzz clean arch
-all: $(BUILD)/libzck.a $(BUILD)/libzfmt.a $(BUILD)/libzr.a $(BUILD)/zckpt $(BUILD)/zrun
+all: $(BUILD)/libzck.a $(BUILD)/libzfmt.a $(BUILD)/libzr.a $(BUILD)/zckpt $(BUILD)/zrun \
+     $(BUILD)/zgen
 
 deps:
 	@missing=""; $(DEPS_CHECK) \
@@ -153,6 +154,10 @@ $(BUILD)/zckpt: $(BUILD)/cli/zckpt.o $(CLI_COMMON) $(BUILD)/libzfmt.a $(BUILD)/l
 $(BUILD)/zrun: $(BUILD)/cli/zrun.o $(CLI_COMMON) $(BUILD)/libzr.a $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
+# zgen: sampling from a checkpoint (the generator of core/, the reader of ckpt/)
+$(BUILD)/zgen: $(BUILD)/cli/zgen.o $(CLI_COMMON) $(BUILD)/libzr.a $(BUILD)/libzck.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(BLAS_LIBS)
+
 # The host simulation of a device (ZR_CUDA_LIB=hostsim): a loadable backend for the tests, built
 # next to zrun and zt, linked into neither; its undefined zr_* symbols resolve against the
 # program that loads it.
@@ -249,8 +254,9 @@ $(BUILD)/zt: $(TEST_OBJ) $(BUILD)/cli/common.o $(BUILD)/libzr.a $(BUILD)/libzfmt
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
 # the CLI tests run the real zckpt binary (ZT_ZCKPT)
-test: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun
-	ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun $(BUILD)/zt
+test: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/zgen
+	ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun \
+	  ZT_ZGEN=$(CURDIR)/$(BUILD)/zgen $(BUILD)/zt
 
 asan:
 	$(MAKE) SAN=1 test
@@ -258,9 +264,9 @@ asan:
 # long campaigns: the suite with ZT_STRESS=1 (400 SIGKILL rounds during saves, 30 restarts,
 # 20 ranks killed mid-step), then libFuzzer for 10 minutes when clang can build it
 STRESS_FUZZ_SECONDS ?= 600
-stress: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun
+stress: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/zgen
 	ZT_STRESS=1 ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt \
-	  ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun $(BUILD)/zt
+	  ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun ZT_ZGEN=$(CURDIR)/$(BUILD)/zgen $(BUILD)/zt
 	@if command -v clang >/dev/null 2>&1; then $(MAKE) fuzz FUZZ_SECONDS=$(STRESS_FUZZ_SECONDS); \
 	else echo "skip: make fuzz needs clang with libFuzzer"; fi
 

@@ -6,12 +6,14 @@
  * config, and the checkpoint layout built from them.
  *
  * The format itself still knows nothing of model maths: a family here is names and shapes, not
- * what a model computes with them. A second family (issue 17) is one more entry of `families`.
+ * what a model computes with them. Families: "gpt2" and "llama" (issue 17), one entry each of
+ * `families`.
  */
 #include "zck_int.h"
 
 #include <assert.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,13 +25,16 @@
 
 typedef struct {
     const char *name;
-    double def, min, max; /* integer fields: whole numbers in [min, max] */
+    double def, min, max; /* in [min, max]; whole numbers unless real */
+    int real;             /* a real number (rope_theta, norm_eps), JSON real */
 } field_spec;
 
-/* One dimension of a shape: mul x the value of field f. */
+/* One dimension of a shape: mul x the value of field f, times field xf - 1 and divided by
+ * field df - 1 when those are not 0 (Llama's k_proj: dim x kv_heads / heads rows). */
 typedef struct {
     unsigned mul;
     int f;
+    int xf, df;
 } dim_spec;
 
 typedef struct {
@@ -38,6 +43,7 @@ typedef struct {
     int per_layer;    /* the group repeats: "<group>.0" ... "<group>.<layers-1>" */
     size_t ndim;
     dim_spec dim[2];
+    int unless;       /* not 0: the tensor is absent when field unless - 1 is not 0 (tied) */
 } tensor_spec;
 
 struct zck_arch {
@@ -72,9 +78,40 @@ static int gpt2_check(const double *v, const char *what)
     return 0;
 }
 
+enum { LL_LAYERS, LL_HEADS, LL_KV_HEADS, LL_DIM, LL_FFN, LL_CTX, LL_VOCAB, LL_ROPE_THETA,
+       LL_NORM_EPS, LL_TIED };
+
+/* Grouped-query attention: kv_heads divides heads; rotary positions rotate pairs of a head's
+ * channels, so the head dimension is even; sizes far below the format's limits. */
+static int llama_check(const double *v, const char *what)
+{
+    uint64_t H = (uint64_t)v[LL_HEADS], KV = (uint64_t)v[LL_KV_HEADS];
+    uint64_t C = (uint64_t)v[LL_DIM], I = (uint64_t)v[LL_FFN], L = (uint64_t)v[LL_LAYERS];
+    uint64_t T = (uint64_t)v[LL_CTX], V = (uint64_t)v[LL_VOCAB];
+    if (H % KV)
+        return zr_err_set(ZR_EINVAL, "%s: heads %u is not a multiple of kv_heads %u", what,
+                          (unsigned)H, (unsigned)KV);
+    if ((C / H) % 2)
+        return zr_err_set(ZR_EINVAL, "%s: head dimension dim / heads = %u / %u = %u is odd "
+                          "(rotary positions rotate pairs of channels)", what, (unsigned)C,
+                          (unsigned)H, (unsigned)(C / H));
+    if (V * C > ((uint64_t)1 << 48) || T * C > ((uint64_t)1 << 48) ||
+        C * C > ((uint64_t)1 << 44) || I * C > ((uint64_t)1 << 46))
+        return zr_err_set(ZR_EINVAL, "%s: vocab %u, ctx %u, dim %u, ffn %u: tensors too large",
+                          what, (unsigned)V, (unsigned)T, (unsigned)C, (unsigned)I);
+    uint64_t per_layer = 4 * C * C + 3 * C * I + 2 * C;
+    if (L > ((uint64_t)1 << 50) / per_layer)
+        return zr_err_set(ZR_EINVAL, "%s: %u layers of dim %u, ffn %u: model too large", what,
+                          (unsigned)L, (unsigned)C, (unsigned)I);
+    return 0;
+}
+
 #define U32 1, 4294967295.0
 #define C1 {{1, G_DIM}}
 #define W(o, i) {{o, G_DIM}, {i, G_DIM}}
+#define LC {1, LL_DIM}
+#define LKV {1, LL_DIM, LL_KV_HEADS + 1, LL_HEADS + 1} /* kv_heads x head dimension */
+#define LI {1, LL_FFN}
 
 static const zck_arch families[] = {
     {
@@ -105,8 +142,85 @@ static const zck_arch families[] = {
         .n_states = 3,
         .states = {"param", "exp_avg", "exp_avg_sq"},
     },
+    {
+        /* Hugging Face's LlamaForCausalLM names without the "model." prefix; defaults: a small
+         * model with grouped-query attention (ffn about 8/3 dim) */
+        .name = "llama",
+        .n_fields = 10,
+        .fields = {{"layers", 4, U32}, {"heads", 4, U32}, {"kv_heads", 2, U32},
+                   {"dim", 128, U32}, {"ffn", 344, U32}, {"ctx", 128, U32},
+                   {"vocab", 256, U32}, {"rope_theta", 10000, 1, 1e12, 1},
+                   {"norm_eps", 1e-5, 1e-12, 0.1, 1}, {"tied", 0, 0, 1}},
+        .layers = LL_LAYERS,
+        .div_a = LL_DIM,
+        .div_b = LL_HEADS,
+        .check = llama_check,
+        .n_tensors = 12,
+        .tensors = {
+            {"embed_tokens.weight", "embed_tokens", 0, 2, {{1, LL_VOCAB}, LC}},
+            {"input_layernorm.weight", "layers", 1, 1, {LC}},
+            {"self_attn.q_proj.weight", "layers", 1, 2, {LC, LC}},
+            {"self_attn.k_proj.weight", "layers", 1, 2, {LKV, LC}},
+            {"self_attn.v_proj.weight", "layers", 1, 2, {LKV, LC}},
+            {"self_attn.o_proj.weight", "layers", 1, 2, {LC, LC}},
+            {"post_attention_layernorm.weight", "layers", 1, 1, {LC}},
+            {"mlp.gate_proj.weight", "layers", 1, 2, {LI, LC}},
+            {"mlp.up_proj.weight", "layers", 1, 2, {LI, LC}},
+            {"mlp.down_proj.weight", "layers", 1, 2, {LC, LI}},
+            {"norm.weight", "norm", 0, 1, {LC}},
+            {"lm_head.weight", "lm_head", 0, 2, {{1, LL_VOCAB}, LC}, LL_TIED + 1},
+        },
+        .n_states = 3,
+        .states = {"param", "exp_avg", "exp_avg_sq"},
+    },
 };
 #define N_FAMILIES (sizeof families / sizeof *families)
+
+/* ---------------------------------------------------------------- GPT-2's C struct */
+
+const zck_arch *zck_arch_gpt2(void) { return &families[0]; }
+
+void zck_gpt2_to_arch(zck_arch_config *out, const zck_gpt2_config *c)
+{
+    zck_arch_config_init(out, zck_arch_gpt2());
+    out->v[G_LAYERS] = c->layers;
+    out->v[G_HEADS] = c->heads;
+    out->v[G_DIM] = c->dim;
+    out->v[G_CTX] = c->ctx;
+    out->v[G_VOCAB] = c->vocab;
+}
+
+void zck_gpt2_from_arch(zck_gpt2_config *out, const zck_arch_config *a)
+{
+    assert(a->arch == zck_arch_gpt2());
+    out->layers = (uint32_t)a->v[G_LAYERS];
+    out->heads = (uint32_t)a->v[G_HEADS];
+    out->dim = (uint32_t)a->v[G_DIM];
+    out->ctx = (uint32_t)a->v[G_CTX];
+    out->vocab = (uint32_t)a->v[G_VOCAB];
+}
+
+int zck_gpt2_layout(zck_layout **out, const zck_gpt2_config *c)
+{
+    zck_arch_config a;
+    zck_gpt2_to_arch(&a, c);
+    return zck_arch_layout(out, &a);
+}
+
+int zck_gpt2_to_json(char **out, const zck_gpt2_config *c)
+{
+    zck_arch_config a;
+    zck_gpt2_to_arch(&a, c);
+    return zck_arch_config_to_json(out, &a);
+}
+
+int zck_gpt2_from_json(zck_gpt2_config *out, const char *json)
+{
+    zck_arch_config a;
+    ZR_TRY(zck_arch_config_from_json(&a, json, zck_arch_gpt2()));
+    zck_gpt2_from_arch(out, &a);
+    return 0;
+}
 
 /* ---------------------------------------------------------------- families and fields */
 
@@ -181,9 +295,10 @@ int zck_arch_config_check(const zck_arch_config *c, const char *what)
         if (c->v[i] < f->min)
             return zr_err_set(ZR_EINVAL, "%s: field '%s' is %.17g (expected >= %.17g)", what,
                               f->name, c->v[i], f->min);
-        if (c->v[i] > f->max || c->v[i] != (double)(uint64_t)c->v[i])
-            return zr_err_set(ZR_EINVAL, "%s: field '%s' is %.17g (expected an integer in "
-                              "[%.17g, %.17g])", what, f->name, c->v[i], f->min, f->max);
+        if (c->v[i] > f->max || (!f->real && c->v[i] != (double)(uint64_t)c->v[i]))
+            return zr_err_set(ZR_EINVAL, "%s: field '%s' is %.17g (expected %s in "
+                              "[%.17g, %.17g])", what, f->name, c->v[i],
+                              f->real ? "a number" : "an integer", f->min, f->max);
     }
     if (a->div_a != NO_FIELD && (uint64_t)c->v[a->div_a] % (uint64_t)c->v[a->div_b])
         return zr_err_set(ZR_EINVAL, "%s: %s %u is not a multiple of %s %u", what,
@@ -192,7 +307,31 @@ int zck_arch_config_check(const zck_arch_config *c, const char *what)
     return a->check ? a->check(c->v, what) : 0;
 }
 
-/* One "key=value" part of a field list, [p, end): a decimal integer within the field's bounds. */
+/* A real field's value [v, v + nv): a finite decimal number ("1e-5", "500000.0") in bounds. */
+static int set_real(zck_arch_config *c, int k, const char *what, const char *v, int nv)
+{
+    const field_spec *f = &c->arch->fields[k];
+    char buf[64], *end = NULL;
+    double x = 0;
+    int ok = nv < (int)sizeof buf && (*v == '.' || (*v >= '0' && *v <= '9'));
+    if (ok) {
+        memcpy(buf, v, (size_t)nv);
+        buf[nv] = 0;
+        x = strtod(buf, &end);
+        ok = end == buf + nv && isfinite(x);
+    }
+    if (!ok)
+        return zr_err_set(ZR_EINVAL, "%s: field '%s': '%.*s' is not a number", what, f->name,
+                          nv, v);
+    if (x < f->min || x > f->max)
+        return zr_err_set(ZR_EINVAL, "%s: field '%s' is %g (expected a number in [%g, %g])",
+                          what, f->name, x, f->min, f->max);
+    c->v[k] = x;
+    return 0;
+}
+
+/* One "key=value" part of a field list, [p, end): a decimal integer within the field's bounds
+ * (a decimal number for a real field). */
 static int set_field(zck_arch_config *c, unsigned *seen, const char *what, const char *p,
                      const char *end)
 {
@@ -223,6 +362,8 @@ static int set_field(zck_arch_config *c, unsigned *seen, const char *what, const
     int nv = (int)(end - v);
     if (!nv)
         return zr_err_set(ZR_EINVAL, "%s: field '%s' has no value", what, f->name);
+    if (f->real)
+        return set_real(c, k, what, v, nv);
     uint64_t x = 0;
     for (const char *q = v; q < end; q++) {
         if (*q < '0' || *q > '9')
@@ -274,7 +415,8 @@ int zck_arch_config_to_json(char **out, const zck_arch_config *c)
     int bad = json_object_set_new(root, "arch", json_string(c->arch->name));
     for (size_t i = 0; i < c->arch->n_fields; i++)
         bad |= json_object_set_new(root, c->arch->fields[i].name,
-                                   json_integer((json_int_t)c->v[i]));
+                                   c->arch->fields[i].real ? json_real(c->v[i])
+                                                           : json_integer((json_int_t)c->v[i]));
     char *text = bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(root);
     if (!text)
@@ -322,7 +464,7 @@ int zck_arch_config_from_json(zck_arch_config *out, const char *json, const zck_
                           jerr.text);
     int rc = 0;
     zck_arch_config c;
-    const zck_arch *a;
+    const zck_arch *a = NULL;
     if (!json_is_object(root)) {
         rc = zr_err_set(ZR_EINVAL, "model section: not a JSON object");
         goto out;
@@ -337,13 +479,17 @@ int zck_arch_config_from_json(zck_arch_config *out, const char *json, const zck_
             rc = zr_err_set(ZR_EINVAL, "model section: missing field '%s'", f->name);
             goto out;
         }
-        if (!json_is_integer(v) || (double)json_integer_value(v) < f->min ||
-            (double)json_integer_value(v) > f->max) {
-            rc = zr_err_set(ZR_EINVAL, "model section: field '%s': expected an integer in "
-                            "[%.17g, %.17g]", f->name, f->min, f->max);
+        /* a real field may be written as an integer (10000); an integer field may not be real */
+        int ok = f->real ? json_is_number(v) : json_is_integer(v);
+        double x = ok ? json_number_value(v) : 0;
+        if (!ok || x < f->min || x > f->max) {
+            int p = f->real ? 6 : 17; /* 1e-12, not 9.9999999999999998e-13 */
+            rc = zr_err_set(ZR_EINVAL, "model section: field '%s': expected %s in "
+                            "[%.*g, %.*g]", f->name, f->real ? "a number" : "an integer", p,
+                            f->min, p, f->max);
             goto out;
         }
-        c.v[i] = (double)json_integer_value(v);
+        c.v[i] = x;
     }
     ZR_TRY_GOTO(zck_arch_config_check(&c, "model section"), rc, out);
     *out = c;
@@ -365,9 +511,16 @@ void zck_arch_tensor(const zck_arch_config *c, size_t t, zck_arch_tensor_info *o
     out->group = s->group;
     out->per_layer = s->per_layer;
     out->ndim = s->ndim;
+    out->present = !s->unless || !c->v[s->unless - 1];
     out->numel = 1;
     for (size_t d = 0; d < s->ndim; d++) {
-        out->shape[d] = s->dim[d].mul * (uint64_t)c->v[s->dim[d].f];
+        const dim_spec *ds = &s->dim[d];
+        uint64_t n = ds->mul * (uint64_t)c->v[ds->f];
+        if (ds->xf)
+            n *= (uint64_t)c->v[ds->xf - 1];
+        if (ds->df)
+            n /= (uint64_t)c->v[ds->df - 1];
+        out->shape[d] = n;
         out->numel *= out->shape[d];
     }
 }
@@ -383,6 +536,8 @@ static int add_tensors(zck_layout *L, size_t g, const zck_arch_config *c, size_t
     zck_arch_tensor_info ti;
     for (size_t t = t0; t < t1; t++) {
         zck_arch_tensor(c, t, &ti);
+        if (!ti.present)
+            continue;
         if (ti.per_layer)
             snprintf(name, sizeof name, "%s.%u.%s", ti.group, l, ti.name);
         else
@@ -402,6 +557,11 @@ static int add_groups(zck_layout *L, const zck_arch_config *c)
         const tensor_spec *s = &a->tensors[t0];
         for (t1 = t0 + 1; t1 < a->n_tensors && !strcmp(a->tensors[t1].group, s->group); t1++)
             ;
+        int present = 0; /* a group whose tensors are all absent (a tied head) is no group */
+        for (size_t t = t0; t < t1; t++)
+            present |= !a->tensors[t].unless || !c->v[a->tensors[t].unless - 1];
+        if (!present)
+            continue;
         if (!s->per_layer) {
             ZR_TRY(zck_layout_add_group(L, &g, s->group));
             ZR_TRY(add_tensors(L, g, c, t0, t1, 0));

@@ -59,6 +59,10 @@ void zr_err_clear(void);
  * cut to cap - 1 bytes, into buf; returns buf ("(null)" for NULL). For names that come from
  * files (tensor, group, producer, shard and archive member names) before they are shown. */
 const char *zr_printable(char *buf, size_t cap, const char *s);
+/* Room for element n of the array *arrp (a pointer to the array pointer) of *cap elements of
+ * elem bytes: when n == *cap, doubles *cap (first 8), zeroing the new elements; otherwise
+ * nothing. ZR_ENOMEM (the array unchanged) when memory or the size runs out. */
+int zr_array_grow(void *arrp, size_t *cap, size_t n, size_t elem);
 
 enum { ZR_LOG_ERROR = 0, ZR_LOG_WARN = 1, ZR_LOG_INFO = 2, ZR_LOG_DEBUG = 3 };
 /* Log to stderr ("warn: ..."), level from ZR_LOG. Lines of a rank are prefixed "[rank N] " by the
@@ -186,7 +190,7 @@ void zck_partition(uint64_t numel, uint32_t world, uint32_t rank, uint32_t align
 /* ---------------------------------------------------------------- model families (arch.c)
  *
  * The naming contracts between checkpoints and models (docs/FORMAT.md section 13), one table
- * entry per model family ("gpt2"): the config fields of the manifest's model section with their
+ * entry per model family ("gpt2", "llama"): the config fields of the manifest's model section with their
  * defaults and bounds, the checks, the section's JSON, and the ordered groups and tensors with
  * their shapes as functions of the config. core/ (the engine) and formats/ (the converters)
  * both use it, so the contract is written once. Names and shapes only: no model maths.
@@ -216,7 +220,8 @@ double zck_arch_config_get(const zck_arch_config *c, const char *field);
 void zck_arch_config_set(zck_arch_config *c, const char *field, double v);
 /* ZR_EINVAL "<what>: ..." naming the bad field (out of bounds, not a multiple, too large). */
 int zck_arch_config_check(const zck_arch_config *c, const char *what);
-/* Set fields from "key=value,key=value" (decimal integers) and check the result; messages
+/* Set fields from "key=value,key=value" (decimal integers; decimal numbers for real fields
+ * such as llama's rope_theta and norm_eps) and check the result; messages
  * start with what. On failure *c is unchanged. */
 int zck_arch_config_set_fields(zck_arch_config *c, const char *fields, const char *what);
 /* The manifest's model section, compact: {"arch":"<family>", then the fields in order}.
@@ -231,17 +236,35 @@ typedef struct {
                           "<group>.<l>." ("attn.c_attn.weight"); borrowed from the table */
     const char *group; /* the group, or for a per-layer group its prefix ("h": h.0, h.1 ...) */
     int per_layer;
+    int present;       /* 0: this config has no such tensor (Llama's lm_head when tied) */
     size_t ndim;
     uint64_t shape[ZCK_MAX_DIMS]; /* weights [out, in] */
     uint64_t numel;
 } zck_arch_tensor_info;
-/* The family's tensors in layout order, each per-layer tensor listed once. */
+/* The family's tensors in layout order, each per-layer tensor listed once; a tensor a config
+ * leaves out (present 0) is in no layout of that config. */
 size_t zck_arch_n_tensors(const zck_arch *a);
 void zck_arch_tensor(const zck_arch_config *c, size_t t, zck_arch_tensor_info *out);
 uint32_t zck_arch_layers(const zck_arch_config *c); /* how many times per-layer groups repeat */
 /* The checkpoint layout of a config: the family's states (f32), then its groups in order, the
  * per-layer ones repeated for each layer. Caller frees. ZR_EINVAL as to_json. */
 int zck_arch_layout(zck_layout **out, const zck_arch_config *c);
+
+/* GPT-2's config as a C struct: the "gpt2" family's fields (the engine's zr_gpt2_config and the
+ * converters' zfmt_gpt2_config are this type, so the binding is written once). zck_arch_gpt2:
+ * the family. to_arch: a config of every field (unchecked); from_arch: the fields of a gpt2
+ * config (assert), each a uint32 once checked. */
+typedef struct {
+    uint32_t layers, heads, dim, ctx, vocab; /* L, NH, C, maximum T, V */
+} zck_gpt2_config;
+const zck_arch *zck_arch_gpt2(void);
+void zck_gpt2_to_arch(zck_arch_config *out, const zck_gpt2_config *c);
+void zck_gpt2_from_arch(zck_gpt2_config *out, const zck_arch_config *a);
+/* zck_arch_layout, zck_arch_config_to_json and zck_arch_config_from_json (want "gpt2") of a
+ * GPT-2 config. */
+int zck_gpt2_layout(zck_layout **out, const zck_gpt2_config *c);
+int zck_gpt2_to_json(char **out, const zck_gpt2_config *c);
+int zck_gpt2_from_json(zck_gpt2_config *out, const char *json);
 
 /* ---------------------------------------------------------------- progress */
 
@@ -263,6 +286,15 @@ typedef struct {
  * size. Every checkpoint file, converter input and training data file is opened through this. */
 enum { ZCK_FOLLOW = 0, ZCK_NOFOLLOW = 1 };
 int zck_open_regular(int *out, const char *path, int nofollow, uint64_t *bytes);
+/* Small helpers the converters share with the library; the fsync and the rename pass through
+ * the fault hook (advanced section) like every storage operation of the library.
+ * zck_path_join: "a/b" (no second '/' when a ends with one), malloc'd; NULL on ENOMEM (error
+ * set). zck_fsync_dir: make a directory's entries durable. zck_rename_noreplace: rename that
+ * never replaces an existing `to` (ZR_EEXIST), also where the filesystem lacks
+ * RENAME_NOREPLACE (checked, then renamed). */
+char *zck_path_join(const char *a, const char *b);
+int zck_fsync_dir(const char *dir);
+int zck_rename_noreplace(const char *from, const char *to);
 
 /* ---------------------------------------------------------------- writing a checkpoint */
 

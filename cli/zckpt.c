@@ -26,6 +26,7 @@ typedef struct {
     const char *path, *path2; /* the positional arguments: CKPT, RUNDIR, SRC, A and B */
     const char *out;          /* -o */
     const char *tokenizer;    /* export --format hf: a tokenizer.json to include */
+    const char *log;          /* plot: --log */
     int json, tensors, force, params_only, all;
     int format;               /* FMT_*, -1: from the output's name */
     int dtype;                /* a zck_dtype, -1: as stored */
@@ -701,6 +702,44 @@ static int cmd_prune(const zckpt_args *a)
     return ZCLI_OK;
 }
 
+/* ------------------------------------------------------------------ plot */
+
+/* RUN's JSON log (--log, else RUN/train.jsonl; RUN may be the log itself) drawn into -o (else
+ * RUN/train.svg). */
+static int cmd_plot(const zckpt_args *a)
+{
+    struct stat st;
+    int dir = stat(a->path, &st) == 0 && S_ISDIR(st.st_mode);
+    char *log = NULL, *out = NULL;
+    if (!dir && !exists(a->path))
+        return zcli_fail(PROG, NULL, "%s: no such run directory or JSON log", a->path);
+    if (!dir && !a->out)
+        return zcli_fail(PROG, "add -o FILE.svg", "%s is not a run directory: where to draw "
+                         "it?", a->path);
+    if ((a->log ? !(log = strdup(a->log))
+                : asprintf(&log, dir ? "%s/train.jsonl" : "%s", a->path) < 0) ||
+        (a->out ? !(out = strdup(a->out)) : asprintf(&out, "%s/train.svg", a->path) < 0)) {
+        free(log);
+        return zcli_fail(PROG, NULL, "out of memory");
+    }
+    zr_plot_info info;
+    int rc = ZCLI_OK;
+    if (zr_plot_write(&info, log, out) < 0)
+        rc = zcli_fail_lib(PROG, a->log || !dir ? "the log is the file zrun --log-json names"
+                                                : "zrun writes the log given by --log-json; "
+                                                  "name it with --log FILE");
+    else {
+        printf("%s: %zu step records drawn, %zu resume or world-size mark%s\n", out,
+               info.records, info.marks, info.marks == 1 ? "" : "s");
+        if (info.skipped)
+            printf("note: %s: %zu line%s skipped (not a JSON object: a truncated last line?)\n",
+                   log, info.skipped, info.skipped == 1 ? "" : "s");
+    }
+    free(log);
+    free(out);
+    return rc;
+}
+
 /* ------------------------------------------------------------------ audit */
 
 static json_t *audit_json(const char *path, const zr_audit *au)
@@ -902,6 +941,13 @@ static const zcli_opt audit_opts[] = {
     ZCLI_INTEGER(U32, "--jobs", audit.jobs, "N", 1, 256, NULL, "shards hashed in parallel"),
     OPT_JSON,
 };
+static const zcli_opt plot_opts[] = {
+    ZCLI_POSITIONAL("RUN|LOG", path),
+    {.name = "-o", .alias = "--output", .kind = ZCLI_OPT_STRING,
+     .off = offsetof(zckpt_args, out), .meta = "FILE.svg", .def = "RUN/train.svg",
+     .help = "the SVG (written beside it, then renamed over it)"},
+    ZCLI_STRING("--log", log, "FILE", "RUN/train.jsonl", "the JSON log (zrun --log-json)"),
+};
 static const zcli_opt prune_opts[] = {
     ZCLI_POSITIONAL("RUNDIR", path),
     {.name = "--keep-last", .kind = ZCLI_OPT_U32, .flags = ZCLI_OPT_REQUIRED,
@@ -973,6 +1019,12 @@ static const command commands[] = {
      "(the training loop's own checks), and the memory per rank (as zrun --dry-run).\n"
      "Exit 0 when resumable, 1 when not (each reason on its own line; also a run directory\n"
      "without a checkpoint), 2 on usage or I/O errors (a path that does not exist).\n"},
+    {"plot", cmd_plot, TABLE(plot_opts),
+     "Draw a run's JSON log (zrun --log-json) as an SVG, as zrun writes RUN/train.svg at each\n"
+     "save: training and validation loss, learning rate and tokens/s against the step, each\n"
+     "invocation its own line, resumes and world-size changes marked. Lines that are not JSON\n"
+     "(a truncated last line) are skipped and counted; a log without step records is an\n"
+     "error.\n"},
     {"prune", cmd_prune, TABLE(prune_opts),
      "Remove all but the newest K checkpoints (and those whose step is a multiple of N), and\n"
      "stale temporaries. Never removes what `latest` names, nor checkpoints newer than it.\n"},

@@ -35,6 +35,17 @@ static void on_signal(int sig)
     stop_flag = 1;
 }
 
+/* SIGINT, SIGTERM and SIGUSR1 set stop_flag */
+static void catch_stop_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
 typedef struct {
     uint32_t nnodes, node_rank;
     const char *master;
@@ -46,12 +57,7 @@ static int supervise(char **argv, const zr_train_opts *o, uint32_t nproc, int lo
                      uint32_t max_restarts, double backoff, uint32_t nproc_restart,
                      const nodes_opts *no)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
+    catch_stop_signals();
     zr_supervise_opts so = ZR_SUPERVISE_OPTS_INIT;
     so.nproc = (int)nproc;
     so.nproc_on_restart = (int)nproc_restart;
@@ -178,12 +184,24 @@ static const int offload_values[] = {ZR_OFFLOAD_NONE, ZR_OFFLOAD_CPU, ZR_OFFLOAD
 static const zcli_opt zrun_table[] = {
     ZCLI_SECTION("model and data:"),
     ZCLI_STRING("--model", o.model, "SPEC", "tiny; when resuming, the checkpoint's model",
-                "tiny, gpt2, gpt2-medium, or gpt2:layers=4,heads=4,dim=256,ctx=128,vocab=256"),
+                "tiny, gpt2, gpt2-medium, gpt2:layers=4,heads=4,dim=256,ctx=128,vocab=256, "
+                "llama (llama-tiny), llama-124m, smollm-135m, tinyllama-1.1b, or "
+                "llama:layers=2,heads=4,kv_heads=2,dim=64,ffn=176,ctx=64,vocab=256"
+                "[,rope_theta=R,norm_eps=E,tied=0|1] (Llama: CPU only for now)"),
     ZCLI_STRING("--data", o.data, "SPEC", NULL,
                 "synthetic (a built-in learnable corpus), a text file (bytes, vocab 256) or an "
                 "llm.c token file (uint16 GPT-2 tokens)"),
     ZCLI_INTEGER(U32, "--seq", o.seq, "T", 1, 1u << 20, "the model's context",
                  "tokens per sequence"),
+    ZCLI_SECTION("validation:"),
+    ZCLI_INTEGER(U64, "--eval-every", o.eval_every, "N", 0, UINT64_MAX, "0, never",
+                 "validation loss every N steps and at the last step: on the step line, in "
+                 "the JSON log (val_loss) and in checkpoints with the best so far"),
+    ZCLI_INTEGER(U32, "--eval-batches", o.eval_batches, "K", 1, 1u << 16, NULL,
+                 "each evaluation covers K x --batch fixed sequences"),
+    ZCLI_STRING("--val-data", o.val_data, "FILE", "the held-out tail of --data",
+                "validation tokens, as --data; without it a tenth of a --data file (the "
+                "synthetic corpus: its own continuation) is held out and never trained on"),
     ZCLI_SECTION("optimization:"),
     ZCLI_INTEGER(U32, "--batch", o.batch, "N", 1, 1u << 20, NULL,
                  "global batch in sequences per optimizer step"),
@@ -230,11 +248,22 @@ static const zcli_opt zrun_table[] = {
                  "end this invocation after N more steps, with a checkpoint"),
     ZCLI_REAL(DOUBLE, "--time-limit", o.time_limit, "SEC", 0, DBL_MAX, "",
               "save and stop before this many seconds of training"),
+    ZCLI_SECTION("samples:"),
+    ZCLI_INTEGER(U64, "--sample-every", o.sample_every, "N", 0, UINT64_MAX, "0, none",
+                 "every N steps, rank 0 prints a greedy continuation of --prompt after the "
+                 "step line (and logs it as a \"sample\" event with --log-json); at ZeRO-3 "
+                 "the parameters are gathered to rank 0 for it"),
+    ZCLI_STRING("--prompt", o.sample_prompt, "TEXT", "\"the \"",
+                "the samples' prompt; its bytes are the token ids"),
+    ZCLI_INTEGER(U32, "--sample-tokens", o.sample_tokens, "N", 1, 1u << 20, NULL,
+                 "tokens each sample generates"),
     ZCLI_SECTION("running:"),
     ZCLI_INTEGER(INT, "--threads", o.threads, "N", 1, 256, NULL, "compute threads per rank"),
-    ZCLI_STRING("--log-json", o.log_json, "FILE", "",
+    ZCLI_STRING("--log-json", o.log_json, "FILE", "CKPT_DIR/train.jsonl",
                 "append one JSON object per step (step, time, run_id, loss, lr, grad_norm, "
-                "tokens_per_s, step_ms, save_blocked_ms, mem, rss_peak)"),
+                "tokens_per_s, step_ms, save_blocked_ms, mem, rss_peak), from which "
+                "CKPT_DIR/train.svg is drawn at each save and at the end; 'none': no JSON log "
+                "and no plot"),
     ZCLI_INTEGER(U32, "--nproc", nproc, "N", 1, 65536, NULL,
                  "data-parallel ranks on this node, one process each"),
     ZCLI_INTEGER(INT, "--zero", o.zero_stage, "S", 0, 3, NULL,
@@ -296,7 +325,7 @@ static void usage(void)
     args_init(&defaults);
     fputs("usage: zrun [OPTIONS]\n"
           "\n"
-          "Train a GPT-2-style model with AdamW, checkpointing through the zckpt format; "
+          "Train a GPT-2 or Llama model with AdamW, checkpointing through the zckpt format; "
           "resumes from\nthe newest checkpoint of --ckpt-dir by default.\n\n", stdout);
     zcli_opts_help(stdout, &zrun_opts, &defaults);
     fputs("\n"
@@ -337,12 +366,7 @@ static int parse_args(zrun_args *a, int argc, char **argv)
 /* One rank: train until done or stopped by a signal. */
 static int run_rank(zr_train_opts *o)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
+    catch_stop_signals();
     o->stop = &stop_flag;
     o->log = stdout;
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -386,6 +410,11 @@ int main(int argc, char **argv)
         return rc == ZCLI_OPTS_HELP ? ZCLI_OK : rc;
     zr_train_opts *o = &a.o;
     o->run_id = run_id();
+    static char *log_json; /* the default JSON log: beside the checkpoints */
+    if (!o->log_json && asprintf(&log_json, "%s/train.jsonl", o->ckpt_dir) > 0)
+        o->log_json = log_json;
+    else if (o->log_json && !strcmp(o->log_json, "none"))
+        o->log_json = NULL;
     uint32_t nproc = a.nproc, max_restarts = a.max_restarts, nproc_restart = a.nproc_restart;
     const nodes_opts no = a.no;
 

@@ -156,9 +156,12 @@ static int read_config(zfmt_gpt2_config *c, uint64_t *step, const char *ckpt)
     zck_reader *r = NULL;
     ZR_TRY(zck_reader_open(&r, ckpt));
     int rc = zfmt_gpt2_config_from_json(c, zck_reader_model_json(r));
-    if (rc)
+    if (rc) { /* the message is formatted into the error record it reads: copy it first */
+        char why[512];
+        snprintf(why, sizeof why, "%s", zr_err_msg());
         rc = zr_err_set(ZR_EUNSUPPORTED, "%s: Hugging Face export knows GPT-2 checkpoints: %s",
-                        zck_reader_path(r), zr_err_msg());
+                        zck_reader_path(r), why);
+    }
     *step = zck_reader_step(r);
     zck_reader_free(r);
     return rc;

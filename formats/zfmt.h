@@ -32,9 +32,7 @@ extern "C" {
  * States: param, exp_avg, exp_avg_sq, all f32. The model section of the manifest is
  * {"arch":"gpt2","layers":L,"heads":NH,"dim":C,"ctx":T,"vocab":V}.
  */
-typedef struct {
-    uint32_t layers, heads, dim, ctx, vocab;
-} zfmt_gpt2_config;
+typedef zck_gpt2_config zfmt_gpt2_config; /* layers, heads, dim, ctx, vocab (zck.h) */
 
 /* Build the layout of a GPT-2 of this shape (caller frees). ZR_EINVAL on a zero field or when
  * dim is not a multiple of heads. */

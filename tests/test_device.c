@@ -408,7 +408,7 @@ static int hs_params_done(void *ctx, size_t g)
 ZT_TEST(device_hostsim_model_matches_cpu_bits)
 {
     const zr_device_ops *ops = hs_open();
-    zr_gpt2_config c = {2, 2, 32, 16, 64};
+    zr_gpt2_config c = ZR_GPT2(2, 2, 32, 16, 64);
     const size_t B = 2, T = 16, N = B * T;
     zr_model *cm;
     ZT_OK(zr_model_new_ext(&cm, &c, B, T, NULL));

@@ -11,6 +11,7 @@
  * mismatch is reported with the tensor's name, which points at the layer (ln_1, attn.c_attn,
  * attention, mlp.c_fc, gelu, ln_f, the tied head with softmax cross-entropy, the embeddings).
  */
+#include "ckutil.h"
 #include "harness.h"
 #include "zfmt.h"
 #include "zr.h"
@@ -26,7 +27,7 @@ static const char *const kinds[12] = {
 static zr_model *new_model(uint32_t L, uint32_t NH, uint32_t C, uint32_t ctx, uint32_t V,
                            size_t max_B)
 {
-    zr_gpt2_config c = {L, NH, C, ctx, V};
+    zr_gpt2_config c = ZR_GPT2(L, NH, C, ctx, V);
     zr_model *m;
     ZT_OK(zr_model_new(&m, &c, max_B));
     return m;
@@ -85,7 +86,8 @@ static size_t layout_tensors(tinfo *out, size_t cap, const zck_layout *lay)
 
 ZT_TEST(model_layout_matches_zfmt)
 {
-    const zr_gpt2_config cfgs[] = {{1, 1, 4, 3, 5}, {3, 4, 16, 7, 50}, {2, 3, 24, 16, 257}};
+    const zr_gpt2_config cfgs[] = {ZR_GPT2(1, 1, 4, 3, 5), ZR_GPT2(3, 4, 16, 7, 50),
+                                   ZR_GPT2(2, 3, 24, 16, 257)};
     for (size_t k = 0; k < sizeof cfgs / sizeof *cfgs; k++) {
         const zr_gpt2_config *c = &cfgs[k];
         zr_model *m = new_model(c->layers, c->heads, c->dim, c->ctx, c->vocab, 2);
@@ -288,25 +290,14 @@ static double ref_loss(const ref_model *r, const double *p, const int32_t *in, c
     }
     ref_ln(h, x, p + r->lnf_w, p + r->lnf_b, N, C);
     ref_linear(lg, h, p + r->wte, NULL, N, C, V);
-    double loss = 0;
-    for (size_t n = 0; n < N; n++) {
-        double mx = -INFINITY, sum = 0;
-        for (size_t v = 0; v < V; v++)
-            mx = lg[n * V + v] > mx ? lg[n * V + v] : mx;
-        for (size_t v = 0; v < V; v++)
-            sum += exp(lg[n * V + v] - mx);
-        loss += log(sum) - (lg[n * V + tg[n]] - mx);
-        if (probs)
-            for (size_t v = 0; v < V; v++)
-                probs[n * V + v] = exp(lg[n * V + v] - mx) / sum;
-    }
+    double loss = zt_ref_xent(lg, tg, N, V, probs);
     free(x);
     free(h);
     free(qkv);
     free(y);
     free(f);
     free(lg);
-    return loss / N;
+    return loss;
 }
 
 /* Parameters for the gradient check: larger than init's so that every path carries signal
@@ -530,15 +521,15 @@ ZT_TEST(model_sgd_learns_fixed_batch)
 ZT_TEST(model_errors)
 {
     zr_model *m;
-    zr_gpt2_config c = {2, 3, 8, 4, 11};
+    zr_gpt2_config c = ZR_GPT2(2, 3, 8, 4, 11);
     ZT_ERR(zr_model_new(&m, &c, 1), ZR_EINVAL, "dim 8 is not a multiple of heads 3");
-    c = (zr_gpt2_config){0, 2, 8, 4, 11};
+    c = (zr_gpt2_config)ZR_GPT2(0, 2, 8, 4, 11);
     ZT_ERR(zr_model_new(&m, &c, 1), ZR_EINVAL, "layers is 0");
-    c = (zr_gpt2_config){1, 2, 8, 4, 0};
+    c = (zr_gpt2_config)ZR_GPT2(1, 2, 8, 4, 0);
     ZT_ERR(zr_model_new(&m, &c, 1), ZR_EINVAL, "vocab is 0");
-    c = (zr_gpt2_config){1, 2, 8, 4, 11};
+    c = (zr_gpt2_config)ZR_GPT2(1, 2, 8, 4, 11);
     ZT_ERR(zr_model_new(&m, &c, 0), ZR_EINVAL, "max batch 0");
-    c = (zr_gpt2_config){1, 1, 8, 1u << 20, 11};
+    c = (zr_gpt2_config)ZR_GPT2(1, 1, 8, 1u << 20, 11);
     ZT_ERR(zr_model_new(&m, &c, 1u << 12), ZR_EINVAL, "BLAS int range");
 
     m = new_model(1, 2, 8, 4, 11, 2);
@@ -594,7 +585,7 @@ ZT_TEST(model_params_done_failure_is_returned)
     zr_model_init_weights(src, 1);
     failing_lender l = {src, 0, 2};
     zr_model_hooks hk = {&l, fl_params, fl_params_done, NULL, NULL};
-    zr_gpt2_config c = {1, 2, 8, 4, 11};
+    zr_gpt2_config c = ZR_GPT2(1, 2, 8, 4, 11);
     ZT_OK(zr_model_new_ext(&m, &c, 2, 4, &hk));
     int32_t in[8] = {1, 2, 3, 4, 5, 6, 7, 8}, tg[8] = {0};
     float loss;

@@ -1,11 +1,12 @@
 /*
- * config.c: the GPT-2 model configuration of the engine (zr.h, "model configuration"): parsing
- * a model spec ("tiny", "gpt2", "gpt2-medium", "gpt2:layers=4,heads=4,..."), the manifest's
- * model section <-> zr_gpt2_config, the checkpoint layout of a model of that shape, and where
- * the model's arena holds each tensor (zr_gpt2_offsets). The naming contract itself (fields,
- * checks, JSON, groups, tensors, shapes) is ckpt's family table (zck.h, "model families",
- * ckpt/arch.c), which formats/ uses too: this file only binds zr_gpt2_config's members and the
- * model's tensor roles to it.
+ * config.c: the model configuration of the engine (zr.h, "model configuration"): parsing a
+ * model spec ("tiny", "gpt2", "gpt2-medium", "gpt2:layers=4,heads=4,...", "llama",
+ * "llama:layers=2,...", the Llama presets), the manifest's model section <-> zr_config, the
+ * checkpoint layout of a model of that shape, and where the model's arena holds each tensor
+ * (zr_gpt2_offsets). The naming contract itself (fields, checks, JSON, groups, tensors,
+ * shapes) is ckpt's family table (zck.h, "model families", ckpt/arch.c), which formats/ uses
+ * too: this file only binds zr_config's members and GPT-2's tensor roles to it (Llama's roles:
+ * llama.c).
  */
 #include "model.h"
 
@@ -16,65 +17,107 @@
 
 /* ---------------------------------------------------------------- the family table */
 
-static const zck_arch *gpt2_arch(void)
+static const char *const family_names[] = {[ZR_FAMILY_GPT2] = "gpt2", [ZR_FAMILY_LLAMA] = "llama"};
+
+static const zck_arch *family_arch(zr_family f)
 {
     const zck_arch *a = NULL;
-    int rc = zck_arch_find(&a, "gpt2");
+    int rc = zck_arch_find(&a, family_names[f]);
     assert(!rc && a);
     (void)rc;
     return a;
 }
 
-static void to_arch(zck_arch_config *out, const zr_gpt2_config *c)
+/* zr_config's members, by the family table's field names (Llama's own after the common ones) */
+#define N_COMMON 5
+static const char *const field_names[] = {"layers", "heads", "dim", "ctx", "vocab",
+                                          "kv_heads", "ffn", "tied"};
+
+static uint32_t *field_ptr(zr_config *c, size_t i)
 {
-    zck_arch_config_init(out, gpt2_arch());
-    zck_arch_config_set(out, "layers", c->layers);
-    zck_arch_config_set(out, "heads", c->heads);
-    zck_arch_config_set(out, "dim", c->dim);
-    zck_arch_config_set(out, "ctx", c->ctx);
-    zck_arch_config_set(out, "vocab", c->vocab);
+    uint32_t *const p[] = {&c->layers, &c->heads, &c->dim, &c->ctx, &c->vocab,
+                           &c->kv_heads, &c->ffn, &c->tied};
+    return p[i];
 }
 
-/* a checked config: every field a uint32 */
-static void from_arch(zr_gpt2_config *out, const zck_arch_config *a)
+static void to_arch(zck_arch_config *out, const zr_config *c)
 {
-    out->layers = (uint32_t)zck_arch_config_get(a, "layers");
-    out->heads = (uint32_t)zck_arch_config_get(a, "heads");
-    out->dim = (uint32_t)zck_arch_config_get(a, "dim");
-    out->ctx = (uint32_t)zck_arch_config_get(a, "ctx");
-    out->vocab = (uint32_t)zck_arch_config_get(a, "vocab");
+    zck_arch_config_init(out, family_arch(c->family));
+    size_t n = c->family == ZR_FAMILY_LLAMA ? sizeof field_names / sizeof *field_names : N_COMMON;
+    for (size_t i = 0; i < n; i++)
+        zck_arch_config_set(out, field_names[i], *field_ptr((zr_config *)c, i));
+    if (c->family == ZR_FAMILY_LLAMA) {
+        zck_arch_config_set(out, "rope_theta", c->rope_theta);
+        zck_arch_config_set(out, "norm_eps", c->norm_eps);
+    }
+}
+
+/* a checked config: every integer field a uint32 */
+static void from_arch(zr_config *out, const zck_arch_config *a)
+{
+    memset(out, 0, sizeof *out); /* padding too: configs are compared with memcmp */
+    out->family = strcmp(zck_arch_name(a->arch), "llama") ? ZR_FAMILY_GPT2 : ZR_FAMILY_LLAMA;
+    size_t n = out->family == ZR_FAMILY_LLAMA ? sizeof field_names / sizeof *field_names
+                                              : N_COMMON;
+    for (size_t i = 0; i < n; i++)
+        *field_ptr(out, i) = (uint32_t)zck_arch_config_get(a, field_names[i]);
+    if (out->family == ZR_FAMILY_LLAMA) {
+        out->rope_theta = zck_arch_config_get(a, "rope_theta");
+        out->norm_eps = zck_arch_config_get(a, "norm_eps");
+    }
 }
 
 /* ---------------------------------------------------------------- model specs */
 
+/* A preset: a family and its fields ("" keeps the family's defaults). */
 static const struct {
-    const char *name;
-    zr_gpt2_config c;
+    const char *name, *family, *fields;
 } presets[] = {
-    {"tiny", {4, 4, 128, 128, 256}},
-    {"gpt2", {12, 12, 768, 1024, 50257}},
-    {"gpt2-medium", {24, 16, 1024, 1024, 50257}},
+    {"tiny", "gpt2", ""},
+    {"gpt2", "gpt2", "layers=12,heads=12,dim=768,ctx=1024,vocab=50257"},
+    {"gpt2-medium", "gpt2", "layers=24,heads=16,dim=1024,ctx=1024,vocab=50257"},
+    {"llama", "llama", ""},
+    {"llama-tiny", "llama", ""},
+    {"llama-124m", "llama", "layers=12,heads=12,kv_heads=4,dim=768,ffn=2048,ctx=1024,vocab=32000"},
+    {"smollm-135m", "llama", "layers=30,heads=9,kv_heads=3,dim=576,ffn=1536,ctx=2048,"
+                             "vocab=49152,tied=1"},
+    {"tinyllama-1.1b", "llama", "layers=22,heads=32,kv_heads=4,dim=2048,ffn=5632,ctx=2048,"
+                                "vocab=32000"},
 };
+
+/* "<family>:<fields>" (fields not NULL) or a family's defaults into *out; what: the spec, for
+ * messages */
+static int parse_fields(zr_config *out, const char *family, const char *fields, const char *what)
+{
+    const zck_arch *arch;
+    ZR_TRY(zck_arch_find(&arch, family));
+    zck_arch_config a;
+    zck_arch_config_init(&a, arch);
+    if (fields)
+        ZR_TRY(zck_arch_config_set_fields(&a, fields, what));
+    from_arch(out, &a);
+    return 0;
+}
 
 int zr_gpt2_config_parse(zr_gpt2_config *out, const char *spec)
 {
     assert(out && spec);
-    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++)
-        if (!strcmp(spec, presets[i].name)) {
-            *out = presets[i].c;
-            return 0;
-        }
-    if (strncmp(spec, "gpt2:", 5))
-        return zr_err_set(ZR_EINVAL, "model '%s': unknown (expected tiny, gpt2, gpt2-medium or "
-                          "gpt2:layers=N,heads=N,dim=N,ctx=N,vocab=N)", spec);
-    /* fields not given keep the family's defaults (the tiny values) */
-    zck_arch_config a;
-    zck_arch_config_init(&a, gpt2_arch());
     char what[1100];
     snprintf(what, sizeof what, "model '%.1024s'", spec);
-    ZR_TRY(zck_arch_config_set_fields(&a, spec + 5, what));
-    from_arch(out, &a);
-    return 0;
+    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++)
+        if (!strcmp(spec, presets[i].name))
+            return parse_fields(out, presets[i].family,
+                                *presets[i].fields ? presets[i].fields : NULL, what);
+    /* fields not given keep the family's defaults (GPT-2: the tiny values) */
+    if (!strncmp(spec, "gpt2:", 5))
+        return parse_fields(out, "gpt2", spec + 5, what);
+    if (!strncmp(spec, "llama:", 6))
+        return parse_fields(out, "llama", spec + 6, what);
+    return zr_err_set(ZR_EINVAL, "model '%s': unknown (expected tiny, gpt2, gpt2-medium, "
+                      "gpt2:layers=N,heads=N,dim=N,ctx=N,vocab=N, llama, llama-tiny, "
+                      "llama-124m, smollm-135m, tinyllama-1.1b or llama:layers=N,heads=N,"
+                      "kv_heads=N,dim=N,ffn=N,ctx=N,vocab=N[,rope_theta=R,norm_eps=E,tied=0|1])",
+                      spec);
 }
 
 /* ---------------------------------------------------------------- model section JSON */
@@ -90,7 +133,7 @@ int zr_gpt2_config_from_json(zr_gpt2_config *out, const char *json)
 {
     assert(out && json);
     zck_arch_config a;
-    ZR_TRY(zck_arch_config_from_json(&a, json, gpt2_arch()));
+    ZR_TRY(zck_arch_config_from_json(&a, json, NULL));
     from_arch(out, &a);
     return 0;
 }
@@ -166,6 +209,9 @@ static int fill_offsets(zr_gpt2_offsets *o, const zck_layout *L, uint32_t layers
 
 int zr_gpt2_offsets_get(zr_gpt2_offsets *out, const zr_gpt2_config *c)
 {
+    if (c->family != ZR_FAMILY_GPT2)
+        return zr_err_set(ZR_EINVAL, "gpt2 layout: the model is of family %s",
+                          family_names[c->family]);
     zck_layout *L = NULL;
     ZR_TRY(zr_gpt2_layout(&L, c));
     zr_gpt2_offsets o;
@@ -175,4 +221,33 @@ int zr_gpt2_offsets_get(zr_gpt2_offsets *out, const zr_gpt2_config *c)
     if (!rc)
         *out = o;
     return rc;
+}
+
+/* The groups and tensors of a checkpoint's layout against the model's (states aside). */
+int zr_gpt2_layout_check(const zck_layout *ck, const zck_layout *want, const char *path)
+{
+    if (zck_layout_n_groups(ck) != zck_layout_n_groups(want))
+        return zr_err_set(ZR_EINVAL, "%s: checkpoint has %zu parameter groups, this model %zu "
+                          "(another model shape)", path, zck_layout_n_groups(ck),
+                          zck_layout_n_groups(want));
+    for (size_t g = 0; g < zck_layout_n_groups(want); g++) {
+        if (strcmp(zck_layout_group_name(ck, g), zck_layout_group_name(want, g)) ||
+            zck_layout_group_numel(ck, g) != zck_layout_group_numel(want, g) ||
+            zck_layout_group_n_tensors(ck, g) != zck_layout_group_n_tensors(want, g))
+            return zr_err_set(ZR_EINVAL, "%s: group %zu is '%s' of %llu elements, this model "
+                              "expects '%s' of %llu (another model shape)", path, g,
+                              zck_layout_group_name(ck, g),
+                              (unsigned long long)zck_layout_group_numel(ck, g),
+                              zck_layout_group_name(want, g),
+                              (unsigned long long)zck_layout_group_numel(want, g));
+        for (size_t t = 0; t < zck_layout_group_n_tensors(want, g); t++) {
+            zck_tensor_info a, b;
+            zck_layout_tensor(ck, g, t, &a);
+            zck_layout_tensor(want, g, t, &b);
+            if (strcmp(a.name, b.name) || a.numel != b.numel || a.offset != b.offset)
+                return zr_err_set(ZR_EINVAL, "%s: tensor '%s' where this model has '%s'", path,
+                                  a.name, b.name);
+        }
+    }
+    return 0;
 }

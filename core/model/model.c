@@ -16,7 +16,7 @@
  * Shapes in comments: B batch, T sequence, C channels, NH heads, hs = C / NH, V vocabulary,
  * N = B * T positions.
  */
-#include "model.h"
+#include "model_int.h"
 #include "par.h"
 
 #include <assert.h>
@@ -25,13 +25,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
-#define ARENA_ALIGN ((size_t)2 << 20) /* 2 MiB: huge-page aligned */
-#define BUF_ALIGN 64                  /* each activation buffer starts on a cache line */
 #define LN_EPS 1e-5f
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
-#define DLOGITS_MAX_NUMEL ((size_t)1 << 24) /* dlogits scratch: at most 64 MiB of rows */
 
 /* The four matrices of a block (the rest are vectors: biases and LayerNorm weights). */
 static int blk_is_matrix(int k)
@@ -78,6 +74,7 @@ struct zr_model {
 
     size_t B, T;     /* of the last forward */
     int fwd_targets; /* -1: no forward yet; 0: last forward had no targets; 1: it had */
+    zr__llama *ll;   /* a Llama model: every call goes there (llama.c) */
 };
 
 /* ---------------------------------------------------------------- layout */
@@ -96,30 +93,6 @@ static uint64_t group_offset(const zr_model *m, size_t g)
 
 /* ---------------------------------------------------------------- memory */
 
-/* A zeroed arena aligned to 2 MiB with huge pages advised; bytes rounded up to 2 MiB. */
-static void *arena_alloc(size_t *bytes)
-{
-    size_t n = (*bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
-    void *p = NULL;
-    if (n == 0 || posix_memalign(&p, ARENA_ALIGN, n))
-        return NULL;
-#ifdef MADV_HUGEPAGE
-    madvise(p, n, MADV_HUGEPAGE); /* advice only: without THP the arena still works */
-#endif
-    memset(p, 0, n);
-    *bytes = n;
-    return p;
-}
-
-/* Next buffer of the activation arena: with base NULL only counts (the sizing pass). */
-static void *carve(unsigned char *base, size_t *off, double *total, size_t numel)
-{
-    *off = (*off + BUF_ALIGN - 1) / BUF_ALIGN * BUF_ALIGN;
-    void *p = base ? base + *off : NULL;
-    *off += numel * sizeof(float);
-    *total += (double)numel * sizeof(float) + BUF_ALIGN;
-    return p;
-}
 
 /* Lay the activation arena out (base NULL: only size it). *total, computed in double, lets the
  * caller reject configs whose size_t products would overflow. */
@@ -128,44 +101,61 @@ static size_t acts_layout(zr_model *m, unsigned char *base, double *total)
     size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, T = m->max_T;
     size_t N = m->max_B * T, off = 0;
     *total = 0;
-    m->encoded = carve(base, &off, total, N * C);
+    m->encoded = zr__carve(base, &off, total, N * C);
     for (size_t l = 0; l < L; l++) {
         layer_acts a;
-        a.ln1 = carve(base, &off, total, N * C);
-        a.ln1_mean = carve(base, &off, total, N);
-        a.ln1_rstd = carve(base, &off, total, N);
-        a.qkv = carve(base, &off, total, N * 3 * C);
-        a.atty = carve(base, &off, total, N * C);
+        a.ln1 = zr__carve(base, &off, total, N * C);
+        a.ln1_mean = zr__carve(base, &off, total, N);
+        a.ln1_rstd = zr__carve(base, &off, total, N);
+        a.qkv = zr__carve(base, &off, total, N * 3 * C);
+        a.atty = zr__carve(base, &off, total, N * C);
         /* the one product that can overflow size_t: counted in double for the caller */
         *total += (double)m->max_B * NH * T * T * sizeof(float);
-        a.att = carve(base, &off, total, m->max_B * NH * T * T);
-        a.res2 = carve(base, &off, total, N * C);
-        a.ln2 = carve(base, &off, total, N * C);
-        a.ln2_mean = carve(base, &off, total, N);
-        a.ln2_rstd = carve(base, &off, total, N);
-        a.fch = carve(base, &off, total, N * 4 * C);
-        a.fch_gelu = carve(base, &off, total, N * 4 * C);
-        a.res3 = carve(base, &off, total, N * C);
+        a.att = zr__carve(base, &off, total, m->max_B * NH * T * T);
+        a.res2 = zr__carve(base, &off, total, N * C);
+        a.ln2 = zr__carve(base, &off, total, N * C);
+        a.ln2_mean = zr__carve(base, &off, total, N);
+        a.ln2_rstd = zr__carve(base, &off, total, N);
+        a.fch = zr__carve(base, &off, total, N * 4 * C);
+        a.fch_gelu = zr__carve(base, &off, total, N * 4 * C);
+        a.res3 = zr__carve(base, &off, total, N * C);
         if (base)
             m->layer[l] = a;
     }
-    m->lnf = carve(base, &off, total, N * C);
-    m->lnf_mean = carve(base, &off, total, N);
-    m->lnf_rstd = carve(base, &off, total, N);
-    m->probs = carve(base, &off, total, N * V);
-    m->losses = carve(base, &off, total, N);
-    m->inputs = carve(base, &off, total, N);
-    m->targets = carve(base, &off, total, N);
-    m->dres = carve(base, &off, total, N * C);
-    m->dC = carve(base, &off, total, N * C);
-    m->dqkv = carve(base, &off, total, N * 3 * C);
-    m->d4C = carve(base, &off, total, N * 4 * C);
-    m->dlogits = carve(base, &off, total, m->dlogits_rows * V);
-    m->drow = carve(base, &off, total, m->max_B * NH * T);
+    m->lnf = zr__carve(base, &off, total, N * C);
+    m->lnf_mean = zr__carve(base, &off, total, N);
+    m->lnf_rstd = zr__carve(base, &off, total, N);
+    m->probs = zr__carve(base, &off, total, N * V);
+    m->losses = zr__carve(base, &off, total, N);
+    m->inputs = zr__carve(base, &off, total, N);
+    m->targets = zr__carve(base, &off, total, N);
+    m->dres = zr__carve(base, &off, total, N * C);
+    m->dC = zr__carve(base, &off, total, N * C);
+    m->dqkv = zr__carve(base, &off, total, N * 3 * C);
+    m->d4C = zr__carve(base, &off, total, N * 4 * C);
+    m->dlogits = zr__carve(base, &off, total, m->dlogits_rows * V);
+    m->drow = zr__carve(base, &off, total, m->max_B * NH * T);
     return off;
 }
 
 /* ---------------------------------------------------------------- construction */
+
+/* A Llama model: the handle holds its config, the maths is llama.c's. */
+static int llama_new(zr_model **out, const zr_config *c, size_t max_B, size_t max_T,
+                     const zr_model_hooks *hooks)
+{
+    zr_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return zr_err_set(ZR_ENOMEM, "model: out of memory");
+    m->c = *c;
+    int rc = zr__llama_new(&m->ll, c, max_B, max_T, hooks);
+    if (rc < 0) {
+        free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
 
 int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B)
 {
@@ -177,6 +167,8 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
 {
     assert(out && c);
     *out = NULL;
+    if (c->family == ZR_FAMILY_LLAMA)
+        return llama_new(out, c, max_B, max_T, hooks);
     const struct {
         const char *name;
         uint32_t v;
@@ -188,14 +180,7 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
     if (c->dim % c->heads)
         return zr_err_set(ZR_EINVAL, "model: dim %u is not a multiple of heads %u", c->dim,
                           c->heads);
-    if (max_B == 0)
-        return zr_err_set(ZR_EINVAL, "model: max batch 0 (expected >= 1)");
-    if (max_T == 0 || max_T > c->ctx)
-        return zr_err_set(ZR_EINVAL, "model: max sequence length %zu (expected 1..ctx %u)",
-                          max_T, c->ctx);
-    if (hooks && (!hooks->params != !hooks->params_done || !hooks->grads != !hooks->grads_done))
-        return zr_err_set(ZR_EINVAL, "model: hooks come in pairs (params with params_done, "
-                          "grads with grads_done)");
+    ZR_TRY(zr__check_new(max_B, max_T, c->ctx, hooks));
     /* BLAS takes int dimensions: N = max_B max_T rows, V and 4C columns */
     if ((double)max_B * max_T > INT_MAX || c->vocab > INT_MAX || c->dim > INT_MAX / 4)
         return zr_err_set(ZR_EINVAL, "model: batch %zu x seq %zu, vocab %u or 4 x dim %u "
@@ -212,11 +197,7 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
     m->fwd_targets = -1;
     uint64_t C = c->dim;
     size_t N = max_B * max_T;
-    m->dlogits_rows = DLOGITS_MAX_NUMEL / c->vocab;
-    if (m->dlogits_rows < 1)
-        m->dlogits_rows = 1;
-    if (m->dlogits_rows > N)
-        m->dlogits_rows = N;
+    m->dlogits_rows = zr__dlogits_rows(N, c->vocab);
     /* sizes in double first: past 2^60 bytes the size_t arithmetic below could wrap */
     double numel_d = ((double)c->vocab + c->ctx + 2) * C +
                      (double)c->layers * (12.0 * C + 13) * C; /* the table's 12C^2 + 13C */
@@ -232,24 +213,16 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
         free(m);
         return rc;
     }
-    size_t pbytes = m->h.params ? 0 : m->off.numel * sizeof(float);
-    size_t gbytes = m->h.grads ? 0 : m->off.numel * sizeof(float);
-    uint64_t want = (uint64_t)pbytes + gbytes + abytes;
-    int ok = (m->layer = calloc(c->layers, sizeof *m->layer)) != NULL;
-    if (ok && pbytes)
-        ok = (m->params = arena_alloc(&pbytes)) != NULL;
-    if (ok && gbytes)
-        ok = (m->grads = arena_alloc(&gbytes)) != NULL;
-    if (ok)
-        ok = (m->acts_mem = arena_alloc(&abytes)) != NULL;
-    if (!ok) {
+    if (!(m->layer = calloc(c->layers, sizeof *m->layer))) {
         zr_model_free(m);
-        return zr_err_set(ZR_ENOMEM, "model: out of memory for %.1f MiB of parameters, "
-                          "gradients and activations (batch %zu x seq %zu)",
-                          (double)want / (1 << 20), max_B, max_T);
+        return zr_err_set(ZR_ENOMEM, "model: out of memory");
     }
-    m->pbytes = pbytes;
-    m->gbytes = gbytes;
+    rc = zr__arenas_alloc(&m->params, &m->pbytes, &m->grads, &m->gbytes, &m->acts_mem, &abytes,
+                          m->off.numel, &m->h, max_B, max_T);
+    if (rc < 0) {
+        zr_model_free(m);
+        return rc;
+    }
     m->acts_bytes = abytes;
     acts_layout(m, m->acts_mem, &acts_d);
     *out = m;
@@ -258,26 +231,25 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
 
 uint64_t zr_model_activation_bytes(const zr_gpt2_config *c, size_t max_B, size_t max_T)
 {
+    if (c->family == ZR_FAMILY_LLAMA)
+        return zr__llama_activation_bytes(c, max_B, max_T);
     zr_model m;
     memset(&m, 0, sizeof m);
     m.c = *c;
     m.max_B = max_B;
     m.max_T = max_T;
     size_t N = max_B * max_T;
-    m.dlogits_rows = c->vocab ? DLOGITS_MAX_NUMEL / c->vocab : 1;
-    if (m.dlogits_rows < 1)
-        m.dlogits_rows = 1;
-    if (m.dlogits_rows > N)
-        m.dlogits_rows = N;
+    m.dlogits_rows = zr__dlogits_rows(N, c->vocab);
     double total;
     size_t b = acts_layout(&m, NULL, &total);
-    return (b + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    return (b + ZR__ARENA_ALIGN - 1) / ZR__ARENA_ALIGN * ZR__ARENA_ALIGN;
 }
 
 void zr_model_free(zr_model *m)
 {
     if (!m)
         return;
+    zr__llama_free(m->ll);
     free(m->params);
     free(m->grads);
     free(m->acts_mem);
@@ -286,12 +258,22 @@ void zr_model_free(zr_model *m)
 }
 
 const zr_gpt2_config *zr_model_config(const zr_model *m) { return &m->c; }
-size_t zr_model_n_groups(const zr_model *m) { return (size_t)m->c.layers + 3; }
-uint64_t zr_model_numel(const zr_model *m) { return m->off.numel; }
+
+size_t zr_model_n_groups(const zr_model *m)
+{
+    return m->ll ? zr__llama_n_groups(m->ll) : (size_t)m->c.layers + 3;
+}
+
+uint64_t zr_model_numel(const zr_model *m)
+{
+    return m->ll ? zr__llama_numel(m->ll) : m->off.numel;
+}
 
 uint64_t zr_model_group_numel(const zr_model *m, size_t g)
 {
     assert(g < zr_model_n_groups(m));
+    if (m->ll)
+        return zr__llama_group_numel(m->ll, g);
     if (g == (size_t)m->c.layers + 2)
         return m->off.numel - m->off.ln_f;
     return g < 2 ? group_offset(m, g + 1) - group_offset(m, g) : m->off.layer_numel;
@@ -300,17 +282,23 @@ uint64_t zr_model_group_numel(const zr_model *m, size_t g)
 float *zr_model_param(zr_model *m, size_t g)
 {
     assert(g < zr_model_n_groups(m));
+    if (m->ll)
+        return zr__llama_param(m->ll, g);
     return m->params ? m->params + group_offset(m, g) : NULL;
 }
 
 float *zr_model_grad(zr_model *m, size_t g)
 {
     assert(g < zr_model_n_groups(m));
+    if (m->ll)
+        return zr__llama_grad(m->ll, g);
     return m->grads ? m->grads + group_offset(m, g) : NULL;
 }
 
 size_t zr_model_fetch_order(const zr_model *m, int backward, size_t *order)
 {
+    if (m->ll)
+        return zr__llama_fetch_order(m->ll, backward, order);
     size_t L = m->c.layers, n = 0;
     if (!backward) { /* wte and wpe (embedding), the blocks, ln_f, wte again (the head) */
         for (size_t g = 0; g < L + 3; g++)
@@ -324,73 +312,41 @@ size_t zr_model_fetch_order(const zr_model *m, int backward, size_t *order)
     return n;
 }
 
-/* Group g's parameters and gradient buffer: the own arenas, or what the hooks lend. */
+
 static int params_get(zr_model *m, size_t g, const float **out)
 {
-    if (!m->h.params) {
-        *out = m->params + group_offset(m, g);
-        return 0;
-    }
-    *out = NULL;
-    int rc = m->h.params(m->h.ctx, g, out);
-    if (!rc && !*out)
-        rc = zr_err_set(ZR_EINVAL, "model: the params hook lent no buffer for group %zu", g);
-    return rc;
+    return zr__params_get(&m->h, m->params ? m->params + group_offset(m, g) : NULL, g, out);
 }
 
-static int params_put(zr_model *m, size_t g)
-{
-    return m->h.params_done ? m->h.params_done(m->h.ctx, g) : 0;
-}
+static int params_put(zr_model *m, size_t g) { return zr__params_put(&m->h, g); }
 
 static int grads_get(zr_model *m, size_t g, float **out)
 {
-    if (!m->h.grads) {
-        *out = m->grads + group_offset(m, g);
-        return 0;
-    }
-    *out = NULL;
-    int rc = m->h.grads(m->h.ctx, g, out);
-    if (!rc && !*out)
-        rc = zr_err_set(ZR_EINVAL, "model: the grads hook lent no buffer for group %zu", g);
-    return rc;
+    return zr__grads_get(&m->h, m->grads ? m->grads + group_offset(m, g) : NULL, g, out);
 }
 
-static int grads_put(zr_model *m, size_t g)
-{
-    return m->h.grads_done ? m->h.grads_done(m->h.ctx, g) : 0;
-}
+static int grads_put(zr_model *m, size_t g) { return zr__grads_put(&m->h, g); }
 
-/* x[0, n) = 0 on the par_for threads, in blocks of ZERO_BLOCK floats (64 KiB) */
-#define ZERO_BLOCK ((size_t)16384)
-typedef struct {
-    float *x;
-    size_t n;
-} zero_args;
-
-static void zero_blocks(void *p, size_t b0, size_t b1)
-{
-    const zero_args *a = p;
-    size_t i0 = b0 * ZERO_BLOCK, i1 = b1 * ZERO_BLOCK < a->n ? b1 * ZERO_BLOCK : a->n;
-    memset(a->x + i0, 0, (i1 - i0) * sizeof(float));
-}
-
-static void par_zero(float *x, size_t n)
-{
-    zero_args a = {x, n};
-    par_for((n + ZERO_BLOCK - 1) / ZERO_BLOCK, 4, zero_blocks, &a);
-}
 
 void zr_model_zero_grad(zr_model *m)
 {
-    if (m->grads)
-        par_zero(m->grads, m->off.numel);
+    if (m->ll)
+        zr__llama_zero_grad(m->ll);
+    else if (m->grads)
+        zr__par_zero(m->grads, m->off.numel);
 }
 
-const float *zr_model_probs(const zr_model *m) { return m->probs; }
+const float *zr_model_probs(const zr_model *m)
+{
+    return m->ll ? zr__llama_probs(m->ll) : m->probs;
+}
 
 void zr_model_bytes(const zr_model *m, uint64_t *params, uint64_t *grads, uint64_t *acts)
 {
+    if (m->ll) {
+        zr__llama_bytes(m->ll, params, grads, acts);
+        return;
+    }
     if (params)
         *params = m->pbytes;
     if (grads)
@@ -412,29 +368,6 @@ void zr_set_threads(int n)
 
 /* ---------------------------------------------------------------- initialization */
 
-/* splitmix64's output function: element i of a stream is mix64(key + (i + 1) * golden), so any
- * element can be drawn without drawing the ones before it. */
-#define GOLDEN 0x9e3779b97f4a7c15ull
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* x[i] = std * N(0, 1) for arena elements [first, first + n): Box-Muller on draws 2j and 2j+1
- * of the stream, cos for even elements, sin for odd ones. */
-static void fill_normal(float *x, uint64_t first, uint64_t n, uint64_t key, float std)
-{
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t e = first + i, j = e >> 1;
-        uint64_t a = mix64(key + (2 * j + 1) * GOLDEN), b = mix64(key + (2 * j + 2) * GOLDEN);
-        double u1 = (double)((a >> 11) + 1) * 0x1.0p-53; /* (0, 1]: log is finite */
-        double u2 = (double)(b >> 11) * 0x1.0p-53;
-        double r = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
-        x[i] = (float)(std * r * ((e & 1) ? sin(th) : cos(th)));
-    }
-}
 
 static void fill_const(float *x, uint64_t n, float v)
 {
@@ -449,11 +382,14 @@ void zr_model_init_range(const zr_model *m, uint64_t seed, size_t g, uint64_t of
                          float *dst)
 {
     assert(g < zr_model_n_groups(m) && off + n <= zr_model_group_numel(m, g));
-    uint64_t key = mix64(seed ^ 0x7a65726f2d677074ull); /* "zero-gpt" */
+    if (m->ll) {
+        zr__llama_init_range(m->ll, seed, g, off, n, dst);
+        return;
+    }
     uint64_t base = group_offset(m, g), C = m->c.dim;
     float std = 0.02f, std_res = 0.02f / sqrtf(2.0f * (float)m->c.layers);
     if (g < 2) { /* wte, wpe */
-        fill_normal(dst, base + off, n, key, std);
+        zr__fill_normal(dst, base + off, n, seed, std);
         return;
     }
     if (g == (size_t)m->c.layers + 2) { /* ln_f: weight 1, bias 0 */
@@ -467,7 +403,7 @@ void zr_model_init_range(const zr_model *m, uint64_t seed, size_t g, uint64_t of
         if (lo >= hi)
             continue;
         if (blk_is_matrix(k))
-            fill_normal(dst + (lo - off), base + lo, hi - lo, key,
+            zr__fill_normal(dst + (lo - off), base + lo, hi - lo, seed,
                         k == ZR_BLK_ATTPROJW || k == ZR_BLK_FCPROJW ? std_res : std);
         else
             fill_const(dst + (lo - off), hi - lo,
@@ -477,11 +413,11 @@ void zr_model_init_range(const zr_model *m, uint64_t seed, size_t g, uint64_t of
 
 void zr_model_init_weights(zr_model *m, uint64_t seed)
 {
-    if (!m->params)
-        return;
-    for (size_t g = 0; g < zr_model_n_groups(m); g++)
-        zr_model_init_range(m, seed, g, 0, zr_model_group_numel(m, g),
-                            m->params + group_offset(m, g));
+    for (size_t g = 0; g < zr_model_n_groups(m); g++) {
+        float *p = zr_model_param(m, g);
+        if (p)
+            zr_model_init_range(m, seed, g, 0, zr_model_group_numel(m, g), p);
+    }
 }
 
 /* ---------------------------------------------------------------- layers */
@@ -518,59 +454,6 @@ static inline float sum8(const float *restrict x, size_t n)
     return s;
 }
 
-static inline float dot8(const float *restrict a, const float *restrict b, size_t n)
-{
-    float acc[8] = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (size_t j = 0; j < 8; j++)
-            acc[j] += a[i + j] * b[i + j];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
-
-/* the maximum of x[0, n), n >= 1 (exact: the order does not matter) */
-static inline float max8(const float *restrict x, size_t n)
-{
-    float acc[8];
-    for (size_t j = 0; j < 8; j++)
-        acc[j] = x[0];
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (size_t j = 0; j < 8; j++)
-            acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
-    for (; i < n; i++)
-        acc[0] = x[i] > acc[0] ? x[i] : acc[0];
-    float m = acc[0];
-    for (size_t j = 1; j < 8; j++)
-        m = acc[j] > m ? acc[j] : m;
-    return m;
-}
-
-/* x[0, n) = e^(x - maxv) / sum, in place, n >= 1, maxv = max8(x, n); returns the sum (>= 1:
- * the maximum's term) */
-static inline float softmax_inplace(float *restrict x, size_t n, float maxv)
-{
-    float acc[8] = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (size_t j = 0; j < 8; j++) {
-            float e = zr_expf(x[i + j] - maxv);
-            x[i + j] = e;
-            acc[j] += e;
-        }
-    float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++) {
-        x[i] = zr_expf(x[i] - maxv);
-        sum += x[i];
-    }
-    float inv = 1.0f / sum;
-    for (i = 0; i < n; i++)
-        x[i] *= inv;
-    return sum;
-}
 
 /* out[n, :] = wte[inp[n], :] + wpe[n % T, :] */
 typedef struct {
@@ -740,236 +623,6 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
     par_for(parts, 1, layernorm_backward_parts, &a);
 }
 
-/*
- * C[M, N] = op(A)[M, K] op(B)[K, N] + beta C (row-major; op transposes when ta / tb) on the
- * par_for threads: C is split in blocks of GEMM_BLOCK rows (or columns, when it has more
- * columns than rows), each part one single-threaded cblas_sgemm over the whole K (zr_set_threads
- * keeps OpenBLAS at one thread, whose workers would otherwise spin between calls and take the
- * cores from these threads). OpenBLAS's bits depend on the blocks it is given, so matmul
- * results depend on the thread count; for a given count they are the same on every run.
- */
-#define GEMM_BLOCK 16
-typedef struct {
-    int ta, tb, by_cols;
-    size_t M, N, K;
-    const float *A, *B;
-    size_t lda, ldb, ldc;
-    float beta;
-    float *C;
-} gemm_args;
-
-static void gemm_part(void *p, size_t b0, size_t b1)
-{
-    const gemm_args *g = p;
-    size_t n = g->by_cols ? g->N : g->M;
-    size_t i0 = b0 * GEMM_BLOCK, i1 = b1 * GEMM_BLOCK < n ? b1 * GEMM_BLOCK : n;
-    const float *A = g->A, *B = g->B;
-    float *C = g->C;
-    size_t M = g->M, N = g->N;
-    if (g->by_cols) { /* columns i0.. of op(B) and C */
-        B += g->tb ? i0 * g->ldb : i0;
-        C += i0;
-        N = i1 - i0;
-    } else { /* rows i0.. of op(A) and C */
-        A += g->ta ? i0 : i0 * g->lda;
-        C += i0 * g->ldc;
-        M = i1 - i0;
-    }
-    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans,
-                g->tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)g->K, 1.0f, A,
-                (int)g->lda, B, (int)g->ldb, g->beta, C, (int)g->ldc);
-}
-
-static void gemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
-                 const float *B, size_t ldb, float beta, float *C, size_t ldc)
-{
-    gemm_args g = {ta, tb, N > M, M, N, K, A, B, lda, ldb, ldc, beta, C};
-    size_t n = g.by_cols ? N : M;
-    par_for((n + GEMM_BLOCK - 1) / GEMM_BLOCK, 1, gemm_part, &g);
-}
-
-/* out[n, :] = (res ? res[n, :] : 0) + bias, the rows a matmul then adds onto */
-typedef struct {
-    float *out;
-    const float *res, *bias;
-    size_t OC;
-} bias_rows_args;
-
-static void bias_rows(void *p, size_t n0, size_t n1)
-{
-    const bias_rows_args *a = p;
-    size_t OC = a->OC;
-    for (size_t n = n0; n < n1; n++) {
-        float *o = a->out + n * OC;
-        if (!a->res) {
-            memcpy(o, a->bias, OC * sizeof(float));
-        } else {
-            const float *r = a->res + n * OC;
-            for (size_t j = 0; j < OC; j++)
-                o[j] = r[j] + a->bias[j];
-        }
-    }
-}
-
-/* out[N, OC] = (res ? res : 0) + inp[N, IC] W[OC, IC]^T + b[OC]: res [N, OC] is the residual
- * the output adds onto (it may not alias out). */
-static void matmul_forward(float *out, const float *res, const float *inp, const float *W,
-                           const float *bias, size_t N, size_t IC, size_t OC)
-{
-    bias_rows_args a = {out, res, bias, OC};
-    par_for(N, ROWS_GRAIN, bias_rows, &a);
-    gemm(0, 1, N, OC, IC, inp, IC, W, IC, 1.0f, out, OC);
-}
-
-/* db[OC] += column sums of dout [N, OC]: split by channel block, rows summed in order */
-typedef struct {
-    float *db;
-    const float *dout;
-    size_t N, OC;
-} bias_grad_args;
-
-ZR_VEC_CLONES static void bias_grad_cols(void *p, size_t b0, size_t b1)
-{
-    const bias_grad_args *a = p;
-    size_t OC = a->OC, j0 = b0 * COLS_BLOCK, j1 = b1 * COLS_BLOCK < OC ? b1 * COLS_BLOCK : OC;
-    float *db = a->db;
-    for (size_t n = 0; n < a->N; n++) {
-        const float *d = a->dout + n * OC;
-        for (size_t j = j0; j < j1; j++)
-            db[j] += d[j];
-    }
-}
-
-/* dinp[N, IC] = dout W (overwritten); dW[OC, IC] += dout^T inp; db[OC] += column sums. */
-static void matmul_backward(float *dinp, float *dW, float *db, const float *dout,
-                            const float *inp, const float *W, size_t N, size_t IC, size_t OC)
-{
-    gemm(0, 0, N, IC, OC, dout, OC, W, IC, 0.0f, dinp, IC);
-    gemm(1, 0, OC, IC, N, dout, OC, inp, IC, 1.0f, dW, IC);
-    bias_grad_args a = {db, dout, N, OC};
-    par_for(col_blocks(OC), 1, bias_grad_cols, &a);
-}
-
-/* Single-threaded sgemm, row-major, for the attention blocks (they run inside a par_for
- * chunk: zr_set_threads keeps OpenBLAS at one thread) */
-static void sgemm1(int ta, int tb, size_t M, size_t N, size_t K, float alpha, const float *A,
-                   size_t lda, const float *B, size_t ldb, float beta, float *C, size_t ldc)
-{
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
-}
-
-/*
- * Causal self-attention as small matmuls per (b, h) pair. For one pair, with q, k, v, y the
- * head's [T, hs] slices (row stride 3C, or C for y) and P its [T, T] block of att:
- *   forward:  S = q k^T / sqrt(hs); P = softmax of each row t over columns 0..t; y = P v
- *   backward: dv = P^T dy; dP = dy v^T; dS = P * (dP - D) / sqrt(hs) with
- *             D_t = sum_t2 P[t, t2] dP[t, t2] = dy_t . y_t; dq = dS k; dk = dS^T q
- * The T x T matrices are cut in square blocks of ATT_BLOCK: row block r only needs the column
- * blocks c <= r (causality), and each block product is one single-threaded sgemm. P is stored
- * with zeros above the diagonal inside the diagonal blocks (columns t < t2 < the block's end),
- * so those products can take whole blocks; columns past the block are never written or read.
- * The backward keeps one dP / dS block on its thread's stack (ATT_BLOCK^2 floats) and never
- * writes att (a second backward of the same forward must see it unchanged). It recomputes
- * y = P v into dq's place to get D (dq is written afterwards), and keeps D in `rows`
- * ([B NH, T]: row bh for pair bh).
- *
- * par_for splits the B NH pairs, whose outputs are disjoint (head h owns channels
- * [h hs, (h+1) hs) of q, k, v and y, at the positions of b). Each pair is computed by one
- * thread with the same calls whatever the thread count, so the bits do not depend on it.
- */
-#define ATT_BLOCK 64
-
-typedef struct {
-    float *out, *att, *dqkv, *rows;
-    const float *qkv, *dout;
-    size_t T, C, NH;
-} attention_args;
-
-ZR_VEC_CLONES static void attention_forward_pairs(void *p, size_t bh0, size_t bh1)
-{
-    const attention_args *A = p;
-    size_t T = A->T, C = A->C, NH = A->NH, C3 = 3 * C, hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    for (size_t bh = bh0; bh < bh1; bh++) {
-        size_t b = bh / NH, h = bh % NH;
-        const float *q = A->qkv + b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
-        float *P = A->att + bh * T * T, *y = A->out + b * T * C + h * hs;
-        for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-            size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-            sgemm1(0, 1, r1 - r0, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, P + r0 * T, T);
-            for (size_t t = r0; t < r1; t++) {
-                float *row = P + t * T;
-                softmax_inplace(row, t + 1, max8(row, t + 1));
-                for (size_t t2 = t + 1; t2 < r1; t2++)
-                    row[t2] = 0.0f;
-            }
-            sgemm1(0, 0, r1 - r0, hs, r1, 1.0f, P + r0 * T, T, v, C3, 0.0f, y + r0 * C, C);
-        }
-    }
-}
-
-static void attention_forward(float *out, float *att, const float *qkv, size_t B, size_t T,
-                              size_t C, size_t NH)
-{
-    attention_args a = {out, att, NULL, NULL, qkv, NULL, T, C, NH};
-    par_for(B * NH, 1, attention_forward_pairs, &a);
-}
-
-/* dqkv [N, 3C] (overwritten) from dout [N, C]; see above */
-ZR_VEC_CLONES static void attention_backward_pairs(void *p, size_t bh0, size_t bh1)
-{
-    const attention_args *A = p;
-    size_t T = A->T, C = A->C, NH = A->NH, C3 = 3 * C, hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    float blk[ATT_BLOCK * ATT_BLOCK]; /* dP, then dS, of one block */
-    for (size_t bh = bh0; bh < bh1; bh++) {
-        size_t b = bh / NH, h = bh % NH;
-        const float *q = A->qkv + b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
-        const float *P = A->att + bh * T * T, *dy = A->dout + b * T * C + h * hs;
-        float *dq = A->dqkv + b * T * C3 + h * hs, *dk = dq + C, *dv = dq + 2 * C;
-        float *D = A->rows + bh * T;
-        for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) { /* y = P v into dq, then D */
-            size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-            sgemm1(0, 0, r1 - r0, hs, r1, 1.0f, P + r0 * T, T, v, C3, 0.0f, dq + r0 * C3, C3);
-            for (size_t t = r0; t < r1; t++)
-                D[t] = dot8(dy + t * C, dq + t * C3, hs);
-        }
-        for (size_t c0 = 0; c0 < T; c0 += ATT_BLOCK) { /* dv[c] = P[c.., c]^T dy[c..] */
-            size_t c1 = c0 + ATT_BLOCK < T ? c0 + ATT_BLOCK : T;
-            sgemm1(1, 0, c1 - c0, hs, T - c0, 1.0f, P + c0 * T + c0, T, dy + c0 * C, C, 0.0f,
-                   dv + c0 * C3, C3);
-        }
-        for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-            size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, nr = r1 - r0;
-            for (size_t c0 = 0; c0 <= r0; c0 += ATT_BLOCK) {
-                size_t c1 = c0 + ATT_BLOCK < T ? c0 + ATT_BLOCK : T, nc = c1 - c0;
-                sgemm1(0, 1, nr, nc, hs, 1.0f, dy + r0 * C, C, v + c0 * C3, C3, 0.0f, blk, nc);
-                for (size_t i = 0; i < nr; i++) {
-                    const float *pr = P + (r0 + i) * T + c0;
-                    float *d = blk + i * nc, Di = D[r0 + i];
-                    /* in the diagonal block, columns past the row's own position are 0 */
-                    size_t end = c0 == r0 ? i + 1 : nc;
-                    for (size_t j = 0; j < end; j++)
-                        d[j] = pr[j] * (d[j] - Di) * scale;
-                    for (size_t j = end; j < nc; j++)
-                        d[j] = 0.0f;
-                }
-                sgemm1(0, 0, nr, hs, nc, 1.0f, blk, nc, k + c0 * C3, C3, c0 ? 1.0f : 0.0f,
-                       dq + r0 * C3, C3);
-                sgemm1(1, 0, nc, hs, nr, 1.0f, blk, nc, q + r0 * C3, C3,
-                       c0 == r0 ? 0.0f : 1.0f, dk + c0 * C3, C3);
-            }
-        }
-    }
-}
-
-static void attention_backward(float *dqkv, float *rows, const float *dout, const float *qkv,
-                               const float *att, size_t B, size_t T, size_t C, size_t NH)
-{
-    attention_args a = {NULL, (float *)att, dqkv, rows, qkv, dout, T, C, NH};
-    par_for(B * NH, 1, attention_backward_pairs, &a);
-}
 
 /* tanh(sqrt(2/pi) (x + 0.044715 x^3)) as 1 - 2 / (e^2u + 1), through zr_expf, which
  * vectorizes (tanhf and expf are libm calls): the absolute error (~1e-7 near 0) is what the
@@ -1023,90 +676,23 @@ static void gelu_backward(float *d, const float *inp, size_t n)
     par_for(n, ELEMS_GRAIN, gelu_backward_elems, &a);
 }
 
-/* Rows of logits [N, V] -> probabilities in place; losses[n] = -log p[n, targets[n]] when
- * targets is not NULL, computed from the logits (log-sum-exp) so that it stays finite. */
-typedef struct {
-    float *probs, *losses;
-    const int32_t *targets;
-    size_t V;
-} softmax_args;
-
-ZR_VEC_CLONES static void softmax_xent_rows(void *p, size_t n0, size_t n1)
-{
-    const softmax_args *a = p;
-    size_t V = a->V;
-    const int32_t *targets = a->targets;
-    for (size_t n = n0; n < n1; n++) {
-        float *pr = a->probs + n * V;
-        float maxv = max8(pr, V);
-        float target_logit = targets ? pr[targets[n]] - maxv : 0.0f;
-        float sum = softmax_inplace(pr, V, maxv);
-        if (targets)
-            a->losses[n] = logf(sum) - target_logit;
-    }
-}
-
-static void softmax_xent_forward(float *probs, float *losses, const int32_t *targets, size_t N,
-                                 size_t V)
-{
-    softmax_args a = {probs, losses, targets, V};
-    par_for(N, 1, softmax_xent_rows, &a);
-}
-
-/* dlogits[r, :] = k (probs[r0 + r, :] - onehot(targets[r0 + r])) for the head's chunk of rows */
-typedef struct {
-    float *dlogits;
-    const float *probs;
-    const int32_t *targets;
-    size_t V;
-    float k;
-} dlogits_args;
-
-ZR_VEC_CLONES static void dlogits_rows(void *p, size_t r0, size_t r1)
-{
-    const dlogits_args *a = p;
-    size_t V = a->V;
-    for (size_t r = r0; r < r1; r++) {
-        const float *pr = a->probs + r * V;
-        float *dl = a->dlogits + r * V;
-        for (size_t v = 0; v < V; v++)
-            dl[v] = a->k * pr[v];
-        dl[a->targets[r]] -= a->k;
-    }
-}
 
 /* ---------------------------------------------------------------- forward and backward */
 
-static int check_tokens(const int32_t *tok, size_t n, uint32_t V, const char *what)
-{
-    for (size_t i = 0; i < n; i++)
-        if (tok[i] < 0 || (uint32_t)tok[i] >= V)
-            return zr_err_set(ZR_EINVAL, "forward: %s[%zu] = %d is not a token id (vocab %u)",
-                              what, i, tok[i], V);
-    return 0;
-}
 
 int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets, size_t B,
                      size_t T, float *loss)
 {
     assert(m && inputs && loss);
+    if (m->ll)
+        return zr__llama_forward(m->ll, inputs, targets, B, T, loss);
     size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, N = B * T;
-    if (B < 1 || B > m->max_B)
-        return zr_err_set(ZR_EINVAL, "forward: batch B = %zu out of range (expected 1..%zu)",
-                          B, m->max_B);
-    if (T < 1 || T > m->max_T)
-        return zr_err_set(ZR_EINVAL, "forward: sequence length T = %zu out of range "
-                          "(expected 1..%zu)", T, m->max_T);
-    ZR_TRY(check_tokens(inputs, N, m->c.vocab, "inputs"));
-    if (targets)
-        ZR_TRY(check_tokens(targets, N, m->c.vocab, "targets"));
-
+    /* a rejected forward leaves the previous one in place (nothing copied yet) */
+    ZR_TRY(zr__forward_begin(m->inputs, m->targets, inputs, targets, B, T, m->max_B, m->max_T,
+                             m->c.vocab));
+    m->fwd_targets = -1; /* until this forward completes */
     m->B = B;
     m->T = T;
-    m->fwd_targets = -1; /* until this forward completes */
-    memcpy(m->inputs, inputs, N * sizeof *inputs);
-    if (targets)
-        memcpy(m->targets, targets, N * sizeof *targets);
     const float *wte, *wpe, *P;
     ZR_TRY(params_get(m, 0, &wte));
     ZR_TRY(params_get(m, 1, &wpe));
@@ -1119,17 +705,18 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
         ZR_TRY(params_get(m, l + 2, &P));
         layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, TENSOR(P, LN1W),
                           TENSOR(P, LN1B), N, C);
-        matmul_forward(a->qkv, NULL, a->ln1, TENSOR(P, QKVW), TENSOR(P, QKVB), N, C, 3 * C);
-        attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+        zr__matmul_forward(a->qkv, NULL, a->ln1, TENSOR(P, QKVW), TENSOR(P, QKVB), N, C, 3 * C);
+        zr__att_geom ag = {B, T, NH, C / NH, 1, 3 * C, C, 2 * C};
+        zr__attention_forward(&ag, a->atty, a->att, a->qkv);
         /* res2 = res + c_proj(atty) */
-        matmul_forward(a->res2, res, a->atty, TENSOR(P, ATTPROJW), TENSOR(P, ATTPROJB), N,
+        zr__matmul_forward(a->res2, res, a->atty, TENSOR(P, ATTPROJW), TENSOR(P, ATTPROJB), N,
                        C, C);
         layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, TENSOR(P, LN2W),
                           TENSOR(P, LN2B), N, C);
-        matmul_forward(a->fch, NULL, a->ln2, TENSOR(P, FCW), TENSOR(P, FCB), N, C, 4 * C);
+        zr__matmul_forward(a->fch, NULL, a->ln2, TENSOR(P, FCW), TENSOR(P, FCB), N, C, 4 * C);
         gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
         /* res3 = res2 + mlp */
-        matmul_forward(a->res3, a->res2, a->fch_gelu, TENSOR(P, FCPROJW), TENSOR(P, FCPROJB),
+        zr__matmul_forward(a->res3, a->res2, a->fch_gelu, TENSOR(P, FCPROJW), TENSOR(P, FCPROJB),
                        N, 4 * C, C);
         ZR_TRY(params_put(m, l + 2));
         res = a->res3;
@@ -1140,14 +727,10 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
     ZR_TRY(params_put(m, L + 2));
     /* logits [N, V] = lnf [N, C] wte[V, C]^T: the head is tied to the token embedding */
     ZR_TRY(params_get(m, 0, &wte));
-    gemm(0, 1, N, V, C, m->lnf, C, wte, C, 0.0f, m->probs, V);
+    zr__gemm(0, 1, N, V, C, m->lnf, C, wte, C, 0.0f, m->probs, V);
     ZR_TRY(params_put(m, 0));
-    softmax_xent_forward(m->probs, m->losses, targets ? m->targets : NULL, N, V);
-    double sum = 0.0;
-    if (targets)
-        for (size_t n = 0; n < N; n++)
-            sum += m->losses[n];
-    *loss = (float)(sum / (double)N);
+    zr__softmax_xent_forward(m->probs, m->losses, targets ? m->targets : NULL, N, V);
+    *loss = zr__mean_loss(m->losses, N, targets != NULL);
     m->fwd_targets = targets != NULL;
     return 0;
 }
@@ -1155,10 +738,9 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
 int zr_model_backward(zr_model *m, float scale)
 {
     assert(m);
-    if (m->fwd_targets < 0)
-        return zr_err_set(ZR_EINVAL, "backward: no forward to differentiate");
-    if (m->fwd_targets == 0)
-        return zr_err_set(ZR_EINVAL, "backward: the last forward had no targets (no loss)");
+    if (m->ll)
+        return zr__llama_backward(m->ll, scale);
+    ZR_TRY(zr__backward_check(m->fwd_targets));
     size_t B = m->B, T = m->T, N = B * T, L = m->c.layers, C = m->c.dim, NH = m->c.heads;
     size_t V = m->c.vocab;
     const float *res_last = L ? m->layer[L - 1].res3 : m->encoded;
@@ -1170,16 +752,10 @@ int zr_model_backward(zr_model *m, float scale)
      * backward adds its second contribution. */
     ZR_TRY(params_get(m, 0, &wte));
     ZR_TRY(grads_get(m, 0, &dwte));
-    float k = scale / (float)N;
-    for (size_t r0 = 0; r0 < N; r0 += m->dlogits_rows) {
-        size_t rows = N - r0 < m->dlogits_rows ? N - r0 : m->dlogits_rows;
-        dlogits_args da = {m->dlogits, m->probs + r0 * V, m->targets + r0, V, k};
-        par_for(rows, 1, dlogits_rows, &da);
-        gemm(0, 0, rows, C, V, m->dlogits, V, wte, C, 0.0f, m->dC + r0 * C, C);
-        gemm(1, 0, V, C, rows, m->dlogits, V, m->lnf + r0 * C, C, 1.0f, dwte, C);
-    }
+    zr__head_backward(m->dC, dwte, m->dlogits, m->dlogits_rows, m->probs, m->targets, wte,
+                      m->lnf, N, C, V, scale / (float)N);
     ZR_TRY(params_put(m, 0));
-    par_zero(m->dres, N * C);
+    zr__par_zero(m->dres, N * C);
     ZR_TRY(params_get(m, L + 2, &P));
     ZR_TRY(grads_get(m, L + 2, &G));
     layernorm_backward(m->dres, G + m->off.lnf_w, G + m->off.lnf_b, m->dC, res_last, m->lnf_mean,
@@ -1194,18 +770,19 @@ int zr_model_backward(zr_model *m, float scale)
         ZR_TRY(params_get(m, l + 2, &P));
         ZR_TRY(grads_get(m, l + 2, &G));
         /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
-        matmul_backward(m->d4C, TENSOR(G, FCPROJW), TENSOR(G, FCPROJB), m->dres,
+        zr__matmul_backward(m->d4C, TENSOR(G, FCPROJW), TENSOR(G, FCPROJB), m->dres,
                         a->fch_gelu, TENSOR(P, FCPROJW), N, 4 * C, C);
         gelu_backward(m->d4C, a->fch, N * 4 * C);
-        matmul_backward(m->dC, TENSOR(G, FCW), TENSOR(G, FCB), m->d4C, a->ln2,
+        zr__matmul_backward(m->dC, TENSOR(G, FCW), TENSOR(G, FCB), m->d4C, a->ln2,
                         TENSOR(P, FCW), N, C, 4 * C);
         layernorm_backward(m->dres, TENSOR(G, LN2W), TENSOR(G, LN2B), m->dC, a->res2,
                            a->ln2_mean, a->ln2_rstd, TENSOR(P, LN2W), N, C);
         /* attention: res2 = res + c_proj(attn(c_attn(ln_1(res)))) */
-        matmul_backward(m->dC, TENSOR(G, ATTPROJW), TENSOR(G, ATTPROJB), m->dres, a->atty,
+        zr__matmul_backward(m->dC, TENSOR(G, ATTPROJW), TENSOR(G, ATTPROJB), m->dres, a->atty,
                         TENSOR(P, ATTPROJW), N, C, C);
-        attention_backward(m->dqkv, m->drow, m->dC, a->qkv, a->att, B, T, C, NH);
-        matmul_backward(m->dC, TENSOR(G, QKVW), TENSOR(G, QKVB), m->dqkv, a->ln1,
+        zr__att_geom ag = {B, T, NH, C / NH, 1, 3 * C, C, 2 * C};
+        zr__attention_backward(&ag, m->dqkv, m->drow, m->dC, a->qkv, a->att);
+        zr__matmul_backward(m->dC, TENSOR(G, QKVW), TENSOR(G, QKVB), m->dqkv, a->ln1,
                         TENSOR(P, QKVW), N, C, 3 * C);
         layernorm_backward(m->dres, TENSOR(G, LN1W), TENSOR(G, LN1B), m->dC, res,
                            a->ln1_mean, a->ln1_rstd, TENSOR(P, LN1W), N, C);

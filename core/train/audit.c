@@ -131,8 +131,11 @@ static int check_model(zr_audit *a, const zr_train_opts *to, zck_reader *rd, int
     *ok = 0;
     if (zr_train__pick_config(&cfg, to, rd) < 0)
         return add_reason(a);
-    snprintf(a->model, sizeof a->model, "layers %u heads %u dim %u ctx %u vocab %u",
-             cfg.layers, cfg.heads, cfg.dim, cfg.ctx, cfg.vocab);
+    int n = snprintf(a->model, sizeof a->model, "layers %u heads %u dim %u ctx %u vocab %u",
+                     cfg.layers, cfg.heads, cfg.dim, cfg.ctx, cfg.vocab);
+    if (cfg.family == ZR_FAMILY_LLAMA && n > 0 && (size_t)n < sizeof a->model)
+        snprintf(a->model + n, sizeof a->model - (size_t)n, " (llama: kv_heads %u ffn %u%s)",
+                 cfg.kv_heads, cfg.ffn, cfg.tied ? " tied" : "");
     if (zr_train__seq(&T, to, &cfg) < 0)
         return add_reason(a);
     if (zr_gpt2_layout(&L, &cfg) < 0)

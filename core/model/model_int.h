@@ -1,0 +1,132 @@
+/*
+ * model_int.h: what the model families of core/model/ share (not part of zr.h). kernels.c holds
+ * the kernels every family uses (matmuls on the par_for threads, causal attention, softmax
+ * cross-entropy and the head's backward, the deterministic initializer, the arenas and the ZeRO
+ * hooks); model.c holds GPT-2 and llama.c the Llama family on top of them. zr_model (model.c)
+ * is the public handle: a Llama model is a zr_model whose calls go to its zr__llama.
+ */
+#ifndef ZR_MODEL_INT_H
+#define ZR_MODEL_INT_H
+
+#include "model.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------- memory and hooks */
+
+/* A zeroed arena aligned to 2 MiB with huge pages advised; *bytes rounded up to 2 MiB. */
+void *zr__arena_alloc(size_t *bytes);
+#define ZR__ARENA_ALIGN ((size_t)2 << 20)
+/* A model's three arenas: parameters and gradients of numel floats each (none for a side the
+ * hooks lend: NULL, 0 bytes) and *abytes of activations; the byte counts rounded up to 2 MiB.
+ * ZR_ENOMEM naming the sizes (batch max_B x seq max_T), with nothing left allocated. */
+int zr__arenas_alloc(float **params, size_t *pbytes, float **grads, size_t *gbytes,
+                     unsigned char **acts, size_t *abytes, uint64_t numel,
+                     const zr_model_hooks *h, size_t max_B, size_t max_T);
+/* Next buffer of an activation arena at *off: with base NULL only counts (the sizing pass);
+ * *total adds the bytes in double so that callers can reject sizes past size_t. */
+void *zr__carve(unsigned char *base, size_t *off, double *total, size_t numel);
+/* x[0, n) = 0 on the par_for threads */
+void zr__par_zero(float *x, size_t n);
+/* Group g's parameters or gradient buffer: own (the own arena's group start) when the hooks
+ * lend none, else what the hooks lend; the _put calls say the model is done with them. */
+int zr__params_get(const zr_model_hooks *h, const float *own, size_t g, const float **out);
+int zr__params_put(const zr_model_hooks *h, size_t g);
+int zr__grads_get(const zr_model_hooks *h, float *own, size_t g, float **out);
+int zr__grads_put(const zr_model_hooks *h, size_t g);
+/* ZR_EINVAL when a token id is outside [0, V) ("forward: what[i] = x ...") */
+int zr__check_tokens(const int32_t *tok, size_t n, uint32_t V, const char *what);
+/* x[i] = std N(0, 1) for arena elements [first, first + n) of the stream of seed: each element
+ * a function of (seed, its arena index) alone */
+void zr__fill_normal(float *x, uint64_t first, uint64_t n, uint64_t seed, float std);
+
+/* ---------------------------------------------------------------- steps */
+
+/* ZR_EINVAL unless 1 <= max_B, 1 <= max_T <= ctx and hooks (may be NULL) come in pairs */
+int zr__check_new(size_t max_B, size_t max_T, uint32_t ctx, const zr_model_hooks *hooks);
+/* What a forward does first: ZR_EINVAL unless 1 <= B <= max_B, 1 <= T <= max_T and every token
+ * id is below V; then the tokens are copied into in_copy (and tg_copy when targets). */
+int zr__forward_begin(int32_t *in_copy, int32_t *tg_copy, const int32_t *inputs,
+                      const int32_t *targets, size_t B, size_t T, size_t max_B, size_t max_T,
+                      uint32_t V);
+/* The mean of losses[0, N) summed in double (0 without targets) */
+float zr__mean_loss(const float *losses, size_t N, int targets);
+/* ZR_EINVAL unless the last forward (fwd_targets: -1 none, 0 without targets, 1 with) can be
+ * differentiated */
+int zr__backward_check(int fwd_targets);
+
+/* ---------------------------------------------------------------- kernels */
+
+/* C[M, N] = op(A) op(B) + beta C, row-major, on the par_for threads */
+void zr__gemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
+              const float *B, size_t ldb, float beta, float *C, size_t ldc);
+/* out[N, OC] = (res ? res : 0) + inp[N, IC] W[OC, IC]^T + (bias ? bias : 0) */
+void zr__matmul_forward(float *out, const float *res, const float *inp, const float *W,
+                        const float *bias, size_t N, size_t IC, size_t OC);
+/* dinp[N, IC] = dout W (overwritten); dW += dout^T inp; db (may be NULL) += column sums */
+void zr__matmul_backward(float *dinp, float *dW, float *db, const float *dout, const float *inp,
+                         const float *W, size_t N, size_t IC, size_t OC);
+
+/* Causal attention over rows of a [N, ld] buffer: query head h at columns [h hs, (h+1) hs),
+ * its key and value head h / grp at koff + (h / grp) hs and voff + (h / grp) hs (grp query
+ * heads share a key/value head: grouped-query attention; GPT-2: grp 1, ld 3C, koff C,
+ * voff 2C); the output [N, NH hs]. */
+typedef struct {
+    size_t B, T, NH, hs, grp, ld, koff, voff;
+} zr__att_geom;
+void zr__attention_forward(const zr__att_geom *g, float *out, float *att, const float *qkv);
+/* dqkv [N, ld] (the q, k, v columns overwritten) from dout [N, NH hs]; rows: [B NH, T] */
+void zr__attention_backward(const zr__att_geom *g, float *dqkv, float *rows, const float *dout,
+                            const float *qkv, const float *att);
+
+/* Rows of logits [N, V] -> probabilities in place; losses[n] = -log p[n, targets[n]]. */
+void zr__softmax_xent_forward(float *probs, float *losses, const int32_t *targets, size_t N,
+                              size_t V);
+/* The head's backward in chunks of rows of the dlogits scratch ([rows_cap, V]):
+ * dlogits = k (probs - onehot(targets)); dx [N, C] = dlogits W (overwritten);
+ * dW [V, C] += dlogits^T x. */
+void zr__head_backward(float *dx, float *dW, float *dlogits, size_t rows_cap, const float *probs,
+                       const int32_t *targets, const float *W, const float *x, size_t N,
+                       size_t C, size_t V, float k);
+/* the dlogits scratch rows for N positions of vocabulary V (at most 64 MiB, at least 1 row) */
+size_t zr__dlogits_rows(size_t N, size_t V);
+
+/* Sums in a fixed order: eight partial sums over i mod 8, combined pairwise, then the tail
+ * (the result does not depend on the vector width the compiler picks). */
+static inline float zr__dot8(const float *restrict a, const float *restrict b, size_t n)
+{
+    float acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++)
+            acc[j] += a[i + j] * b[i + j];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* ---------------------------------------------------------------- the Llama family (llama.c) */
+
+typedef struct zr__llama zr__llama;
+int zr__llama_new(zr__llama **out, const zr_config *c, size_t max_B, size_t max_T,
+                  const zr_model_hooks *hooks);
+void zr__llama_free(zr__llama *m);
+uint64_t zr__llama_activation_bytes(const zr_config *c, size_t max_B, size_t max_T);
+size_t zr__llama_n_groups(const zr__llama *m);
+uint64_t zr__llama_group_numel(const zr__llama *m, size_t g);
+uint64_t zr__llama_numel(const zr__llama *m);
+float *zr__llama_param(zr__llama *m, size_t g);
+float *zr__llama_grad(zr__llama *m, size_t g);
+size_t zr__llama_fetch_order(const zr__llama *m, int backward, size_t *order);
+void zr__llama_init_range(const zr__llama *m, uint64_t seed, size_t g, uint64_t off, uint64_t n,
+                          float *dst);
+int zr__llama_forward(zr__llama *m, const int32_t *inputs, const int32_t *targets, size_t B,
+                      size_t T, float *loss);
+int zr__llama_backward(zr__llama *m, float scale);
+const float *zr__llama_probs(const zr__llama *m);
+void zr__llama_zero_grad(zr__llama *m);
+void zr__llama_bytes(const zr__llama *m, uint64_t *params, uint64_t *grads, uint64_t *acts);
+
+#endif
