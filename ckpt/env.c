@@ -57,6 +57,10 @@ static const struct {
     [ZR_ENV_RUN_ID] = {"ZR_RUN_ID",
                        "the run id of the --log-json records and the checkpoints (set by zrun, "
                        "random per invocation)"},
+    [ZR_ENV_SAVE_THROTTLE_MS] = {"ZR_SAVE_THROTTLE_MS",
+                                 "tests and benchmarks: an asynchronous save's writer sleeps this "
+                                 "many milliseconds per chunk it writes (a disk slower than a "
+                                 "step)"},
 };
 
 const char *zr_env_name(zr_env_var v) { return v < ZR_ENV_COUNT ? table[v].name : NULL; }

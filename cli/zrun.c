@@ -178,10 +178,15 @@ static const zcli_opt zrun_table[] = {
     ZCLI_INTEGER(U32, "--keep-last", o.keep_last, "K", 0, UINT32_MAX, NULL,
                  "keep the newest K checkpoints (0 keeps all)"),
     ZCLI_ENUM("--async-save", o.async_save, async_names, async_values, NULL,
-              "on: a save blocks training only to copy each rank's partitions to host staging; "
-              "files are written in the background and committed at a later step boundary. "
-              "off: training waits for the files. auto: on, except with states offloaded to "
-              "NVMe"),
+              "on: files are written in the background (on the CPU straight from the live "
+              "states, see --save-buffer; on a GPU from a pinned host copy) and committed at a "
+              "later step boundary. off: training waits for the files. auto: on, except with "
+              "states offloaded to NVMe"),
+    {.name = "--save-buffer", .kind = ZCLI_OPT_ZU, .off = offsetof(zrun_args, o.save_buffer),
+     .meta = "B", .lo = 0, .hi = (uint64_t)1 << 40,
+     .help = "asynchronous saves on the CPU: bytes per rank for the parts of a save not yet "
+             "written when the next optimizer update comes (the update waits for the writer "
+             "beyond it); 0: the larger of 64 MiB and 5 % of the rank's states"},
     ZCLI_ENUM("--verify-on-resume", o.verify_on_resume, verify_names, verify_values, NULL,
               "full: every file hashed before any state is read; quick: files present with "
               "their sizes; off: nothing"),

@@ -62,6 +62,7 @@ typedef struct {
         char *staging, *train;
         uint64_t step;
         double t0, blocked_s;
+        size_t copied;       /* chunks of 64 KiB copied into the bounded buffer */
     } pend;
     char run_id[40];         /* this invocation's (o->run_id, else made here) */
     char ck_run_id[40];      /* the run id recorded in the checkpoint resumed from ("": none) */
@@ -294,8 +295,9 @@ static int finish_pending(run *r, char *path_out, size_t cap)
     int rc = commit_shards(r, lrc, json, r->pend.staging, r->pend.step, r->pend.train, path_out,
                            cap);
     if (!rc && r->log)
-        fprintf(r->log, "saved %s (asynchronous: training blocked %.3f s; written in %.2f s)\n",
-                path_out, r->pend.blocked_s, now_s() - r->pend.t0);
+        fprintf(r->log, "saved %s (asynchronous: training blocked %.3f s; written in %.2f s; "
+                        "%zu chunks buffered)\n",
+                path_out, r->pend.blocked_s, now_s() - r->pend.t0, r->pend.copied);
     free(json);
     free(r->pend.staging);
     free(r->pend.train);
@@ -592,6 +594,14 @@ static int train_step(run *r, int want_stop, int *stop, int *saves, float *loss,
     float lr = zr_lr_at(r->step, o->warmup, o->steps, o->lr, o->min_lr_ratio);
     zr_adamw_hp hp = ZR_ADAMW_HP_INIT;
     hp.weight_decay = o->weight_decay;
+    if (r->saver) { /* the save in flight no longer reads what the update changes */
+        size_t copied;
+        double waited;
+        ZR_TRY(zr_saver_protect(r->saver));
+        zr_saver_protect_stats(r->saver, &copied, &waited);
+        r->pend.blocked_s += waited;
+        r->pend.copied += copied;
+    }
     ZR_TRY(zr_zero_adamw(r->zero, r->step + 1, lr, clip, &hp));
     ZR_TRY(zr_zero_publish(r->zero));
     r->step++;
@@ -707,6 +717,9 @@ int zr_train__check_opts(const zr_train_opts *o)
     if (o->async_save < -1 || o->async_save > 1)
         return zr_err_set(ZR_EINVAL, "--async-save %d: expected -1 (auto), 0 (off) or 1 (on)",
                           o->async_save);
+    if (o->save_buffer && o->save_buffer < 4096)
+        return zr_err_set(ZR_EINVAL, "--save-buffer %zu: expected 0 (the default) or at "
+                          "least 4096 bytes", o->save_buffer);
     if (o->offload_optimizer < ZR_OFFLOAD_NONE || o->offload_optimizer > ZR_OFFLOAD_NVME)
         return zr_err_set(ZR_EINVAL, "--offload-optimizer %d: expected ZR_OFFLOAD_NONE, _CPU "
                           "or _NVME (0..2)", o->offload_optimizer);
@@ -1185,7 +1198,7 @@ static int build_engine(run *r)
     /* asynchronous saves need a host copy of this rank's partitions: by default not when the
      * states were moved to NVMe to free that memory */
     if (o->async_save > 0 || (o->async_save < 0 && !offloaded)) {
-        ZR_TRY(zr_saver_new(&r->saver, r->L, r->W, r->rank));
+        ZR_TRY(zr_saver_new(&r->saver, r->L, r->W, r->rank, o->save_buffer));
         ZR_TRY(zr_saver_prepare(r->saver, r->zero)); /* faulted in before the first step */
     }
     zr_model_hooks h;

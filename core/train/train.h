@@ -55,6 +55,10 @@ typedef struct {
      * (the staging copy would bring back the memory offload freed); how a resume verifies the
      * checkpoint (ZR_VERIFY_*) */
     int async_save;
+    /* asynchronous saves on the CPU engine: no copy of the states; chunks not yet written
+     * when the next optimizer update comes are copied into a buffer of at most this many
+     * bytes per rank (0: the larger of 64 MiB and 5 % of the rank's states; else >= 4096) */
+    size_t save_buffer;
     int verify_on_resume;
     /* where the model trains (ZR_DEVICE_*): the CPU engine, a CUDA GPU per rank (the backend
      * library, device.h; ranks beyond the GPUs share them), or auto: cuda when a GPU can be

@@ -878,6 +878,7 @@ static const zr_zero_ops host_ops = {
     .attach = host_attach,
     .init_params = host_init_params,
     .load = host_load,
+    .live_states = 1,
     .sink_state = host_sink_state,
     .adamw = host_adamw,
     .begin_step = host_begin_step,

@@ -96,6 +96,10 @@ typedef struct {
 } zr_zero_sink;
 int zr_zero_save_to(zr_zero *z, const zr_zero_sink *sink);
 uint64_t zr_zero_part_floats(const zr_zero *z);
+/* 1 when zr_zero_save_to hands its sink pointers into the live state arrays (the host engine
+ * with nothing in swap files): they stay valid, and unchanged until the next zr_zero_adamw
+ * (forward, backward, reduce and sumsq read them only). */
+int zr_zero_live_saves(const zr_zero *z);
 /* AdamW on this rank's opt ranges (zr_adamw_update per tensor part; decay on tensors of two
  * or more dimensions), gradients scaled by clip, 1-based step t; offloaded states stream
  * through the staging sets, reads ahead and write-backs overlapping the update. */
