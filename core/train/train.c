@@ -782,6 +782,7 @@ static zr_zero_opts zero_opts(const zr_train_opts *o)
     zr_zero_opts zo = ZR_ZERO_OPTS_INIT;
     zo.stage = o->zero_stage;
     zo.prefetch = o->prefetch;
+    zo.live_params = o->max_live_params;
     zo.offload_optimizer = o->offload_optimizer;
     zo.offload_params = o->offload_params;
     zo.swap_dir = o->nvme_path;
