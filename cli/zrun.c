@@ -116,7 +116,7 @@ typedef struct {
     uint32_t nproc, max_restarts, nproc_restart;
     double backoff;
     nodes_opts no;
-    int dry_run, log_all;
+    int dry_run, dry_json, log_all;
     int device; /* -1 until set: then ZR_DEVICE, else auto */
 } zrun_args;
 #define ZCLI_ARGS zrun_args
@@ -236,6 +236,10 @@ static const zcli_opt zrun_table[] = {
     ZCLI_FLAG("--dry-run", dry_run,
               "print the memory each rank would hold (params, grads, optimizer states, "
               "buffers, activations) against the ZeRO formula; no training"),
+    ZCLI_FLAG("--json", dry_json,
+              "with --dry-run: one JSON object, per rank every category in bytes (params, "
+              "grads, optimizer, gather_buffers, swap_staging, save_staging, activations, "
+              "pinned, baseline) and total_bytes"),
     ZCLI_ENUM("--device", device, device_names, device_values, "auto, or ZR_DEVICE",
               "auto: cuda when every rank finds a GPU and the CUDA backend (libzr_cuda.so "
               "next to zrun), else cpu. On cuda, rank r takes GPU r mod the GPUs; NCCL when "
@@ -304,6 +308,8 @@ static int parse_args(zrun_args *a, int argc, char **argv)
         !a->o.nvme_path)
         return zcli_fail(PROG, "add --nvme-path DIR (a directory on a fast local disk)",
                          "offload to nvme needs --nvme-path");
+    if (a->dry_json && !a->dry_run)
+        return zcli_fail(PROG, "add --dry-run", "--json is the dry run's format");
     return ZCLI_OK;
 }
 
@@ -363,7 +369,7 @@ int main(int argc, char **argv)
     const nodes_opts no = a.no;
 
     if (a.dry_run) {
-        if (zr_train_dry_run(o, (int)nproc, stdout) < 0)
+        if ((a.dry_json ? zr_train_dry_run_json : zr_train_dry_run)(o, (int)nproc, stdout) < 0)
             return zcli_fail_lib(PROG, NULL);
         return ZCLI_OK;
     }

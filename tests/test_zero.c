@@ -384,3 +384,67 @@ ZT_TEST(zero_async_save_from_live_states_equals_sync_save)
         ZT_CHECK_EQ(zt_verify_count(latest, 0), 0);
     }
 }
+
+/* One number of a JSON object (fails the test when missing). */
+static uint64_t json_u64(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v))
+        ZT_FAIL("dry run JSON: no integer \"%s\"", key);
+    return (uint64_t)json_integer_value(v);
+}
+
+/* `zrun --dry-run --json` predicts each rank's peak RSS: every category listed, total_bytes
+ * their sum, and rank 0's measured peak (2 ranks, asynchronous saves on, 2 steps) within
+ * 0.8-1.2x of it at stages 0-3, in memory and with the optimizer states on NVMe (stage 3: the
+ * parameters too). */
+ZT_TEST(zero_dry_run_predicts_peak_rss)
+{
+    static const char *M = "gpt2:layers=4,heads=4,dim=256,ctx=64,vocab=2048";
+    static const char *cats[] = {"params", "grads", "optimizer", "gather_buffers",
+                                 "swap_staging", "save_staging", "activations", "pinned",
+                                 "baseline"};
+    ZT_CHECK(mkdir("swap", 0755) == 0);
+    for (int off = 0; off < 2; off++)
+        for (int s = 0; s <= 3; s++) {
+            char opts[512], args[700], dir[32], jl[40], log[40];
+            snprintf(opts, sizeof opts, "--model %s --nproc 2 --zero %d --batch 4 --seq 64 "
+                     "--threads 1 --async-save on%s%s", M, s,
+                     off ? " --offload-optimizer nvme --nvme-path swap" : "",
+                     off && s == 3 ? " --offload-params nvme" : "");
+            snprintf(dir, sizeof dir, "run-%d-%d", off, s);
+            snprintf(jl, sizeof jl, "%s.jsonl", dir);
+            snprintf(log, sizeof log, "%s.json", dir);
+            snprintf(args, sizeof args, "%s --dry-run --json --ckpt-dir %s", opts, dir);
+            zt_zrun_ok(args, log);
+            char *t = zt_slurp(log);
+            json_error_t e;
+            json_t *o = json_loads(t, 0, &e);
+            if (!o)
+                ZT_FAIL("%s: not JSON (%s):\n%s", log, e.text, t);
+            json_t *r0 = json_array_get(json_object_get(o, "ranks"), 0);
+            ZT_CHECK(json_array_size(json_object_get(o, "ranks")) == 2);
+            uint64_t sum = 0;
+            for (size_t i = 0; i < sizeof cats / sizeof *cats; i++)
+                sum += json_u64(r0, cats[i]);
+            uint64_t total = json_u64(r0, "total_bytes");
+            ZT_CHECK_EQ(sum, total);
+            ZT_CHECK(json_u64(r0, "baseline") > 0 && json_u64(r0, "activations") > 0);
+            ZT_CHECK((json_u64(r0, "save_staging") > 0) == 1);
+            ZT_CHECK((json_u64(r0, "swap_staging") > 0) == off);
+            json_decref(o);
+            free(t);
+            snprintf(args, sizeof args, "%s --steps 2 --save-every 1 --resume never --ckpt-dir "
+                     "%s --log-json %s", opts, dir, jl);
+            snprintf(log, sizeof log, "%s.log", dir);
+            zt_zrun_ok(args, log);
+            jlog j;
+            read_jlog(&j, jl);
+            double ratio = (double)j.rss_peak / (double)total;
+            printf("  %s stage %d: peak RSS %.1f MiB, dry run %.1f MiB (%.2fx)\n",
+                   off ? "nvme" : "memory", s, j.rss_peak / 1048576.0, total / 1048576.0, ratio);
+            if (ratio < 0.8 || ratio > 1.2)
+                ZT_FAIL("%s: measured peak RSS %.2fx the dry run's total_bytes (0.8-1.2 "
+                        "expected)", dir, ratio);
+        }
+}

@@ -1099,7 +1099,12 @@ int zr_train_mem_plan(zr_mem_plan *out, const zr_train_opts *o, int world)
         m->optimizer = b.optimizer;
         m->buffers = b.buffers;
         m->activations = acts;
-        m->total = b.params + b.grads + b.optimizer + b.buffers + acts;
+        m->swap_staging = b.swap_staging;
+        m->pinned = b.pinned;
+        m->save_staging = zr_train__save_staging(o, &b, ops != NULL);
+        m->baseline = zr_train__baseline(&cfg, out->micro_batch, out->seq, o, world);
+        m->total = b.params + b.grads + b.optimizer + b.buffers + acts + m->save_staging +
+                   m->pinned + m->baseline;
     }
 out:
     zck_reader_free(rd);
@@ -1107,6 +1112,15 @@ out:
     if (rc)
         zr_mem_plan_free(out);
     return rc;
+}
+
+int zr_train_dry_run_json(const zr_train_opts *o, int world, FILE *f)
+{
+    zr_mem_plan p;
+    ZR_TRY(zr_train_mem_plan(&p, o, world));
+    zr_mem_plan_json(&p, f);
+    zr_mem_plan_free(&p);
+    return 0;
 }
 
 int zr_train_dry_run(const zr_train_opts *o, int world, FILE *f)
@@ -1129,12 +1143,13 @@ void zr_mem_plan_print(const zr_mem_plan *p, FILE *f)
     fprintf(f, "expected bytes per rank (MiB): formula %g + %g/W bytes per parameter for "
                "params, grads and AdamW states\n", p->per_param[0], p->per_param[1]);
     fprintf(f, "  rank      params       grads   optimizer     buffers  activations  "
-               "     total   formula\n");
+               "save staging  process     total   formula\n");
     for (int q = 0; q < p->world; q++) {
         const zr_rank_mem *m = &p->rank[q];
-        fprintf(f, "  %4d %11.1f %11.1f %11.1f %11.1f %12.1f %11.1f %9.1f\n", q,
+        fprintf(f, "  %4d %11.1f %11.1f %11.1f %11.1f %12.1f %13.1f %8.1f %9.1f %9.1f\n", q,
                 m->params * mib, m->grads * mib, m->optimizer * mib, m->buffers * mib,
-                m->activations * mib, m->total * mib, p->formula_bytes * mib);
+                m->activations * mib, m->save_staging * mib, (m->baseline + m->pinned) * mib,
+                m->total * mib, p->formula_bytes * mib);
     }
 }
 

@@ -99,10 +99,16 @@ int zr_train(zr_train_result *out, const zr_train_opts *opts);
  * grads, optimizer states, buffers, activations, against the ZeRO formula), allocating
  * nothing: zr_train_mem_plan, then zr_mem_plan_print. */
 int zr_train_dry_run(const zr_train_opts *opts, int world, FILE *out);
+/* The same as one JSON object (zr_mem_plan_json). */
+int zr_train_dry_run_json(const zr_train_opts *opts, int world, FILE *out);
 
 /* One rank's bytes by category, as the dry run counts them. */
 typedef struct {
     uint64_t params, grads, optimizer, buffers, activations, total;
+    /* of buffers: the NVMe swap staging (the rest: gather and gradient buffers); and besides:
+     * asynchronous saves' host staging (the CPU: the bounded buffer), pinned host memory (a
+     * GPU), the process's own (code, libraries, BLAS and communication buffers, the data) */
+    uint64_t swap_staging, save_staging, pinned, baseline;
 } zr_rank_mem;
 
 typedef struct {
@@ -121,6 +127,7 @@ typedef struct {
  * with zr_mem_plan_free (also on failure, when it holds nothing). ZR_EINVAL for an option. */
 int zr_train_mem_plan(zr_mem_plan *out, const zr_train_opts *opts, int world);
 void zr_mem_plan_print(const zr_mem_plan *p, FILE *out); /* zrun --dry-run's table */
+void zr_mem_plan_json(const zr_mem_plan *p, FILE *out);  /* zrun --dry-run --json */
 void zr_mem_plan_free(zr_mem_plan *p); /* its members; accepts NULL */
 
 /* ---------------------------------------------------------------- the audit before a resume */

@@ -156,10 +156,15 @@ static void account(const zr_zhost *z, zr_zero_bytes *out)
         uint64_t maxP = 0;
         for (size_t g = 0; g < z->b.ng; g++)
             maxP = z->b.G[g].P > maxP ? z->b.G[g].P : maxP;
+        out->swap_staging += round_bytes(zr__zero_grain_up(maxP));
         out->buffers += round_bytes(zr__zero_grain_up(maxP));
     }
-    if (z->off_opt || z->off_par)
-        out->buffers += round_bytes((uint64_t)z->nbufs * 3 * z->b.chunk);
+    if (z->off_opt || z->off_par) {
+        out->swap_staging = round_bytes((uint64_t)z->nbufs * 3 * z->b.chunk);
+        out->buffers += out->swap_staging;
+    }
+    for (size_t g = 0; g < z->b.ng; g++)
+        out->part += 3 * z->b.G[g].n * sizeof(float);
 }
 
 /* The offload settings into z (before sizing). */

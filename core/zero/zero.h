@@ -133,6 +133,8 @@ typedef struct {
     uint64_t params, grads, optimizer, buffers; /* host memory (a device engine: device) */
     uint64_t nvme;                              /* in swap files */
     uint64_t pinned;                            /* a device engine: pinned host memory */
+    uint64_t swap_staging; /* of buffers: the NVMe staging sets (zr_zero_plan only) */
+    uint64_t part;         /* this rank's partitions of the three states (a shard's data) */
 } zr_zero_bytes;
 void zr_zero_mem(const zr_zero *z, zr_zero_bytes *out);
 /* The same figures computed without allocating (zrun --dry-run). */
