@@ -235,7 +235,8 @@ static const zcli_opt zrun_table[] = {
                 "MASTER_ADDR and MASTER_PORT instead)"),
     ZCLI_FLAG("--dry-run", dry_run,
               "print the memory each rank would hold (params, grads, optimizer states, "
-              "buffers, activations) against the ZeRO formula; no training"),
+              "buffers, activations, save staging, the process's own) against the ZeRO "
+              "formula; no training"),
     ZCLI_FLAG("--json", dry_json,
               "with --dry-run: one JSON object, per rank every category in bytes (params, "
               "grads, optimizer, gather_buffers, swap_staging, save_staging, activations, "
