@@ -1114,22 +1114,24 @@ out:
     return rc;
 }
 
-int zr_train_dry_run_json(const zr_train_opts *o, int world, FILE *f)
+static int dry_run(const zr_train_opts *o, int world, FILE *f,
+                   void (*print)(const zr_mem_plan *, FILE *))
 {
     zr_mem_plan p;
     ZR_TRY(zr_train_mem_plan(&p, o, world));
-    zr_mem_plan_json(&p, f);
+    print(&p, f);
     zr_mem_plan_free(&p);
     return 0;
 }
 
+int zr_train_dry_run_json(const zr_train_opts *o, int world, FILE *f)
+{
+    return dry_run(o, world, f, zr_mem_plan_json);
+}
+
 int zr_train_dry_run(const zr_train_opts *o, int world, FILE *f)
 {
-    zr_mem_plan p;
-    ZR_TRY(zr_train_mem_plan(&p, o, world));
-    zr_mem_plan_print(&p, f);
-    zr_mem_plan_free(&p);
-    return 0;
+    return dry_run(o, world, f, zr_mem_plan_print);
 }
 
 void zr_mem_plan_print(const zr_mem_plan *p, FILE *f)
