@@ -448,3 +448,21 @@ ZT_TEST(zero_dry_run_predicts_peak_rss)
                         "expected)", dir, ratio);
         }
 }
+
+/* The options of this issue refuse bad values by name: a save buffer under 4096 bytes, --json
+ * without --dry-run. */
+ZT_TEST(zero_memory_options_refused)
+{
+    int st = zt_zrun("--save-buffer 100 --steps 1 --ckpt-dir r", "a.log");
+    char *t = zt_slurp("a.log");
+    if (st != 2 || !strstr(t, "--save-buffer 100"))
+        ZT_FAIL("exit %d; expected --save-buffer 100 refused:\n%s", st, t);
+    free(t);
+    st = zt_zrun("--json --ckpt-dir r", "b.log");
+    t = zt_slurp("b.log");
+    if (st != 2 || !strstr(t, "--json") || !strstr(t, "--dry-run"))
+        ZT_FAIL("exit %d; expected --json without --dry-run refused:\n%s", st, t);
+    free(t);
+    struct stat sb;
+    ZT_CHECK(stat("r", &sb) != 0); /* nothing started */
+}
