@@ -72,6 +72,10 @@ static const struct {
     [ZR_ENV_OMPI_YIELD] = {"OMPI_MCA_mpi_yield_when_idle",
                            "Open MPI's setting; set to 1 by the MPI communicator when a node "
                            "has more ranks than CPUs and it is not set already"},
+    [ZR_ENV_SAVE_THROTTLE_MS] = {"ZR_SAVE_THROTTLE_MS",
+                                 "tests and benchmarks: an asynchronous save's writer sleeps this "
+                                 "many milliseconds per chunk it writes (a disk slower than a "
+                                 "step)"},
 };
 
 const char *zr_env_name(zr_env_var v) { return v < ZR_ENV_COUNT ? table[v].name : NULL; }

@@ -761,10 +761,12 @@ static json_t *audit_json(const char *path, const zr_audit *au)
         for (int q = 0; q < au->mem.world; q++) {
             const zr_rank_mem *m = &au->mem.rank[q];
             json_array_append_new(ranks, json_pack(
-                "{s:i, s:I, s:I, s:I, s:I, s:I, s:I}", "rank", q, "params",
+                "{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "rank", q, "params",
                 (json_int_t)m->params, "grads", (json_int_t)m->grads, "optimizer",
                 (json_int_t)m->optimizer, "buffers", (json_int_t)m->buffers, "activations",
-                (json_int_t)m->activations, "total", (json_int_t)m->total));
+                (json_int_t)m->activations, "save_staging", (json_int_t)m->save_staging,
+                "pinned", (json_int_t)m->pinned, "baseline", (json_int_t)m->baseline, "total",
+                (json_int_t)m->total));
         }
         mem = json_pack("{s:s, s:f, s:o}", "device", au->mem.on_gpu ? "cuda" : "cpu",
                         "formula_bytes", au->mem.formula_bytes, "ranks", ranks);

@@ -151,7 +151,7 @@ typedef struct {
     uint32_t nproc, max_restarts, nproc_restart;
     double backoff;
     nodes_opts no;
-    int dry_run, log_all;
+    int dry_run, dry_json, log_all;
     int comm;   /* COMM_AUTO, COMM_MPI, COMM_TCP */
     int device; /* -1 until set: then ZR_DEVICE, else auto */
 } zrun_args;
@@ -228,10 +228,15 @@ static const zcli_opt zrun_table[] = {
     ZCLI_INTEGER(U32, "--keep-last", o.keep_last, "K", 0, UINT32_MAX, NULL,
                  "keep the newest K checkpoints (0 keeps all)"),
     ZCLI_ENUM("--async-save", o.async_save, async_names, async_values, NULL,
-              "on: a save blocks training only to copy each rank's partitions to host staging; "
-              "files are written in the background and committed at a later step boundary. "
-              "off: training waits for the files. auto: on, except with states offloaded to "
-              "NVMe"),
+              "on: files are written in the background (on the CPU straight from the live "
+              "states, see --save-buffer; on a GPU from a pinned host copy) and committed at a "
+              "later step boundary. off: training waits for the files. auto: on, except with "
+              "states offloaded to NVMe"),
+    {.name = "--save-buffer", .kind = ZCLI_OPT_ZU, .off = offsetof(zrun_args, o.save_buffer),
+     .meta = "B", .lo = 0, .hi = (uint64_t)1 << 40,
+     .help = "asynchronous saves on the CPU: bytes per rank for the parts of a save not yet "
+             "written when the next optimizer update comes (the update waits for the writer "
+             "beyond it); 0: the larger of 64 MiB and 5 % of the rank's states"},
     ZCLI_ENUM("--verify-on-resume", o.verify_on_resume, verify_names, verify_values, NULL,
               "full: every file hashed before any state is read; quick: files present with "
               "their sizes; off: nothing"),
@@ -272,6 +277,11 @@ static const zcli_opt zrun_table[] = {
                  "group just before use"),
     ZCLI_INTEGER(U32, "--prefetch", o.prefetch, "N", 0, 64, NULL,
                  "stage 3: group gathers in flight ahead of use"),
+    ZCLI_INTEGER(U64, "--max-live-params", o.max_live_params, "N", 0, UINT64_MAX,
+                 "0, the rank's partition",
+                 "stages 2-3 on the CPU: parameters the ordinary gather and gradient buffers hold "
+                 "together at most (at least two gathers and two gradients; --prefetch is cut to "
+                 "fit; the embeddings keep buffers of their own)"),
     ZCLI_ENUM("--log-ranks", log_all, ranks_names, ranks_values, NULL,
               "0: rank 0's output; all: every rank's, prefixed"),
     ZCLI_INTEGER(U32, "--nnodes", no.nnodes, "N", 1, 1024, NULL,
@@ -291,7 +301,12 @@ static const zcli_opt zrun_table[] = {
               "without MPI; see docs/RUNNING.md)"),
     ZCLI_FLAG("--dry-run", dry_run,
               "print the memory each rank would hold (params, grads, optimizer states, "
-              "buffers, activations) against the ZeRO formula; no training"),
+              "buffers, activations, save staging, the process's own) against the ZeRO "
+              "formula; no training"),
+    ZCLI_FLAG("--json", dry_json,
+              "with --dry-run: one JSON object, per rank every category in bytes (params, "
+              "grads, optimizer, gather_buffers, swap_staging, save_staging, activations, "
+              "pinned, baseline) and total_bytes"),
     ZCLI_ENUM("--device", device, device_names, device_values, "auto, or ZR_DEVICE",
               "auto: cuda when every rank finds a GPU and the CUDA backend (libzr_cuda.so "
               "next to zrun), else cpu. On cuda, rank r takes GPU r mod the GPUs; NCCL when "
@@ -360,6 +375,8 @@ static int parse_args(zrun_args *a, int argc, char **argv)
         !a->o.nvme_path)
         return zcli_fail(PROG, "add --nvme-path DIR (a directory on a fast local disk)",
                          "offload to nvme needs --nvme-path");
+    if (a->dry_json && !a->dry_run)
+        return zcli_fail(PROG, "add --dry-run", "--json is the dry run's format");
     return ZCLI_OK;
 }
 
@@ -419,7 +436,8 @@ int main(int argc, char **argv)
     const nodes_opts no = a.no;
 
     if (a.dry_run) { /* the plan of the whole job: every node's ranks */
-        if (zr_train_dry_run(o, (int)(nproc * no.nnodes), stdout) < 0)
+        if ((a.dry_json ? zr_train_dry_run_json : zr_train_dry_run)(o, (int)(nproc * no.nnodes),
+                                                                    stdout) < 0)
             return zcli_fail_lib(PROG, NULL);
         return ZCLI_OK;
     }

@@ -357,9 +357,11 @@ ZT_TEST(cli_audit_sound_run)
     ZT_CHECK_EQ(json_array_size(ranks), 2);
     json_t *r0 = json_array_get(ranks, 0);
     json_int_t sum = 0;
-    static const char *cat[] = {"params", "grads", "optimizer", "buffers", "activations"};
-    for (size_t i = 0; i < 5; i++) {
-        ZT_CHECK(json_integer_value(json_object_get(r0, cat[i])) > 0 || i == 3);
+    static const char *cat[] = {"params", "grads", "optimizer", "buffers", "activations",
+                                "save_staging", "pinned", "baseline"};
+    for (size_t i = 0; i < 8; i++) {
+        ZT_CHECK(json_is_integer(json_object_get(r0, cat[i])));
+        ZT_CHECK(json_integer_value(json_object_get(r0, cat[i])) > 0 || i == 3 || i >= 5);
         sum += json_integer_value(json_object_get(r0, cat[i]));
     }
     ZT_CHECK_EQ(sum, json_integer_value(json_object_get(r0, "total")));

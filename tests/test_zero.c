@@ -298,3 +298,154 @@ ZT_TEST(zero_stage3_many_layers)
     ZT_CHECK_EQ(zt_zrun(args, "s0.log"), 0);
     zt_same_latest("s3", "s0", 0, 0);
 }
+
+/* The bytes of one file (fails the test when it cannot be read). */
+static char *file_bytes(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        ZT_FAIL("%s: %s", path, strerror(errno));
+    char *b = NULL;
+    size_t cap = 0;
+    *n = 0;
+    for (;;) {
+        if (*n == cap && !(b = realloc(b, cap = cap ? 2 * cap : 1 << 16)))
+            ZT_FAIL("out of memory");
+        size_t k = fread(b + *n, 1, cap - *n, f);
+        if (!k)
+            break;
+        *n += k;
+    }
+    fclose(f);
+    return b;
+}
+
+/* Asynchronous saves write straight from the live states: with a disk far slower than a step
+ * (ZR_SAVE_THROTTLE_MS) and a buffer smaller than a rank's states, every shard of every step
+ * equals, bit for bit, the synchronous save of the same step, at stages 1-3 (the update of the
+ * next step must neither run into chunks not yet written nor be seen by the writer). */
+ZT_TEST(zero_async_save_from_live_states_equals_sync_save)
+{
+    static const char *M = "gpt2:layers=2,heads=2,dim=64,ctx=32,vocab=256";
+    setenv("ZR_SAVE_THROTTLE_MS", "15", 1);
+    for (int s = 1; s <= 3; s++) {
+        char args[512], log[32];
+        size_t buffered = 0;
+        for (int async = 0; async < 2; async++) {
+            snprintf(args, sizeof args, "--model %s --nproc 2 --zero %d --batch 4 --steps 3 "
+                     "--save-every 1 --keep-last 0 --threads 1 --resume never --async-save %s "
+                     "--save-buffer 131072 --ckpt-dir s%d-%s", M, s, async ? "on" : "off", s,
+                     async ? "on" : "off");
+            snprintf(log, sizeof log, "s%d-%d.log", s, async);
+            zt_zrun_ok(args, log);
+        }
+        char *t = zt_slurp(log), *p = t;
+        while ((p = strstr(p, " chunks buffered"))) { /* "...; N chunks buffered)" */
+            const char *q = p;
+            while (q > t && q[-1] >= '0' && q[-1] <= '9')
+                q--;
+            buffered += strtoul(q, NULL, 10);
+            p++;
+        }
+        if (!buffered)
+            ZT_FAIL("stage %d: no chunk went through the bounded buffer:\n%s", s, t);
+        free(t);
+        for (int step = 1; step <= 3; step++)
+            for (int r = 0; r < 2; r++) {
+                char a[128], b[128];
+                snprintf(a, sizeof a, "s%d-on/step-%08d/shard-%05d-of-00002.bin", s, step, r);
+                snprintf(b, sizeof b, "s%d-off/step-%08d/shard-%05d-of-00002.bin", s, step, r);
+                size_t na, nb;
+                char *x = file_bytes(a, &na), *y = file_bytes(b, &nb);
+                if (na != nb || memcmp(x, y, na))
+                    ZT_FAIL("stage %d: %s differs from the synchronous save %s", s, a, b);
+                free(x);
+                free(y);
+            }
+        char latest[64];
+        snprintf(latest, sizeof latest, "s%d-on/step-00000003", s);
+        ZT_CHECK_EQ(zt_verify_count(latest, 0), 0);
+    }
+}
+
+/* One number of a JSON object (fails the test when missing). */
+static uint64_t json_u64(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v))
+        ZT_FAIL("dry run JSON: no integer \"%s\"", key);
+    return (uint64_t)json_integer_value(v);
+}
+
+/* `zrun --dry-run --json` predicts each rank's peak RSS: every category listed, total_bytes
+ * their sum, and rank 0's measured peak (2 ranks, asynchronous saves on, 2 steps) within
+ * 0.8-1.2x of it at stages 0-3, in memory and with the optimizer states on NVMe (stage 3: the
+ * parameters too). */
+ZT_TEST(zero_dry_run_predicts_peak_rss)
+{
+    static const char *M = "gpt2:layers=4,heads=4,dim=256,ctx=64,vocab=2048";
+    static const char *cats[] = {"params", "grads", "optimizer", "gather_buffers",
+                                 "swap_staging", "save_staging", "activations", "pinned",
+                                 "baseline"};
+    ZT_CHECK(mkdir("swap", 0755) == 0);
+    for (int off = 0; off < 2; off++)
+        for (int s = 0; s <= 3; s++) {
+            char opts[512], args[700], dir[32], jl[40], log[40];
+            snprintf(opts, sizeof opts, "--model %s --nproc 2 --zero %d --batch 4 --seq 64 "
+                     "--threads 1 --async-save on%s%s", M, s,
+                     off ? " --offload-optimizer nvme --nvme-path swap" : "",
+                     off && s == 3 ? " --offload-params nvme" : "");
+            snprintf(dir, sizeof dir, "run-%d-%d", off, s);
+            snprintf(jl, sizeof jl, "%s.jsonl", dir);
+            snprintf(log, sizeof log, "%s.json", dir);
+            snprintf(args, sizeof args, "%s --dry-run --json --ckpt-dir %s", opts, dir);
+            zt_zrun_ok(args, log);
+            char *t = zt_slurp(log);
+            json_error_t e;
+            json_t *o = json_loads(t, 0, &e);
+            if (!o)
+                ZT_FAIL("%s: not JSON (%s):\n%s", log, e.text, t);
+            json_t *r0 = json_array_get(json_object_get(o, "ranks"), 0);
+            ZT_CHECK(json_array_size(json_object_get(o, "ranks")) == 2);
+            uint64_t sum = 0;
+            for (size_t i = 0; i < sizeof cats / sizeof *cats; i++)
+                sum += json_u64(r0, cats[i]);
+            uint64_t total = json_u64(r0, "total_bytes");
+            ZT_CHECK_EQ(sum, total);
+            ZT_CHECK(json_u64(r0, "baseline") > 0 && json_u64(r0, "activations") > 0);
+            ZT_CHECK((json_u64(r0, "save_staging") > 0) == 1);
+            ZT_CHECK((json_u64(r0, "swap_staging") > 0) == off);
+            json_decref(o);
+            free(t);
+            snprintf(args, sizeof args, "%s --steps 2 --save-every 1 --resume never --ckpt-dir "
+                     "%s --log-json %s", opts, dir, jl);
+            snprintf(log, sizeof log, "%s.log", dir);
+            zt_zrun_ok(args, log);
+            jlog j;
+            read_jlog(&j, jl);
+            double ratio = (double)j.rss_peak / (double)total;
+            printf("  %s stage %d: peak RSS %.1f MiB, dry run %.1f MiB (%.2fx)\n",
+                   off ? "nvme" : "memory", s, j.rss_peak / 1048576.0, total / 1048576.0, ratio);
+            if (ratio < 0.8 || ratio > 1.2)
+                ZT_FAIL("%s: measured peak RSS %.2fx the dry run's total_bytes (0.8-1.2 "
+                        "expected)", dir, ratio);
+        }
+}
+
+/* The options of this issue refuse bad values by name: a save buffer under 4096 bytes, --json
+ * without --dry-run. */
+ZT_TEST(zero_memory_options_refused)
+{
+    int st = zt_zrun("--save-buffer 100 --steps 1 --ckpt-dir r", "a.log");
+    char *t = zt_slurp("a.log");
+    if (st != 2 || !strstr(t, "--save-buffer 100"))
+        ZT_FAIL("exit %d; expected --save-buffer 100 refused:\n%s", st, t);
+    free(t);
+    st = zt_zrun("--json --ckpt-dir r", "b.log");
+    t = zt_slurp("b.log");
+    if (st != 2 || !strstr(t, "--json") || !strstr(t, "--dry-run"))
+        ZT_FAIL("exit %d; expected --json without --dry-run refused:\n%s", st, t);
+    free(t);
+    struct stat sb;
+    ZT_CHECK(stat("r", &sb) != 0); /* nothing started */
+}

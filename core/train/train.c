@@ -64,6 +64,7 @@ typedef struct {
         char *staging, *train;
         uint64_t step;
         double t0, blocked_s;
+        size_t copied;       /* chunks of 64 KiB copied into the bounded buffer */
     } pend;
     char run_id[40];         /* this invocation's (o->run_id, else made here) */
     char ck_run_id[40];      /* the run id recorded in the checkpoint resumed from ("": none) */
@@ -300,8 +301,9 @@ static int finish_pending(run *r, char *path_out, size_t cap)
     int rc = commit_shards(r, lrc, json, r->pend.staging, r->pend.step, r->pend.train, path_out,
                            cap);
     if (!rc && r->log)
-        fprintf(r->log, "saved %s (asynchronous: training blocked %.3f s; written in %.2f s)\n",
-                path_out, r->pend.blocked_s, now_s() - r->pend.t0);
+        fprintf(r->log, "saved %s (asynchronous: training blocked %.3f s; written in %.2f s; "
+                        "%zu chunks buffered)\n",
+                path_out, r->pend.blocked_s, now_s() - r->pend.t0, r->pend.copied);
     free(json);
     free(r->pend.staging);
     free(r->pend.train);
@@ -597,6 +599,14 @@ static int train_step(run *r, int want_stop, int *stop, int *saves, float *loss,
     float lr = zr_lr_at(r->step, o->warmup, o->steps, o->lr, o->min_lr_ratio);
     zr_adamw_hp hp = ZR_ADAMW_HP_INIT;
     hp.weight_decay = o->weight_decay;
+    if (r->saver) { /* the save in flight no longer reads what the update changes */
+        size_t copied;
+        double waited;
+        ZR_TRY(zr_saver_protect(r->saver));
+        zr_saver_protect_stats(r->saver, &copied, &waited);
+        r->pend.blocked_s += waited;
+        r->pend.copied += copied;
+    }
     ZR_TRY(zr_zero_adamw(r->zero, r->step + 1, lr, clip, &hp));
     ZR_TRY(zr_zero_publish(r->zero));
     r->step++;
@@ -737,6 +747,9 @@ int zr_train__check_opts(const zr_train_opts *o)
     if (o->async_save < -1 || o->async_save > 1)
         return zr_err_set(ZR_EINVAL, "--async-save %d: expected -1 (auto), 0 (off) or 1 (on)",
                           o->async_save);
+    if (o->save_buffer && o->save_buffer < 4096)
+        return zr_err_set(ZR_EINVAL, "--save-buffer %zu: expected 0 (the default) or at "
+                          "least 4096 bytes", o->save_buffer);
     if (o->offload_optimizer < ZR_OFFLOAD_NONE || o->offload_optimizer > ZR_OFFLOAD_NVME)
         return zr_err_set(ZR_EINVAL, "--offload-optimizer %d: expected ZR_OFFLOAD_NONE, _CPU "
                           "or _NVME (0..2)", o->offload_optimizer);
@@ -806,6 +819,7 @@ static zr_zero_opts zero_opts(const zr_train_opts *o)
     zr_zero_opts zo = ZR_ZERO_OPTS_INIT;
     zo.stage = o->zero_stage;
     zo.prefetch = o->prefetch;
+    zo.live_params = o->max_live_params;
     zo.offload_optimizer = o->offload_optimizer;
     zo.offload_params = o->offload_params;
     zo.swap_dir = o->nvme_path;
@@ -1127,7 +1141,12 @@ int zr_train_mem_plan(zr_mem_plan *out, const zr_train_opts *o, int world)
         m->optimizer = b.optimizer;
         m->buffers = b.buffers;
         m->activations = acts;
-        m->total = b.params + b.grads + b.optimizer + b.buffers + acts;
+        m->swap_staging = b.swap_staging;
+        m->pinned = b.pinned;
+        m->save_staging = zr_train__save_staging(o, &b, ops != NULL);
+        m->baseline = zr_train__baseline(&cfg, out->micro_batch, out->seq, o, world);
+        m->total = b.params + b.grads + b.optimizer + b.buffers + acts + m->save_staging +
+                   m->pinned + m->baseline;
     }
 out:
     zck_reader_free(rd);
@@ -1137,13 +1156,24 @@ out:
     return rc;
 }
 
-int zr_train_dry_run(const zr_train_opts *o, int world, FILE *f)
+static int dry_run(const zr_train_opts *o, int world, FILE *f,
+                   void (*print)(const zr_mem_plan *, FILE *))
 {
     zr_mem_plan p;
     ZR_TRY(zr_train_mem_plan(&p, o, world));
-    zr_mem_plan_print(&p, f);
+    print(&p, f);
     zr_mem_plan_free(&p);
     return 0;
+}
+
+int zr_train_dry_run_json(const zr_train_opts *o, int world, FILE *f)
+{
+    return dry_run(o, world, f, zr_mem_plan_json);
+}
+
+int zr_train_dry_run(const zr_train_opts *o, int world, FILE *f)
+{
+    return dry_run(o, world, f, zr_mem_plan_print);
 }
 
 void zr_mem_plan_print(const zr_mem_plan *p, FILE *f)
@@ -1158,12 +1188,13 @@ void zr_mem_plan_print(const zr_mem_plan *p, FILE *f)
     fprintf(f, "expected bytes per rank (MiB): formula %g + %g/W bytes per parameter for "
                "params, grads and AdamW states\n", p->per_param[0], p->per_param[1]);
     fprintf(f, "  rank      params       grads   optimizer     buffers  activations  "
-               "     total   formula\n");
+               "save staging  process     total   formula\n");
     for (int q = 0; q < p->world; q++) {
         const zr_rank_mem *m = &p->rank[q];
-        fprintf(f, "  %4d %11.1f %11.1f %11.1f %11.1f %12.1f %11.1f %9.1f\n", q,
+        fprintf(f, "  %4d %11.1f %11.1f %11.1f %11.1f %12.1f %13.1f %8.1f %9.1f %9.1f\n", q,
                 m->params * mib, m->grads * mib, m->optimizer * mib, m->buffers * mib,
-                m->activations * mib, m->total * mib, p->formula_bytes * mib);
+                m->activations * mib, m->save_staging * mib, (m->baseline + m->pinned) * mib,
+                m->total * mib, p->formula_bytes * mib);
     }
 }
 
@@ -1236,7 +1267,7 @@ static int build_engine(run *r)
     /* asynchronous saves need a host copy of this rank's partitions: by default not when the
      * states were moved to NVMe to free that memory */
     if (o->async_save > 0 || (o->async_save < 0 && !offloaded)) {
-        ZR_TRY(zr_saver_new(&r->saver, r->L, r->W, r->rank));
+        ZR_TRY(zr_saver_new(&r->saver, r->L, r->W, r->rank, o->save_buffer));
         ZR_TRY(zr_saver_prepare(r->saver, r->zero)); /* faulted in before the first step */
     }
     zr_model_hooks h;

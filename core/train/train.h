@@ -41,6 +41,8 @@ typedef struct {
     FILE *log;               /* a line per step and a summary, or NULL */
     volatile int *stop;      /* set asynchronously (signal): finish the step, save, return */
     unsigned prefetch;       /* ZeRO-3: group gathers in flight ahead of use */
+    uint64_t max_live_params; /* ZeRO 2-3 on the CPU: the ordinary gather and gradient buffers'
+                              * parameters at most (0: the rank's partition; zero.h) */
     /* offload (model.h's ZR_OFFLOAD_*): optimizer states, and at stage 3 parameter partitions;
      * on the CPU device "cpu" is where they are anyway. nvme: swap files in
      * <nvme_path>/zrun-swap-rank<r>, aio_block bytes per request and staging chunk, aio_depth
@@ -55,6 +57,10 @@ typedef struct {
      * (the staging copy would bring back the memory offload freed); how a resume verifies the
      * checkpoint (ZR_VERIFY_*) */
     int async_save;
+    /* asynchronous saves on the CPU engine: no copy of the states; chunks not yet written
+     * when the next optimizer update comes are copied into a buffer of at most this many
+     * bytes per rank (0: the larger of 64 MiB and 5 % of the rank's states; else >= 4096) */
+    size_t save_buffer;
     int verify_on_resume;
     /* where the model trains (ZR_DEVICE_*): the CPU engine, a CUDA GPU per rank (the backend
      * library, device.h; ranks beyond the GPUs share them), or auto: cuda when a GPU can be
@@ -107,10 +113,16 @@ int zr_train(zr_train_result *out, const zr_train_opts *opts);
  * grads, optimizer states, buffers, activations, against the ZeRO formula), allocating
  * nothing: zr_train_mem_plan, then zr_mem_plan_print. */
 int zr_train_dry_run(const zr_train_opts *opts, int world, FILE *out);
+/* The same as one JSON object (zr_mem_plan_json). */
+int zr_train_dry_run_json(const zr_train_opts *opts, int world, FILE *out);
 
 /* One rank's bytes by category, as the dry run counts them. */
 typedef struct {
     uint64_t params, grads, optimizer, buffers, activations, total;
+    /* of buffers: the NVMe swap staging (the rest: gather and gradient buffers); and besides:
+     * asynchronous saves' host staging (the CPU: the bounded buffer), pinned host memory (a
+     * GPU), the process's own (code, libraries, BLAS and communication buffers, the data) */
+    uint64_t swap_staging, save_staging, pinned, baseline;
 } zr_rank_mem;
 
 typedef struct {
@@ -130,6 +142,7 @@ typedef struct {
  * with zr_mem_plan_free (also on failure, when it holds nothing). ZR_EINVAL for an option. */
 int zr_train_mem_plan(zr_mem_plan *out, const zr_train_opts *opts, int world);
 void zr_mem_plan_print(const zr_mem_plan *p, FILE *out); /* zrun --dry-run's table */
+void zr_mem_plan_json(const zr_mem_plan *p, FILE *out);  /* zrun --dry-run --json */
 void zr_mem_plan_free(zr_mem_plan *p); /* its members; accepts NULL */
 
 /* ---------------------------------------------------------------- plots */

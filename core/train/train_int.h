@@ -9,6 +9,7 @@
 
 #include "model.h"
 #include "train.h"
+#include "zero.h"
 
 /* Every option, whatever the world size: the first bad one named. */
 int zr_train__check_opts(const zr_train_opts *o);
@@ -23,5 +24,13 @@ int zr_train__seq(uint32_t *out, const zr_train_opts *o, const zr_gpt2_config *c
 /* What o->resume resumes from (*out NULL: a fresh start); "auto": zck_resume_pick with
  * o->verify_on_resume, its lines on log, nothing moved when dry. */
 int zr_train__resume_path(char **out, const zr_train_opts *o, FILE *log, int dry);
+
+/* The dry run's figures besides the engine's (memplan.c): one rank's host staging for
+ * asynchronous saves (b: its zr_zero_plan; on_gpu: a pinned copy of its partitions instead of
+ * the bounded buffer), and the process's own bytes (code, libraries, BLAS buffers, the data,
+ * the communication segment) for this model and shape. */
+uint64_t zr_train__save_staging(const zr_train_opts *o, const zr_zero_bytes *b, int on_gpu);
+uint64_t zr_train__baseline(const zr_gpt2_config *cfg, uint32_t micro_batch, uint32_t seq,
+                            const zr_train_opts *o, int world);
 
 #endif

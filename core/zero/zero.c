@@ -45,6 +45,7 @@ typedef struct {
     int off_opt, off_par;
     uint64_t preg;            /* floats of the params' region */
     unsigned nbufs, aio_depth;
+    uint64_t live_params;     /* zr_zero_opts' budget (0: the default) */
     float *gstage;            /* one partition for offloaded gathers (b.xbuf: nbufs x 3 chunks) */
     size_t bytes_xbuf, bytes_gstage;
     size_t bytes_fullp, bytes_fullg, bytes_ownp, bytes_owng, bytes_mv;
@@ -102,6 +103,26 @@ static int size_groups(zr_zhost *z, const zck_layout *L, int W, int rank, const 
     return 0;
 }
 
+/* Ordinary buffers at stages 2-3 under the parameter budget (zr_zero_opts.live_params):
+ * gather buffers first (up to prefetch + 2), then gradient buffers (up to GRAD_SLOTS); at
+ * least two of each (the model may hold two groups' parameters, and two groups' gradients,
+ * at once). */
+static void slot_counts(const zr_zhost *z, size_t *np, size_t *ng)
+{
+    int s = z->b.stage;
+    *np = *ng = 0;
+    if (s < 2)
+        return;
+    uint64_t budget = z->live_params ? z->live_params : z->b.sum_P;
+    uint64_t fit = z->b.slot ? budget / z->b.slot : GRAD_SLOTS + z->b.prefetch + 2;
+    if (s == 3) {
+        size_t want = z->b.prefetch + 2;
+        *np = fit < 4 ? 2 : fit - 2 < want ? (size_t)(fit - 2) : want;
+        fit = fit > *np ? fit - *np : 0;
+    }
+    *ng = fit < 2 ? 2 : fit < GRAD_SLOTS ? (size_t)fit : GRAD_SLOTS;
+}
+
 static size_t round_bytes(uint64_t floats)
 {
     size_t b = (size_t)floats * sizeof(float);
@@ -118,10 +139,9 @@ static void account(const zr_zhost *z, zr_zero_bytes *out)
     out->grads = s < 2 ? round_bytes(z->b.sum_full) : round_bytes(z->b.sum_P);
     out->optimizer = 2 * (s == 0 ? round_bytes(z->b.sum_full) : round_bytes(z->b.sum_P));
     uint64_t slots = 0, big = 0;
-    if (s >= 2)
-        slots += (uint64_t)GRAD_SLOTS * z->b.slot;
-    if (s == 3)
-        slots += (uint64_t)(z->b.prefetch + 2) * z->b.slot;
+    size_t np, ng;
+    slot_counts(z, &np, &ng);
+    slots = (uint64_t)(np + ng) * z->b.slot;
     for (size_t g = 0; g < z->b.ng; g++)
         if (z->b.G[g].big)
             big += (s >= 2 ? z->b.G[g].full : 0) + (s == 3 ? z->b.G[g].full : 0);
@@ -136,10 +156,15 @@ static void account(const zr_zhost *z, zr_zero_bytes *out)
         uint64_t maxP = 0;
         for (size_t g = 0; g < z->b.ng; g++)
             maxP = z->b.G[g].P > maxP ? z->b.G[g].P : maxP;
+        out->swap_staging += round_bytes(zr__zero_grain_up(maxP));
         out->buffers += round_bytes(zr__zero_grain_up(maxP));
     }
-    if (z->off_opt || z->off_par)
-        out->buffers += round_bytes((uint64_t)z->nbufs * 3 * z->b.chunk);
+    if (z->off_opt || z->off_par) {
+        out->swap_staging = round_bytes((uint64_t)z->nbufs * 3 * z->b.chunk);
+        out->buffers += out->swap_staging;
+    }
+    for (size_t g = 0; g < z->b.ng; g++)
+        out->part += 3 * z->b.G[g].n * sizeof(float);
 }
 
 /* The offload settings into z (before sizing). */
@@ -147,6 +172,7 @@ static int offload_setup(zr_zhost *z, const zr_zero_opts *o)
 {
     z->off_opt = o->offload_optimizer == ZR_OFFLOAD_NVME; /* CPU: host memory, as NONE */
     z->off_par = o->offload_params == ZR_OFFLOAD_NVME;
+    z->live_params = o->live_params;
     if (z->off_par && o->stage != 3)
         return zr_err_set(ZR_EINVAL, "--offload-params nvme needs --zero 3 (at stages 0-2 "
                           "every rank holds all parameters)");
@@ -400,8 +426,7 @@ int zr__zero_host_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const z
     }
 #undef ARR
     if (ok && s >= 2) {
-        z->n_gslots = GRAD_SLOTS;
-        z->n_pslots = s == 3 ? z->b.prefetch + 2 : 0;
+        slot_counts(z, &z->n_pslots, &z->n_gslots);
         size_t n = z->n_gslots + z->n_pslots;
         z->bytes_slots = (size_t)z->b.slot * n * sizeof(float);
         ok = (z->slot_mem = alloc_array(&z->bytes_slots)) != NULL &&
@@ -878,6 +903,7 @@ static const zr_zero_ops host_ops = {
     .attach = host_attach,
     .init_params = host_init_params,
     .load = host_load,
+    .live_states = 1,
     .sink_state = host_sink_state,
     .adamw = host_adamw,
     .begin_step = host_begin_step,

@@ -47,8 +47,14 @@ typedef struct {
     const char *swap_dir;
     unsigned aio_depth, buffers;
     size_t aio_block;
+    /* stage 2-3 on the host engine: the ordinary gather and gradient buffers hold at most this
+     * many parameters together (0: the rank's own partition's, so that they stay below a
+     * quarter of its model states); never fewer than two gather buffers and two gradient
+     * buffers (the model holds two groups at most), never more than prefetch + 2 and 3. The
+     * groups larger than an ordinary buffer (the embeddings) keep buffers of their own. */
+    uint64_t live_params;
 } zr_zero_opts;
-#define ZR_ZERO_OPTS_INIT {0, 2, ZR_OFFLOAD_NONE, ZR_OFFLOAD_NONE, NULL, 8, 4, (size_t)1 << 20}
+#define ZR_ZERO_OPTS_INIT {0, 2, ZR_OFFLOAD_NONE, ZR_OFFLOAD_NONE, NULL, 8, 4, (size_t)1 << 20, 0}
 
 /*
  * Storage for the groups of L (its "param" state's sizes) on comm's rank: on the host (dev
@@ -96,6 +102,10 @@ typedef struct {
 } zr_zero_sink;
 int zr_zero_save_to(zr_zero *z, const zr_zero_sink *sink);
 uint64_t zr_zero_part_floats(const zr_zero *z);
+/* 1 when zr_zero_save_to hands its sink pointers into the live state arrays (the host engine
+ * with nothing in swap files): they stay valid, and unchanged until the next zr_zero_adamw
+ * (forward, backward, reduce and sumsq read them only). */
+int zr_zero_live_saves(const zr_zero *z);
 /* AdamW on this rank's opt ranges (zr_adamw_update per tensor part; decay on tensors of two
  * or more dimensions), gradients scaled by clip, 1-based step t; offloaded states stream
  * through the staging sets, reads ahead and write-backs overlapping the update. */
@@ -127,6 +137,8 @@ typedef struct {
     uint64_t params, grads, optimizer, buffers; /* host memory (a device engine: device) */
     uint64_t nvme;                              /* in swap files */
     uint64_t pinned;                            /* a device engine: pinned host memory */
+    uint64_t swap_staging; /* of buffers: the NVMe staging sets (zr_zero_plan only) */
+    uint64_t part;         /* this rank's partitions of the three states (a shard's data) */
 } zr_zero_bytes;
 void zr_zero_mem(const zr_zero *z, zr_zero_bytes *out);
 /* The same figures computed without allocating (zrun --dry-run). */

@@ -407,6 +407,11 @@ int zr__zero_produce_read(void *ctx, uint64_t off, uint64_t cnt, float *dst)
 
 /* ---------------------------------------------------------------- swap files */
 
+int zr_zero_live_saves(const zr_zero *z)
+{
+    return z->ops->live_states && !zr_zero_offloaded(z);
+}
+
 int zr_zero_offloaded(const zr_zero *z)
 {
     return z->osw || z->psw;

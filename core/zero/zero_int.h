@@ -70,6 +70,7 @@ struct zr_zero {
 
 /* An engine: zero.h's functions less those the common part answers. */
 struct zr_zero_ops {
+    int live_states; /* sink_state passes its src (host memory) to the sink as is */
     void (*free)(zr_zero *z);
     void (*hooks)(zr_zero *z, zr_model_hooks *h);
     /* the model (m on the host, dm on a device: its stream): its forward and backward fetch
