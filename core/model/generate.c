@@ -298,7 +298,7 @@ int zr_sample_token(int32_t *out, const float *logits, uint32_t V, const zr_samp
         *out = best;
         return 0;
     }
-    int32_t *idx = malloc(k * sizeof *idx);
+    int32_t *idx = calloc(k, sizeof *idx); /* calloc: GCC -O1 cannot see that k >= 1 */
     double *w = malloc(k * sizeof *w);
     if (!idx || !w) {
         free(idx);
