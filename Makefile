@@ -32,8 +32,8 @@ ifeq ($(TSAN),1)
   LDFLAGS += -fsanitize=thread
 endif
 # Link flags are read from pkg-config when the link runs (after `deps` installed what was missing).
-LIBS = $$(pkg-config --libs jansson libcrypto libarchive 2>/dev/null || \
-          echo -ljansson -lcrypto -larchive) -laio -lpthread -lm
+LIBS = $$(pkg-config --libs jansson libcrypto libarchive libpcre2-8 2>/dev/null || \
+          echo -ljansson -lcrypto -larchive -lpcre2-8) -laio -lpthread -lm
 # the engine's BLAS (OpenBLAS), read when the compile or link runs
 BLAS_CFLAGS = $$(pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   = $$(pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
@@ -45,12 +45,14 @@ DEPS_CHECK = \
   pkg-config --exists jansson 2>/dev/null || missing="$$missing libjansson-dev"; \
   pkg-config --exists libcrypto 2>/dev/null || missing="$$missing libssl-dev"; \
   pkg-config --exists libarchive 2>/dev/null || missing="$$missing libarchive-dev"; \
+  pkg-config --exists libpcre2-8 2>/dev/null || missing="$$missing libpcre2-dev"; \
   pkg-config --exists openblas 2>/dev/null || missing="$$missing libopenblas-dev"; \
   printf '\#include <libaio.h>\nint main(void){io_context_t c=0;return io_setup(1,&c);}\n' | \
     $(CC) -x c - -laio -o /dev/null >/dev/null 2>&1 || missing="$$missing libaio-dev";
 
 .PHONY: all deps test asan tsan tsan-run stress bench run fuzz clean arch
-all: $(BUILD)/libzck.a $(BUILD)/libzfmt.a $(BUILD)/libzr.a $(BUILD)/zckpt $(BUILD)/zrun
+all: $(BUILD)/libzck.a $(BUILD)/libzfmt.a $(BUILD)/libzr.a $(BUILD)/zckpt $(BUILD)/zrun \
+     $(BUILD)/ztok
 
 deps:
 	@missing=""; $(DEPS_CHECK) \
@@ -63,7 +65,7 @@ deps:
 	      { echo "[deps] error: apt-get install$$missing failed" >&2; exit 1; }; \
 	  else \
 	    echo "[deps] error: missing dependencies; install the packages providing:$$missing" \
-	         "(Debian names; on Fedora: jansson-devel openssl-devel libaio-devel libarchive-devel openblas-devel)" >&2; exit 1; \
+	         "(Debian names; on Fedora: jansson-devel openssl-devel libaio-devel libarchive-devel openblas-devel pcre2-devel)" >&2; exit 1; \
 	  fi; \
 	fi
 
@@ -145,9 +147,14 @@ $(BUILD)/zckpt: $(BUILD)/cli/zckpt.o $(CLI_COMMON) $(BUILD)/libzfmt.a $(BUILD)/l
                 $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
+# ztok: the tokenizer (formats/tokenizer.c and friends); no engine
+$(BUILD)/ztok: $(BUILD)/cli/ztok.o $(CLI_COMMON) $(BUILD)/libzfmt.a $(BUILD)/libzck.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
 # -rdynamic: a device backend loaded at run time may take the engine's functions from the
 # program (the host simulation does)
-$(BUILD)/zrun: $(BUILD)/cli/zrun.o $(CLI_COMMON) $(BUILD)/libzr.a $(BUILD)/libzck.a
+$(BUILD)/zrun: $(BUILD)/cli/zrun.o $(CLI_COMMON) $(BUILD)/libzr.a $(BUILD)/libzfmt.a \
+               $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
 # The host simulation of a device (ZR_CUDA_LIB=hostsim): a loadable backend for the tests, built

@@ -28,7 +28,15 @@ typedef enum {
 
 /* flags: a required option (the parser says "missing -o OUT" when absent); a positional
  * argument (a STRING named by its placeholder, "CKPT"; always required, filled in order) */
-enum { ZCLI_OPT_REQUIRED = 1, ZCLI_OPT_POSITIONAL = 2 };
+enum { ZCLI_OPT_REQUIRED = 1, ZCLI_OPT_POSITIONAL = 2, ZCLI_OPT_REPEAT = 4 };
+
+/* A repeated positional (ZCLI_POSITIONALS, "FILE..."): every remaining argument, in order,
+ * borrowed from argv; v is malloc'ed by the parser (zcli_list_free). At least one is required. */
+typedef struct {
+    const char **v;
+    size_t n;
+} zcli_list;
+void zcli_list_free(zcli_list *l);
 
 typedef struct {
     const char *name;      /* "--seed"; a positional's placeholder; a section's heading */
@@ -68,6 +76,10 @@ typedef struct {
      .help = txt}
 #define ZCLI_POSITIONAL(nm, fld)                                                                \
     {.name = nm, .kind = ZCLI_OPT_STRING, .flags = ZCLI_OPT_POSITIONAL,                       \
+     .off = offsetof(ZCLI_ARGS, fld)}
+
+#define ZCLI_POSITIONALS(nm, fld)                                                               \
+    {.name = nm, .kind = ZCLI_OPT_STRING, .flags = ZCLI_OPT_POSITIONAL | ZCLI_OPT_REPEAT,       \
      .off = offsetof(ZCLI_ARGS, fld)}
 
 /* A program's (or a zckpt subcommand's) table and how its usage errors are worded. */
