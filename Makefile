@@ -50,7 +50,7 @@ DEPS_CHECK = \
   printf '\#include <libaio.h>\nint main(void){io_context_t c=0;return io_setup(1,&c);}\n' | \
     $(CC) -x c - -laio -o /dev/null >/dev/null 2>&1 || missing="$$missing libaio-dev";
 
-.PHONY: all deps test asan tsan tsan-run stress bench run fuzz clean arch
+.PHONY: all deps test asan tsan tsan-run stress bench run fuzz clean arch tok-venv
 all: $(BUILD)/libzck.a $(BUILD)/libzfmt.a $(BUILD)/libzr.a $(BUILD)/zckpt $(BUILD)/zrun \
      $(BUILD)/ztok
 
@@ -240,9 +240,22 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 $(BUILD)/zt: $(TEST_OBJ) $(BUILD)/cli/common.o $(BUILD)/libzr.a $(BUILD)/libzfmt.a $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
-# the CLI tests run the real zckpt binary (ZT_ZCKPT)
-test: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun
-	ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun $(BUILD)/zt
+# The oracle of the tokenizer tests (tests/tok/oracle.py): a venv in build/venv with the Hugging
+# Face `tokenizers` library, and openai-whisper without its dependencies for the GPT-2 ranks it
+# ships; made once when PyPI is reachable (the tests that need it skip otherwise).
+TOK_VENV := build/venv
+tok-venv:
+	@test -f $(TOK_VENV)/.tok-ready || { \
+	  { test -x $(TOK_VENV)/bin/python || python3 -m venv $(TOK_VENV); } >/dev/null 2>&1 && \
+	  timeout 300 $(TOK_VENV)/bin/pip install -q tokenizers >/dev/null 2>&1 && \
+	  { timeout 300 $(TOK_VENV)/bin/pip install -q --no-deps openai-whisper >/dev/null 2>&1 || \
+	    true; } && touch $(TOK_VENV)/.tok-ready || \
+	  echo "tok-venv: no venv with tokenizers (PyPI not reachable?): oracle tests will skip"; }
+
+# the CLI tests run the real zckpt, zrun and ztok binaries (ZT_ZCKPT, ZT_ZRUN, ZT_ZTOK)
+test: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/ztok tok-venv
+	ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun \
+	  ZT_ZTOK=$(CURDIR)/$(BUILD)/ztok $(BUILD)/zt
 
 asan:
 	$(MAKE) SAN=1 test

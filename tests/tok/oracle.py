@@ -87,7 +87,7 @@ def train(corpus, out, vocab, split=False):
 
 def ids(tok, text):
     from tokenizers import Tokenizer
-    return Tokenizer.from_file(tok).encode(open(text, encoding="utf-8").read()).ids
+    return Tokenizer.from_file(tok).encode(open(text, encoding="utf-8", newline="").read()).ids
 
 
 def read_tokens(path):
@@ -115,7 +115,7 @@ def main(a):
     elif a[0] == "time":
         from tokenizers import Tokenizer
         tk = Tokenizer.from_file(a[1])
-        text = open(a[2], encoding="utf-8").read()
+        text = open(a[2], encoding="utf-8", newline="").read()
         t0 = time.perf_counter()
         n = len(tk.encode(text).ids)
         print("%.3f %d" % (time.perf_counter() - t0, n))
