@@ -7,6 +7,7 @@
  */
 #include "common.h"
 #include "opts.h"
+#include "zfmt.h"
 #include "zr.h"
 
 #include <errno.h>
@@ -150,6 +151,9 @@ static const zcli_opt zrun_table[] = {
     ZCLI_STRING("--data", o.data, "SPEC", NULL,
                 "synthetic (a built-in learnable corpus), a text file (bytes, vocab 256) or an "
                 "llm.c token file (uint16 GPT-2 tokens)"),
+    ZCLI_STRING("--tokenizer", o.tokenizer_path, "FILE", "",
+                "a byte-level BPE tokenizer.json (ztok): recorded in every checkpoint; its "
+                "vocabulary must fit the model's (a resume without it keeps the checkpoint's)"),
     ZCLI_INTEGER(U32, "--seq", o.seq, "T", 1, 1u << 20, "the model's context",
                  "tokens per sequence"),
     ZCLI_SECTION("optimization:"),
@@ -286,6 +290,13 @@ static int parse_args(zrun_args *a, int argc, char **argv)
     if (a->device < 0 && zcli_opts_set(&zrun_opts, a, "--device", env ? env : "auto"))
         return ZCLI_ERROR;
     a->o.device = a->device;
+    if (a->o.tokenizer_path) { /* checked and read once, before any rank starts */
+        char *json;
+        if (zfmt_tok_read(&json, &a->o.tokenizer_bytes, &a->o.tokenizer_vocab,
+                          a->o.tokenizer_path) < 0)
+            return zcli_fail_lib(PROG, NULL);
+        a->o.tokenizer_json = json; /* kept for the run */
+    }
     if (a->o.offload_params != ZR_OFFLOAD_NONE && a->o.zero_stage != 3)
         return zcli_fail(PROG, "use --zero 3, or drop --offload-params",
                          "--offload-params needs ZeRO stage 3 (at stages 0-2 every rank holds "

@@ -385,6 +385,24 @@ int zfmt_tok_load(zfmt_tok **out, const char *path)
     return rc;
 }
 
+int zfmt_tok_read(char **out, size_t *n_bytes, uint32_t *vocab, const char *path)
+{
+    char *buf;
+    size_t n;
+    zfmt_tok *t;
+    ZR_TRY(zfmt__read_file(&buf, &n, path));
+    int rc = zfmt_tok_load_mem(&t, buf, n, path);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    *vocab = zfmt_tok_vocab(t);
+    zfmt_tok_free(t);
+    *out = buf;
+    *n_bytes = n;
+    return 0;
+}
+
 void zfmt_tok_free(zfmt_tok *t)
 {
     if (!t)

@@ -138,6 +138,9 @@ int zfmt_tok_load(zfmt_tok **out, const char *path);
 /* The same from memory; name is used in messages. */
 int zfmt_tok_load_mem(zfmt_tok **out, const char *json, size_t n_bytes, const char *name);
 void zfmt_tok_free(zfmt_tok *t);
+/* Read and check a tokenizer.json: its bytes (*out malloc'ed) and vocabulary (largest id + 1),
+ * refused as zfmt_tok_load refuses. */
+int zfmt_tok_read(char **out, size_t *n_bytes, uint32_t *vocab, const char *path);
 /* Ids are below this: the largest id (vocab or added token) + 1. */
 uint32_t zfmt_tok_vocab(const zfmt_tok *t);
 /* The id of a token by its text (an added token's content, or the raw bytes of a vocab entry),

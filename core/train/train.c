@@ -65,6 +65,8 @@ typedef struct {
     } pend;
     char run_id[40];         /* this invocation's (o->run_id, else made here) */
     char ck_run_id[40];      /* the run id recorded in the checkpoint resumed from ("": none) */
+    char *ck_tokenizer;      /* the tokenizer.json of the checkpoint resumed from (NULL: none) */
+    size_t ck_tokenizer_bytes;
 } run;
 
 static double now_s(void)
@@ -239,6 +241,11 @@ static int commit_shards(run *r, int lrc, const char *json, const char *staging,
             co.model_json = model;
             co.training_json = train;
             co.keep_last = o->keep_last;
+            zck_extra_file tok = {"tokenizer.json", o->tokenizer_json, o->tokenizer_bytes};
+            if (!o->tokenizer_json)
+                tok = (zck_extra_file){"tokenizer.json", r->ck_tokenizer, r->ck_tokenizer_bytes};
+            co.files = &tok;
+            co.n_files = tok.data ? 1 : 0;
             lrc = zck_commit(&final, o->ckpt_dir, staging, r->L, sh, (size_t)r->W, &co);
         }
     }
@@ -896,6 +903,7 @@ static void free_run(run *r, int failed)
     free(r->inputs);
     free(r->targets);
     zr_data_free(r->data);
+    free(r->ck_tokenizer);
     if (r->jlog)
         fclose(r->jlog);
     zck_reader_free(r->rd);
@@ -1138,6 +1146,26 @@ static int open_world(run *r)
     return open_device(r);
 }
 
+/* The tokenizer: the one given fits the model's vocabulary; without one, a resume keeps the
+ * checkpoint's tokenizer.json (read verified), recorded again in each new checkpoint. */
+static int pick_tokenizer(run *r)
+{
+    const zr_train_opts *o = r->o;
+    if (o->tokenizer_json) {
+        if (o->tokenizer_vocab > r->cfg.vocab)
+            return zr_err_set(ZR_EINVAL, "the tokenizer %s has a vocabulary of %u tokens, the "
+                              "model only %u (--model ...,vocab=%u)",
+                              o->tokenizer_path ? o->tokenizer_path : "", o->tokenizer_vocab,
+                              r->cfg.vocab, o->tokenizer_vocab);
+        return 0;
+    }
+    if (!r->from)
+        return 0;
+    int rc = zck_ckpt_file_read(&r->ck_tokenizer, &r->ck_tokenizer_bytes, r->from,
+                                "tokenizer.json");
+    return rc == ZR_ENOTFOUND ? 0 : rc;
+}
+
 /* What to resume from (rank 0 decides for all; the others learn its pick or its error), then
  * the model and the shapes. Returns this rank's result, still to be agreed. */
 static int pick_start(run *r)
@@ -1163,6 +1191,8 @@ static int pick_start(run *r)
         lrc = zr_train__pick_config(&r->cfg, o, r->rd);
     if (!lrc)
         lrc = zr_train__seq(&r->T, o, &r->cfg);
+    if (!lrc)
+        lrc = pick_tokenizer(r);
     r->mb = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)r->W;
     r->n_micro = o->batch / (uint32_t)r->W / r->mb;
     return lrc;
