@@ -150,7 +150,7 @@ static const zcli_opt zrun_table[] = {
                 "tiny, gpt2, gpt2-medium, or gpt2:layers=4,heads=4,dim=256,ctx=128,vocab=256"),
     ZCLI_STRING("--data", o.data, "SPEC", NULL,
                 "synthetic (a built-in learnable corpus), a text file (bytes, vocab 256) or an "
-                "llm.c token file (uint16 GPT-2 tokens)"),
+                "llm.c token file (uint16 or uint32 tokens, as ztok encode writes)"),
     ZCLI_STRING("--tokenizer", o.tokenizer_path, "FILE", "",
                 "a byte-level BPE tokenizer.json (ztok): recorded in every checkpoint; its "
                 "vocabulary must fit the model's (a resume without it keeps the checkpoint's)"),

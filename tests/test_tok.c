@@ -349,3 +349,148 @@ ZT_TEST(tok_oracle_same_ids_as_library)
     same_as_library(py, "gpt2.json", txt);
     same_as_library(py, "gpt2.json", "corpus.txt");
 }
+
+/* ---------------------------------------------------------------- zrun --tokenizer */
+
+#define TINY "--model gpt2:layers=1,heads=2,dim=32,ctx=32,vocab=300 --batch 4 --threads 1"
+
+static size_t problems_naming(const char *ckpt, const char *file, zck_problem_kind kind)
+{
+    zck_report *rep;
+    ZT_OK(zck_verify(&rep, ckpt, NULL));
+    size_t hits = 0;
+    for (size_t i = 0; i < zck_report_count(rep); i++) {
+        const zck_problem *p = zck_report_get(rep, i);
+        hits += !strcmp(p->file, file) && p->kind == kind;
+    }
+    zck_report_free(rep);
+    return hits;
+}
+
+ZT_TEST(tok_zrun_records_tokenizer_in_checkpoints)
+{
+    const char *txt = data_path("text.txt");
+    const char *files[] = {txt, txt, txt};
+    zfmt_tok_train_opts to = ZFMT_TOK_TRAIN_OPTS_INIT;
+    to.vocab = 300;
+    ZT_OK(zfmt_tok_train("tok.json", files, 1, &to));
+    zfmt_tok *t;
+    ZT_OK(zfmt_tok_load(&t, "tok.json"));
+    zfmt_tok_file_opts fo = ZFMT_TOK_FILE_OPTS_INIT;
+    zfmt_tok_file_stats st;
+    ZT_OK(zfmt_tok_encode_files(&st, t, files, 3, "tok.bin", NULL, &fo));
+    zfmt_tok_free(t);
+    zt_zrun_ok("--nproc 2 " TINY " --data tok.bin --tokenizer tok.json --ckpt-dir run "
+               "--steps 2", "a.log");
+    char *want = zt_slurp("tok.json"), *got;
+    size_t n;
+    ZT_OK(zck_ckpt_file_read(&got, &n, "run", "tokenizer.json"));
+    ZT_CHECK(n == strlen(want) && !memcmp(got, want, n));
+    free(got);
+    ZT_CHECK_EQ(zt_verify_count("run", 0), 0);
+    char *sums = zt_slurp("run/step-00000002/SHA256SUMS");
+    ZT_CHECK(strstr(sums, "  tokenizer.json\n"));
+    free(sums);
+    zck_reader *r;
+    ZT_OK(zck_reader_open(&r, "run"));
+    ZT_CHECK(!strcmp(zck_reader_version(r), "1.1"));
+    ZT_CHECK_EQ(zck_reader_n_files(r), 1);
+    zck_reader_free(r);
+    /* a resume without --tokenizer keeps it; a reshard carries it */
+    zt_zrun_ok("--nproc 1 " TINY " --data tok.bin --ckpt-dir run --steps 3", "b.log");
+    ZT_OK(zck_ckpt_file_read(&got, &n, "run/step-00000003", "tokenizer.json"));
+    ZT_CHECK(n == strlen(want) && !memcmp(got, want, n));
+    free(got);
+    zck_reshard_opts ro = ZCK_RESHARD_OPTS_INIT;
+    ZT_OK(zck_reshard(NULL, "run", "run3", 3, &ro));
+    ZT_OK(zck_ckpt_file_read(&got, &n, "run3", "tokenizer.json"));
+    ZT_CHECK(n == strlen(want) && !memcmp(got, want, n));
+    free(got);
+    ZT_CHECK_EQ(zt_verify_count("run3", 0), 0);
+    /* damage is found and named */
+    zt_flip_byte("run3/step-00000003/tokenizer.json", 10);
+    ZT_CHECK_EQ(problems_naming("run3", "tokenizer.json", ZCK_PROB_HASH), 1);
+    ZT_ERR(zck_ckpt_file_read(&got, &n, "run3", "tokenizer.json"), ZR_ECORRUPT,
+           "tokenizer.json: SHA-256");
+    ZT_CHECK_EQ(unlink("run3/step-00000003/tokenizer.json"), 0);
+    ZT_CHECK_EQ(problems_naming("run3", "tokenizer.json", ZCK_PROB_MISSING), 1);
+    ZT_ERR(zck_ckpt_file_read(&got, &n, "run3", "tokenizer.json"), ZR_ECORRUPT,
+           "listed in the manifest, missing");
+    ZT_ERR(zck_ckpt_file_read(&got, &n, "run3", "vocab.txt"), ZR_ENOTFOUND, "has no vocab.txt");
+    free(want);
+}
+
+ZT_TEST(tok_zrun_refuses_vocabulary_mismatch)
+{
+    const char *txt = data_path("text.txt");
+    const char *files[] = {txt, txt, txt};
+    zfmt_tok_train_opts to = ZFMT_TOK_TRAIN_OPTS_INIT;
+    to.vocab = 300;
+    ZT_OK(zfmt_tok_train("tok.json", files, 1, &to));
+    zfmt_tok *t;
+    ZT_OK(zfmt_tok_load(&t, "tok.json"));
+    zfmt_tok_file_opts fo = ZFMT_TOK_FILE_OPTS_INIT;
+    zfmt_tok_file_stats st;
+    ZT_OK(zfmt_tok_encode_files(&st, t, files, 3, "tok.bin", NULL, &fo));
+    zfmt_tok_free(t);
+    /* tokenizer vocabulary 300 > model 256 */
+    ZT_CHECK_EQ(zt_zrun("--nproc 2 --model gpt2:layers=1,heads=2,dim=32,ctx=32,vocab=256 "
+                        "--batch 4 --threads 1 --tokenizer tok.json --ckpt-dir run --steps 2",
+                        "a.log"), 2);
+    char *log = zt_slurp("a.log");
+    ZT_CHECK(strstr(log, "the tokenizer tok.json has a vocabulary of 300 tokens, the model only "
+                         "256"));
+    ZT_CHECK(!strstr(log, "step      1"));
+    free(log);
+    /* the token file's header says 300 too */
+    ZT_CHECK_EQ(zt_zrun("--model gpt2:layers=1,heads=2,dim=32,ctx=32,vocab=256 --batch 4 "
+                        "--threads 1 --data tok.bin --ckpt-dir run --steps 2", "b.log"), 2);
+    log = zt_slurp("b.log");
+    ZT_CHECK(strstr(log, "'tok.bin' was written for a vocabulary of 300 tokens, the model has "
+                         "256"));
+    free(log);
+    ZT_CHECK(access("run/latest", F_OK) != 0);
+    /* a WordPiece tokenizer is refused before anything starts */
+    write_json("wp.json", "{\"type\":\"WordPiece\",\"vocab\":{\"a\":0}}", BL, "null");
+    ZT_CHECK_EQ(zt_zrun("--tokenizer wp.json --ckpt-dir run2 --steps 1", "c.log"), 2);
+    log = zt_slurp("c.log");
+    ZT_CHECK(strstr(log, "zrun: error: wp.json: model of type 'WordPiece' is not supported"));
+    free(log);
+    ZT_CHECK(access("run2", F_OK) != 0);
+}
+
+ZT_TEST(tok_ckpt_extra_file_names_checked)
+{
+    static const uint64_t sizes[] = {100, 7};
+    zck_layout *L = zt_layout(2, sizes);
+    ZT_OK(zck__mkdir_for_tests("run"));
+    char *stg;
+    ZT_OK(zck_staging_create(&stg, "run", 5, 1));
+    zck_shard *sh = zt_write_rank(stg, L, 1, 0, 3, NULL);
+    zck_commit_opts co = ZCK_COMMIT_OPTS_INIT;
+    co.step = 5;
+    zck_extra_file bad[] = {{"../x", "a", 1}};
+    co.files = bad;
+    co.n_files = 1;
+    ZT_ERR(zck_commit(NULL, "run", stg, L, &sh, 1, &co), ZR_EINVAL,
+           "'../x' is not a name for an extra file");
+    zck_extra_file two[] = {{"a.json", "{}", 2}, {"SHA256SUMS", "x", 1}};
+    co.files = two;
+    co.n_files = 2;
+    ZT_ERR(zck_commit(NULL, "run", stg, L, &sh, 1, &co), ZR_EINVAL, "'SHA256SUMS' is not a name");
+    two[1].name = "b.txt";
+    ZT_OK(zck_commit(NULL, "run", stg, L, &sh, 1, &co));
+    ZT_CHECK_EQ(zt_verify_count("run", 0), 0);
+    char *got;
+    size_t n;
+    ZT_OK(zck_ckpt_file_read(&got, &n, "run", "b.txt"));
+    ZT_CHECK(n == 1 && got[0] == 'x');
+    free(got);
+    /* a checkpoint without extra files stays version 1.0; an extra file nobody listed is
+     * still reported */
+    zt_write_file("run/step-00000005/c.txt", "stray");
+    ZT_CHECK_EQ(problems_naming("run", "c.txt", ZCK_PROB_UNLISTED), 1);
+    zck_shard_free(sh);
+    free(stg);
+    zck_layout_free(L);
+}
