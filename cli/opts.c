@@ -257,6 +257,38 @@ int zcli_opts_parse(const zcli_opts *p, void *base, int argc, char **argv)
     return 0;
 }
 
+zcli_opts zcli_command_opts(const char *prog, const zcli_command *c)
+{
+    zcli_opts p = {prog, c->name, c->opt, c->n_opt};
+    return p;
+}
+
+void zcli_commands_usage(FILE *f, const char *prog, const char *summary,
+                         const zcli_command *c, size_t n, const char *footer)
+{
+    fprintf(f, "usage: %s COMMAND [ARGS]\n\n%s\n\ncommands:\n", prog, summary);
+    for (size_t i = 0; i < n; i++) {
+        zcli_opts p = zcli_command_opts(prog, &c[i]);
+        zcli_command_line(f, &p);
+    }
+    fprintf(f, "\n`%s COMMAND --help` explains one. %s\n", prog, footer);
+}
+
+void zcli_command_line(FILE *f, const zcli_opts *p)
+{
+    fprintf(f, "  %s ", p->cmd);
+    zcli_opts_synopsis(f, p);
+    fputc('\n', f);
+}
+
+void zcli_command_help(FILE *f, const zcli_opts *p, const char *help, const void *defaults)
+{
+    fprintf(f, "usage: %s %s ", p->prog, p->cmd);
+    zcli_opts_synopsis(f, p);
+    fprintf(f, "\n\n%s\noptions:\n", help);
+    zcli_opts_help(f, p, defaults);
+}
+
 void zcli_opts_synopsis(FILE *f, const zcli_opts *p)
 {
     const char *sep = "";

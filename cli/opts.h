@@ -106,6 +106,27 @@ int zcli_opts_set(const zcli_opts *p, void *base, const char *name, const char *
 /* The synopsis of the arguments ("CKPT --world N -o OUT [--buffer SIZE] [--force]"). */
 void zcli_opts_synopsis(FILE *f, const zcli_opts *p);
 
+/* A subcommand of a program of subcommands (zckpt, ztok): its name, what runs it (fn takes
+ * the program's argument struct), its option table and its help text. */
+typedef struct {
+    const char *name;
+    int (*fn)(const void *args);
+    const zcli_opt *opt;
+    size_t n_opt;
+    const char *help;
+} zcli_command;
+#define ZCLI_TABLE(t) t, sizeof t / sizeof *t
+zcli_opts zcli_command_opts(const char *prog, const zcli_command *c);
+/* "usage: PROG COMMAND [ARGS]", the summary, each command's line, then "`PROG COMMAND --help`
+ * explains one. " and the footer. */
+void zcli_commands_usage(FILE *f, const char *prog, const char *summary,
+                         const zcli_command *c, size_t n, const char *footer);
+
+/* Programs of subcommands (zckpt, ztok): the line "  CMD SYNOPSIS" of the command list, and a
+ * command's whole --help ("usage: PROG CMD SYNOPSIS", its help text, the option list). */
+void zcli_command_line(FILE *f, const zcli_opts *p);
+void zcli_command_help(FILE *f, const zcli_opts *p, const char *help, const void *defaults);
+
 /* The option list of --help: each option with its value, help text and default (from def, else
  * read from defaults, a struct holding the defaults), and the section headings. */
 void zcli_opts_help(FILE *f, const zcli_opts *p, const void *defaults);

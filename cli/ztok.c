@@ -31,8 +31,9 @@ static void args_init(ztok_args *a)
 
 /* ------------------------------------------------------------------ train */
 
-static int cmd_train(const ztok_args *a)
+static int cmd_train(const void *args)
 {
+    const ztok_args *a = args;
     zfmt_tok_train_opts o = ZFMT_TOK_TRAIN_OPTS_INIT;
     zcli_bar bar;
     o.vocab = a->vocab;
@@ -64,8 +65,9 @@ static char *val_name(const char *out)
     return s;
 }
 
-static int cmd_encode(const ztok_args *a)
+static int cmd_encode(const void *args)
 {
+    const ztok_args *a = args;
     zfmt_tok *t;
     if (zfmt_tok_load(&t, a->tokenizer) < 0)
         return zcli_fail_lib(PROG, NULL);
@@ -98,8 +100,9 @@ static int cmd_encode(const ztok_args *a)
 
 /* ------------------------------------------------------------------ decode */
 
-static int cmd_decode(const ztok_args *a)
+static int cmd_decode(const void *args)
 {
+    const ztok_args *a = args;
     zfmt_tok *t;
     if (zfmt_tok_load(&t, a->tokenizer) < 0)
         return zcli_fail_lib(PROG, NULL);
@@ -160,16 +163,9 @@ static const zcli_opt decode_opts[] = {
     OPT_OUTPUT(0, "FILE", "write the text here"),
 };
 
-typedef struct {
-    const char *name;
-    int (*fn)(const ztok_args *a);
-    const zcli_opt *opt;
-    size_t n_opt;
-    const char *help;
-} command;
-#define TABLE(t) t, sizeof t / sizeof *t
+#define TABLE(t) ZCLI_TABLE(t)
 
-static const command commands[] = {
+static const zcli_command commands[] = {
     {"train", cmd_train, TABLE(train_opts),
      "Train a byte-level BPE tokenizer on the UTF-8 text files CORPUS... and write it as a\n"
      "Hugging Face tokenizer.json (BPE model, ByteLevel pre-tokenizer with GPT-2's split\n"
@@ -185,24 +181,11 @@ static const command commands[] = {
 };
 #define N_COMMANDS (sizeof commands / sizeof *commands)
 
-static zcli_opts opts_of(const command *c)
-{
-    zcli_opts p = {PROG, c->name, c->opt, c->n_opt};
-    return p;
-}
-
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: " PROG " COMMAND [ARGS]\n\nByte-level BPE tokenizers (Hugging Face "
-               "tokenizer.json) and llm.c token files.\n\ncommands:\n");
-    for (size_t i = 0; i < N_COMMANDS; i++) {
-        zcli_opts p = opts_of(&commands[i]);
-        fprintf(f, "  %s ", commands[i].name);
-        zcli_opts_synopsis(f, &p);
-        fputc('\n', f);
-    }
-    fprintf(f, "\n`" PROG " COMMAND --help` explains one. Exit status: 0 ok, 2 usage or I/O "
-               "error.\n");
+    zcli_commands_usage(f, PROG, "Byte-level BPE tokenizers (Hugging Face tokenizer.json) and "
+                        "llm.c token files.", commands, N_COMMANDS,
+                        "Exit status: 0 ok, 2 usage or I/O error.");
 }
 
 static bool is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
@@ -216,16 +199,13 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < N_COMMANDS; i++) {
         if (strcmp(argv[1], commands[i].name))
             continue;
-        zcli_opts p = opts_of(&commands[i]);
+        zcli_opts p = zcli_command_opts(PROG, &commands[i]);
         ztok_args args, defaults;
         args_init(&args);
         args_init(&defaults);
         int rc = zcli_opts_parse(&p, &args, argc - 1, argv + 1);
         if (rc == ZCLI_OPTS_HELP) {
-            printf("usage: " PROG " %s ", commands[i].name);
-            zcli_opts_synopsis(stdout, &p);
-            printf("\n\n%s\noptions:\n", commands[i].help);
-            zcli_opts_help(stdout, &p, &defaults);
+            zcli_command_help(stdout, &p, commands[i].help, &defaults);
             rc = ZCLI_OK;
         } else if (rc == 0 && !strcmp(commands[i].name, "decode") && args.files.n != 1) {
             rc = zcli_fail(PROG, NULL, "decode takes one token file (%zu given)", args.files.n);

@@ -201,8 +201,8 @@ typedef struct {
 } zfmt_tok_file_stats;
 
 /* Encode files (one after the other, concatenated) into the token file out_bin, and, when
- * val_fraction > 0, the last round(val_fraction * tokens) tokens into out_val instead. Both
- * written atomically. */
+ * val_fraction > 0 and out_val is not NULL, the last round(val_fraction * tokens) tokens into
+ * out_val instead. Both are written atomically. */
 int zfmt_tok_encode_files(zfmt_tok_file_stats *out, zfmt_tok *t, const char *const *files,
                           size_t n_files, const char *out_bin, const char *out_val,
                           const zfmt_tok_file_opts *o);

@@ -367,7 +367,8 @@ static size_t problems_naming(const char *ckpt, const char *file, zck_problem_ki
     return hits;
 }
 
-ZT_TEST(tok_zrun_records_tokenizer_in_checkpoints)
+/* tok.json (vocabulary 300, trained on the test text) and tok.bin (the text 3 times) */
+static void make_tok_and_data(void)
 {
     const char *txt = data_path("text.txt");
     const char *files[] = {txt, txt, txt};
@@ -380,6 +381,11 @@ ZT_TEST(tok_zrun_records_tokenizer_in_checkpoints)
     zfmt_tok_file_stats st;
     ZT_OK(zfmt_tok_encode_files(&st, t, files, 3, "tok.bin", NULL, &fo));
     zfmt_tok_free(t);
+}
+
+ZT_TEST(tok_zrun_records_tokenizer_in_checkpoints)
+{
+    make_tok_and_data();
     zt_zrun_ok("--nproc 2 " TINY " --data tok.bin --tokenizer tok.json --ckpt-dir run "
                "--steps 2", "a.log");
     char *want = zt_slurp("tok.json"), *got;
@@ -422,17 +428,7 @@ ZT_TEST(tok_zrun_records_tokenizer_in_checkpoints)
 
 ZT_TEST(tok_zrun_refuses_vocabulary_mismatch)
 {
-    const char *txt = data_path("text.txt");
-    const char *files[] = {txt, txt, txt};
-    zfmt_tok_train_opts to = ZFMT_TOK_TRAIN_OPTS_INIT;
-    to.vocab = 300;
-    ZT_OK(zfmt_tok_train("tok.json", files, 1, &to));
-    zfmt_tok *t;
-    ZT_OK(zfmt_tok_load(&t, "tok.json"));
-    zfmt_tok_file_opts fo = ZFMT_TOK_FILE_OPTS_INIT;
-    zfmt_tok_file_stats st;
-    ZT_OK(zfmt_tok_encode_files(&st, t, files, 3, "tok.bin", NULL, &fo));
-    zfmt_tok_free(t);
+    make_tok_and_data();
     /* tokenizer vocabulary 300 > model 256 */
     ZT_CHECK_EQ(zt_zrun("--nproc 2 --model gpt2:layers=1,heads=2,dim=32,ctx=32,vocab=256 "
                         "--batch 4 --threads 1 --tokenizer tok.json --ckpt-dir run --steps 2",
