@@ -524,6 +524,8 @@ size_t zck_reader_n_shards(const zck_reader *r);
 /* The extra files the manifest lists (zck_extra_file): their count and names (borrowed). */
 size_t zck_reader_n_files(const zck_reader *r);
 const char *zck_reader_file_name(const zck_reader *r, size_t i);
+uint64_t zck_reader_file_bytes(const zck_reader *r, size_t i);
+const char *zck_reader_file_sha256(const zck_reader *r, size_t i);
 const zck_shard *zck_reader_shard(const zck_reader *r, size_t i);
 
 typedef struct {

@@ -413,6 +413,16 @@ ZT_TEST(tok_zrun_records_tokenizer_in_checkpoints)
     ZT_CHECK(n == strlen(want) && !memcmp(got, want, n));
     free(got);
     ZT_CHECK_EQ(zt_verify_count("run3", 0), 0);
+    /* an archive holds it, verifies it while streaming, and unpacks it */
+    ZT_OK(zfmt_pack("run", "run.tar", NULL));
+    zck_report *rep;
+    ZT_OK(zfmt_archive_verify(&rep, "run.tar", NULL));
+    ZT_CHECK_EQ(zck_report_count(rep), 0);
+    zck_report_free(rep);
+    ZT_OK(zfmt_unpack("run.tar", "un", NULL));
+    ZT_OK(zck_ckpt_file_read(&got, &n, "un", "tokenizer.json"));
+    ZT_CHECK(n == strlen(want) && !memcmp(got, want, n));
+    free(got);
     /* damage is found and named */
     zt_flip_byte("run3/step-00000003/tokenizer.json", 10);
     ZT_CHECK_EQ(problems_naming("run3", "tokenizer.json", ZCK_PROB_HASH), 1);
