@@ -103,10 +103,11 @@ static int load_pretok(zfmt_tok *t, json_t *pt)
         json_t *pat = json_object_get(json_object_get(sp, "pattern"), "Regex");
         if (json_array_size(seq) != 2 || !st || strcmp(st, "Split") || !json_is_string(pat) ||
             !beh || strcmp(beh, "Isolated") || flag(sp, "invert", false) ||
-            !type_of(bl) || strcmp(type_of(bl), "ByteLevel") || flag(bl, "use_regex", true))
+            !type_of(bl) || strcmp(type_of(bl), "ByteLevel") || flag(bl, "use_regex", true) ||
+            flag(bl, "add_prefix_space", false))
             return zr_err_set(ZR_EUNSUPPORTED, "%s: pre_tokenizer Sequence: only [Split (a "
-                              "Regex pattern, behavior Isolated), ByteLevel (use_regex false)] is "
-                              "supported", t->name);
+                              "Regex pattern, behavior Isolated), ByteLevel (use_regex false, "
+                              "add_prefix_space false)] is supported", t->name);
         pattern = json_string_value(pat);
     } else if (!ty || strcmp(ty, "ByteLevel")) {
         return refuse(t->name, "pre_tokenizer", pt);

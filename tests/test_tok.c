@@ -327,6 +327,11 @@ ZT_TEST(tok_oracle_same_ids_as_library)
     ZT_CHECK_EQ(sh("%s %s train corpus.txt split.json 800 split", py, oracle), 0);
     same_as_library(py, "split.json", txt);
     same_as_library(py, "split.json", "corpus.txt");
+    /* add_prefix_space (a space before each text between added tokens) */
+    ZT_CHECK_EQ(sh("%s -c \"import json; d=json.load(open('hf.json')); "
+                   "d['pre_tokenizer']['add_prefix_space']=True; "
+                   "json.dump(d, open('prefix.json','w'))\"", py), 0);
+    same_as_library(py, "prefix.json", txt);
     /* ztok's own tokenizer loads in the library and gives the same ids */
     ZT_CHECK_EQ(sh("%s train corpus.txt --vocab 800 -o mine.json > /dev/null", ztok_bin()), 0);
     same_as_library(py, "mine.json", txt);
