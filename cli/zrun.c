@@ -349,6 +349,8 @@ static const char *run_id(void)
     return zr_env(ZR_ENV_RUN_ID);
 }
 
+static int launch(zrun_args *ap, char **argv);
+
 int main(int argc, char **argv)
 {
     /* a closed stdout (`| head`, a `| tee` gone with Ctrl-C) loses output, never the run: the
@@ -358,6 +360,16 @@ int main(int argc, char **argv)
     int rc = parse_args(&a, argc, argv);
     if (rc)
         return rc == ZCLI_OPTS_HELP ? ZCLI_OK : rc;
+    rc = launch(&a, argv);
+    free((void *)a.o.tokenizer_json);
+    return rc;
+}
+
+/* The dry run, the launcher of the ranks, or one rank. */
+static int launch(zrun_args *ap, char **argv)
+{
+    zrun_args a = *ap;
+    int rc;
     zr_train_opts *o = &a.o;
     o->run_id = run_id();
     uint32_t nproc = a.nproc, max_restarts = a.max_restarts, nproc_restart = a.nproc_restart;
