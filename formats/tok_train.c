@@ -3,7 +3,8 @@
  * Face tokenizer.json.
  *
  * 1. Every file is split with GPT-2's pattern (tok_util.c) and its words counted (a word: the
- *    bytes of one piece; its count: how many times it occurs in all the files).
+ *    bytes of one piece; its count: how many times it occurs in all the files). Occurrences of
+ *    the special token are cut out first (the text on either side is split on its own).
  * 2. Each word starts as its bytes (ids 0..255 are the bytes). Adjacent pairs are counted over
  *    the words, each weighted by the word's count; a pair also remembers the words it occurs in.
  * 3. Repeatedly the pair with the highest count is merged into a new token (id: the next one;
@@ -56,28 +57,42 @@ typedef struct {
 
 /* ---------------------------------------------------------------- counting words */
 
-static int count_file(zfmt__smap *words, zfmt__split *sp, const char *path, zfmt__prog *pr)
+/* Count the pieces of text[0, n) into words. */
+static int count_text(zfmt__smap *words, zfmt__split *sp, const uint8_t *text, size_t n,
+                      zfmt__prog *pr, size_t *reported, size_t base)
 {
-    char *text;
-    size_t n;
-    ZR_TRY(zfmt__read_file(&text, &n, path));
-    int rc = zfmt__tok_check_utf8((const uint8_t *)text, n, path);
-    size_t pos = 0, s, e, last = 0;
-    while (rc == 0 && zfmt__split_next(sp, (const uint8_t *)text, n, &pos, &s, &e)) {
+    size_t pos = 0, s, e;
+    while (zfmt__split_next(sp, text, n, &pos, &s, &e)) {
         bool added;
-        const uint8_t *w = (const uint8_t *)text + s;
-        zfmt__smap_slot *sl = zfmt__smap_put(words, w, e - s, zfmt__tok_hash(w, e - s), 0,
-                                             &added);
+        zfmt__smap_slot *sl = zfmt__smap_put(words, text + s, e - s,
+                                             zfmt__tok_hash(text + s, e - s), 0, &added);
         if (!sl)
-            rc = ZR_ENOMEM;
-        else
-            sl->val++;
-        if (e - last >= ((size_t)1 << 20)) {
-            zfmt__prog_add(pr, e - last);
-            last = e;
+            return ZR_ENOMEM;
+        sl->val++;
+        if (base + e - *reported >= ((size_t)1 << 20)) {
+            zfmt__prog_add(pr, base + e - *reported);
+            *reported = base + e;
         }
     }
-    zfmt__prog_add(pr, n - last);
+    return 0;
+}
+
+/* Count the words of a file; the special token's occurrences are cut out first (the text
+ * between them is counted), as the library's trainer does with added tokens. */
+static int count_file(zfmt__smap *words, zfmt__split *sp, const char *path, const char *special,
+                      zfmt__prog *pr)
+{
+    char *text;
+    size_t n, reported = 0, k = special ? strlen(special) : 0;
+    ZR_TRY(zfmt__read_file(&text, &n, path));
+    int rc = zfmt__tok_check_utf8((const uint8_t *)text, n, path);
+    for (size_t at = 0; rc == 0 && at <= n;) {
+        const char *hit = k ? memmem(text + at, n - at, special, k) : NULL;
+        size_t end = hit ? (size_t)(hit - text) : n;
+        rc = count_text(words, sp, (const uint8_t *)text + at, end - at, pr, &reported, at);
+        at = hit ? end + k : n + 1;
+    }
+    zfmt__prog_add(pr, n - reported);
     free(text);
     return rc;
 }
@@ -436,7 +451,7 @@ int zfmt_tok_train(const char *out_json, const char *const *files, size_t n_file
     zfmt__prog_init(&pr, &o->progress, "count", 0);
     int rc = 0;
     for (size_t i = 0; i < n_files && rc == 0; i++)
-        rc = count_file(&counts, &sp, files[i], &pr);
+        rc = count_file(&counts, &sp, files[i], n_special ? o->special : NULL, &pr);
     zfmt__split_free(&sp);
     if (rc == 0)
         rc = trainer_init(&tr, &counts);

@@ -133,6 +133,17 @@ ZT_TEST(tok_train_deterministic_roundtrip)
     o.special = "<|endoftext|>";
     ZT_ERR(zfmt_tok_train("d.json", files, 1, &o), ZR_EINVAL, "vocabulary 256: expected 257");
     ZT_CHECK(access("d.json", F_OK) != 0);
+    /* the special token's text is not learned: no merge of its pieces */
+    zt_write_file("sp.txt", "xy<|endoftext|>xy <|endoftext|> zq<|endoftext|>\n");
+    const char *sp[] = {"sp.txt"};
+    o.vocab = 300;
+    ZT_OK(zfmt_tok_train("sp.json", sp, 1, &o));
+    char *j = zt_slurp("sp.json");
+    ZT_CHECK(!strstr(j, "\"<|\"") && !strstr(j, "\"endoftext\"") && !strstr(j, "\"en\""));
+    free(j);
+    ZT_OK(zfmt_tok_load(&t, "sp.json"));
+    ZT_CHECK_EQ(zfmt_tok_vocab(t), 260); /* 3 merges: x y, " " z, " z" q */
+    zfmt_tok_free(t);
 }
 
 /* A tokenizer.json with a replaced part (the text "MODEL" / "PRE" / "NORM" stand for them). */
