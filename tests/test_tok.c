@@ -472,6 +472,20 @@ ZT_TEST(tok_zrun_refuses_vocabulary_mismatch)
                          "256"));
     free(log);
     ZT_CHECK(access("run/latest", F_OK) != 0);
+    /* data encoded with another tokenizer (its header says 300) than the one given (260) */
+    zt_write_file("sp.txt", "xy<|endoftext|>xy <|endoftext|> zq<|endoftext|>\n");
+    const char *sp[] = {"sp.txt"};
+    zfmt_tok_train_opts to = ZFMT_TOK_TRAIN_OPTS_INIT;
+    to.vocab = 300;
+    ZT_OK(zfmt_tok_train("other.json", sp, 1, &to));
+    ZT_CHECK_EQ(zt_zrun("--model gpt2:layers=1,heads=2,dim=32,ctx=32,vocab=300 --batch 4 "
+                        "--threads 1 --data tok.bin --tokenizer other.json --ckpt-dir run "
+                        "--steps 2", "d.log"), 2);
+    log = zt_slurp("d.log");
+    ZT_CHECK(strstr(log, "tok.bin was encoded with a tokenizer of 300 tokens, --tokenizer "
+                         "other.json has 260"));
+    free(log);
+    ZT_CHECK(access("run/latest", F_OK) != 0);
     /* a WordPiece tokenizer is refused before anything starts */
     write_json("wp.json", "{\"type\":\"WordPiece\",\"vocab\":{\"a\":0}}", BL, "null");
     ZT_CHECK_EQ(zt_zrun("--tokenizer wp.json --ckpt-dir run2 --steps 1", "c.log"), 2);

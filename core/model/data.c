@@ -66,6 +66,7 @@
 struct zr_data {
     const uint8_t *base; /* tokens: bytes (width 1), little-endian uint16 (2) or uint32 (4) */
     int width;
+    uint32_t hdr_vocab;  /* a token file's header vocabulary, 0: not said */
     uint64_t n;          /* tokens */
     uint32_t T;
     uint64_t seed;
@@ -266,6 +267,7 @@ static int open_llmc(zr_data *d, const char *path, uint32_t vocab)
                           "tokens, the model has %u (zrun --vocab)", path, hdr_vocab, vocab);
     d->base = p + LLMC_HEADER_BYTES;
     d->width = width;
+    d->hdr_vocab = hdr_vocab;
     d->n = (uint64_t)count;
     if (d->n < (uint64_t)d->T + 1)
         return zr_err_set(ZR_EINVAL, "llm.c token file '%s': %llu tokens, a sample needs T+1 = "
@@ -355,6 +357,8 @@ void zr_data_free(zr_data *d)
 const char *zr_data_describe(const zr_data *d) { return d->desc; }
 
 uint64_t zr_data_tokens(const zr_data *d) { return d->n; }
+
+uint32_t zr_data_vocab(const zr_data *d) { return d->hdr_vocab; }
 
 void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens)
 {

@@ -1206,6 +1206,12 @@ static int build_engine(run *r)
     int offloaded = o->offload_optimizer == ZR_OFFLOAD_NVME ||
                     o->offload_params == ZR_OFFLOAD_NVME;
     ZR_TRY(zr_data_open(&r->data, o->data, r->cfg.vocab, r->T, o->seed));
+    uint32_t dv = zr_data_vocab(r->data);
+    if (o->tokenizer_json && dv && dv != o->tokenizer_vocab)
+        return zr_err_set(ZR_EINVAL, "%s was encoded with a tokenizer of %u tokens, --tokenizer "
+                          "%s has %u: encode the data with this tokenizer (ztok encode)",
+                          o->data, dv, o->tokenizer_path ? o->tokenizer_path : "",
+                          o->tokenizer_vocab);
     ZR_TRY(zr_gpt2_layout(&r->L, &r->cfg));
     if (offloaded)
         ZR_TRY(swap_dir_claim(r));
