@@ -52,7 +52,7 @@ DEPS_CHECK = \
 
 .PHONY: all deps test asan tsan tsan-run stress bench run fuzz clean arch tok-venv
 all: $(BUILD)/libzck.a $(BUILD)/libzfmt.a $(BUILD)/libzr.a $(BUILD)/zckpt $(BUILD)/zrun \
-     $(BUILD)/ztok
+     $(BUILD)/zgen $(BUILD)/ztok
 
 deps:
 	@missing=""; $(DEPS_CHECK) \
@@ -157,6 +157,10 @@ $(BUILD)/zrun: $(BUILD)/cli/zrun.o $(CLI_COMMON) $(BUILD)/libzr.a $(BUILD)/libzf
                $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
+# zgen: sampling from a checkpoint (the generator of core/, the reader of ckpt/)
+$(BUILD)/zgen: $(BUILD)/cli/zgen.o $(CLI_COMMON) $(BUILD)/libzr.a $(BUILD)/libzck.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(BLAS_LIBS)
+
 # The host simulation of a device (ZR_CUDA_LIB=hostsim): a loadable backend for the tests, built
 # next to zrun and zt, linked into neither; its undefined zr_* symbols resolve against the
 # program that loads it.
@@ -252,10 +256,11 @@ tok-venv:
 	    true; } && touch $(TOK_VENV)/.tok-ready || \
 	  echo "tok-venv: no venv with tokenizers (PyPI not reachable?): oracle tests will skip"; }
 
-# the CLI tests run the real zckpt, zrun and ztok binaries (ZT_ZCKPT, ZT_ZRUN, ZT_ZTOK)
-test: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/ztok tok-venv
+# the CLI tests run the real zckpt, zrun, zgen and ztok binaries (ZT_ZCKPT, ZT_ZRUN, ZT_ZGEN,
+# ZT_ZTOK)
+test: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/zgen $(BUILD)/ztok tok-venv
 	ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun \
-	  ZT_ZTOK=$(CURDIR)/$(BUILD)/ztok $(BUILD)/zt
+	  ZT_ZGEN=$(CURDIR)/$(BUILD)/zgen ZT_ZTOK=$(CURDIR)/$(BUILD)/ztok $(BUILD)/zt
 
 asan:
 	$(MAKE) SAN=1 test
@@ -263,9 +268,9 @@ asan:
 # long campaigns: the suite with ZT_STRESS=1 (400 SIGKILL rounds during saves, 30 restarts,
 # 20 ranks killed mid-step), then libFuzzer for 10 minutes when clang can build it
 STRESS_FUZZ_SECONDS ?= 600
-stress: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun
+stress: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/zgen
 	ZT_STRESS=1 ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt \
-	  ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun $(BUILD)/zt
+	  ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun ZT_ZGEN=$(CURDIR)/$(BUILD)/zgen $(BUILD)/zt
 	@if command -v clang >/dev/null 2>&1; then $(MAKE) fuzz FUZZ_SECONDS=$(STRESS_FUZZ_SECONDS); \
 	else echo "skip: make fuzz needs clang with libFuzzer"; fi
 

@@ -108,6 +108,52 @@ static const zck_arch families[] = {
 };
 #define N_FAMILIES (sizeof families / sizeof *families)
 
+/* ---------------------------------------------------------------- GPT-2's C struct */
+
+const zck_arch *zck_arch_gpt2(void) { return &families[0]; }
+
+void zck_gpt2_to_arch(zck_arch_config *out, const zck_gpt2_config *c)
+{
+    zck_arch_config_init(out, zck_arch_gpt2());
+    out->v[G_LAYERS] = c->layers;
+    out->v[G_HEADS] = c->heads;
+    out->v[G_DIM] = c->dim;
+    out->v[G_CTX] = c->ctx;
+    out->v[G_VOCAB] = c->vocab;
+}
+
+void zck_gpt2_from_arch(zck_gpt2_config *out, const zck_arch_config *a)
+{
+    assert(a->arch == zck_arch_gpt2());
+    out->layers = (uint32_t)a->v[G_LAYERS];
+    out->heads = (uint32_t)a->v[G_HEADS];
+    out->dim = (uint32_t)a->v[G_DIM];
+    out->ctx = (uint32_t)a->v[G_CTX];
+    out->vocab = (uint32_t)a->v[G_VOCAB];
+}
+
+int zck_gpt2_layout(zck_layout **out, const zck_gpt2_config *c)
+{
+    zck_arch_config a;
+    zck_gpt2_to_arch(&a, c);
+    return zck_arch_layout(out, &a);
+}
+
+int zck_gpt2_to_json(char **out, const zck_gpt2_config *c)
+{
+    zck_arch_config a;
+    zck_gpt2_to_arch(&a, c);
+    return zck_arch_config_to_json(out, &a);
+}
+
+int zck_gpt2_from_json(zck_gpt2_config *out, const char *json)
+{
+    zck_arch_config a;
+    ZR_TRY(zck_arch_config_from_json(&a, json, zck_arch_gpt2()));
+    zck_gpt2_from_arch(out, &a);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- families and fields */
 
 /* "\"gpt2\"" or "one of \"gpt2\", \"llama\"" into buf */

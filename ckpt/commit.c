@@ -72,7 +72,7 @@ int zck_commit(char **out, const char *run_dir, const char *staging_dir, const z
 
     /* every shard file is in the staging directory with its listed size */
     for (size_t i = 0; i < n_shards; i++) {
-        char *p = zck__path_join(staging_dir, m.shards[i]->file);
+        char *p = zck_path_join(staging_dir, m.shards[i]->file);
         struct stat st;
         if (!p) {
             rc = ZR_ENOMEM;
@@ -110,23 +110,23 @@ int zck_commit(char **out, const char *run_dir, const char *staging_dir, const z
     for (size_t i = 0; i < m.nfiles; i++)
         len += (size_t)snprintf(sums + len, cap - len, "%s  %s\n", m.files[i].sha256,
                                 m.files[i].file);
-    if (!(mpath = zck__path_join(staging_dir, "manifest.json")) ||
-        !(spath = zck__path_join(staging_dir, "SHA256SUMS")) ||
-        !(final = zck__path_join(run_dir, dirname))) {
+    if (!(mpath = zck_path_join(staging_dir, "manifest.json")) ||
+        !(spath = zck_path_join(staging_dir, "SHA256SUMS")) ||
+        !(final = zck_path_join(run_dir, dirname))) {
         rc = ZR_ENOMEM;
         goto out;
     }
     ZR_TRY_GOTO(zck__write_small(mpath, text, strlen(text)), rc, out);
     ZR_TRY_GOTO(zck__write_small(spath, sums, len), rc, out);
-    ZR_TRY_GOTO(zck__fsync_dir(staging_dir), rc, out);
+    ZR_TRY_GOTO(zck_fsync_dir(staging_dir), rc, out);
     struct stat st;
     if (lstat(final, &st) == 0) {
         rc = zr_err_set(ZR_EEXIST, "%s: a checkpoint for step %llu already exists", final,
                         (unsigned long long)opts->step);
         goto out;
     }
-    ZR_TRY_GOTO(zck__rename_noreplace(staging_dir, final), rc, out);
-    ZR_TRY_GOTO(zck__fsync_dir(run_dir), rc, out);
+    ZR_TRY_GOTO(zck_rename_noreplace(staging_dir, final), rc, out);
+    ZR_TRY_GOTO(zck_fsync_dir(run_dir), rc, out);
     ZR_TRY_GOTO(zck__write_latest(run_dir, dirname), rc, out);
     zck_prune_opts po = ZCK_PRUNE_OPTS_INIT;
     po.keep_last = opts->keep_last;

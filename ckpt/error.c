@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,4 +148,20 @@ const char *zr_printable(char *buf, size_t cap, const char *s)
     if (cap)
         buf[k] = 0;
     return buf;
+}
+
+int zr_array_grow(void *arrp, size_t *cap, size_t n, size_t elem)
+{
+    if (n < *cap)
+        return 0;
+    size_t nc = *cap ? *cap * 2 : 8;
+    void *arr;
+    memcpy(&arr, arrp, sizeof arr);
+    void *p = nc > SIZE_MAX / elem ? NULL : realloc(arr, nc * elem);
+    if (!p)
+        return zr_err_set(ZR_ENOMEM, "out of memory growing an array to %zu elements", nc);
+    memset((char *)p + *cap * elem, 0, (nc - *cap) * elem);
+    memcpy(arrp, &p, sizeof p);
+    *cap = nc;
+    return 0;
 }

@@ -42,7 +42,7 @@ int zck__files_write(zck__file **out, const char *staging, const zck_extra_file 
         if (!rc && f[i].bytes > ZCK_MAX_FILE_BYTES)
             rc = zr_err_set(ZR_EINVAL, "extra file '%s': %zu bytes, at most %zu", f[i].name,
                             f[i].bytes, ZCK_MAX_FILE_BYTES);
-        char *p = rc ? NULL : zck__path_join(staging, f[i].name);
+        char *p = rc ? NULL : zck_path_join(staging, f[i].name);
         if (!rc && !p)
             rc = ZR_ENOMEM;
         if (!rc)
@@ -73,7 +73,7 @@ int zck_ckpt_file_read(char **out, size_t *n_bytes, const char *ckpt, const char
     for (size_t i = 0; i < m->nfiles; i++)
         if (!strcmp(m->files[i].file, name))
             f = &m->files[i];
-    char *p = f ? zck__path_join(dir, name) : NULL, *buf = NULL;
+    char *p = f ? zck_path_join(dir, name) : NULL, *buf = NULL;
     size_t n = 0;
     int rc = !f ? zr_err_set(ZR_ENOTFOUND, "%s: the checkpoint has no %s", dir, name)
              : !p ? ZR_ENOMEM : zck__read_small(&buf, &n, p, ZCK_MAX_FILE_BYTES);

@@ -30,7 +30,7 @@ int zck__fault(zck_op op, const char *path)
     return fault_fn ? fault_fn(op, path, fault_ctx) : 0;
 }
 
-char *zck__path_join(const char *a, const char *b)
+char *zck_path_join(const char *a, const char *b)
 {
     size_t na = strlen(a), nb = strlen(b);
     char *p = malloc(na + nb + 2);
@@ -46,7 +46,7 @@ char *zck__path_join(const char *a, const char *b)
     return p;
 }
 
-int zck__fsync_dir(const char *dir)
+int zck_fsync_dir(const char *dir)
 {
     int e = zck__fault(ZCK_OP_OPEN, dir);
     int fd = e ? -1 : open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -81,7 +81,7 @@ int zck__rename(const char *from, const char *to)
     return 0;
 }
 
-int zck__rename_noreplace(const char *from, const char *to)
+int zck_rename_noreplace(const char *from, const char *to)
 {
     int e = zck__fault(ZCK_OP_RENAME, from);
     if (e)
@@ -92,7 +92,10 @@ int zck__rename_noreplace(const char *from, const char *to)
         return zr_err_set(ZR_EEXIST, "%s: already exists", to);
     if (errno != EINVAL && errno != ENOSYS)
         return zr_err_sys(errno, "rename %s -> %s", from, to);
-    /* a filesystem without RENAME_NOREPLACE: the caller checked that `to` is absent */
+    /* a filesystem without RENAME_NOREPLACE: check, then rename */
+    struct stat st;
+    if (lstat(to, &st) == 0)
+        return zr_err_set(ZR_EEXIST, "%s: already exists", to);
     if (rename(from, to) < 0)
         return zr_err_sys(errno, "rename %s -> %s", from, to);
     return 0;
@@ -108,7 +111,7 @@ int zck__rmtree(const char *path)
     while ((de = readdir(d))) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
-        char *p = zck__path_join(path, de->d_name);
+        char *p = zck_path_join(path, de->d_name);
         if (!p) {
             rc = ZR_ENOMEM;
             break;

@@ -224,16 +224,43 @@ fail:
 int zck__io_direct(const zck__io *io) { return io->direct; }
 size_t zck__io_buf_bytes(const zck__io *io) { return io->bsz; }
 
+int zck__aio_getevents(struct io_context *ctx, long min, long max, struct io_event *ev,
+                       const char *path)
+{
+    int n;
+    do
+        n = io_getevents(ctx, min, max, ev, NULL);
+    while (n == -EINTR);
+    return n < 0 ? zr_err_sys(-n, "%s: io_getevents", path) : n;
+}
+
+int zck__aio_submit(struct io_context *ctx, struct iocb *cb, int fd, int write, void *buf,
+                    size_t len, uint64_t off, void *data)
+{
+    if (write)
+        io_prep_pwrite(cb, fd, buf, len, (long long)off);
+    else
+        io_prep_pread(cb, fd, buf, len, (long long)off);
+    cb->data = data;
+    return io_submit(ctx, 1, &cb);
+}
+
+bool zck__aio_to_buffered(int fd, const char *path)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_DIRECT) != 0)
+        return false;
+    zck__warn_buffered(path);
+    return true;
+}
+
 /* Wait for at least min completions; record each result. */
 static int reap(zck__io *io, long min)
 {
     struct io_event ev[64];
-    int n;
-    do
-        n = io_getevents(io->ctx, min, 64, ev, NULL);
-    while (n == -EINTR);
+    int n = zck__aio_getevents(io->ctx, min, 64, ev, io->path);
     if (n < 0)
-        return zr_err_sys(-n, "%s: io_getevents", io->path);
+        return n;
     int rc = 0;
     for (int i = 0; i < n; i++) {
         size_t b = (size_t)(uintptr_t)ev[i].data;
@@ -268,28 +295,18 @@ static int submit_to(zck__io *io, size_t b, unsigned char *buf, size_t len, uint
     if (e)
         return zr_err_sys(e, "%s: %s at offset %llu", io->path, io->writing ? "write" : "read",
                           (unsigned long long)off);
-    struct iocb *cb = &io->cbs[b];
     for (;;) {
-        if (io->writing)
-            io_prep_pwrite(cb, io->fd, buf, len, (long long)off);
-        else
-            io_prep_pread(cb, io->fd, buf, len, (long long)off);
-        cb->data = (void *)(uintptr_t)b;
-        struct iocb *cbp = cb;
-        int n = io_submit(io->ctx, 1, &cbp);
+        int n = zck__aio_submit(io->ctx, &io->cbs[b], io->fd, io->writing, buf, len, off,
+                                (void *)(uintptr_t)b);
         if (n == 1)
             break;
         if (n == -EAGAIN && io->inflight) {
             ZR_TRY(reap(io, 1));
             continue;
         }
-        if (n == -EINVAL && io->direct) {
-            int fl = fcntl(io->fd, F_GETFL);
-            if (fl >= 0 && fcntl(io->fd, F_SETFL, fl & ~O_DIRECT) == 0) {
-                io->direct = 0;
-                zck__warn_buffered(io->path);
-                continue;
-            }
+        if (n == -EINVAL && io->direct && zck__aio_to_buffered(io->fd, io->path)) {
+            io->direct = 0;
+            continue;
         }
         return zr_err_sys(n < 0 ? -n : EIO, "%s: io_submit", io->path);
     }

@@ -91,20 +91,6 @@ void zck_layout_free(zck_layout *L)
     free(L);
 }
 
-static int grow(void **arr, size_t *cap, size_t n, size_t elem)
-{
-    if (n < *cap)
-        return 0;
-    size_t nc = *cap ? *cap * 2 : 8;
-    void *p = realloc(*arr, nc * elem);
-    if (!p)
-        return zr_err_set(ZR_ENOMEM, "out of memory growing a layout");
-    memset((char *)p + *cap * elem, 0, (nc - *cap) * elem);
-    *arr = p;
-    *cap = nc;
-    return 0;
-}
-
 int zck_layout_add_state(zck_layout *L, const char *name, zck_dtype dtype)
 {
     if (!zck__name_ok(name))
@@ -115,7 +101,7 @@ int zck_layout_add_state(zck_layout *L, const char *name, zck_dtype dtype)
     for (size_t s = 0; !L->unchecked && s < L->ns; s++)
         if (!strcmp(L->s[s].name, name))
             return zr_err_set(ZR_EINVAL, "state '%s' declared twice", name);
-    ZR_TRY(grow((void **)&L->s, &L->caps, L->ns, sizeof *L->s));
+    ZR_TRY(zr_array_grow(&L->s, &L->caps, L->ns, sizeof *L->s));
     if (!(L->s[L->ns].name = strdup(name)))
         return zr_err_set(ZR_ENOMEM, "out of memory");
     L->s[L->ns++].dtype = dtype;
@@ -129,7 +115,7 @@ int zck_layout_add_group(zck_layout *L, size_t *out, const char *name)
     for (size_t g = 0; !L->unchecked && g < L->ng; g++)
         if (!strcmp(L->g[g].name, name))
             return zr_err_set(ZR_EINVAL, "group '%s' declared twice", name);
-    ZR_TRY(grow((void **)&L->g, &L->capg, L->ng, sizeof *L->g));
+    ZR_TRY(zr_array_grow(&L->g, &L->capg, L->ng, sizeof *L->g));
     if (!(L->g[L->ng].name = strdup(name)))
         return zr_err_set(ZR_ENOMEM, "out of memory");
     if (out)
@@ -163,7 +149,7 @@ int zck_layout_add_tensor(zck_layout *L, size_t g, const char *name, zck_dtype d
     }
     if (G->numel + numel > ZCK__MAX_NUMEL)
         return zr_err_set(ZR_EINVAL, "group '%s': more than 2^50 elements", G->name);
-    ZR_TRY(grow((void **)&G->t, &G->capt, G->nt, sizeof *G->t));
+    ZR_TRY(zr_array_grow(&G->t, &G->capt, G->nt, sizeof *G->t));
     zck__tensor *T = &G->t[G->nt];
     if (!(T->name = strdup(name)))
         return zr_err_set(ZR_ENOMEM, "out of memory");

@@ -120,7 +120,7 @@ int zck_run_lock(zck_lock **out, const char *run_dir, const char *program)
         return zr_err_set(ZR_ENOMEM, "out of memory");
     lk->fd = -1;
     int rc = zck__mkdir_p(run_dir);
-    if (!rc && !(lk->path = zck__path_join(run_dir, ".lock")))
+    if (!rc && !(lk->path = zck_path_join(run_dir, ".lock")))
         rc = ZR_ENOMEM;
     for (int tries = 0; !rc && lk->fd < 0; tries++) {
         rc = lock_once(&lk->fd, run_dir, lk->path);
@@ -162,7 +162,7 @@ void zck_run_unlock(zck_lock *lk)
 int zck_run_lock_holder(char **out, const char *run_dir)
 {
     *out = NULL;
-    char *path = zck__path_join(run_dir, ".lock");
+    char *path = zck_path_join(run_dir, ".lock");
     if (!path)
         return ZR_ENOMEM;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);

@@ -42,6 +42,28 @@ static int get(json_t **out, json_t *obj, const char *key, json_type type, const
     return 0;
 }
 
+/* obj's field key: a non-empty array (of at least one `noun`). */
+static int get_list(json_t **out, json_t *obj, const char *key, const char *noun, const char *ctx)
+{
+    ZR_TRY(get(out, obj, key, JSON_ARRAY, ctx));
+    if (json_array_size(*out) == 0)
+        return CORRUPT("%s: field '%s': empty (at least one %s is required)", ctx, key, noun);
+    return 0;
+}
+
+/* Item i of the array arr, which must be an object. item_ctx gets its name for the messages
+ * that follow: "<ctx><field>[i]" (field ": states", ".extents"). */
+static int get_item(json_t **out, char *item_ctx, size_t cap, json_t *arr, size_t i,
+                    const char *ctx, const char *field)
+{
+    snprintf(item_ctx, cap, "%s%s[%zu]", ctx, field, i);
+    json_t *o = json_array_get(arr, i);
+    if (!json_is_object(o))
+        return CORRUPT("%s: expected an object, found %s", item_ctx, jtype(o));
+    *out = o;
+    return 0;
+}
+
 static int get_u64(uint64_t *out, json_t *obj, const char *key, uint64_t lo, uint64_t hi,
                    const char *ctx)
 {
@@ -75,14 +97,7 @@ static int corrupt_at(const char *ctx)
 
 int zck__shard_add_extent(zck_shard *s, const zck__extent *e)
 {
-    if (s->next == s->capext) {
-        size_t nc = s->capext ? s->capext * 2 : 16;
-        zck__extent *p = realloc(s->ext, nc * sizeof *p);
-        if (!p)
-            return zr_err_set(ZR_ENOMEM, "out of memory");
-        s->ext = p;
-        s->capext = nc;
-    }
+    ZR_TRY(zr_array_grow(&s->ext, &s->capext, s->next, sizeof *s->ext));
     s->ext[s->next++] = *e;
     return 0;
 }
@@ -171,12 +186,8 @@ int zck__shard_parse(zck_shard **out, json_t *obj, const char *ctx)
     ZR_TRY_GOTO(get(&ext, obj, "extents", JSON_ARRAY, ctx), rc, fail);
     for (size_t i = 0; i < json_array_size(ext); i++) {
         char ectx[256];
-        snprintf(ectx, sizeof ectx, "%s.extents[%zu]", ctx, i);
-        json_t *eo = json_array_get(ext, i);
-        if (!json_is_object(eo)) {
-            rc = CORRUPT("%s: expected an object, found %s", ectx, jtype(eo));
-            goto fail;
-        }
+        json_t *eo;
+        ZR_TRY_GOTO(get_item(&eo, ectx, sizeof ectx, ext, i, ctx, ".extents"), rc, fail);
         zck__extent e;
         uint64_t g, st;
         ZR_TRY_GOTO(get_u64(&g, eo, "group", 0, UINT32_MAX, ectx), rc, fail);
@@ -450,20 +461,12 @@ static int parse_layout(zck_layout **out, json_t *root, const char *what)
     }
     zr_err_clear();
 
-    ZR_TRY_GOTO(get(&states, root, "states", JSON_ARRAY, what), rc, fail);
-    if (json_array_size(states) == 0) {
-        rc = CORRUPT("%s: field 'states': empty (at least one state is required)", what);
-        goto fail;
-    }
+    ZR_TRY_GOTO(get_list(&states, root, "states", "state", what), rc, fail);
     for (size_t i = 0; i < json_array_size(states); i++) {
-        json_t *so = json_array_get(states, i);
+        json_t *so;
         const char *name, *dtn;
         zck_dtype t;
-        snprintf(ctx, sizeof ctx, "%s: states[%zu]", what, i);
-        if (!json_is_object(so)) {
-            rc = CORRUPT("%s: expected an object, found %s", ctx, jtype(so));
-            goto fail;
-        }
+        ZR_TRY_GOTO(get_item(&so, ctx, sizeof ctx, states, i, what, ": states"), rc, fail);
         ZR_TRY_GOTO(get_str(&name, so, "name", ctx), rc, fail);
         ZR_TRY_GOTO(get_str(&dtn, so, "dtype", ctx), rc, fail);
         if (zck_dtype_parse(&t, dtn) < 0 || zck_layout_add_state(L, name, t) < 0) {
@@ -476,20 +479,12 @@ static int parse_layout(zck_layout **out, json_t *root, const char *what)
         }
     }
 
-    ZR_TRY_GOTO(get(&groups, root, "groups", JSON_ARRAY, what), rc, fail);
-    if (json_array_size(groups) == 0) {
-        rc = CORRUPT("%s: field 'groups': empty (at least one group is required)", what);
-        goto fail;
-    }
+    ZR_TRY_GOTO(get_list(&groups, root, "groups", "group", what), rc, fail);
     for (size_t g = 0; g < json_array_size(groups); g++) {
-        json_t *go = json_array_get(groups, g), *tensors;
+        json_t *go, *tensors;
         const char *name;
         uint64_t numel;
-        snprintf(ctx, sizeof ctx, "%s: groups[%zu]", what, g);
-        if (!json_is_object(go)) {
-            rc = CORRUPT("%s: expected an object, found %s", ctx, jtype(go));
-            goto fail;
-        }
+        ZR_TRY_GOTO(get_item(&go, ctx, sizeof ctx, groups, g, what, ": groups"), rc, fail);
         ZR_TRY_GOTO(get_str(&name, go, "name", ctx), rc, fail);
         ZR_TRY_GOTO(get_u64(&numel, go, "numel", 1, ZCK__MAX_NUMEL, ctx), rc, fail);
         if (zck_layout_add_group(L, NULL, name) < 0) {
@@ -498,16 +493,12 @@ static int parse_layout(zck_layout **out, json_t *root, const char *what)
         }
         ZR_TRY_GOTO(get(&tensors, go, "tensors", JSON_ARRAY, ctx), rc, fail);
         for (size_t t = 0; t < json_array_size(tensors); t++) {
-            json_t *to = json_array_get(tensors, t), *shape;
+            json_t *to, *shape;
             const char *tname, *dtn;
             uint64_t off, dims[ZCK_MAX_DIMS];
             zck_dtype dtype;
             char tctx[600];
-            snprintf(tctx, sizeof tctx, "%s.tensors[%zu]", ctx, t);
-            if (!json_is_object(to)) {
-                rc = CORRUPT("%s: expected an object, found %s", tctx, jtype(to));
-                goto fail;
-            }
+            ZR_TRY_GOTO(get_item(&to, tctx, sizeof tctx, tensors, t, ctx, ".tensors"), rc, fail);
             ZR_TRY_GOTO(get_str(&tname, to, "name", tctx), rc, fail);
             ZR_TRY_GOTO(get_str(&dtn, to, "dtype", tctx), rc, fail);
             ZR_TRY_GOTO(get(&shape, to, "shape", JSON_ARRAY, tctx), rc, fail);

@@ -30,6 +30,34 @@ bool zck__parse_step_name(const char *name, uint64_t *step)
     return true;
 }
 
+int zck__steps_add(zck__stepdir **v, size_t *n, size_t *cap, uint64_t step, const char *name)
+{
+    ZR_TRY(zr_array_grow(v, cap, *n, sizeof **v));
+    if (!((*v)[*n].name = strdup(name)))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    (*v)[(*n)++].step = step;
+    return 0;
+}
+
+static int cmp_step_desc(const void *a, const void *b)
+{
+    const zck__stepdir *x = a, *y = b;
+    return x->step > y->step ? -1 : x->step < y->step;
+}
+
+void zck__steps_sort_desc(zck__stepdir *v, size_t n)
+{
+    if (n) /* qsort(NULL, 0, ...) is undefined */
+        qsort(v, n, sizeof *v, cmp_step_desc);
+}
+
+void zck__steps_free(zck__stepdir *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i].name);
+    free(v);
+}
+
 void zck_step_dirname(char out[32], uint64_t step)
 {
     snprintf(out, 32, "step-%08llu", (unsigned long long)step);
@@ -37,7 +65,7 @@ void zck_step_dirname(char out[32], uint64_t step)
 
 int zck_latest(char **out, const char *run_dir)
 {
-    char *lp = zck__path_join(run_dir, "latest"), *txt = NULL;
+    char *lp = zck_path_join(run_dir, "latest"), *txt = NULL;
     if (!lp)
         return ZR_ENOMEM;
     int rc = zck__read_small(&txt, NULL, lp, 4096);
@@ -55,7 +83,7 @@ int zck_latest(char **out, const char *run_dir)
                         txt);
         goto out;
     }
-    if (!(*out = zck__path_join(run_dir, txt))) {
+    if (!(*out = zck_path_join(run_dir, txt))) {
         rc = ZR_ENOMEM;
         goto out;
     }
@@ -77,7 +105,7 @@ int zck__write_latest(const char *run_dir, const char *name)
     char tmpname[64], line[64];
     snprintf(tmpname, sizeof tmpname, ".latest.tmp-%ld", (long)getpid());
     snprintf(line, sizeof line, "%s\n", name);
-    char *tmp = zck__path_join(run_dir, tmpname), *dst = zck__path_join(run_dir, "latest");
+    char *tmp = zck_path_join(run_dir, tmpname), *dst = zck_path_join(run_dir, "latest");
     int rc = 0;
     if (!tmp || !dst) {
         rc = ZR_ENOMEM;
@@ -85,7 +113,7 @@ int zck__write_latest(const char *run_dir, const char *name)
     }
     ZR_TRY_GOTO(zck__write_small(tmp, line, strlen(line)), rc, out);
     ZR_TRY_GOTO(zck__rename(tmp, dst), rc, out);
-    ZR_TRY_GOTO(zck__fsync_dir(run_dir), rc, out);
+    ZR_TRY_GOTO(zck_fsync_dir(run_dir), rc, out);
 out:
     if (rc && tmp)
         unlink(tmp);
@@ -98,7 +126,7 @@ int zck_latest_set(const char *run_dir, uint64_t step)
 {
     char name[32];
     zck_step_dirname(name, step);
-    char *p = zck__path_join(run_dir, name);
+    char *p = zck_path_join(run_dir, name);
     if (!p)
         return ZR_ENOMEM;
     struct stat st;

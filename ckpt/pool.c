@@ -14,33 +14,48 @@
 struct par {
     size_t n;
     atomic_size_t next;
-    atomic_int stop;
     int (*fn)(void *, size_t);
     void *ctx;
-    pthread_mutex_t mu;
-    int rc;
-    char msg[1024];
+    zck__first_error err;
 };
+
+void zck__first_error_init(zck__first_error *f)
+{
+    memset(f, 0, sizeof *f);
+    pthread_mutex_init(&f->mu, NULL);
+    atomic_init(&f->failed, 0);
+}
+
+void zck__first_error_record(zck__first_error *f, int rc)
+{
+    pthread_mutex_lock(&f->mu);
+    if (!f->rc) {
+        f->rc = rc;
+        snprintf(f->msg, sizeof f->msg, "%s", zr_err_msg());
+    }
+    pthread_mutex_unlock(&f->mu);
+    atomic_store(&f->failed, 1);
+}
+
+int zck__first_error_result(const zck__first_error *f)
+{
+    return f->rc ? zr_err_set(f->rc, "%s", f->msg) : 0;
+}
+
+void zck__first_error_destroy(zck__first_error *f) { pthread_mutex_destroy(&f->mu); }
 
 static void *worker(void *arg)
 {
     struct par *p = arg;
     for (;;) {
-        if (atomic_load(&p->stop))
+        if (atomic_load(&p->err.failed))
             break;
         size_t i = atomic_fetch_add(&p->next, 1);
         if (i >= p->n)
             break;
         int rc = p->fn(p->ctx, i);
-        if (rc < 0) {
-            pthread_mutex_lock(&p->mu);
-            if (!p->rc) {
-                p->rc = rc;
-                snprintf(p->msg, sizeof p->msg, "%s", zr_err_msg());
-            }
-            pthread_mutex_unlock(&p->mu);
-            atomic_store(&p->stop, 1);
-        }
+        if (rc < 0)
+            zck__first_error_record(&p->err, rc);
     }
     return NULL;
 }
@@ -58,11 +73,12 @@ int zck__parallel(size_t n, unsigned jobs, int (*fn)(void *ctx, size_t i), void 
     }
     struct par p = {.n = n, .fn = fn, .ctx = ctx};
     atomic_init(&p.next, 0);
-    atomic_init(&p.stop, 0);
-    pthread_mutex_init(&p.mu, NULL);
+    zck__first_error_init(&p.err);
     pthread_t *th = calloc(jobs, sizeof *th);
-    if (!th)
+    if (!th) {
+        zck__first_error_destroy(&p.err);
         return zr_err_set(ZR_ENOMEM, "out of memory starting %u threads", jobs);
+    }
     unsigned started = 0;
     for (; started < jobs - 1; started++)
         if (pthread_create(&th[started], NULL, worker, &p))
@@ -71,8 +87,7 @@ int zck__parallel(size_t n, unsigned jobs, int (*fn)(void *ctx, size_t i), void 
     for (unsigned i = 0; i < started; i++)
         pthread_join(th[i], NULL);
     free(th);
-    pthread_mutex_destroy(&p.mu);
-    if (p.rc)
-        return zr_err_set(p.rc, "%s", p.msg);
-    return 0;
+    int rc = zck__first_error_result(&p.err);
+    zck__first_error_destroy(&p.err);
+    return rc;
 }

@@ -25,12 +25,12 @@ int zck__resolve(char **out, const char *path)
     if (!S_ISDIR(st.st_mode))
         return zr_err_set(ZR_EINVAL, "%s: not a directory (expected a checkpoint or run "
                           "directory)", path);
-    char *mp = zck__path_join(path, "manifest.json");
+    char *mp = zck_path_join(path, "manifest.json");
     if (!mp)
         return ZR_ENOMEM;
     int has_manifest = stat(mp, &st) == 0;
     free(mp);
-    char *lp = zck__path_join(path, "latest");
+    char *lp = zck_path_join(path, "latest");
     if (!lp)
         return ZR_ENOMEM;
     int has_latest = stat(lp, &st) == 0;
@@ -44,7 +44,7 @@ int zck__resolve(char **out, const char *path)
 
 int zck__manifest_load(zck_manifest **out, const char *dir)
 {
-    char *mp = zck__path_join(dir, "manifest.json"), *text = NULL;
+    char *mp = zck_path_join(dir, "manifest.json"), *text = NULL;
     size_t len;
     if (!mp)
         return ZR_ENOMEM;
@@ -221,7 +221,7 @@ static int read_shard(void *vctx, size_t i)
     if (!pl->touched)
         return 0;
     const zck_shard *s = c->r->m->shards[i];
-    char *path = zck__path_join(c->r->dir, s->file);
+    char *path = zck_path_join(c->r->dir, s->file);
     if (!path)
         return ZR_ENOMEM;
     zck__io *io = NULL;
@@ -269,14 +269,7 @@ out:
 
 static int plan_add(plan *pl, piece p)
 {
-    if (pl->n == pl->cap) {
-        size_t nc = pl->cap ? pl->cap * 2 : 8;
-        piece *np = realloc(pl->p, nc * sizeof *np);
-        if (!np)
-            return zr_err_set(ZR_ENOMEM, "out of memory");
-        pl->p = np;
-        pl->cap = nc;
-    }
+    ZR_TRY(zr_array_grow(&pl->p, &pl->cap, pl->n, sizeof *pl->p));
     pl->p[pl->n++] = p;
     pl->touched = 1;
     return 0;

@@ -26,23 +26,9 @@ typedef struct {
     zck_shard **shards;
     atomic_uint next_rank;
     atomic_ullong done_bytes;
-    atomic_int failed;
     atomic_uint running;
-    pthread_mutex_t mu;
-    int rc;
-    char msg[1024];
+    zck__first_error err;
 } job;
-
-static void fail(job *j, int rc)
-{
-    pthread_mutex_lock(&j->mu);
-    if (!j->rc) {
-        j->rc = rc;
-        snprintf(j->msg, sizeof j->msg, "%s", zr_err_msg());
-    }
-    pthread_mutex_unlock(&j->mu);
-    atomic_store(&j->failed, 1);
-}
 
 static int write_rank(job *j, uint32_t rank, unsigned char *buf)
 {
@@ -60,7 +46,7 @@ static int write_rank(job *j, uint32_t rank, unsigned char *buf)
             uint64_t per = j->chunk_bytes / dsz;
             ZR_TRY_GOTO(zck_writer_begin(w, g, s, a, n), rc, out);
             for (uint64_t off = 0; off < n; off += per) {
-                if (atomic_load(&j->failed)) {
+                if (atomic_load(&j->err.failed)) {
                     rc = ZR_ERROR; /* another thread failed: its message wins */
                     goto out;
                 }
@@ -90,18 +76,19 @@ static void *worker(void *arg)
     size_t bytes = (j->chunk_bytes + align - 1) / align * align;
     unsigned char *buf = NULL;
     if (posix_memalign((void **)&buf, align, bytes)) {
-        fail(j, zr_err_set(ZR_ENOMEM, "out of memory for a %zu-byte reshard buffer", bytes));
+        zck__first_error_record(&j->err, zr_err_set(ZR_ENOMEM, "out of memory for a %zu-byte "
+                                                    "reshard buffer", bytes));
         atomic_fetch_sub(&j->running, 1);
         return NULL;
     }
     madvise(buf, bytes, MADV_HUGEPAGE);
     for (;;) {
         unsigned r = atomic_fetch_add(&j->next_rank, 1);
-        if (r >= j->world || atomic_load(&j->failed))
+        if (r >= j->world || atomic_load(&j->err.failed))
             break;
         int rc = write_rank(j, r, buf);
         if (rc && rc != ZR_ERROR) {
-            fail(j, rc);
+            zck__first_error_record(&j->err, rc);
             break;
         }
         if (rc)
@@ -133,7 +120,7 @@ int zck_reshard(char **out, const char *src, const char *out_run_dir, uint32_t w
     char *staging = NULL;
     job j;
     memset(&j, 0, sizeof j);
-    pthread_mutex_init(&j.mu, NULL);
+    zck__first_error_init(&j.err);
     int rc = 0;
     ZR_TRY_GOTO(zck_run_lock(&lk, out_run_dir, "reshard"), rc, out);
     if (opts->verify_source)
@@ -184,10 +171,7 @@ int zck_reshard(char **out, const char *src, const char *out_run_dir, uint32_t w
     }
     for (unsigned t = 0; t < started; t++)
         pthread_join(th[t], NULL);
-    if (j.rc) {
-        rc = zr_err_set(j.rc, "%s", j.msg);
-        goto out;
-    }
+    ZR_TRY_GOTO(zck__first_error_result(&j.err), rc, out);
     if (opts->progress.fn)
         opts->progress.fn(opts->progress.ctx, "reshard", total, total);
     zck_commit_opts co = ZCK_COMMIT_OPTS_INIT;
@@ -207,7 +191,7 @@ out:
         for (uint32_t k = 0; k < world; k++)
             zck_shard_free(j.shards[k]);
     free(j.shards);
-    pthread_mutex_destroy(&j.mu);
+    zck__first_error_destroy(&j.err);
     free(staging);
     zck_reader_free(r);
     zck_run_unlock(lk);

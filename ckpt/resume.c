@@ -18,23 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-typedef struct {
-    uint64_t step;
-    char *name;
-} cand;
-
-static int cmp_cand_desc(const void *a, const void *b)
-{
-    const cand *x = a, *y = b;
-    return x->step > y->step ? -1 : x->step < y->step;
-}
-
-static void cands_free(cand *v, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        free(v[i].name);
-    free(v);
-}
+typedef zck__stepdir cand;
 
 /* The step directories of run_dir, newest first; *n 0 (and 0 returned) when run_dir is
  * absent. */
@@ -46,7 +30,7 @@ static int list_steps(cand **out, size_t *n, const char *run_dir)
     if (!d)
         return errno == ENOENT ? 0 : zr_err_sys(errno, "%s: opendir", run_dir);
     cand *v = NULL;
-    size_t k = 0;
+    size_t k = 0, cap = 0;
     int rc = 0;
     struct dirent *de;
     while (!rc && (de = readdir(d))) {
@@ -55,28 +39,18 @@ static int list_steps(cand **out, size_t *n, const char *run_dir)
         char *p = NULL;
         if (!zck__parse_step_name(de->d_name, &s))
             continue;
-        if (!(p = zck__path_join(run_dir, de->d_name)))
+        if (!(p = zck_path_join(run_dir, de->d_name)))
             rc = ZR_ENOMEM;
-        else if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
-            cand *nv = realloc(v, (k + 1) * sizeof *nv);
-            if (!nv || !(nv[k].name = strdup(de->d_name))) {
-                if (nv)
-                    v = nv;
-                rc = zr_err_set(ZR_ENOMEM, "out of memory");
-            } else {
-                v = nv;
-                v[k++].step = s;
-            }
-        }
+        else if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+            rc = zck__steps_add(&v, &k, &cap, s, de->d_name);
         free(p);
     }
     closedir(d);
     if (rc) {
-        cands_free(v, k);
+        zck__steps_free(v, k);
         return rc;
     }
-    if (k)
-        qsort(v, k, sizeof *v, cmp_cand_desc);
+    zck__steps_sort_desc(v, k);
     *out = v;
     *n = k;
     return 0;
@@ -127,7 +101,7 @@ static int check_one(char *why, size_t cap, const char *dir, uint64_t step,
  * new path into to. */
 static int move_aside(char *to, size_t cap, const char *run_dir, const char *name)
 {
-    char *from = zck__path_join(run_dir, name);
+    char *from = zck_path_join(run_dir, name);
     if (!from)
         return ZR_ENOMEM;
     int rc = ZR_EEXIST;
@@ -137,12 +111,12 @@ static int move_aside(char *to, size_t cap, const char *run_dir, const char *nam
         else
             snprintf(to, cap, "%s/damaged-%s.%d", run_dir, name, k);
         struct stat st;
-        rc = lstat(to, &st) == 0 ? ZR_EEXIST : zck__rename_noreplace(from, to);
+        rc = lstat(to, &st) == 0 ? ZR_EEXIST : zck_rename_noreplace(from, to);
         if (rc == ZR_EEXIST)
             zr_err_clear();
     }
     if (!rc)
-        rc = zck__fsync_dir(run_dir);
+        rc = zck_fsync_dir(run_dir);
     else if (rc == ZR_EEXIST)
         rc = zr_err_set(ZR_EEXIST, "%s: damaged-%s.2 .. .999 all taken", from, name);
     free(from);
@@ -212,7 +186,7 @@ int zck_resume_pick(char **out, const char *run_dir, const zck_resume_opts *opts
     char (*why)[1024] = calloc(n ? n : 1, sizeof *why);
     int rc = why ? 0 : zr_err_set(ZR_ENOMEM, "out of memory");
     for (i = 0; i < n && !rc; i++) {
-        char *dir = zck__path_join(run_dir, v[i].name);
+        char *dir = zck_path_join(run_dir, v[i].name);
         if (!dir) {
             rc = ZR_ENOMEM;
             break;
@@ -231,10 +205,10 @@ int zck_resume_pick(char **out, const char *run_dir, const zck_resume_opts *opts
         goto out;
     }
     ZR_TRY_GOTO(settle(run_dir, v, i, why, o), rc, out);
-    if (!(*out = zck__path_join(run_dir, v[i].name)))
+    if (!(*out = zck_path_join(run_dir, v[i].name)))
         rc = ZR_ENOMEM;
 out:
     free(why);
-    cands_free(v, n);
+    zck__steps_free(v, n);
     return rc;
 }

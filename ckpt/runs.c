@@ -39,7 +39,7 @@ static int names_add(zck_namelist *l, const char *name)
 
 static bool is_dir_in(const char *dir, const char *name)
 {
-    char *p = zck__path_join(dir, name);
+    char *p = zck_path_join(dir, name);
     struct stat st;
     bool r = p && lstat(p, &st) == 0 && S_ISDIR(st.st_mode);
     free(p);
@@ -80,7 +80,7 @@ static bool format_only(const char *dir, int nest)
         uint64_t s;
         if (!strcmp(nm, ".") || !strcmp(nm, ".."))
             continue;
-        char *p = zck__path_join(dir, nm);
+        char *p = zck_path_join(dir, nm);
         struct stat st;
         if (!p || lstat(p, &st) < 0)
             ok = false;
@@ -98,7 +98,7 @@ static bool format_only(const char *dir, int nest)
  * a half-written latest that is a regular file. Else it is left, with a warning. */
 static bool ours_to_delete(const char *run_dir, const char *name)
 {
-    char *p = zck__path_join(run_dir, name);
+    char *p = zck_path_join(run_dir, name);
     struct stat st;
     bool ok = false;
     if (p && lstat(p, &st) == 0)
@@ -116,11 +116,11 @@ static int remove_step_dir(const char *run_dir, const char *name)
 {
     char hidden[128];
     snprintf(hidden, sizeof hidden, ".del-%s-%ld", name, (long)getpid());
-    char *from = zck__path_join(run_dir, name), *to = zck__path_join(run_dir, hidden);
+    char *from = zck_path_join(run_dir, name), *to = zck_path_join(run_dir, hidden);
     int rc = 0;
     if (!from || !to)
         rc = ZR_ENOMEM;
-    else if (!(rc = zck__rename(from, to)) && !(rc = zck__fsync_dir(run_dir)))
+    else if (!(rc = zck__rename(from, to)) && !(rc = zck_fsync_dir(run_dir)))
         rc = zck__rmtree(to);
     free(from);
     free(to);
@@ -129,7 +129,7 @@ static int remove_step_dir(const char *run_dir, const char *name)
 
 static int remove_any(const char *run_dir, const char *name)
 {
-    char *p = zck__path_join(run_dir, name);
+    char *p = zck_path_join(run_dir, name);
     if (!p)
         return ZR_ENOMEM;
     struct stat st;
@@ -142,46 +142,22 @@ static int remove_any(const char *run_dir, const char *name)
     return rc;
 }
 
-typedef struct {
-    uint64_t step;
-    char *name;
-} stepdir;
-
-static int cmp_step_desc(const void *a, const void *b)
-{
-    const stepdir *x = a, *y = b;
-    return x->step > y->step ? -1 : x->step < y->step;
-}
-
 int zck__housekeeping(const char *run_dir, uint64_t step, uint64_t tmp_below, const char *keep,
                       const zck_prune_opts *o, zck_namelist *removed)
 {
     DIR *d = opendir(run_dir);
     if (!d)
         return zr_err_sys(errno, "%s: opendir", run_dir);
-    stepdir *v = NULL;
+    zck__stepdir *v = NULL;
     size_t n = 0, cap = 0;
     int rc = 0;
     struct dirent *de;
     while ((de = readdir(d)) && !rc) {
         uint64_t s;
         const char *nm = de->d_name;
-        if (zck__parse_step_name(nm, &s) && s <= step && is_dir_in(run_dir, nm)) {
-            if (n == cap) {
-                cap = cap ? 2 * cap : 16;
-                stepdir *nv = realloc(v, cap * sizeof *v);
-                if (!nv) {
-                    rc = zr_err_set(ZR_ENOMEM, "out of memory");
-                    break;
-                }
-                v = nv;
-            }
-            v[n].step = s;
-            if (!(v[n].name = strdup(nm)))
-                rc = zr_err_set(ZR_ENOMEM, "out of memory");
-            else
-                n++;
-        } else if (o->gc_tmp && is_stale_tmp(nm, tmp_below) && ours_to_delete(run_dir, nm)) {
+        if (zck__parse_step_name(nm, &s) && s <= step && is_dir_in(run_dir, nm))
+            rc = zck__steps_add(&v, &n, &cap, s, nm);
+        else if (o->gc_tmp && is_stale_tmp(nm, tmp_below) && ours_to_delete(run_dir, nm)) {
             rc = names_add(removed, nm);
             if (!rc && !o->dry_run)
                 rc = remove_any(run_dir, nm);
@@ -189,8 +165,7 @@ int zck__housekeeping(const char *run_dir, uint64_t step, uint64_t tmp_below, co
     }
     closedir(d);
     if (!rc && o->keep_last) {
-        if (n) /* qsort(NULL, 0, ...) is undefined */
-            qsort(v, n, sizeof *v, cmp_step_desc);
+        zck__steps_sort_desc(v, n);
         unsigned kept = 0;
         for (size_t i = 0; i < n && !rc; i++) {
             bool every = o->keep_every && v[i].step % o->keep_every == 0;
@@ -205,9 +180,7 @@ int zck__housekeeping(const char *run_dir, uint64_t step, uint64_t tmp_below, co
                 rc = remove_step_dir(run_dir, v[i].name);
         }
     }
-    for (size_t i = 0; i < n; i++)
-        free(v[i].name);
-    free(v);
+    zck__steps_free(v, n);
     return rc;
 }
 
@@ -257,7 +230,7 @@ static uint64_t dir_bytes(const char *dir)
     uint64_t sum = 0;
     struct dirent *de;
     while (d && (de = readdir(d))) {
-        char *p = zck__path_join(dir, de->d_name);
+        char *p = zck_path_join(dir, de->d_name);
         struct stat st;
         if (p && lstat(p, &st) == 0 && S_ISREG(st.st_mode))
             sum += (uint64_t)st.st_size;
@@ -276,7 +249,7 @@ static int cmp_entry(const void *a, const void *b)
 
 static int check_entry(zck_run_entry *e, const char *run_dir)
 {
-    char *p = zck__path_join(run_dir, e->name);
+    char *p = zck_path_join(run_dir, e->name);
     if (!p)
         return ZR_ENOMEM;
     e->bytes = dir_bytes(p);
@@ -389,7 +362,7 @@ void zck_run_list_free(zck_run_list *l)
 
 static bool has_manifest(const char *dir)
 {
-    char *p = zck__path_join(dir, "manifest.json");
+    char *p = zck_path_join(dir, "manifest.json");
     struct stat st;
     bool r = p && stat(p, &st) == 0 && S_ISREG(st.st_mode);
     free(p);
@@ -402,7 +375,7 @@ static bool is_zckpt_dir(const char *dir)
 {
     if (has_manifest(dir))
         return true;
-    char *lp = zck__path_join(dir, "latest");
+    char *lp = zck_path_join(dir, "latest");
     struct stat st;
     bool r = lp && lstat(lp, &st) == 0 && S_ISREG(st.st_mode);
     free(lp);
@@ -411,7 +384,7 @@ static bool is_zckpt_dir(const char *dir)
     uint64_t s;
     while (d && !r && (de = readdir(d)))
         if (zck__parse_step_name(de->d_name, &s)) {
-            char *p = zck__path_join(dir, de->d_name);
+            char *p = zck_path_join(dir, de->d_name);
             r = p && has_manifest(p);
             free(p);
         }

@@ -145,12 +145,9 @@ const char *zck_swap_path(const zck_swap *s) { return s->path; }
 static int reap(zck_swap *s, long min)
 {
     struct io_event ev[64];
-    int n;
-    do
-        n = io_getevents(s->ctx, min, 64, ev, NULL);
-    while (n == -EINTR);
+    int n = zck__aio_getevents(s->ctx, min, 64, ev, s->path);
     if (n < 0)
-        return set_sticky(s, zr_err_sys(-n, "%s: io_getevents", s->path));
+        return set_sticky(s, n);
     for (int i = 0; i < n; i++) {
         req *q = ev[i].data;
         long res = (long)ev[i].res;
@@ -183,26 +180,17 @@ static int submit_one(zck_swap *s, int write, void *buf, size_t len, uint64_t of
         return set_sticky(s, zr_err_sys(e, "%s: swap %s at offset %llu", s->path,
                                         write ? "write" : "read", (unsigned long long)off));
     for (;;) {
-        if (write)
-            io_prep_pwrite(&q->cb, s->fd, buf, len, (long long)off);
-        else
-            io_prep_pread(&q->cb, s->fd, buf, len, (long long)off);
-        q->cb.data = q;
-        struct iocb *cbp = &q->cb;
-        int n = io_submit(s->ctx, 1, &cbp);
+        int n = zck__aio_submit(s->ctx, &q->cb, s->fd, write, buf, len, off, q);
         if (n == 1)
             break;
         if (n == -EAGAIN && s->inflight) {
             ZR_TRY(reap(s, 1));
             continue;
         }
-        if (n == -EINVAL && s->direct) { /* O_DIRECT refused after all: buffered from now on */
-            int fl = fcntl(s->fd, F_GETFL);
-            if (fl >= 0 && fcntl(s->fd, F_SETFL, fl & ~O_DIRECT) == 0) {
-                s->direct = 0;
-                zck__warn_buffered(s->path);
-                continue;
-            }
+        /* O_DIRECT refused after all: buffered from now on */
+        if (n == -EINVAL && s->direct && zck__aio_to_buffered(s->fd, s->path)) {
+            s->direct = 0;
+            continue;
         }
         return set_sticky(s, zr_err_sys(n < 0 ? -n : EIO, "%s: io_submit", s->path));
     }

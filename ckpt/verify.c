@@ -49,14 +49,7 @@ void zck_report_add_bytes_hashed(zck_report *rep, uint64_t n) { rep->hashed += n
 int zck_report_add(zck_report *rep, zck_problem_kind kind, const char *file, const char *fmt,
                    ...)
 {
-    if (rep->n == rep->cap) {
-        size_t nc = rep->cap ? rep->cap * 2 : 8;
-        zck_problem *np = realloc(rep->p, nc * sizeof *np);
-        if (!np)
-            return zr_err_set(ZR_ENOMEM, "out of memory");
-        rep->p = np;
-        rep->cap = nc;
-    }
+    ZR_TRY(zr_array_grow(&rep->p, &rep->cap, rep->n, sizeof *rep->p));
     char detail[1200];
     va_list ap;
     va_start(ap, fmt);
@@ -136,7 +129,7 @@ static int check_files(zck_report *rep, const char *dir, const zck_manifest *m, 
     int rc = 0;
     for (size_t f = 0; f < m->nfiles && !rc; f++) {
         const zck__file *x = &m->files[f];
-        char *p = zck__path_join(dir, x->file), *buf = NULL, hex[65];
+        char *p = zck_path_join(dir, x->file), *buf = NULL, hex[65];
         size_t n = 0;
         if (!p)
             return ZR_ENOMEM;
@@ -175,7 +168,7 @@ static int check_files(zck_report *rep, const char *dir, const zck_manifest *m, 
 static int check_sums(zck_report *rep, const char *dir, const zck_manifest *m, const named *v,
                       const char *mtext)
 {
-    char *path = zck__path_join(dir, "SHA256SUMS"), *txt = NULL;
+    char *path = zck_path_join(dir, "SHA256SUMS"), *txt = NULL;
     if (!path)
         return ZR_ENOMEM;
     int rc = zck__read_small(&txt, NULL, path, (size_t)64 << 20);
@@ -277,7 +270,7 @@ static int hash_one(void *vctx, size_t k)
 {
     hash_ctx *c = vctx;
     const zck_shard *s = c->m->shards[c->todo[k]];
-    char *path = zck__path_join(c->dir, s->file);
+    char *path = zck_path_join(c->dir, s->file);
     if (!path)
         return ZR_ENOMEM;
     if (zck__sha256_file_ticked(c->hex[k], path, c->io, &c->tick) < 0 &&
@@ -319,7 +312,7 @@ int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
         goto out;
     }
     hc.m = m;
-    char *mp = zck__path_join(dir, "manifest.json"), *mtext = NULL;
+    char *mp = zck_path_join(dir, "manifest.json"), *mtext = NULL;
     if (!mp || zck__read_small(&mtext, NULL, mp, ZCK_MAX_MANIFEST_BYTES) < 0) {
         /* read again after a good parse: changed or removed meanwhile. The message is copied
          * first: zr_err_set formatting zr_err_msg() into itself is undefined */
@@ -346,7 +339,7 @@ int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
     }
     for (size_t i = 0; i < m->nshards && !rc; i++) {
         const zck_shard *s = m->shards[i];
-        char *p = zck__path_join(dir, s->file);
+        char *p = zck_path_join(dir, s->file);
         struct stat st;
         if (!p) {
             rc = ZR_ENOMEM;

@@ -45,10 +45,10 @@ int zck__mkdir_p(const char *path)
             char *slash = strrchr(p, '/');
             if (!rc && slash) {
                 *slash = 0;
-                rc = zck__fsync_dir(slash == p ? "/" : p);
+                rc = zck_fsync_dir(slash == p ? "/" : p);
                 *slash = '/';
             } else if (!rc)
-                rc = zck__fsync_dir(".");
+                rc = zck_fsync_dir(".");
         }
         p[i] = c;
     }
@@ -62,12 +62,12 @@ int zck_staging_create(char **out, const char *run_dir, uint64_t step, uint64_t 
     snprintf(name, sizeof name, ".tmp-step-%08llu-%016llx", (unsigned long long)step,
              (unsigned long long)nonce);
     ZR_TRY(zck__mkdir_p(run_dir));
-    char *p = zck__path_join(run_dir, name);
+    char *p = zck_path_join(run_dir, name);
     if (!p)
         return ZR_ENOMEM;
     int rc = zck__mkdir(p);
     if (!rc)
-        rc = zck__fsync_dir(run_dir);
+        rc = zck_fsync_dir(run_dir);
     if (rc) {
         free(p);
         return rc;
@@ -115,7 +115,7 @@ int zck_writer_open(zck_writer **out, const char *staging_dir, const zck_layout 
     }
     w->shard->rank = rank;
     ZR_TRY_GOTO(zck_layout_copy(&w->L, L), rc, fail);
-    if (!(w->path = zck__path_join(staging_dir, name))) {
+    if (!(w->path = zck_path_join(staging_dir, name))) {
         rc = ZR_ENOMEM;
         goto fail;
     }

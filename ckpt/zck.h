@@ -59,6 +59,10 @@ void zr_err_clear(void);
  * cut to cap - 1 bytes, into buf; returns buf ("(null)" for NULL). For names that come from
  * files (tensor, group, producer, shard and archive member names) before they are shown. */
 const char *zr_printable(char *buf, size_t cap, const char *s);
+/* Room for element n of the array *arrp (a pointer to the array pointer) of *cap elements of
+ * elem bytes: when n == *cap, doubles *cap (first 8), zeroing the new elements; otherwise
+ * nothing. ZR_ENOMEM (the array unchanged) when memory or the size runs out. */
+int zr_array_grow(void *arrp, size_t *cap, size_t n, size_t elem);
 
 enum { ZR_LOG_ERROR = 0, ZR_LOG_WARN = 1, ZR_LOG_INFO = 2, ZR_LOG_DEBUG = 3 };
 /* Log to stderr ("warn: ..."), level from ZR_LOG. Lines of a rank are prefixed "[rank N] " by the
@@ -243,6 +247,22 @@ uint32_t zck_arch_layers(const zck_arch_config *c); /* how many times per-layer 
  * per-layer ones repeated for each layer. Caller frees. ZR_EINVAL as to_json. */
 int zck_arch_layout(zck_layout **out, const zck_arch_config *c);
 
+/* GPT-2's config as a C struct: the "gpt2" family's fields (the engine's zr_gpt2_config and the
+ * converters' zfmt_gpt2_config are this type, so the binding is written once). zck_arch_gpt2:
+ * the family. to_arch: a config of every field (unchecked); from_arch: the fields of a gpt2
+ * config (assert), each a uint32 once checked. */
+typedef struct {
+    uint32_t layers, heads, dim, ctx, vocab; /* L, NH, C, maximum T, V */
+} zck_gpt2_config;
+const zck_arch *zck_arch_gpt2(void);
+void zck_gpt2_to_arch(zck_arch_config *out, const zck_gpt2_config *c);
+void zck_gpt2_from_arch(zck_gpt2_config *out, const zck_arch_config *a);
+/* zck_arch_layout, zck_arch_config_to_json and zck_arch_config_from_json (want "gpt2") of a
+ * GPT-2 config. */
+int zck_gpt2_layout(zck_layout **out, const zck_gpt2_config *c);
+int zck_gpt2_to_json(char **out, const zck_gpt2_config *c);
+int zck_gpt2_from_json(zck_gpt2_config *out, const char *json);
+
 /* ---------------------------------------------------------------- progress */
 
 /* Long operations report progress through this callback (the CLI draws a bar from it).
@@ -263,6 +283,15 @@ typedef struct {
  * size. Every checkpoint file, converter input and training data file is opened through this. */
 enum { ZCK_FOLLOW = 0, ZCK_NOFOLLOW = 1 };
 int zck_open_regular(int *out, const char *path, int nofollow, uint64_t *bytes);
+/* Small helpers the converters share with the library; the fsync and the rename pass through
+ * the fault hook (advanced section) like every storage operation of the library.
+ * zck_path_join: "a/b" (no second '/' when a ends with one), malloc'd; NULL on ENOMEM (error
+ * set). zck_fsync_dir: make a directory's entries durable. zck_rename_noreplace: rename that
+ * never replaces an existing `to` (ZR_EEXIST), also where the filesystem lacks
+ * RENAME_NOREPLACE (checked, then renamed). */
+char *zck_path_join(const char *a, const char *b);
+int zck_fsync_dir(const char *dir);
+int zck_rename_noreplace(const char *from, const char *to);
 
 /* ---------------------------------------------------------------- writing a checkpoint */
 

@@ -203,28 +203,62 @@ int zck__io_read_spans(zck__io *io, const zck__span *spans, size_t n, zck__chunk
 int zck__io_size(zck__io *io, uint64_t *out);
 /* Close (and report a close error); always frees. */
 int zck__io_close(zck__io *io);
+/* libaio's io_getevents for at least min of up to max events into ev, retried on EINTR (io.c,
+ * the libaio adapter, for itself and swap.c): their count, or the error naming path. */
+struct io_context;
+struct io_event;
+int zck__aio_getevents(struct io_context *ctx, long min, long max, struct io_event *ev,
+                       const char *path);
+/* Prepare cb as a pwrite (write) or pread of len bytes of buf at off, carrying data to its
+ * completion, and io_submit it: 1, or libaio's negative errno. */
+struct iocb;
+int zck__aio_submit(struct io_context *ctx, struct iocb *cb, int fd, int write, void *buf,
+                    size_t len, uint64_t off, void *data);
+/* After io_submit refused an O_DIRECT request (EINVAL): clear O_DIRECT on fd and warn once;
+ * false when fd cannot be switched. */
+bool zck__aio_to_buffered(int fd, const char *path);
 /* The one-line warning (once per process) that a filesystem refused O_DIRECT. */
 void zck__warn_buffered(const char *path);
+
+/* The first failure among threads, with its message: record keeps the first code and the
+ * calling thread's message and raises failed (which workers poll to stop early); result
+ * returns that code with the message re-set in the calling thread (0 when none failed).
+ * init and destroy around them. */
+typedef struct {
+    pthread_mutex_t mu;
+    atomic_int failed;
+    int rc;
+    char msg[1024];
+} zck__first_error;
+void zck__first_error_init(zck__first_error *f);
+void zck__first_error_record(zck__first_error *f, int rc);
+int zck__first_error_result(const zck__first_error *f);
+void zck__first_error_destroy(zck__first_error *f);
 
 /* Run fn(ctx, i) for i in [0, n) on up to jobs threads. Returns the first failure, with its
  * message re-set in the calling thread. */
 int zck__parallel(size_t n, unsigned jobs, int (*fn)(void *ctx, size_t i), void *ctx);
 
-/* Small filesystem helpers, all through the fault hook. */
-int zck__fsync_dir(const char *dir);
+/* Small filesystem helpers, all through the fault hook (and in zck.h: zck_path_join,
+ * zck_fsync_dir, zck_rename_noreplace). */
 int zck__mkdir(const char *path);                 /* EEXIST is success */
 int zck__mkdir_p(const char *path);  /* mkdir -p, each new directory made durable in its parent */
 int zck__rename(const char *from, const char *to);
-/* rename that never replaces an existing `to` (ZR_EEXIST), where the filesystem allows */
-int zck__rename_noreplace(const char *from, const char *to);
 int zck__rmtree(const char *path);                /* a flat checkpoint directory */
 int zck__write_small(const char *path, const void *data, size_t len); /* create, write, fsync */
 int zck__read_small(char **out, size_t *len, const char *path, size_t max);
-char *zck__path_join(const char *a, const char *b);  /* NULL on ENOMEM (error set) */
 const char *zck__file_type_name(mode_t m);          /* "a FIFO", "a symbolic link", ... */
 
 /* "step-<1-19 digits>" -> step; false for anything else */
 bool zck__parse_step_name(const char *name, uint64_t *step);
+/* A list of step directories (names.c): add one (grows the array), sort newest first, free. */
+typedef struct {
+    uint64_t step;
+    char *name;
+} zck__stepdir;
+int zck__steps_add(zck__stepdir **v, size_t *n, size_t *cap, uint64_t step, const char *name);
+void zck__steps_sort_desc(zck__stepdir *v, size_t n);
+void zck__steps_free(zck__stepdir *v, size_t n);
 /* replace run_dir/latest by a file naming `name` (write-temp + rename + fsync of the directory) */
 int zck__write_latest(const char *run_dir, const char *name);
 /* Retention and garbage collection in run_dir around the checkpoint `keep` of step `step`

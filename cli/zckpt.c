@@ -25,6 +25,8 @@
 typedef struct {
     const char *path, *path2; /* the positional arguments: CKPT, RUNDIR, SRC, A and B */
     const char *out;          /* -o */
+    const char *tokenizer;    /* export --format hf: a tokenizer.json to include */
+    const char *log;          /* plot: --log */
     int json, tensors, force, params_only, all;
     int format;               /* FMT_*, -1: from the output's name */
     int dtype;                /* a zck_dtype, -1: as stored */
@@ -37,7 +39,7 @@ typedef struct {
     zr_audit_opts audit;
 } zckpt_args;
 #define ZCLI_ARGS zckpt_args
-enum { FMT_ZCKPT, FMT_SAFETENSORS, FMT_LLMC };
+enum { FMT_ZCKPT, FMT_SAFETENSORS, FMT_LLMC, FMT_HF };
 
 static void args_init(zckpt_args *a)
 {
@@ -534,6 +536,26 @@ static int cmd_consolidate(const void *args)
 
 /* ------------------------------------------------------------------ export, import */
 
+static int export_hf(const zckpt_args *a)
+{
+    zfmt_hf_opts o = ZFMT_HF_OPTS_INIT;
+    zcli_bar bar;
+    o.dtype = a->dtype;
+    o.force = a->force;
+    o.tokenizer_json = a->tokenizer;
+    o.progress = zcli_progress_init(&bar);
+    int rc = zfmt_hf_export(a->path, a->out, &o);
+    zcli_progress_end(&bar);
+    if (rc < 0)
+        return zcli_fail_lib(PROG, rc == ZR_EEXIST && !a->force
+                                       ? "choose another output, or pass --force to replace an "
+                                         "earlier export"
+                                       : NULL);
+    printf("%s: Hugging Face GPT-2 model (config.json, model.safetensors%s) of %s\n", a->out,
+           a->tokenizer ? ", tokenizer.json" : "", a->path);
+    return ZCLI_OK;
+}
+
 static int cmd_export(const void *args)
 {
     const zckpt_args *a = args;
@@ -546,6 +568,10 @@ static int cmd_export(const void *args)
         so.params_only = 1;
         return export_st(src, out, force, &so);
     }
+    if (a->tokenizer && a->format != FMT_HF)
+        return zcli_fail(PROG, NULL, "--tokenizer applies to --format hf only");
+    if (a->format == FMT_HF)
+        return export_hf(a);
     if (dtype >= 0)
         return zcli_fail(PROG, NULL, "llm.c model files are float32: --dtype does not apply");
     if (exists(out) && !force)
@@ -687,6 +713,45 @@ static int cmd_prune(const void *args)
     return ZCLI_OK;
 }
 
+/* ------------------------------------------------------------------ plot */
+
+/* RUN's JSON log (--log, else RUN/train.jsonl; RUN may be the log itself) drawn into -o (else
+ * RUN/train.svg). */
+static int cmd_plot(const void *args)
+{
+    const zckpt_args *a = args;
+    struct stat st;
+    int dir = stat(a->path, &st) == 0 && S_ISDIR(st.st_mode);
+    char *log = NULL, *out = NULL;
+    if (!dir && !exists(a->path))
+        return zcli_fail(PROG, NULL, "%s: no such run directory or JSON log", a->path);
+    if (!dir && !a->out)
+        return zcli_fail(PROG, "add -o FILE.svg", "%s is not a run directory: where to draw "
+                         "it?", a->path);
+    if ((a->log ? !(log = strdup(a->log))
+                : asprintf(&log, dir ? "%s/train.jsonl" : "%s", a->path) < 0) ||
+        (a->out ? !(out = strdup(a->out)) : asprintf(&out, "%s/train.svg", a->path) < 0)) {
+        free(log);
+        return zcli_fail(PROG, NULL, "out of memory");
+    }
+    zr_plot_info info;
+    int rc = ZCLI_OK;
+    if (zr_plot_write(&info, log, out) < 0)
+        rc = zcli_fail_lib(PROG, a->log || !dir ? "the log is the file zrun --log-json names"
+                                                : "zrun writes the log given by --log-json; "
+                                                  "name it with --log FILE");
+    else {
+        printf("%s: %zu step records drawn, %zu resume or world-size mark%s\n", out,
+               info.records, info.marks, info.marks == 1 ? "" : "s");
+        if (info.skipped)
+            printf("note: %s: %zu line%s skipped (not a JSON object: a truncated last line?)\n",
+                   log, info.skipped, info.skipped == 1 ? "" : "s");
+    }
+    free(log);
+    free(out);
+    return rc;
+}
+
 /* ------------------------------------------------------------------ audit */
 
 static json_t *audit_json(const char *path, const zr_audit *au)
@@ -800,8 +865,8 @@ static const char *const dtype_names[] = {"f32", "bf16", "f16", NULL};
 static const int dtype_values[] = {ZCK_F32, ZCK_BF16, ZCK_F16};
 static const char *const consolidate_formats[] = {"zckpt", "safetensors", NULL};
 static const int consolidate_format_values[] = {FMT_ZCKPT, FMT_SAFETENSORS};
-static const char *const export_formats[] = {"safetensors", "llmc", NULL};
-static const int export_format_values[] = {FMT_SAFETENSORS, FMT_LLMC};
+static const char *const export_formats[] = {"safetensors", "llmc", "hf", NULL};
+static const int export_format_values[] = {FMT_SAFETENSORS, FMT_LLMC, FMT_HF};
 
 static const zcli_opt ls_opts[] = {ZCLI_POSITIONAL("RUNDIR", path), OPT_JSON};
 static const zcli_opt inspect_opts[] = {
@@ -839,12 +904,15 @@ static const zcli_opt consolidate_opts[] = {
 };
 static const zcli_opt export_opts[] = {
     ZCLI_POSITIONAL("CKPT", path),
-    OPT_OUTPUT("FILE", "the model file"),
+    OPT_OUTPUT("OUT", "the model file (hf: the model directory)"),
     {.name = "--format", .kind = ZCLI_OPT_ENUM, .flags = ZCLI_OPT_REQUIRED,
      .off = offsetof(zckpt_args, format), .choices = export_formats,
      .values = export_format_values,
-     .help = "safetensors in our tensor names, or llm.c's GPT-2 model file"},
+     .help = "safetensors in our tensor names, llm.c's GPT-2 model file, or a Hugging Face "
+             "model directory (config.json + model.safetensors) that transformers loads"},
     OPT_DTYPE,
+    ZCLI_STRING("--tokenizer", tokenizer, "FILE", "",
+                "hf: a tokenizer.json to put beside the model"),
     OPT_FORCE,
 };
 static const zcli_opt import_opts[] = {
@@ -886,6 +954,13 @@ static const zcli_opt audit_opts[] = {
     ZCLI_INTEGER(U32, "--jobs", audit.jobs, "N", 1, 256, NULL, "shards hashed in parallel"),
     OPT_JSON,
 };
+static const zcli_opt plot_opts[] = {
+    ZCLI_POSITIONAL("RUN|LOG", path),
+    {.name = "-o", .alias = "--output", .kind = ZCLI_OPT_STRING,
+     .off = offsetof(zckpt_args, out), .meta = "FILE.svg", .def = "RUN/train.svg",
+     .help = "the SVG (written beside it, then renamed over it)"},
+    ZCLI_STRING("--log", log, "FILE", "RUN/train.jsonl", "the JSON log (zrun --log-json)"),
+};
 static const zcli_opt prune_opts[] = {
     ZCLI_POSITIONAL("RUNDIR", path),
     {.name = "--keep-last", .kind = ZCLI_OPT_U32, .flags = ZCLI_OPT_REQUIRED,
@@ -925,8 +1000,9 @@ static const zcli_command commands[] = {
      "params only; --format zckpt writes a world-1 checkpoint into the run directory OUT.\n"
      "Streaming, bounded memory.\n"},
     {"export", cmd_export, TABLE(export_opts),
-     "Export the model (params) of a GPT-2 checkpoint: safetensors in our tensor names, or\n"
-     "llm.c's model file (gpt2_124M.bin layout).\n"},
+     "Export the model (params) of a GPT-2 checkpoint: safetensors in our tensor names,\n"
+     "llm.c's model file (gpt2_124M.bin layout), or a Hugging Face model directory\n"
+     "(config.json + model.safetensors) that transformers loads as GPT2LMHeadModel.\n"},
     {"import", cmd_import, TABLE(import_opts),
      "Make a step-0 checkpoint (N shards) from a GPT-2 model: a safetensors file in our\n"
      "names, a Hugging Face GPT-2 directory (config.json + model.safetensors), or an llm.c\n"
@@ -949,6 +1025,12 @@ static const zcli_command commands[] = {
      "(the training loop's own checks), and the memory per rank (as zrun --dry-run).\n"
      "Exit 0 when resumable, 1 when not (each reason on its own line; also a run directory\n"
      "without a checkpoint), 2 on usage or I/O errors (a path that does not exist).\n"},
+    {"plot", cmd_plot, TABLE(plot_opts),
+     "Draw a run's JSON log (zrun --log-json) as an SVG, as zrun writes RUN/train.svg at each\n"
+     "save: training and validation loss, learning rate and tokens/s against the step, each\n"
+     "invocation its own line, resumes and world-size changes marked. Lines that are not JSON\n"
+     "(a truncated last line) are skipped and counted; a log without step records is an\n"
+     "error.\n"},
     {"prune", cmd_prune, TABLE(prune_opts),
      "Remove all but the newest K checkpoints (and those whose step is a multiple of N), and\n"
      "stale temporaries. Never removes what `latest` names, nor checkpoints newer than it.\n"},

@@ -1,9 +1,13 @@
 /*
  * zrun.c: the training launcher. Parses the options (one table, zrun_table, which also makes
- * --help) into zr_train_opts and runs the training loop of core/. With --nproc N > 1 it starts N ranks of itself through zr_launch (the
- * environment tells each one its rank) and waits for them; a rank runs zr_train. Other devices
- * and offload are refused with a clear message. SIGINT/SIGTERM/SIGUSR1 finish the current step,
- * save a checkpoint and exit 0 saying where.
+ * --help) into zr_train_opts and runs the training loop of core/. With --nproc N > 1, --nnodes
+ * or --max-restarts it is the launcher: zr_supervise starts N ranks of itself through zr_launch
+ * (the environment tells each one its rank and world) and restarts them from the newest sound
+ * checkpoint when the job fails; under mpirun or srun it is one rank. A rank runs zr_train on
+ * the device --device picks (cpu, or cuda through the backend loaded at run time), with the
+ * optimizer states and parameters offloaded to host memory or NVMe as asked. The checks here
+ * are those between options that need no environment; zr_train checks the rest.
+ * SIGINT/SIGTERM/SIGUSR1 finish the current step, save a checkpoint and exit 0 saying where.
  */
 #include "common.h"
 #include "opts.h"
@@ -31,6 +35,17 @@ static void on_signal(int sig)
     stop_flag = 1;
 }
 
+/* SIGINT, SIGTERM and SIGUSR1 set stop_flag */
+static void catch_stop_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
 typedef struct {
     uint32_t nnodes, node_rank;
     const char *master;
@@ -42,12 +57,7 @@ static int supervise(char **argv, const zr_train_opts *o, uint32_t nproc, int lo
                      uint32_t max_restarts, double backoff, uint32_t nproc_restart,
                      const nodes_opts *no)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
+    catch_stop_signals();
     zr_supervise_opts so = ZR_SUPERVISE_OPTS_INIT;
     so.nproc = (int)nproc;
     so.nproc_on_restart = (int)nproc_restart;
@@ -156,11 +166,20 @@ static const zcli_opt zrun_table[] = {
                 "vocabulary must fit the model's (a resume without it keeps the checkpoint's)"),
     ZCLI_INTEGER(U32, "--seq", o.seq, "T", 1, 1u << 20, "the model's context",
                  "tokens per sequence"),
+    ZCLI_SECTION("validation:"),
+    ZCLI_INTEGER(U64, "--eval-every", o.eval_every, "N", 0, UINT64_MAX, "0, never",
+                 "validation loss every N steps and at the last step: on the step line, in "
+                 "the JSON log (val_loss) and in checkpoints with the best so far"),
+    ZCLI_INTEGER(U32, "--eval-batches", o.eval_batches, "K", 1, 1u << 16, NULL,
+                 "each evaluation covers K x --batch fixed sequences"),
+    ZCLI_STRING("--val-data", o.val_data, "FILE", "the held-out tail of --data",
+                "validation tokens, as --data; without it a tenth of a --data file (the "
+                "synthetic corpus: its own continuation) is held out and never trained on"),
     ZCLI_SECTION("optimization:"),
     ZCLI_INTEGER(U32, "--batch", o.batch, "N", 1, 1u << 20, NULL,
                  "global batch in sequences per optimizer step"),
     ZCLI_INTEGER(U32, "--micro-batch", o.micro_batch, "N", 1, 1u << 20,
-                 "the rank's share, --batch / --nproc",
+                 "the rank's share, --batch / world (--nproc x --nnodes)",
                  "sequences per forward pass on each rank; gradients accumulate"),
     ZCLI_INTEGER(U64, "--steps", o.steps, "N", 1, UINT64_MAX, NULL,
                  "total optimizer steps of the run, the LR schedule's horizon"),
@@ -202,13 +221,24 @@ static const zcli_opt zrun_table[] = {
                  "end this invocation after N more steps, with a checkpoint"),
     ZCLI_REAL(DOUBLE, "--time-limit", o.time_limit, "SEC", 0, DBL_MAX, "",
               "save and stop before this many seconds of training"),
+    ZCLI_SECTION("samples:"),
+    ZCLI_INTEGER(U64, "--sample-every", o.sample_every, "N", 0, UINT64_MAX, "0, none",
+                 "every N steps, rank 0 prints a greedy continuation of --prompt after the "
+                 "step line (and logs it as a \"sample\" event with --log-json); at ZeRO-3 "
+                 "the parameters are gathered to rank 0 for it"),
+    ZCLI_STRING("--prompt", o.sample_prompt, "TEXT", "\"the \"",
+                "the samples' prompt; its bytes are the token ids"),
+    ZCLI_INTEGER(U32, "--sample-tokens", o.sample_tokens, "N", 1, 1u << 20, NULL,
+                 "tokens each sample generates"),
     ZCLI_SECTION("running:"),
     ZCLI_INTEGER(INT, "--threads", o.threads, "N", 1, 256, NULL, "compute threads per rank"),
-    ZCLI_STRING("--log-json", o.log_json, "FILE", "",
+    ZCLI_STRING("--log-json", o.log_json, "FILE", "CKPT_DIR/train.jsonl",
                 "append one JSON object per step (step, time, run_id, loss, lr, grad_norm, "
-                "tokens_per_s, step_ms, save_blocked_ms, mem, rss_peak)"),
+                "tokens_per_s, step_ms, save_blocked_ms, mem, rss_peak), from which "
+                "CKPT_DIR/train.svg is drawn at each save and at the end; 'none': no JSON log "
+                "and no plot"),
     ZCLI_INTEGER(U32, "--nproc", nproc, "N", 1, 65536, NULL,
-                 "data-parallel CPU ranks on this node, one process each"),
+                 "data-parallel ranks on this node, one process each"),
     ZCLI_INTEGER(INT, "--zero", o.zero_stage, "S", 0, 3, NULL,
                  "ZeRO stage: 0 everything replicated, gradients all-reduced; 1 optimizer "
                  "states partitioned; 2 also gradients; 3 also parameters, gathered group by "
@@ -311,12 +341,7 @@ static int parse_args(zrun_args *a, int argc, char **argv)
 /* One rank: train until done or stopped by a signal. */
 static int run_rank(zr_train_opts *o)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
+    catch_stop_signals();
     o->stop = &stop_flag;
     o->log = stdout;
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -372,11 +397,16 @@ static int launch(zrun_args *ap, char **argv)
     int rc;
     zr_train_opts *o = &a.o;
     o->run_id = run_id();
+    static char *log_json; /* the default JSON log: beside the checkpoints */
+    if (!o->log_json && asprintf(&log_json, "%s/train.jsonl", o->ckpt_dir) > 0)
+        o->log_json = log_json;
+    else if (o->log_json && !strcmp(o->log_json, "none"))
+        o->log_json = NULL;
     uint32_t nproc = a.nproc, max_restarts = a.max_restarts, nproc_restart = a.nproc_restart;
     const nodes_opts no = a.no;
 
-    if (a.dry_run) {
-        if (zr_train_dry_run(o, (int)nproc, stdout) < 0)
+    if (a.dry_run) { /* the plan of the whole job: every node's ranks */
+        if (zr_train_dry_run(o, (int)(nproc * no.nnodes), stdout) < 0)
             return zcli_fail_lib(PROG, NULL);
         return ZCLI_OK;
     }

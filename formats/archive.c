@@ -42,73 +42,25 @@ static const char *ar_msg(struct archive *a)
     return m ? m : "unknown libarchive error";
 }
 
-static char *join(const char *a, const char *b)
-{
-    size_t na = strlen(a), nb = strlen(b);
-    char *p = malloc(na + nb + 2);
-    if (!p) {
-        zr_err_set(ZR_ENOMEM, "out of memory");
-        return NULL;
-    }
-    memcpy(p, a, na);
-    size_t k = na;
-    if (na && a[na - 1] != '/')
-        p[k++] = '/';
-    memcpy(p + k, b, nb + 1);
-    return p;
-}
-
 /* Member names come from untrusted archives: show them on one line, bounded. */
 static const char *shown(char buf[256], const char *name)
 {
     return name ? zr_printable(buf, 256, name) : "(unnamed)";
 }
 
-static int fsync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return zr_err_sys(errno, "%s: open directory", dir);
-    if (fsync(fd) < 0) {
-        int e = errno;
-        close(fd);
-        return zr_err_sys(e, "%s: fsync directory", dir);
-    }
-    close(fd);
-    return 0;
-}
-
 static int fsync_parent(const char *path)
 {
     const char *slash = strrchr(path, '/');
     if (!slash)
-        return fsync_dir(".");
+        return zck_fsync_dir(".");
     if (slash == path)
-        return fsync_dir("/");
+        return zck_fsync_dir("/");
     char *dir = strndup(path, (size_t)(slash - path));
     if (!dir)
         return zr_err_set(ZR_ENOMEM, "out of memory");
-    int rc = fsync_dir(dir);
+    int rc = zck_fsync_dir(dir);
     free(dir);
     return rc;
-}
-
-/* rename that refuses to replace an existing `to` (ZR_EEXIST) */
-static int rename_noreplace(const char *from, const char *to)
-{
-    if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0)
-        return 0;
-    if (errno == EEXIST)
-        return zr_err_set(ZR_EEXIST, "%s: already exists", to);
-    if (errno != EINVAL && errno != ENOSYS)
-        return zr_err_sys(errno, "rename %s -> %s", from, to);
-    /* a filesystem without RENAME_NOREPLACE: check, then rename */
-    struct stat st;
-    if (lstat(to, &st) == 0)
-        return zr_err_set(ZR_EEXIST, "%s: already exists", to);
-    if (rename(from, to) < 0)
-        return zr_err_sys(errno, "rename %s -> %s", from, to);
-    return 0;
 }
 
 /* Best-effort removal of name (relative to dfd), descending at most depth directory levels
@@ -313,7 +265,7 @@ typedef struct {
 /* Append dir/file as "<top>/<file>". expect_bytes: the size the manifest lists, or -1. */
 static int pack_file(pack_ctx *c, const char *file, int64_t expect_bytes)
 {
-    char *path = join(c->dir, file), member[300];
+    char *path = zck_path_join(c->dir, file), member[300];
     if (!path)
         return ZR_ENOMEM;
     struct archive_entry *e = NULL;
@@ -475,7 +427,7 @@ int zfmt_pack(const char *ckpt, const char *out_file, const zck_progress *progre
         goto out;
     }
     fd = -1;
-    ZR_TRY_GOTO(rename_noreplace(tmp, out_file), rc, out);
+    ZR_TRY_GOTO(zck_rename_noreplace(tmp, out_file), rc, out);
     created = 0;
     ZR_TRY_GOTO(fsync_parent(out_file), rc, out);
     prog_set(&c.pg, c.pg.done, 1);
@@ -512,7 +464,7 @@ static int unpack_begin_step(unpack_ctx *c, const char *name, size_t top_len)
 {
     memcpy(c->top, name, top_len);
     c->top[top_len] = 0;
-    char *dst = join(c->out_dir, c->top);
+    char *dst = zck_path_join(c->out_dir, c->top);
     if (!dst)
         return ZR_ENOMEM;
     struct stat st;
@@ -619,7 +571,7 @@ static int unpack_members(unpack_ctx *c, struct archive *a)
 /* Verify tmp/<top> in full; the first problem becomes the error. *step: the manifest's step. */
 static int unpack_check(unpack_ctx *c, uint64_t *step)
 {
-    char *dir = join(c->tmp, c->top);
+    char *dir = zck_path_join(c->tmp, c->top);
     if (!dir)
         return ZR_ENOMEM;
     zck_report *rep = NULL;
@@ -703,7 +655,7 @@ int zfmt_unpack(const char *archive, const char *out_dir, const zck_progress *pr
     ZR_TRY_GOTO(zck_run_lock(&lk, out_dir, "unpack"), rc, out);
     char name[64];
     snprintf(name, sizeof name, ".tmp-unpack-%ld", (long)getpid());
-    if (!(c.tmp = join(out_dir, name)) || !(c.buf = malloc(CHUNK_BYTES))) {
+    if (!(c.tmp = zck_path_join(out_dir, name)) || !(c.buf = malloc(CHUNK_BYTES))) {
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
         goto out;
     }
@@ -725,13 +677,13 @@ int zfmt_unpack(const char *archive, const char *out_dir, const zck_progress *pr
     afd = -1;
     uint64_t step = 0;
     ZR_TRY_GOTO(unpack_check(&c, &step), rc, out);
-    char *from = join(c.tmp, c.top);
-    if (!from || !(final = join(out_dir, c.top))) {
+    char *from = zck_path_join(c.tmp, c.top);
+    if (!from || !(final = zck_path_join(out_dir, c.top))) {
         free(from);
         rc = ZR_ENOMEM;
         goto out;
     }
-    rc = rename_noreplace(from, final);
+    rc = zck_rename_noreplace(from, final);
     free(from);
     if (rc)
         goto out;
@@ -740,7 +692,7 @@ int zfmt_unpack(const char *archive, const char *out_dir, const zck_progress *pr
     close(c.tmp_fd);
     c.tmp_fd = -1;
     rmdir(c.tmp); /* best effort: an empty dot-directory is ignored by every reader */
-    ZR_TRY_GOTO(fsync_dir(out_dir), rc, out);
+    ZR_TRY_GOTO(zck_fsync_dir(out_dir), rc, out);
     if ((rc = unpack_latest(out_dir, step)) < 0) {
         zr_err_prefix("%s unpacked, but latest was not updated: ", final);
         goto out;
@@ -799,14 +751,7 @@ static seen_member *find_member(verify_ctx *c, const char *file)
 static int verify_read(verify_ctx *c, struct archive *a, const char *file, char **keep,
                        size_t max)
 {
-    if (c->n == c->cap) {
-        size_t nc = c->cap ? c->cap * 2 : 16;
-        seen_member *nm = realloc(c->m, nc * sizeof *nm);
-        if (!nm)
-            return zr_err_set(ZR_ENOMEM, "out of memory");
-        c->m = nm;
-        c->cap = nc;
-    }
+    ZR_TRY(zr_array_grow(&c->m, &c->cap, c->n, sizeof *c->m));
     seen_member *m = &c->m[c->n];
     *m = (seen_member){0};
     if (!(m->file = strdup(file)))

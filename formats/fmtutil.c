@@ -63,7 +63,7 @@ int zfmt__out_write(zfmt__out *o, const void *data, size_t n_bytes)
     return 0;
 }
 
-static int fsync_dir_of(const char *path)
+int zfmt__fsync_dir_of(const char *path)
 {
     char *copy = strdup(path);
     if (!copy)
@@ -91,7 +91,7 @@ int zfmt__out_commit(zfmt__out *o)
     if (rename(o->tmp, o->final) < 0)
         return zr_err_sys(errno, "%s: rename to %s", o->tmp, o->final);
     o->committed = 1;
-    return fsync_dir_of(o->final);
+    return zfmt__fsync_dir_of(o->final);
 }
 
 void zfmt__out_free(zfmt__out *o)

@@ -22,6 +22,8 @@ int zfmt__out_open(zfmt__out **out, const char *final_path);
 int zfmt__out_write(zfmt__out *o, const void *data, size_t n_bytes);
 int zfmt__out_commit(zfmt__out *o);
 void zfmt__out_free(zfmt__out *o);
+/* fsync the directory that holds path (its entries: a rename, a new file). */
+int zfmt__fsync_dir_of(const char *path);
 
 /* ---------------------------------------------------------------- sources and progress */
 
@@ -58,6 +60,13 @@ const char *zfmt__gpt2_kind(size_t k);
 void zfmt__gpt2_kind_shape(const zfmt_gpt2_config *c, size_t k, size_t *ndim, uint64_t shape[2]);
 /* 1 for the Conv1D weights that Hugging Face stores transposed ([in, out]). */
 int zfmt__gpt2_kind_is_conv1d(size_t k);
+/* Hugging Face's name of one of our GPT-2 tensors ("transformer.h.0.attn.c_attn.weight"), into
+ * out; *transposed is 1 for a Conv1D weight, which Hugging Face stores [in, out]. */
+int zfmt__gpt2_hf_name(char *out, size_t n, const char *ours, int *transposed);
+/* Our name of a Hugging Face GPT-2 tensor (borrowed from hf or static); NULL for what is not a
+ * parameter there (lm_head.weight, tied to wte; the attn.bias / masked_bias buffers); "" for a
+ * name that is ours but not Hugging Face's ("wte"), which no HF file holds. */
+const char *zfmt__gpt2_from_hf(const char *hf);
 /* ZR_EINVAL naming the bad field. */
 int zfmt__gpt2_check(const zfmt_gpt2_config *c);
 /* Group index and info of a tensor by name; ZR_ENOTFOUND when absent. */
@@ -105,6 +114,10 @@ int zfmt__st_read(const zfmt__st_file *f, const zfmt__st_entry *e, void *dst);
 /* safetensors dtype name <-> zck_dtype ("F32", "BF16", ...). NULL / ZR_EUNSUPPORTED. */
 const char *zfmt__st_dtype_name(zck_dtype t);
 int zfmt__st_dtype_parse(zck_dtype *out, const char *name);
+
+/* zfmt_safetensors_export's streaming writer with Hugging Face's GPT-2 names (params only,
+ * Conv1D weights transposed, each read whole), metadata {"format": "pt"}. */
+int zfmt__st_export_hf(const char *ckpt, const char *out_file, const zfmt_st_opts *o);
 
 /* json_dumps into memory from malloc (whatever allocator Jansson was given); NULL when out of
  * memory. */

@@ -1,9 +1,9 @@
 /*
  * gpt2.c: the GPT-2 naming contract between checkpoints and models (zfmt.h, "GPT-2 naming"),
- * as formats/ sees it: zfmt_gpt2_config bound to ckpt's family table (zck.h, "model families",
- * ckpt/arch.c), which holds the contract once for the engine and the converters alike (the
- * layout, the checks, the model section), and the per-layer tensor kinds in the table's order
- * that the converters share.
+ * as formats/ sees it: ckpt's family table (zck.h, "model families", ckpt/arch.c), which holds
+ * the contract once for the engine and the converters alike (the layout, the checks, the model
+ * section, and zfmt_gpt2_config, which is its zck_gpt2_config), and the per-layer tensor kinds
+ * in the table's order that the converters share.
  */
 #include "fmtutil.h"
 
@@ -11,25 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const zck_arch *gpt2_arch(void)
-{
-    const zck_arch *a = NULL;
-    int rc = zck_arch_find(&a, "gpt2");
-    assert(!rc && a);
-    (void)rc;
-    return a;
-}
-
-static void to_arch(zck_arch_config *out, const zfmt_gpt2_config *c)
-{
-    zck_arch_config_init(out, gpt2_arch());
-    zck_arch_config_set(out, "layers", c->layers);
-    zck_arch_config_set(out, "heads", c->heads);
-    zck_arch_config_set(out, "dim", c->dim);
-    zck_arch_config_set(out, "ctx", c->ctx);
-    zck_arch_config_set(out, "vocab", c->vocab);
-}
 
 /* The table index of per-layer tensor kind k. */
 static size_t kind_index(const zck_arch_config *a, size_t k)
@@ -48,7 +29,7 @@ const char *zfmt__gpt2_kind(size_t k)
 {
     assert(k < ZFMT__GPT2_KINDS);
     zck_arch_config a;
-    zck_arch_config_init(&a, gpt2_arch());
+    zck_arch_config_init(&a, zck_arch_gpt2());
     zck_arch_tensor_info ti;
     zck_arch_tensor(&a, kind_index(&a, k), &ti);
     return ti.name;
@@ -58,7 +39,7 @@ void zfmt__gpt2_kind_shape(const zfmt_gpt2_config *c, size_t k, size_t *ndim, ui
 {
     assert(k < ZFMT__GPT2_KINDS);
     zck_arch_config a;
-    to_arch(&a, c);
+    zck_gpt2_to_arch(&a, c);
     zck_arch_tensor_info ti;
     zck_arch_tensor(&a, kind_index(&a, k), &ti);
     *ndim = ti.ndim;
@@ -79,7 +60,7 @@ int zfmt__gpt2_kind_is_conv1d(size_t k)
 int zfmt__gpt2_check(const zfmt_gpt2_config *c)
 {
     zck_arch_config a;
-    to_arch(&a, c);
+    zck_gpt2_to_arch(&a, c);
     return zck_arch_config_check(&a, "gpt2 config");
 }
 
@@ -98,26 +79,68 @@ int zfmt__find_tensor(const zck_layout *L, const char *name, size_t *group, zck_
 
 int zfmt_gpt2_layout(zck_layout **out, const zfmt_gpt2_config *c)
 {
-    zck_arch_config a;
-    to_arch(&a, c);
-    return zck_arch_layout(out, &a);
+    return zck_gpt2_layout(out, c);
 }
 
 int zfmt_gpt2_config_from_json(zfmt_gpt2_config *out, const char *model_json)
 {
-    zck_arch_config a;
-    ZR_TRY(zck_arch_config_from_json(&a, model_json, gpt2_arch()));
-    out->layers = (uint32_t)zck_arch_config_get(&a, "layers");
-    out->heads = (uint32_t)zck_arch_config_get(&a, "heads");
-    out->dim = (uint32_t)zck_arch_config_get(&a, "dim");
-    out->ctx = (uint32_t)zck_arch_config_get(&a, "ctx");
-    out->vocab = (uint32_t)zck_arch_config_get(&a, "vocab");
-    return 0;
+    return zck_gpt2_from_json(out, model_json);
 }
 
 int zfmt_gpt2_config_to_json(char **out, const zfmt_gpt2_config *c)
 {
-    zck_arch_config a;
-    to_arch(&a, c);
-    return zck_arch_config_to_json(out, &a);
+    return zck_gpt2_to_json(out, c);
+}
+
+/* ---------------------------------------------------------------- Hugging Face names
+ *
+ * Hugging Face's GPT2LMHeadModel names our tensors "transformer.<ours>", but for the two
+ * embeddings, which are modules there ("transformer.wte.weight"); its Conv1D weights are
+ * stored [in, out]. lm_head.weight is wte (tied) and the attn.bias / attn.masked_bias causal
+ * masks are buffers, not parameters. This table is the one place both directions use. */
+static const struct {
+    const char *ours, *hf;
+} hf_renamed[] = {{"wte", "wte.weight"}, {"wpe", "wpe.weight"}};
+#define HF_PREFIX "transformer."
+
+int zfmt__gpt2_hf_name(char *out, size_t n, const char *ours, int *transposed)
+{
+    const char *base = ours;
+    for (size_t i = 0; i < sizeof hf_renamed / sizeof *hf_renamed; i++)
+        if (!strcmp(ours, hf_renamed[i].ours))
+            base = hf_renamed[i].hf;
+    *transposed = 0;
+    const char *dot = !strncmp(ours, "h.", 2) ? strchr(ours + 2, '.') : NULL;
+    for (size_t k = 0; dot && k < ZFMT__GPT2_KINDS; k++)
+        if (!strcmp(dot + 1, zfmt__gpt2_kind(k)))
+            *transposed = zfmt__gpt2_kind_is_conv1d(k);
+    if ((size_t)snprintf(out, n, HF_PREFIX "%s", base) >= n)
+        return zr_err_set(ZR_EINVAL, "tensor name '%s' too long", ours);
+    return 0;
+}
+
+/* "h.<digits>.attn.bias" or "h.<digits>.attn.masked_bias" */
+static int is_hf_buffer(const char *name)
+{
+    if (strncmp(name, "h.", 2) || name[2] < '0' || name[2] > '9')
+        return 0;
+    const char *p = name + 2;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    return !strcmp(p, ".attn.bias") || !strcmp(p, ".attn.masked_bias");
+}
+
+const char *zfmt__gpt2_from_hf(const char *hf)
+{
+    if (!strncmp(hf, HF_PREFIX, strlen(HF_PREFIX)))
+        hf += strlen(HF_PREFIX);
+    if (!strcmp(hf, "lm_head.weight") || is_hf_buffer(hf))
+        return NULL;
+    for (size_t i = 0; i < sizeof hf_renamed / sizeof *hf_renamed; i++) {
+        if (!strcmp(hf, hf_renamed[i].hf))
+            return hf_renamed[i].ours;
+        if (!strcmp(hf, hf_renamed[i].ours))
+            return ""; /* our name, not Hugging Face's */
+    }
+    return hf;
 }

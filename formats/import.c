@@ -101,19 +101,6 @@ static int kind_of(const source *s, size_t i)
     return (int)((i - 2) % ZFMT__GPT2_KINDS);
 }
 
-/* "h.<N>.attn.bias" or "h.<N>.attn.masked_bias": causal-mask buffers, not parameters */
-static int is_hf_buffer(const char *name)
-{
-    uint32_t l;
-    const char *p = name;
-    if (strncmp(p, "h.", 2))
-        return 0;
-    p += 2;
-    if (parse_uint(&p, &l) < 0)
-        return 0;
-    return !strcmp(p, ".attn.bias") || !strcmp(p, ".attn.masked_bias");
-}
-
 /* ---------------------------------------------------------------- sources */
 
 static void source_free(source *s)
@@ -161,16 +148,8 @@ static int map_entries(source *s)
         const zfmt__st_entry *e = &f->e[i];
         const char *name = e->name;
         if (s->kind == SRC_HF) {
-            if (!strncmp(name, "transformer.", 12))
-                name += 12;
-            if (!strcmp(name, "lm_head.weight") || is_hf_buffer(name))
-                continue;
-            if (!strcmp(name, "wte.weight"))
-                name = "wte";
-            else if (!strcmp(name, "wpe.weight"))
-                name = "wpe";
-            else if (!strcmp(name, "wte") || !strcmp(name, "wpe"))
-                name = "";  /* ours, not Hugging Face's */
+            if (!(name = zfmt__gpt2_from_hf(name)))
+                continue; /* lm_head (tied to wte), causal-mask buffers */
         } else if (strchr(name, '/')) {
             continue; /* an optimizer state of an export: states start at zero */
         }

@@ -57,12 +57,18 @@ typedef struct {
     zck_dtype out_t;
     uint64_t begin, end;  /* bytes in the data buffer */
     char *name;
+    int transposed;       /* Hugging Face names: a 2-D weight written [in, out] */
 } item;
+
+/* How tensors are named in the file: ours ("<state>/<name>" beyond param, zero's metadata), or
+ * Hugging Face's GPT-2 names (params only, Conv1D weights transposed, metadata format pt). */
+enum { NAMES_OURS, NAMES_HF };
 
 static int is_convertible(zck_dtype t) { return t == ZCK_F32 || t == ZCK_BF16 || t == ZCK_F16; }
 
 /* The header text, padded with spaces to a multiple of 8 bytes (malloc'ed). */
-static int build_header(char **out, size_t *len, const item *it, size_t n, zck_reader *r)
+static int build_header(char **out, size_t *len, const item *it, size_t n, zck_reader *r,
+                        int names)
 {
     json_t *root = json_object();
     int rc = 0;
@@ -80,8 +86,10 @@ static int build_header(char **out, size_t *len, const item *it, size_t n, zck_r
             rc = zr_err_set(ZR_ENOMEM, "out of memory");
             goto out;
         }
-        for (size_t d = 0; d < it[i].ti.ndim; d++)
-            json_array_append_new(shape, json_integer((json_int_t)it[i].ti.shape[d]));
+        for (size_t d = 0; d < it[i].ti.ndim; d++) {
+            size_t dd = it[i].transposed ? it[i].ti.ndim - 1 - d : d;
+            json_array_append_new(shape, json_integer((json_int_t)it[i].ti.shape[dd]));
+        }
         json_t *e = json_pack("{s:s, s:o, s:[I, I]}", "dtype", zfmt__st_dtype_name(it[i].out_t),
                               "shape", shape, "data_offsets", (json_int_t)it[i].begin,
                               (json_int_t)it[i].end);
@@ -92,8 +100,10 @@ static int build_header(char **out, size_t *len, const item *it, size_t n, zck_r
     }
     char step[32];
     snprintf(step, sizeof step, "%llu", (unsigned long long)zck_reader_step(r));
-    json_t *meta = json_pack("{s:s, s:s, s:s}", "format", "zero", "zero.model",
-                             zck_reader_model_json(r), "zero.step", step);
+    json_t *meta = names == NAMES_HF
+                       ? json_pack("{s:s}", "format", "pt")
+                       : json_pack("{s:s, s:s, s:s}", "format", "zero", "zero.model",
+                                   zck_reader_model_json(r), "zero.step", step);
     if (!meta || json_object_set_new(root, "__metadata__", meta)) {
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
         goto out;
@@ -127,7 +137,8 @@ static void free_items(item *it, size_t n)
 }
 
 /* The tensors to export in header order (state by state, then layout order). */
-static int plan_items(item **out, size_t *n_out, zck_reader *r, const zfmt_st_opts *o)
+static int plan_items(item **out, size_t *n_out, zck_reader *r, const zfmt_st_opts *o,
+                      int names)
 {
     const zck_layout *L = zck_reader_layout(r);
     size_t ns = zck_layout_n_states(L), ng = zck_layout_n_groups(L), cap = 0, n = 0;
@@ -160,12 +171,15 @@ static int plan_items(item **out, size_t *n_out, zck_reader *r, const zfmt_st_op
                 x->s = s;
                 x->out_t = ot;
                 zck_layout_tensor(L, g, t, &x->ti);
-                size_t len = strlen(sname) + strlen(x->ti.name) + 2;
+                size_t len = strlen(sname) + strlen(x->ti.name) + 2 + 16;
                 if (!(x->name = malloc(len))) {
                     rc = zr_err_set(ZR_ENOMEM, "out of memory");
                     goto fail;
                 }
-                if (is_param)
+                if (names == NAMES_HF)
+                    ZR_TRY_GOTO(zfmt__gpt2_hf_name(x->name, len, x->ti.name, &x->transposed),
+                                rc, fail);
+                else if (is_param)
                     snprintf(x->name, len, "%s", x->ti.name);
                 else
                     snprintf(x->name, len, "%s/%s", sname, x->ti.name);
@@ -186,7 +200,44 @@ fail:
     return rc;
 }
 
+/* Read tensor x whole (it is 2-D), write it transposed through dbuf (as wide as the tensor). */
+static int write_transposed(zck_reader *r, const zck_read_opts *ro, const item *x,
+                            zck_dtype st, void *whole, void *tmp, zfmt__out *f)
+{
+    zck_read_req q = {x->g, x->s, x->ti.offset, x->ti.numel, whole};
+    ZR_TRY(zck_reader_read(r, &q, 1, ro));
+    size_t es = zck_dtype_size(st), O = (size_t)x->ti.shape[0], I = (size_t)x->ti.shape[1];
+    const unsigned char *a = whole;
+    unsigned char *b = tmp;
+    for (size_t o = 0; o < O; o++) /* ours [out, in] -> [in, out] */
+        for (size_t i = 0; i < I; i++)
+            memcpy(b + (i * O + o) * es, a + (o * I + i) * es, es);
+    if (st != x->out_t) {
+        int rc = zfmt_convert(whole, x->out_t, tmp, st, (size_t)x->ti.numel);
+        if (rc) {
+            zr_err_prefix("tensor '%s': ", x->name);
+            return rc;
+        }
+        tmp = whole;
+    }
+    return zfmt__out_write(f, tmp, (size_t)x->ti.numel * zck_dtype_size(x->out_t));
+}
+
+static int st_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o, int names);
+
 int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o)
+{
+    return st_export(ckpt, out_file, o, NAMES_OURS);
+}
+
+int zfmt__st_export_hf(const char *ckpt, const char *out_file, const zfmt_st_opts *o)
+{
+    zfmt_st_opts opt = o ? *o : (zfmt_st_opts)ZFMT_ST_OPTS_INIT;
+    opt.params_only = 1;
+    return st_export(ckpt, out_file, &opt, NAMES_HF);
+}
+
+static int st_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o, int names)
 {
     zfmt_st_opts def = ZFMT_ST_OPTS_INIT;
     if (!o)
@@ -205,18 +256,22 @@ int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_s
     item *it = NULL;
     size_t n = 0, hlen = 0;
     char *header = NULL;
-    unsigned char *sbuf = NULL, *dbuf = NULL;
+    unsigned char *sbuf = NULL, *dbuf = NULL, *wbuf = NULL, *tbuf = NULL;
     zfmt__out *f = NULL;
     int rc = 0;
     zfmt__verify *v = NULL;
     ZR_TRY_GOTO(zfmt__open_verifying(&r, &v, ckpt), rc, out);
-    ZR_TRY_GOTO(plan_items(&it, &n, r, &opt), rc, out);
-    ZR_TRY_GOTO(build_header(&header, &hlen, it, n, r), rc, out);
+    ZR_TRY_GOTO(plan_items(&it, &n, r, &opt, names), rc, out);
+    ZR_TRY_GOTO(build_header(&header, &hlen, it, n, r, names), rc, out);
 
     /* working memory: one chunk as stored, plus one converted when converting */
     const zck_layout *L = zck_reader_layout(r);
-    size_t max_ss = 1, max_ds = 1;
+    size_t max_ss = 1, max_ds = 1, max_tr = 0;
     for (size_t i = 0; i < n; i++) {
+        size_t es = zck_dtype_size(zck_layout_state_dtype(L, it[i].s));
+        es = es > zck_dtype_size(it[i].out_t) ? es : zck_dtype_size(it[i].out_t);
+        size_t tb = it[i].transposed ? (size_t)it[i].ti.numel * es : 0;
+        max_tr = tb > max_tr ? tb : max_tr;
         size_t ss = zck_dtype_size(zck_layout_state_dtype(L, it[i].s));
         if (ss > max_ss)
             max_ss = ss;
@@ -225,7 +280,8 @@ int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_s
             max_ds = zck_dtype_size(it[i].out_t);
     }
     size_t chunk = opt.buf_bytes / (max_ss + max_ds);
-    if (!(sbuf = malloc(chunk * max_ss)) || !(dbuf = malloc(chunk * max_ds))) {
+    if (!(sbuf = malloc(chunk * max_ss)) || !(dbuf = malloc(chunk * max_ds)) ||
+        (max_tr && (!(wbuf = malloc(max_tr)) || !(tbuf = malloc(max_tr))))) {
         rc = zr_err_set(ZR_ENOMEM, "out of memory (%zu bytes of buffers)", opt.buf_bytes);
         goto out;
     }
@@ -251,6 +307,11 @@ int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_s
         zck_dtype st = zck_layout_state_dtype(L, it[i].s);
         int conv = st != it[i].out_t;
         size_t ds = zck_dtype_size(it[i].out_t);
+        if (it[i].transposed) {
+            ZR_TRY_GOTO(write_transposed(r, &ro, &it[i], st, wbuf, tbuf, f), rc, out);
+            zfmt__prog_add(&pr, it[i].ti.numel * ds);
+            continue;
+        }
         for (uint64_t done = 0; done < it[i].ti.numel;) {
             uint64_t k = it[i].ti.numel - done < chunk ? it[i].ti.numel - done : chunk;
             zck_read_req q = {it[i].g, it[i].s, it[i].ti.offset + done, k, sbuf};
@@ -278,6 +339,8 @@ out:
     zfmt__out_free(f); /* removes the temporary file unless committed */
     free(sbuf);
     free(dbuf);
+    free(wbuf);
+    free(tbuf);
     free(header);
     free_items(it, n);
     zck_reader_free(r);

@@ -32,9 +32,7 @@ extern "C" {
  * States: param, exp_avg, exp_avg_sq, all f32. The model section of the manifest is
  * {"arch":"gpt2","layers":L,"heads":NH,"dim":C,"ctx":T,"vocab":V}.
  */
-typedef struct {
-    uint32_t layers, heads, dim, ctx, vocab;
-} zfmt_gpt2_config;
+typedef zck_gpt2_config zfmt_gpt2_config; /* layers, heads, dim, ctx, vocab (zck.h) */
 
 /* Build the layout of a GPT-2 of this shape (caller frees). ZR_EINVAL on a zero field or when
  * dim is not a multiple of heads. */
@@ -76,6 +74,30 @@ int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_s
  * int32 header, magic 20240326, version 3, padded vocabulary Vp = vocab rounded up to 128, then
  * float32 parameters in llm.c's order). Atomic like the safetensors export. */
 int zfmt_llmc_export(const char *ckpt, const char *out_file, const zck_progress *progress);
+
+/* ---------------------------------------------------------------- Hugging Face */
+
+typedef struct {
+    int dtype;           /* -1: as stored (f32); else ZCK_F32, ZCK_BF16 or ZCK_F16 */
+    int force;           /* replace out_dir when it holds a Hugging Face export (only the files
+                            an export writes); anything else there is never replaced */
+    const char *tokenizer_json; /* NULL, or a tokenizer.json to copy into the export */
+    zck_progress progress;
+} zfmt_hf_opts;
+#define ZFMT_HF_OPTS_INIT {.dtype = -1, .force = 0, .tokenizer_json = NULL}
+
+/*
+ * Export the parameters of a GPT-2 checkpoint as a Hugging Face model directory that
+ * transformers loads with GPT2LMHeadModel.from_pretrained: config.json (model_type gpt2, the
+ * shape, gelu_new, layer_norm_epsilon 1e-5, tied embeddings) and model.safetensors (Hugging
+ * Face's names, Conv1D weights [in, out], no lm_head: it is tied to wte), plus tokenizer.json
+ * when given. Streaming, memory bounded by the largest Conv1D weight (read whole to transpose).
+ * Written into "<out_dir>.tmp-<pid>" beside out_dir and renamed into place only after the source
+ * verified (every shard hashed), so out_dir is either the old or the new export. ZR_EEXIST when
+ * out_dir exists and is not empty (without force), or holds anything an export does not write;
+ * ZR_EUNSUPPORTED for a model family Hugging Face export does not know.
+ */
+int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o);
 
 /* ---------------------------------------------------------------- import */
 

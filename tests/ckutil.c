@@ -9,6 +9,7 @@
 #include "zck_int.h"
 
 #include <fcntl.h>
+#include <stdarg.h>
 #include <time.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -42,7 +43,7 @@ zck_layout *zt_layout(size_t n_groups, const uint64_t *numel)
     return L;
 }
 
-static uint64_t mix(uint64_t x)
+uint64_t zt_mix(uint64_t x)
 {
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdULL;
@@ -58,13 +59,19 @@ void zt_fill(const zck_layout *L, size_t g, size_t s, uint64_t start, uint64_t c
     size_t dsz = zck_dtype_size(zck_layout_state_dtype(L, s));
     unsigned char *p = dst;
     for (uint64_t i = 0; i < count; i++) {
-        uint64_t v = mix(seed * 1000003 + g * 7919 + s * 104729 + (start + i) * 31 + 1);
+        uint64_t v = zt_mix(seed * 1000003 + g * 7919 + s * 104729 + (start + i) * 31 + 1);
         memcpy(p + i * dsz, &v, dsz);
     }
 }
 
-zck_shard *zt_write_rank(const char *staging, const zck_layout *L, uint32_t world,
-                         uint32_t rank, uint64_t seed, const zck_io_opts *io)
+void zt_seed_fill(void *ctx, const zck_layout *L, size_t g, size_t s, uint64_t start,
+                  uint64_t count, void *dst)
+{
+    zt_fill(L, g, s, start, count, *(const uint64_t *)ctx, dst);
+}
+
+static zck_shard *write_rank(const char *staging, const zck_layout *L, uint32_t world,
+                             uint32_t rank, const zck_io_opts *io, zt_fill_fn fill, void *ctx)
 {
     zck_writer *w;
     ZT_OK(zck_writer_open(&w, staging, L, world, rank, io));
@@ -78,7 +85,7 @@ zck_shard *zt_write_rank(const char *staging, const zck_layout *L, uint32_t worl
             size_t dsz = zck_dtype_size(zck_layout_state_dtype(L, s));
             unsigned char *buf = malloc(n * dsz);
             ZT_CHECK(buf);
-            zt_fill(L, g, s, a, n, seed, buf);
+            fill(ctx, L, g, s, a, n, buf);
             /* stream it in uneven pieces to exercise buffer boundaries */
             ZT_OK(zck_writer_begin(w, g, s, a, n));
             size_t off = 0, piece = 1 + (size_t)(n * dsz / 3);
@@ -95,19 +102,37 @@ zck_shard *zt_write_rank(const char *staging, const zck_layout *L, uint32_t worl
     return sh;
 }
 
-char *zt_save(const char *run_dir, const zck_layout *L, uint32_t world, uint64_t step,
-              uint64_t seed, unsigned keep_last)
+zck_shard *zt_write_rank(const char *staging, const zck_layout *L, uint32_t world,
+                         uint32_t rank, uint64_t seed, const zck_io_opts *io)
+{
+    return write_rank(staging, L, world, rank, io, zt_seed_fill, &seed);
+}
+
+char *zt_save_as(const char *run_dir, const zck_layout *L, const zck_commit_opts *o,
+                 zt_fill_fn fill, void *ctx)
 {
     char *staging;
     static uint64_t nth;
     /* a fresh nonce per save, as the engine draws one: a save retried after a crash at the
      * same step never meets the staging directory of the crashed attempt */
     uint64_t nonce = ((uint64_t)getpid() << 32) ^ ((uint64_t)time(NULL) << 8) ^ ++nth;
-    ZT_OK(zck_staging_create(&staging, run_dir, step, nonce));
-    zck_shard **sh = calloc(world, sizeof *sh);
+    ZT_OK(zck_staging_create(&staging, run_dir, o->step, nonce));
+    zck_shard **sh = calloc(o->world, sizeof *sh);
     ZT_CHECK(sh);
-    for (uint32_t r = 0; r < world; r++)
-        sh[r] = zt_write_rank(staging, L, world, r, seed, NULL);
+    for (uint32_t r = 0; r < o->world; r++)
+        sh[r] = write_rank(staging, L, o->world, r, NULL, fill, ctx);
+    char *final;
+    ZT_OK(zck_commit(&final, run_dir, staging, L, sh, o->world, o));
+    for (uint32_t r = 0; r < o->world; r++)
+        zck_shard_free(sh[r]);
+    free(sh);
+    free(staging);
+    return final;
+}
+
+char *zt_save(const char *run_dir, const zck_layout *L, uint32_t world, uint64_t step,
+              uint64_t seed, unsigned keep_last)
+{
     zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
     o.step = step;
     o.world = world;
@@ -117,13 +142,7 @@ char *zt_save(const char *run_dir, const zck_layout *L, uint32_t world, uint64_t
     char tj[64];
     snprintf(tj, sizeof tj, "{\"seed\":%llu}", (unsigned long long)seed);
     o.training_json = tj;
-    char *final;
-    ZT_OK(zck_commit(&final, run_dir, staging, L, sh, world, &o));
-    for (uint32_t r = 0; r < world; r++)
-        zck_shard_free(sh[r]);
-    free(sh);
-    free(staging);
-    return final;
+    return zt_save_as(run_dir, L, &o, zt_seed_fill, &seed);
 }
 
 void zt_check_content(const char *path, uint64_t seed)
@@ -164,14 +183,59 @@ size_t zt_verify_count(const char *path, int quick)
     zck_verify_opts o = ZCK_VERIFY_OPTS_INIT;
     o.quick = quick;
     ZT_OK(zck_verify(&rep, path, &o));
+    size_t n = zt_report_print(rep, path);
+    zck_report_free(rep);
+    return n;
+}
+
+size_t zt_report_print(const zck_report *rep, const char *what)
+{
     size_t n = zck_report_count(rep);
     for (size_t i = 0; i < n; i++) {
         const zck_problem *p = zck_report_get(rep, i);
-        fprintf(stderr, "  verify %s: %s: %s: %s\n", path, p->file,
+        fprintf(stderr, "  verify %s: %s: %s: %s\n", what, p->file,
                 zck_problem_kind_name(p->kind), p->detail);
     }
-    zck_report_free(rep);
     return n;
+}
+
+void zt_expect_one_problem(zck_report *rep, const char *what, zck_problem_kind kind,
+                           const char *file, const char *detail)
+{
+    if (zck_report_count(rep) != 1) {
+        zt_report_print(rep, what);
+        ZT_FAIL("%s: %zu problems found, expected 1 (%s in %s)", what, zck_report_count(rep),
+                zck_problem_kind_name(kind), file);
+    }
+    const zck_problem *p = zck_report_get(rep, 0);
+    if (p->kind != kind || strcmp(p->file, file) || (detail && !strstr(p->detail, detail)))
+        ZT_FAIL("%s: found %s in %s (%s), expected %s in %s (%s)", what,
+                zck_problem_kind_name(p->kind), p->file, p->detail, zck_problem_kind_name(kind),
+                file, detail ? detail : "");
+    zck_report_free(rep);
+}
+
+int zt_read_all(const char *ckpt, int verify)
+{
+    zck_reader *r;
+    ZT_OK(zck_reader_open(&r, ckpt));
+    const zck_layout *L = zck_reader_layout(r);
+    size_t ng = zck_layout_n_groups(L);
+    zck_read_req *q = calloc(ng, sizeof *q);
+    ZT_CHECK(q);
+    for (size_t g = 0; g < ng; g++) {
+        uint64_t n = zck_layout_group_numel(L, g);
+        q[g] = (zck_read_req){g, 0, 0, n, malloc(n * 4)};
+        ZT_CHECK(q[g].dst);
+    }
+    zck_read_opts o = ZCK_READ_OPTS_INIT;
+    o.verify = verify;
+    int rc = zck_reader_read(r, q, ng, &o);
+    for (size_t g = 0; g < ng; g++)
+        free(q[g].dst);
+    free(q);
+    zck_reader_free(r);
+    return rc;
 }
 
 void zt_flip_byte(const char *path, uint64_t off)
@@ -238,6 +302,24 @@ int zt_children(pid_t p, pid_t *out, int cap)
     return n;
 }
 
+int zt_rank_of(pid_t p)
+{
+    char env[65536], path[64];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)p);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, env, sizeof env - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    env[n] = 0;
+    for (ssize_t i = 0; i < n; i += (ssize_t)strlen(env + i) + 1)
+        if (!strncmp(env + i, "ZR_RANK=", 8))
+            return atoi(env + i + 8);
+    return -1;
+}
+
 int zt_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -269,19 +351,70 @@ char *zt_slurp(const char *path)
     return t;
 }
 
+static char zrun_args[4096]; /* the last zt_zrun's, for zt_zrun_expect's message */
+
 int zt_zrun(const char *args, const char *log)
 {
+    snprintf(zrun_args, sizeof zrun_args, "%s", args);
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "%s %s > %s 2>&1", zt_zrun_path(), args, log);
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+int zt_zrunf(const char *log, const char *fmt, ...)
+{
+    char args[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    return zt_zrun(args, log);
+}
+
+
+int zt_run(char **out, const char *bin, const char *args)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin, args);
+    FILE *p = popen(cmd, "r");
+    ZT_CHECK(p);
+    size_t cap = 1 << 16, n = 0, k;
+    char *buf = malloc(cap);
+    ZT_CHECK(buf);
+    while ((k = fread(buf + n, 1, cap - n - 1, p)) > 0)
+        if ((n += k) + 1 == cap) {
+            buf = realloc(buf, cap *= 2);
+            ZT_CHECK(buf);
+        }
+    buf[n] = 0;
+    int st = pclose(p);
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+int zt_zckpt(char **out, const char *fmt, ...)
+{
+    const char *bin = getenv("ZT_ZCKPT");
+    if (!bin)
+        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
+    char args[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    return zt_run(out, bin, args);
+}
+
 void zt_zrun_ok(const char *args, const char *log)
 {
-    int st = zt_zrun(args, log);
-    if (st != 0)
-        ZT_FAIL("zrun %s: exit status %d\n%s", args, st, zt_slurp(log));
+    zt_zrun_expect(zt_zrun(args, log), log);
+}
+
+void zt_zrun_expect(int status, const char *log)
+{
+    if (status != 0)
+        ZT_FAIL("zrun %s: exit status %d\n%s", zrun_args, status, zt_slurp(log));
 }
 
 void zt_same_latest(const char *a, const char *b, double atol, double rtol)
@@ -299,4 +432,43 @@ void zt_same_latest(const char *a, const char *b, double atol, double rtol)
     zck_diff_free(d);
     free(pa);
     free(pb);
+}
+
+zr_train_opts zt_small_opts(const char *dir, uint64_t steps)
+{
+    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
+    o.model = ZT_SMALL;
+    o.batch = 4;
+    o.micro_batch = 2;
+    o.steps = steps;
+    o.warmup = 5;
+    o.lr = 3e-3f;
+    o.ckpt_dir = dir;
+    o.threads = 1;
+    return o;
+}
+
+const char *zt_venv_python(const char *modules, const char *packages)
+{
+    static char py[4096];
+    char cmd[8192], imports[1024] = "", *save = NULL;
+    char mods[512];
+    snprintf(mods, sizeof mods, "%s", modules);
+    for (char *m = strtok_r(mods, " ", &save); m; m = strtok_r(NULL, " ", &save))
+        snprintf(imports + strlen(imports), sizeof imports - strlen(imports), "import %s; ", m);
+    snprintf(py, sizeof py, "%s/build/venv/bin/python", zt_root());
+    snprintf(cmd, sizeof cmd, "'%s' -c '%s' >/dev/null 2>&1", py, imports);
+    if (system(cmd) == 0)
+        return py;
+    /* a lock, so that two test runs do not build the venv at once */
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && mkdir -p build && flock build/.venv.lock sh -c '"
+             "{ [ -x build/venv/bin/python ] || python3 -m venv build/venv; } && "
+             "timeout 600 build/venv/bin/pip install -q --disable-pip-version-check %s' "
+             ">build/venv-install.log 2>&1",
+             zt_root(), packages);
+    if (system(cmd) != 0)
+        return NULL;
+    snprintf(cmd, sizeof cmd, "'%s' -c '%s' >/dev/null 2>&1", py, imports);
+    return system(cmd) == 0 ? py : NULL;
 }

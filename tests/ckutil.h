@@ -8,9 +8,12 @@
 
 #include <sys/types.h>
 #include "harness.h"
+#include "zr.h"
 
 /* States: param f32, exp_avg f32, exp_avg_sq bf16 (a 2-byte state exercises sizes). */
 zck_layout *zt_layout(size_t n_groups, const uint64_t *numel);
+/* A 64-bit mixing function (MurmurHash3's fmix64): deterministic pseudo-random values. */
+uint64_t zt_mix(uint64_t x);
 /* Deterministic bytes of elements [start, start+count) of (g, s). */
 void zt_fill(const zck_layout *L, size_t g, size_t s, uint64_t start, uint64_t count,
              uint64_t seed, void *dst);
@@ -20,10 +23,30 @@ zck_shard *zt_write_rank(const char *staging, const zck_layout *L, uint32_t worl
 /* Save a full checkpoint of world W at step, contents from seed; returns the final path. */
 char *zt_save(const char *run_dir, const zck_layout *L, uint32_t world, uint64_t step,
               uint64_t seed, unsigned keep_last);
+/* Elements [start, start+count) of (g, s) of a checkpoint being saved, into dst. */
+typedef void (*zt_fill_fn)(void *ctx, const zck_layout *L, size_t g, size_t s, uint64_t start,
+                           uint64_t count, void *dst);
+/* Save a checkpoint as o->world ranks would (each writing its partitions, in uneven pieces),
+ * contents from fill, committed with o (step and world from it) into run_dir; returns the
+ * final path. */
+/* zt_fill as a zt_fill_fn: ctx points to the seed (a uint64_t). */
+void zt_seed_fill(void *ctx, const zck_layout *L, size_t g, size_t s, uint64_t start,
+                  uint64_t count, void *dst);
+char *zt_save_as(const char *run_dir, const zck_layout *L, const zck_commit_opts *o,
+                 zt_fill_fn fill, void *ctx);
 /* Read every (group, state) of the checkpoint at path (verified) and compare with seed. */
 void zt_check_content(const char *path, uint64_t seed);
 /* Number of problems zck_verify finds (printing them). */
 size_t zt_verify_count(const char *path, int quick);
+/* Print rep's problems to stderr ("  verify <what>: <file>: <kind>: <detail>"); their count. */
+size_t zt_report_print(const zck_report *rep, const char *what);
+/* rep (of a check of what) must hold exactly one problem, of this kind, in this file, with
+ * detail in its text when detail is not NULL; frees rep. */
+void zt_expect_one_problem(zck_report *rep, const char *what, zck_problem_kind kind,
+                           const char *file, const char *detail);
+/* Read state 0 (f32) of every group of the checkpoint at ckpt whole, verified or not; the
+ * reader's result (its message left set). */
+int zt_read_all(const char *ckpt, int verify);
 /* Overwrite or append bytes of a file / truncate it. */
 void zt_flip_byte(const char *path, uint64_t off);
 void zt_truncate(const char *path, uint64_t size);
@@ -39,6 +62,8 @@ int zck__mkdir_for_tests(const char *path);
 pid_t zt_spawn_zrun(const char *env, const char *args, const char *log);
 int zt_wait_status(pid_t p);
 int zt_children(pid_t p, pid_t *out, int cap);
+/* The rank a process runs as (its ZR_RANK), or -1 (not a rank, or gone). */
+int zt_rank_of(pid_t p);
 /* A TCP port free on 127.0.0.1 now (for ranks that rendezvous over TCP). */
 int zt_free_port(void);
 const char *zt_zrun_path(void);
@@ -47,9 +72,29 @@ char *zt_slurp(const char *path);
 /* zrun with args (a shell fragment), stdout and stderr into log; the exit status as a shell
  * reports it. zt_zrun_ok fails the test, showing the log, unless it is 0. */
 int zt_zrun(const char *args, const char *log);
+/* As zt_zrun and zt_zrun_ok, the arguments formatted as printf would. */
+int zt_zrunf(const char *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define zt_zrunf_ok(log, ...) zt_zrun_expect(zt_zrunf((log), __VA_ARGS__), (log))
+/* Fails the test, showing the last zrun's arguments and its log, unless status is 0. */
+void zt_zrun_expect(int status, const char *log);
 void zt_zrun_ok(const char *args, const char *log);
+/* Run a program with arguments (a shell fragment); its output (stdout and stderr) in *out
+ * (caller frees); its exit status (128 when it did not exit). */
+int zt_run(char **out, const char *bin, const char *args);
+/* zckpt (ZT_ZCKPT, set by make test; the test is skipped when unset) with the arguments
+ * formatted as printf would, as zt_run. */
+int zt_zckpt(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The checkpoints latest names in run directories a and b hold the same values (within atol +
  * rtol |b|; 0, 0: exactly), whatever their world sizes. */
 void zt_same_latest(const char *a, const char *b, double atol, double rtol);
+/* The python of a venv under build/ (ZT_ROOT/build/venv) in which `import MODULES` works
+ * (space-separated), pip-installing PACKAGES there when not (PyPI reachable); NULL when that
+ * fails (the caller skips with one line). The venv is made once and reused. */
+const char *zt_venv_python(const char *modules, const char *packages);
+
+/* A small GPT-2 that trains in milliseconds, and the options of such a run into dir: batch 4 of
+ * micro-batches of 2, warmup 5, lr 3e-3, one thread, the given steps. */
+#define ZT_SMALL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
+zr_train_opts zt_small_opts(const char *dir, uint64_t steps);
 
 #endif

@@ -60,12 +60,7 @@ static size_t verify_count(const char *arc, uint64_t *hashed)
 {
     zck_report *rep;
     ZT_OK(zfmt_archive_verify(&rep, arc, NULL));
-    size_t n = zck_report_count(rep);
-    for (size_t i = 0; i < n; i++) {
-        const zck_problem *p = zck_report_get(rep, i);
-        fprintf(stderr, "  verify %s: %s: %s: %s\n", arc, p->file,
-                zck_problem_kind_name(p->kind), p->detail);
-    }
+    size_t n = zt_report_print(rep, arc);
     if (hashed)
         *hashed = zck_report_bytes_hashed(rep);
     zck_report_free(rep);
@@ -78,17 +73,7 @@ static void expect_one(const char *arc, zck_problem_kind kind, const char *file,
 {
     zck_report *rep;
     ZT_OK(zfmt_archive_verify(&rep, arc, NULL));
-    if (zck_report_count(rep) != 1) {
-        verify_count(arc, NULL);
-        ZT_FAIL("%s: %zu problems found, expected 1 (%s in %s)", arc, zck_report_count(rep),
-                zck_problem_kind_name(kind), file);
-    }
-    const zck_problem *p = zck_report_get(rep, 0);
-    if (p->kind != kind || strcmp(p->file, file) || (detail && !strstr(p->detail, detail)))
-        ZT_FAIL("%s: found %s in %s (%s), expected %s in %s (%s)", arc,
-                zck_problem_kind_name(p->kind), p->file, p->detail, zck_problem_kind_name(kind),
-                file, detail ? detail : "");
-    zck_report_free(rep);
+    zt_expect_one_problem(rep, arc, kind, file, detail);
 }
 
 static uint64_t shard_bytes(const char *ckpt)
@@ -475,35 +460,43 @@ static struct archive *evil_open(const char *path)
     return a;
 }
 
+/* An archive of step-00000001/manifest.json (with_manifest) then member, a file holding text,
+ * must be refused naming member for reason. */
+static void refuse_text(const char *arc, int with_manifest, const char *member, const char *text,
+                        const char *reason)
+{
+    struct archive *a = with_manifest ? evil_open(arc) : tar_open(arc, 0);
+    tar_add_text(a, member, text);
+    tar_close(a);
+    expect_refused(arc, member, reason);
+}
+
+/* The same with member an entry of type (a device, a FIFO, a directory), after the manifest. */
+static void refuse_entry(const char *arc, unsigned type, const char *member, const char *reason)
+{
+    struct archive *a = evil_open(arc);
+    tar_add(a, member, type, NULL, 0, NULL, 0);
+    tar_close(a);
+    expect_refused(arc, member, reason);
+}
+
 ZT_TEST(archive_evil_absolute_path)
 {
     char cwd[4096], abs1[4200], abs2[200];
     ZT_CHECK(getcwd(cwd, sizeof cwd));
     snprintf(abs1, sizeof abs1, "%s/abs-target", cwd);
     snprintf(abs2, sizeof abs2, "/tmp/zt-archive-%ld-x", (long)getpid());
-    struct archive *a = evil_open("abs1.tar");
-    tar_add_text(a, abs1, "pwned");
-    tar_close(a);
-    expect_refused("abs1.tar", abs1, "absolute path");
+    refuse_text("abs1.tar", 1, abs1, "pwned", "absolute path");
     ZT_CHECK(!exists(abs1));
-    a = tar_open("abs2.tar", 0);
-    tar_add_text(a, abs2, "pwned");
-    tar_close(a);
-    expect_refused("abs2.tar", abs2, "absolute path");
+    refuse_text("abs2.tar", 0, abs2, "pwned", "absolute path");
     ZT_CHECK(!exists(abs2));
 }
 
 ZT_TEST(archive_evil_dotdot)
 {
-    struct archive *a = evil_open("dd.tar");
-    tar_add_text(a, "step-00000001/../../evil", "pwned");
-    tar_close(a);
-    expect_refused("dd.tar", "step-00000001/../../evil", "'..'");
+    refuse_text("dd.tar", 1, "step-00000001/../../evil", "pwned", "'..'");
     ZT_CHECK(!exists("evil") && !exists("out/evil"));
-    a = tar_open("dd2.tar", 0);
-    tar_add_text(a, "../evil", "pwned");
-    tar_close(a);
-    expect_refused("dd2.tar", "../evil", "'..'");
+    refuse_text("dd2.tar", 0, "../evil", "pwned", "'..'");
     ZT_CHECK(!exists("evil") && !exists("../evil"));
 }
 
@@ -549,14 +542,8 @@ ZT_TEST(archive_evil_hardlink)
 
 ZT_TEST(archive_evil_device_and_fifo)
 {
-    struct archive *a = evil_open("dev.tar");
-    tar_add(a, "step-00000001/null", AE_IFCHR, NULL, 0, NULL, 0);
-    tar_close(a);
-    expect_refused("dev.tar", "step-00000001/null", "character device");
-    a = evil_open("fifo.tar");
-    tar_add(a, "step-00000001/pipe", AE_IFIFO, NULL, 0, NULL, 0);
-    tar_close(a);
-    expect_refused("fifo.tar", "step-00000001/pipe", "fifo");
+    refuse_entry("dev.tar", AE_IFCHR, "step-00000001/null", "character device");
+    refuse_entry("fifo.tar", AE_IFIFO, "step-00000001/pipe", "fifo");
 }
 
 ZT_TEST(archive_evil_huge_size)
@@ -571,39 +558,20 @@ ZT_TEST(archive_evil_huge_size)
 
 ZT_TEST(archive_evil_two_top_directories)
 {
-    struct archive *a = evil_open("two.tar");
-    tar_add_text(a, "step-00000002/manifest.json", "{}");
-    tar_close(a);
-    expect_refused("two.tar", "step-00000002/manifest.json", "second top directory");
+    refuse_text("two.tar", 1, "step-00000002/manifest.json", "{}", "second top directory");
     ZT_CHECK(!exists("out/step-00000002"));
     /* a file beside the step directory, and a top directory that is not a step */
-    a = evil_open("beside.tar");
-    tar_add_text(a, "latest", "step-00000001\n");
-    tar_close(a);
-    expect_refused("beside.tar", "latest", "not inside a step-<digits> directory");
-    a = tar_open("other.tar", 0);
-    tar_add_text(a, "stuff/manifest.json", "{}");
-    tar_close(a);
-    expect_refused("other.tar", "stuff/manifest.json", "not inside a step-<digits> directory");
+    refuse_text("beside.tar", 1, "latest", "step-00000001\n",
+                "not inside a step-<digits> directory");
+    refuse_text("other.tar", 0, "stuff/manifest.json", "{}",
+                "not inside a step-<digits> directory");
 }
 
 ZT_TEST(archive_evil_nested_directory)
 {
-    struct archive *a = evil_open("nest.tar");
-    tar_add(a, "step-00000001/sub/", AE_IFDIR, NULL, 0, NULL, 0);
-    tar_close(a);
-    expect_refused("nest.tar", "step-00000001/sub/", "nested directory");
-    a = evil_open("nest2.tar");
-    tar_add_text(a, "step-00000001/sub/x", "deep");
-    tar_close(a);
-    expect_refused("nest2.tar", "step-00000001/sub/x", "nested directory");
-    a = evil_open("hidden.tar");
-    tar_add_text(a, "step-00000001/.hidden", "x");
-    tar_close(a);
-    expect_refused("hidden.tar", "step-00000001/.hidden", "not a plain file name");
+    refuse_entry("nest.tar", AE_IFDIR, "step-00000001/sub/", "nested directory");
+    refuse_text("nest2.tar", 1, "step-00000001/sub/x", "deep", "nested directory");
+    refuse_text("hidden.tar", 1, "step-00000001/.hidden", "x", "not a plain file name");
     /* the same file twice: the second copy is refused, not written over the first */
-    a = evil_open("dup.tar");
-    tar_add_text(a, "step-00000001/manifest.json", "{\"again\": 1}");
-    tar_close(a);
-    expect_refused("dup.tar", "step-00000001/manifest.json", "appears twice");
+    refuse_text("dup.tar", 1, "step-00000001/manifest.json", "{\"again\": 1}", "appears twice");
 }

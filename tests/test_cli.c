@@ -15,46 +15,11 @@
 
 static const uint64_t sizes[] = {20000, 65, 3};
 
-/* Run a program with the given arguments (a shell fragment); output (stdout+stderr) in *out. */
-static int run_bin(char **out, const char *bin, const char *args)
-{
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin, args);
-    FILE *p = popen(cmd, "r");
-    ZT_CHECK(p);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t k;
-    while ((k = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += k;
-        if (n + 1 == cap)
-            buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    int st = pclose(p);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-/* Run zckpt with the given arguments (a shell fragment); output (stdout+stderr) in *out. */
-static int zckpt(char **out, const char *fmt, ...)
-{
-    const char *bin = getenv("ZT_ZCKPT");
-    if (!bin)
-        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
-    char args[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    return run_bin(out, bin, args);
-}
-
 
 static void expect(int code, const char *text, const char *args)
 {
     char *o;
-    int rc = zckpt(&o, "%s", args);
+    int rc = zt_zckpt(&o, "%s", args);
     if (rc != code || (text && !strstr(o, text)))
         ZT_FAIL("zckpt %s: exit %d (expected %d), output lacks '%s':\n%s", args, rc, code,
                 text ? text : "", o);
@@ -64,7 +29,7 @@ static void expect(int code, const char *text, const char *args)
 static json_t *json_of(const char *args)
 {
     char *o;
-    zckpt(&o, "%s", args);
+    zt_zckpt(&o, "%s", args);
     json_error_t e;
     json_t *j = json_loads(o, 0, &e);
     if (!j)
@@ -179,17 +144,14 @@ ZT_TEST(cli_pack_unpack_export_import)
     zfmt_gpt2_config c = {2, 2, 8, 16, 11};
     zck_layout *L;
     ZT_OK(zfmt_gpt2_layout(&L, &c));
-    char *staging, *model;
+    char *model;
     ZT_OK(zfmt_gpt2_config_to_json(&model, &c));
-    ZT_OK(zck_staging_create(&staging, "run", 5, 1));
-    zck_shard *sh[2];
-    for (uint32_t r = 0; r < 2; r++)
-        sh[r] = zt_write_rank(staging, L, 2, r, 3, NULL);
     zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
     o.step = 5;
     o.world = 2;
     o.model_json = model;
-    ZT_OK(zck_commit(NULL, "run", staging, L, sh, 2, &o));
+    uint64_t seed = 3;
+    free(zt_save_as("run", L, &o, zt_seed_fill, &seed));
     expect(0, "archive of run", "pack run -o run.tar.gz");
     expect(2, "already exists", "pack run -o run.tar.gz");
     expect(0, "sound", "verify run.tar.gz");
@@ -212,9 +174,6 @@ ZT_TEST(cli_pack_unpack_export_import)
     }
     json_decref(j);
     expect(0, "safetensors of run", "consolidate run -o all.safetensors --dtype bf16");
-    for (uint32_t r = 0; r < 2; r++)
-        zck_shard_free(sh[r]);
-    free(staging);
     free(model);
     zck_layout_free(L);
 }
@@ -224,7 +183,7 @@ ZT_TEST(cli_pack_unpack_export_import)
 static void expect_zrun(int code, const char *text, const char *args)
 {
     char *o;
-    int rc = run_bin(&o, zt_zrun_path(), args);
+    int rc = zt_run(&o, zt_zrun_path(), args);
     if (rc != code || !strstr(o, text))
         ZT_FAIL("zrun %s: exit %d (expected %d), output lacks '%s':\n%s", args, rc, code, text,
                 o);
@@ -313,7 +272,7 @@ static const char *zckpt_bin(void)
 static size_t check_commands(const char *bin, const char *prog, const char *docs, size_t *opts)
 {
     char *top, *help, args[256];
-    ZT_CHECK_EQ(run_bin(&top, bin, "--help"), 0);
+    ZT_CHECK_EQ(zt_run(&top, bin, "--help"), 0);
     const char *l = strstr(top, "commands:\n");
     ZT_CHECK(l);
     size_t cmds = 0;
@@ -324,7 +283,7 @@ static size_t check_commands(const char *bin, const char *prog, const char *docs
         memcpy(cmd, l + 2, k);
         cmd[k] = 0;
         snprintf(args, sizeof args, "%s --help", cmd);
-        ZT_CHECK_EQ(run_bin(&help, bin, args), 0);
+        ZT_CHECK_EQ(zt_run(&help, bin, args), 0);
         char who[64];
         snprintf(who, sizeof who, "%s %s", prog, cmd);
         ZT_CHECK(strstr(help, "options:\n"));
@@ -348,13 +307,18 @@ ZT_TEST(cli_every_option_is_documented)
     char *docs = malloc(cap);
     snprintf(docs, cap, "%s\n%s", readme, cli);
 
-    ZT_CHECK_EQ(run_bin(&help, zt_zrun_path(), "--help"), 0);
+    ZT_CHECK_EQ(zt_run(&help, zt_zrun_path(), "--help"), 0);
     ZT_CHECK(check_listed(help, docs, "zrun") >= 40);
     free(help);
+    if (getenv("ZT_ZGEN")) { /* zgen's table too */
+        ZT_CHECK_EQ(zt_run(&help, getenv("ZT_ZGEN"), "--help"), 0);
+        ZT_CHECK(check_listed(help, docs, "zgen") >= 7);
+        free(help);
+    }
 
     /* the commands, from zckpt's and ztok's own lists, each with its table */
     size_t opts = 0;
-    ZT_CHECK_EQ(check_commands(zckpt_bin(), "zckpt", docs, &opts), 12);
+    ZT_CHECK_EQ(check_commands(zckpt_bin(), "zckpt", docs, &opts), 13);
     ZT_CHECK(opts >= 30);
     opts = 0;
     const char *ztok = getenv("ZT_ZTOK");
@@ -387,14 +351,21 @@ ZT_TEST(cli_audit_sound_run)
     expect(0, "resumable: step 4", "audit run");
     /* the dry run's table, as zrun --dry-run prints it for this resume */
     char *o, *dry;
-    ZT_CHECK_EQ(zckpt(&o, "audit run --world 4 --zero 3"), 0);
-    ZT_CHECK_EQ(run_bin(&dry, zt_zrun_path(), "--dry-run --nproc 4 --zero 3 --batch 4 "
+    ZT_CHECK_EQ(zt_zckpt(&o, "audit run --world 4 --zero 3"), 0);
+    ZT_CHECK_EQ(zt_run(&dry, zt_zrun_path(), "--dry-run --nproc 4 --zero 3 --batch 4 "
                         "--seq 32 --ckpt-dir run"), 0);
     const char *table = strstr(dry, "dry run: ");
     ZT_CHECK(table);
     if (!strstr(o, table))
         ZT_FAIL("audit's memory differs from zrun --dry-run's:\n%s\n---\n%s", o, dry);
     ZT_CHECK(strstr(o, "\n     3 ")); /* rank 3 */
+    free(o);
+    free(dry);
+    /* the dry run of a job of 2 nodes x 2 ranks plans for world 4, as the audit at --world 4 */
+    ZT_CHECK_EQ(zt_zckpt(&o, "audit run --world 4 --zero 3"), 0);
+    ZT_CHECK_EQ(zt_run(&dry, zt_zrun_path(), "--dry-run --nproc 2 --nnodes 2 --master "
+                        "127.0.0.1:1 --zero 3 --batch 4 --seq 32 --ckpt-dir run"), 0);
+    ZT_CHECK((table = strstr(dry, "dry run: ")) && strstr(o, table));
     free(o);
     free(dry);
     expect(0, "checkpoint: run/step-00000002 (step 2)\n", "audit run/step-00000002");
@@ -462,7 +433,7 @@ ZT_TEST(cli_audit_refusals_are_zruns)
     expect(1, "\n  --batch 4 is not a multiple of the world size 2000", "audit run --world 2000");
     /* another model: zrun refuses it with the very same line */
     char *o;
-    ZT_CHECK_EQ(zckpt(&o, "audit run --model tiny"), 1);
+    ZT_CHECK_EQ(zt_zckpt(&o, "audit run --model tiny"), 1);
     const char *r = strstr(o, "not resumable:\n  ");
     ZT_CHECK(r);
     r += strlen("not resumable:\n  ");
@@ -476,7 +447,7 @@ ZT_TEST(cli_audit_refusals_are_zruns)
     free(log);
     free(o);
     /* two reasons, each on its own line */
-    ZT_CHECK_EQ(zckpt(&o, "audit run --world 3 --model tiny --json"), 1);
+    ZT_CHECK_EQ(zt_zckpt(&o, "audit run --world 3 --model tiny --json"), 1);
     json_t *j = json_loads(o, 0, NULL);
     ZT_CHECK(j);
     ZT_CHECK_EQ(json_array_size(json_object_get(j, "reasons")), 2);

@@ -25,35 +25,14 @@ static void expect_one(const char *ckpt, int quick, zck_problem_kind kind, const
     zck_verify_opts o = ZCK_VERIFY_OPTS_INIT;
     o.quick = quick;
     ZT_OK(zck_verify(&rep, ckpt, &o));
-    if (zck_report_count(rep) != 1)
-        ZT_FAIL("%s: %zu problems found, expected 1 (%s in %s)", ckpt, zck_report_count(rep),
-                zck_problem_kind_name(kind), file);
-    const zck_problem *p = zck_report_get(rep, 0);
-    if (p->kind != kind || strcmp(p->file, file) || (detail && !strstr(p->detail, detail)))
-        ZT_FAIL("%s: found %s in %s (%s), expected %s in %s (%s)", ckpt,
-                zck_problem_kind_name(p->kind), p->file, p->detail, zck_problem_kind_name(kind),
-                file, detail ? detail : "");
-    zck_report_free(rep);
+    zt_expect_one_problem(rep, ckpt, kind, file, detail);
 }
 
 /* a full verified read must fail with code and a message naming file */
 static void expect_read_fails(const char *ckpt, int code, const char *file, const char *text)
 {
-    zck_reader *r;
-    ZT_OK(zck_reader_open(&r, ckpt));
-    const zck_layout *L = zck_reader_layout(r);
-    size_t ng = zck_layout_n_groups(L);
-    zck_read_req *q = calloc(ng, sizeof *q);
-    for (size_t g = 0; g < ng; g++)
-        q[g] = (zck_read_req){g, 0, 0, zck_layout_group_numel(L, g),
-                              malloc(zck_layout_group_numel(L, g) * 4)};
-    zck_read_opts o = ZCK_READ_OPTS_INIT;
-    ZT_ERR(zck_reader_read(r, q, ng, &o), code, text);
+    ZT_ERR(zt_read_all(ckpt, 1), code, text);
     ZT_CHECK(strstr(zr_err_msg(), file));
-    for (size_t g = 0; g < ng; g++)
-        free(q[g].dst);
-    free(q);
-    zck_reader_free(r);
 }
 
 static char *in(const char *ckpt, const char *file)

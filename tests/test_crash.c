@@ -176,6 +176,21 @@ ZT_TEST(crash_sigkill_during_save_and_commit)
         int st;
         waitpid(pid, &st, 0);
         ZT_CHECK(WIFSIGNALED(st)); /* the writer never failed on its own */
+        /* a kill between the rename and the update of latest leaves a complete step
+         * directory newer than latest (also the first one, before any latest): the next
+         * writer continues above every step directory present */
+        DIR *d = opendir("run"); /* NULL: killed before the run directory was made */
+        struct dirent *de;
+        int staged = 0;
+        while (d && (de = readdir(d))) {
+            unsigned long long s;
+            staged |= !strncmp(de->d_name, ".tmp-", 5);
+            if (sscanf(de->d_name, "step-%llu", &s) == 1 && s >= next)
+                next = s + 1;
+        }
+        if (d)
+            closedir(d);
+        killed_mid += staged;
         zck_reader *r;
         if (zck_reader_open(&r, "run") == ZR_ENOTFOUND)
             continue; /* killed before the first commit */
@@ -183,19 +198,6 @@ ZT_TEST(crash_sigkill_during_save_and_commit)
         uint64_t named = check_run("run");
         ZT_CHECK(named >= last_named);
         last_named = named;
-        /* a kill between the rename and the update of latest leaves a complete step
-         * directory newer than latest: continue above every step directory present */
-        DIR *d = opendir("run");
-        struct dirent *de;
-        int staged = 0;
-        while ((de = readdir(d))) {
-            unsigned long long s;
-            staged |= !strncmp(de->d_name, ".tmp-", 5);
-            if (sscanf(de->d_name, "step-%llu", &s) == 1 && s >= next)
-                next = s + 1;
-        }
-        closedir(d);
-        killed_mid += staged;
     }
     fprintf(stderr, "  %d of %d kills left a staging directory behind; latest sound every "
             "time\n", killed_mid, rounds);

@@ -54,17 +54,15 @@ static uint64_t lcg(uint64_t *s)
 
 /* ---------------------------------------------------------------- model specs */
 
-ZT_TEST(engine_config_presets)
+typedef struct {
+    const char *spec;
+    zr_gpt2_config c;
+} spec_case;
+
+/* each spec parses to its config */
+static void expect_parses(const spec_case *cases, size_t n)
 {
-    const struct {
-        const char *spec;
-        zr_gpt2_config c;
-    } cases[] = {
-        {"tiny", {4, 4, 128, 128, 256}},
-        {"gpt2", {12, 12, 768, 1024, 50257}},
-        {"gpt2-medium", {24, 16, 1024, 1024, 50257}},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    for (size_t i = 0; i < n; i++) {
         zr_gpt2_config c;
         ZT_OK(zr_gpt2_config_parse(&c, cases[i].spec));
         if (!cfg_eq(&c, &cases[i].c))
@@ -73,12 +71,19 @@ ZT_TEST(engine_config_presets)
     }
 }
 
+ZT_TEST(engine_config_presets)
+{
+    static const spec_case cases[] = {
+        {"tiny", {4, 4, 128, 128, 256}},
+        {"gpt2", {12, 12, 768, 1024, 50257}},
+        {"gpt2-medium", {24, 16, 1024, 1024, 50257}},
+    };
+    expect_parses(cases, sizeof cases / sizeof *cases);
+}
+
 ZT_TEST(engine_config_fields)
 {
-    const struct {
-        const char *spec;
-        zr_gpt2_config c;
-    } cases[] = {
+    static const spec_case cases[] = {
         {"gpt2:layers=2", {2, 4, 128, 128, 256}},
         {"gpt2:heads=8", {4, 8, 128, 128, 256}},
         {"gpt2:dim=256", {4, 4, 256, 128, 256}},
@@ -89,13 +94,7 @@ ZT_TEST(engine_config_fields)
         {"gpt2:layers=007", {7, 4, 128, 128, 256}},
         {"gpt2:heads=1,dim=1,ctx=1,vocab=4294967295", {4, 1, 1, 1, 4294967295u}},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        zr_gpt2_config c;
-        ZT_OK(zr_gpt2_config_parse(&c, cases[i].spec));
-        if (!cfg_eq(&c, &cases[i].c))
-            ZT_FAIL("'%s' parsed as %u/%u/%u/%u/%u", cases[i].spec, c.layers, c.heads, c.dim,
-                    c.ctx, c.vocab);
-    }
+    expect_parses(cases, sizeof cases / sizeof *cases);
 }
 
 ZT_TEST(engine_config_errors)
@@ -645,6 +644,21 @@ ZT_TEST(engine_data_synthetic)
     zr_data_free(NULL);
 }
 
+/* d's first 300 samples are the windows of T + 1 tokens of want (N tokens) at the starts the
+ * reference draws for seed */
+static void expect_windows(zr_data *d, uint64_t seed, uint64_t N, size_t T, const int32_t *want)
+{
+    int32_t *x = malloc((T + 1) * sizeof *x);
+    ZT_CHECK(x);
+    for (uint64_t i = 0; i < 300; i++) {
+        zr_data_sample(d, i, x);
+        uint64_t st = ref_start(seed, i, N, T);
+        for (size_t k = 0; k <= T; k++)
+            ZT_CHECK_EQ(x[k], want[st + k]);
+    }
+    free(x);
+}
+
 ZT_TEST(engine_data_text_file)
 {
     enum { N = 5000, T = 100 };
@@ -659,22 +673,19 @@ ZT_TEST(engine_data_text_file)
     ZT_OK(zr_data_open(&d, "corpus.txt", 256, T, 77));
     ZT_CHECK(!strcmp(zr_data_describe(d), "file 'corpus.txt' as raw bytes (5000 tokens)"));
     ZT_CHECK_EQ(zr_data_tokens(d), N);
-    int32_t x[T + 1];
-    for (uint64_t i = 0; i < 300; i++) {
-        zr_data_sample(d, i, x);
-        uint64_t st = ref_start(77, i, N, T);
-        for (size_t k = 0; k <= T; k++)
-            ZT_CHECK_EQ(x[k], bytes[st + k]);
-    }
+    int32_t want[N];
+    for (size_t i = 0; i < N; i++)
+        want[i] = bytes[i];
+    expect_windows(d, 77, N, T, want);
     zr_data_free(d);
 
     /* exactly T + 1 bytes: one possible sample, the whole file */
     write_bytes("short.txt", bytes, T + 1);
     ZT_OK(zr_data_open(&d, "short.txt", 256, T, 5));
+    int32_t x[T + 1];
     for (uint64_t i = 0; i < 10; i++) {
         zr_data_sample(d, i, x);
-        for (size_t k = 0; k <= T; k++)
-            ZT_CHECK_EQ(x[k], bytes[k]);
+        ZT_CHECK(!memcmp(x, want, sizeof x));
     }
     zr_data_free(d);
 
@@ -708,33 +719,35 @@ static void write_llmc(const char *path, int32_t magic, int32_t version, int32_t
     free(buf);
 }
 
+/* n tokens below V drawn from the lcg seeded with seed */
+static void random_tokens(uint16_t *tok, size_t n, uint64_t seed, uint32_t V)
+{
+    for (size_t i = 0; i < n; i++)
+        tok[i] = (uint16_t)(lcg(&seed) % V);
+}
+
 ZT_TEST(engine_data_llmc_tokens)
 {
     enum { N = 3000, T = 32, V = 50257 };
     uint16_t tok[N];
-    uint64_t s = 11;
-    for (size_t i = 0; i < N; i++)
-        tok[i] = (uint16_t)(lcg(&s) % V);
+    random_tokens(tok, N, 11, V);
     tok[7] = V - 1; /* the largest valid token */
     write_llmc("tok.bin", 20240520, 1, N, tok, N, 0);
     zr_data *d;
     ZT_OK(zr_data_open(&d, "tok.bin", V, T, 9));
     ZT_CHECK(!strcmp(zr_data_describe(d), "llm.c token file 'tok.bin' (3000 tokens)"));
     ZT_CHECK_EQ(zr_data_tokens(d), N);
-    int32_t x[T + 1];
-    for (uint64_t i = 0; i < 300; i++) {
-        zr_data_sample(d, i, x);
-        uint64_t st = ref_start(9, i, N, T);
-        for (size_t k = 0; k <= T; k++)
-            ZT_CHECK_EQ(x[k], tok[st + k]);
-    }
+    int32_t want[N];
+    for (size_t i = 0; i < N; i++)
+        want[i] = tok[i];
+    expect_windows(d, 9, N, T, want);
     zr_data_free(d);
     /* exactly T + 1 tokens */
     write_llmc("min.bin", 20240520, 1, T + 1, tok, T + 1, 0);
     ZT_OK(zr_data_open(&d, "min.bin", V, T, 9));
+    int32_t x[T + 1];
     zr_data_sample(d, 123, x);
-    for (size_t k = 0; k <= T; k++)
-        ZT_CHECK_EQ(x[k], tok[k]);
+    ZT_CHECK(!memcmp(x, want, sizeof x));
     zr_data_free(d);
 }
 
@@ -742,9 +755,7 @@ ZT_TEST(engine_data_llmc_damaged)
 {
     enum { N = 3000, T = 32, V = 1000 };
     uint16_t tok[N];
-    uint64_t s = 12;
-    for (size_t i = 0; i < N; i++)
-        tok[i] = (uint16_t)(lcg(&s) % V);
+    random_tokens(tok, N, 12, V);
     zr_data *d = NULL;
     /* bad magic, the rest intact: damaged, not read as bytes */
     write_llmc("f.bin", 20240521, 1, N, tok, N, 0);

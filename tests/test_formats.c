@@ -45,16 +45,6 @@ static uint32_t from16(uint16_t h, zck_dtype t)
     return f2u(f);
 }
 
-static uint64_t hmix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
-
 static uint64_t name_hash(const char *s)
 {
     uint64_t h = 1469598103934665603ULL;
@@ -124,9 +114,18 @@ static void check_no_file_like(const char *dir, const char *prefix)
 /* deterministic non-zero value of element i of (group g, state s) */
 static float val(uint64_t seed, size_t g, size_t s, uint64_t i)
 {
-    uint64_t h = hmix(seed * 1000003 + g * 7919 + s * 104729 + i * 31 + 1);
+    uint64_t h = zt_mix(seed * 1000003 + g * 7919 + s * 104729 + i * 31 + 1);
     float v = (float)((double)(h >> 11) / 9007199254740992.0 * 4.0 - 2.0);
     return v == 0.0f ? 0.5f : v;
+}
+
+static void val_fill(void *ctx, const zck_layout *L, size_t g, size_t s, uint64_t start,
+                     uint64_t count, void *dst)
+{
+    (void)L;
+    float *b = dst;
+    for (uint64_t i = 0; i < count; i++)
+        b[i] = val(*(const uint64_t *)ctx, g, s, start + i);
 }
 
 /* Save a GPT-2 checkpoint of config c at step 5 by world ranks, as an engine would. */
@@ -134,30 +133,7 @@ static char *save_gpt2(const char *run, const zfmt_gpt2_config *c, uint32_t worl
 {
     zck_layout *L;
     ZT_OK(zfmt_gpt2_layout(&L, c));
-    char *staging, *model, *final;
-    ZT_OK(zck_staging_create(&staging, run, 5, seed));
-    zck_shard **sh = calloc(world, sizeof *sh);
-    ZT_CHECK(sh);
-    for (uint32_t r = 0; r < world; r++) {
-        zck_writer *w;
-        ZT_OK(zck_writer_open(&w, staging, L, world, r, NULL));
-        for (size_t g = 0; g < zck_layout_n_groups(L); g++)
-            for (size_t s = 0; s < zck_layout_n_states(L); s++) {
-                uint64_t a, n;
-                zck_partition(zck_layout_group_numel(L, g), world, r,
-                              zck_layout_partition_align(L), &a, &n);
-                if (!n)
-                    continue;
-                float *b = malloc(n * 4);
-                ZT_CHECK(b);
-                for (uint64_t i = 0; i < n; i++)
-                    b[i] = val(seed, g, s, a + i);
-                ZT_OK(zck_writer_put(w, g, s, a, n, b));
-                free(b);
-            }
-        ZT_OK(zck_writer_finish(w, &sh[r]));
-        zck_writer_free(w);
-    }
+    char *model;
     ZT_OK(zfmt_gpt2_config_to_json(&model, c));
     zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
     o.step = 5;
@@ -165,11 +141,7 @@ static char *save_gpt2(const char *run, const zfmt_gpt2_config *c, uint32_t worl
     o.zero_stage = 3;
     o.model_json = model;
     o.training_json = "{\"optimizer_step\":5}";
-    ZT_OK(zck_commit(&final, run, staging, L, sh, world, &o));
-    for (uint32_t r = 0; r < world; r++)
-        zck_shard_free(sh[r]);
-    free(sh);
-    free(staging);
+    char *final = zt_save_as(run, L, &o, val_fill, &seed);
     free(model);
     zck_layout_free(L);
     return final;
@@ -314,9 +286,9 @@ ZT_TEST(formats_convert_exhaustive_16bit)
 #ifdef __FLT16_MAX__
     /* against the compiler's own conversion (round to nearest even) on many f32 patterns */
     for (uint64_t i = 0; i < 2000000; i++) {
-        uint32_t u = (uint32_t)hmix(i + 17);
+        uint32_t u = (uint32_t)zt_mix(i + 17);
         if (i & 1) /* half of them near f16's range, where the interesting cases are */
-            u = (u & 0x807fffffu) | ((uint32_t)(100 + (hmix(i) % 45)) << 23);
+            u = (u & 0x807fffffu) | ((uint32_t)(100 + (zt_mix(i) % 45)) << 23);
         float f = u2f(u);
         if (isnan(f))
             continue;
@@ -1098,6 +1070,30 @@ ZT_TEST(formats_import_rejects_bad_safetensors)
 
 /* ---------------------------------------------------------------- llm.c */
 
+/* b (an import of what a holds) has a's params (state 0) in every group, and with
+ * zero_states, zeros in state 1 */
+static void expect_same_params(zck_reader *a, zck_reader *b, int zero_states, const char *what)
+{
+    const zck_layout *L = zck_reader_layout(a);
+    for (size_t g = 0; g < zck_layout_n_groups(L); g++) {
+        uint64_t m = zck_layout_group_numel(L, g);
+        float *x = malloc(m * 4), *y = malloc(m * 4);
+        ZT_CHECK(x && y);
+        ZT_OK(zck_reader_read_range(a, g, 0, 0, m, x));
+        ZT_OK(zck_reader_read_range(b, g, 0, 0, m, y));
+        if (memcmp(x, y, m * 4))
+            ZT_FAIL("%s: group %s differs after export and import", what,
+                    zck_layout_group_name(L, g));
+        if (zero_states) {
+            ZT_OK(zck_reader_read_range(b, g, 1, 0, m, y));
+            for (uint64_t i = 0; i < m; i++)
+                ZT_CHECK_EQ(f2u(y[i]), 0);
+        }
+        free(x);
+        free(y);
+    }
+}
+
 ZT_TEST(formats_llmc_roundtrip)
 {
     char *ck = save_gpt2("src", &tiny, 2, 31);
@@ -1160,21 +1156,7 @@ ZT_TEST(formats_llmc_roundtrip)
         ZT_OK(zck_reader_open(&b, run));
         ZT_CHECK_EQ(zck_reader_world(b), w);
         ZT_CHECK(!strcmp(zck_reader_model_json(b), zck_reader_model_json(r)));
-        const zck_layout *L = zck_reader_layout(r);
-        for (size_t g = 0; g < zck_layout_n_groups(L); g++) {
-            uint64_t m = zck_layout_group_numel(L, g);
-            float *x = malloc(m * 4), *y = malloc(m * 4);
-            ZT_OK(zck_reader_read_range(r, g, 0, 0, m, x));
-            ZT_OK(zck_reader_read_range(b, g, 0, 0, m, y));
-            if (memcmp(x, y, m * 4))
-                ZT_FAIL("world %u: group %s differs after export and import", w,
-                        zck_layout_group_name(L, g));
-            ZT_OK(zck_reader_read_range(b, g, 1, 0, m, y));
-            for (uint64_t i = 0; i < m; i++)
-                ZT_CHECK_EQ(f2u(y[i]), 0);
-            free(x);
-            free(y);
-        }
+        expect_same_params(r, b, 1, run);
         zck_reader_free(b);
     }
 
@@ -1194,16 +1176,7 @@ ZT_TEST(formats_llmc_roundtrip)
     ZT_OK(zfmt_import("v1.bin", "runv1", &io));
     zck_reader *b;
     ZT_OK(zck_reader_open(&b, "runv1"));
-    const zck_layout *L = zck_reader_layout(r);
-    for (size_t g = 0; g < zck_layout_n_groups(L); g++) {
-        uint64_t m = zck_layout_group_numel(L, g);
-        float *x = malloc(m * 4), *y = malloc(m * 4);
-        ZT_OK(zck_reader_read_range(r, g, 0, 0, m, x));
-        ZT_OK(zck_reader_read_range(b, g, 0, 0, m, y));
-        ZT_CHECK(!memcmp(x, y, m * 4));
-        free(x);
-        free(y);
-    }
+    expect_same_params(r, b, 0, "runv1");
     zck_reader_free(b);
     zck_reader_free(r);
 

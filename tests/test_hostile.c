@@ -63,27 +63,6 @@ static void expect_problem(const char *ckpt, zck_problem_kind kind, const char *
             text);
 }
 
-/* an unverified read of every group (what a resume with verification off does) */
-static int read_all(const char *ckpt)
-{
-    zck_reader *r;
-    ZT_OK(zck_reader_open(&r, ckpt));
-    const zck_layout *L = zck_reader_layout(r);
-    size_t ng = zck_layout_n_groups(L);
-    zck_read_req *q = calloc(ng, sizeof *q);
-    for (size_t g = 0; g < ng; g++)
-        q[g] = (zck_read_req){g, 0, 0, zck_layout_group_numel(L, g),
-                              malloc(zck_layout_group_numel(L, g) * 4)};
-    zck_read_opts o = ZCK_READ_OPTS_INIT;
-    o.verify = 0;
-    int rc = zck_reader_read(r, q, ng, &o);
-    for (size_t g = 0; g < ng; g++)
-        free(q[g].dst);
-    free(q);
-    zck_reader_free(r);
-    return rc;
-}
-
 /* swap path for a FIFO (the original kept as path.orig) and back */
 static void to_fifo(const char *path)
 {
@@ -120,7 +99,7 @@ ZT_TEST(hostile_fifo_in_checkpoint)
 
     to_fifo(in(p, shard));
     expect_problem(p, ZCK_PROB_IO, shard, "a FIFO, not a regular file");
-    ZT_ERR(read_all(p), ZR_ECORRUPT, "is a FIFO, not a regular file");
+    ZT_ERR(zt_read_all(p, 0), ZR_ECORRUPT, "is a FIFO, not a regular file");
     char hex[65];
     ZT_ERR(zck_sha256_file(hex, in(p, shard), NULL), ZR_ECORRUPT, "is a FIFO");
     from_fifo(in(p, shard));
@@ -132,7 +111,7 @@ ZT_TEST(hostile_fifo_in_checkpoint)
     from_fifo("run/latest");
 
     ZT_CHECK_EQ(zt_verify_count(p, 0), 0);
-    ZT_CHECK_EQ(read_all(p), 0);
+    ZT_CHECK_EQ(zt_read_all(p, 0), 0);
     free(p);
 }
 
@@ -171,7 +150,7 @@ ZT_TEST(hostile_symlinks)
     ZT_CHECK(rename(in(p, shard), copy) == 0);
     ZT_CHECK(symlink("../../shard-00000-of-00002.bin.copy", in(p, shard)) == 0);
     expect_problem(p, ZCK_PROB_IO, shard, "a symbolic link, not a regular file");
-    ZT_ERR(read_all(p), ZR_ECORRUPT, "is a symbolic link, not a regular file");
+    ZT_ERR(zt_read_all(p, 0), ZR_ECORRUPT, "is a symbolic link, not a regular file");
     ZT_CHECK(unlink(in(p, shard)) == 0);
     ZT_CHECK(rename(copy, in(p, shard)) == 0);
 
@@ -205,7 +184,7 @@ ZT_TEST(hostile_symlinks)
     ZT_ERR(zck_latest_set("run2", 7), ZR_ENOTFOUND, "no such checkpoint directory");
     /* the link's own path is a checkpoint like any other */
     ZT_CHECK_EQ(zt_verify_count("run2/step-00000007", 0), 0);
-    ZT_CHECK_EQ(read_all("run2/step-00000007"), 0);
+    ZT_CHECK_EQ(zt_read_all("run2/step-00000007", 0), 0);
     /* retention never follows it either */
     zck_namelist removed = {0};
     zck_prune_opts po = ZCK_PRUNE_OPTS_INIT;
@@ -379,35 +358,10 @@ ZT_TEST(hostile_training_counters)
     zck_layout_free(L);
 }
 
-/* Run zckpt (ZT_ZCKPT) with args; its output (stdout and stderr) in *out. */
-static int zckpt(char **out, const char *fmt, ...)
-{
-    const char *bin = getenv("ZT_ZCKPT");
-    if (!bin)
-        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
-    char args[2048], cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin, args);
-    FILE *p = popen(cmd, "r");
-    ZT_CHECK(p);
-    size_t cap = 1 << 16, n = 0, k;
-    char *buf = malloc(cap);
-    while ((k = fread(buf + n, 1, cap - n - 1, p)) > 0)
-        if ((n += k) + 1 == cap)
-            buf = realloc(buf, cap *= 2);
-    buf[n] = 0;
-    int st = pclose(p);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
 static void no_escape(const char *args)
 {
     char *o;
-    zckpt(&o, "%s", args);
+    zt_zckpt(&o, "%s", args);
     if (strchr(o, '\033'))
         ZT_FAIL("zckpt %s printed an escape character:\n%s", args, o);
     if (!strstr(o, "?[2J"))

@@ -49,19 +49,17 @@ ZT_TEST(offload_is_byte_identical)
              {2, 3, "--offload-optimizer nvme --offload-params nvme"},
              {2, 3, "--offload-params nvme"}};
     for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
-        char args[2048], ref[32], off[32], jr[48], jo[48];
+        char ref[32], off[32], jr[48], jo[48];
         snprintf(ref, sizeof ref, "ref-%zu", i);
         snprintf(off, sizeof off, "off-%zu", i);
         snprintf(jr, sizeof jr, "%s.jsonl", ref);
         snprintf(jo, sizeof jo, "%s.jsonl", off);
         const char *common = "--model " MODEL " --batch 4 --steps 12 --warmup 3 --lr 3e-3 "
                              "--threads 1";
-        snprintf(args, sizeof args, "%s --nproc %d --zero %d --ckpt-dir %s --log-json %s",
-                 common, c[i].W, c[i].stage, ref, jr);
-        zt_zrun_ok(args, "ref.log");
-        snprintf(args, sizeof args, "%s --nproc %d --zero %d --ckpt-dir %s --log-json %s %s "
-                 NVME, common, c[i].W, c[i].stage, off, jo, c[i].what);
-        zt_zrun_ok(args, "off.log");
+        zt_zrunf_ok("ref.log", "%s --nproc %d --zero %d --ckpt-dir %s --log-json %s",
+                    common, c[i].W, c[i].stage, ref, jr);
+        zt_zrunf_ok("off.log", "%s --nproc %d --zero %d --ckpt-dir %s --log-json %s %s "
+                    NVME, common, c[i].W, c[i].stage, off, jo, c[i].what);
         zt_same_latest(ref, off, 0, 0);
         losses_only(jr, "a.txt");
         losses_only(jo, "b.txt");
@@ -76,12 +74,9 @@ ZT_TEST(offload_lowers_peak_rss)
 {
     const char *common = "--model gpt2:layers=8,heads=4,dim=256,ctx=64,vocab=256 --batch 4 "
                          "--seq 32 --steps 2 --threads 1 --nproc 2 --zero 3 --prefetch 1";
-    char args[2048];
-    snprintf(args, sizeof args, "%s --ckpt-dir plain --log-json plain.jsonl", common);
-    zt_zrun_ok(args, "plain.log");
-    snprintf(args, sizeof args, "%s --ckpt-dir off --log-json off.jsonl --offload-optimizer "
-             "nvme --offload-params nvme --nvme-path swap", common);
-    zt_zrun_ok(args, "off.log");
+    zt_zrunf_ok("plain.log", "%s --ckpt-dir plain --log-json plain.jsonl", common);
+    zt_zrunf_ok("off.log", "%s --ckpt-dir off --log-json off.jsonl --offload-optimizer "
+                "nvme --offload-params nvme --nvme-path swap", common);
     uint64_t rss[2];
     const char *files[2] = {"plain.jsonl", "off.jsonl"};
     for (int i = 0; i < 2; i++) {
@@ -176,29 +171,21 @@ ZT_TEST(offload_save_and_resume_either_way)
 {
     const char *common = "--model " MODEL " --batch 4 --steps 12 --warmup 3 --lr 3e-3 "
                          "--threads 1 --nproc 2 --zero 3";
-    char args[2048];
-    snprintf(args, sizeof args, "%s --ckpt-dir straight", common);
-    zt_zrun_ok(args, "straight.log");
+    zt_zrunf_ok("straight.log", "%s --ckpt-dir straight", common);
     /* offloaded first half, plain second half */
-    snprintf(args, sizeof args, "%s --ckpt-dir a --stop-after 6 --offload-optimizer nvme "
-             "--offload-params nvme " NVME, common);
-    zt_zrun_ok(args, "a1.log");
-    snprintf(args, sizeof args, "%s --ckpt-dir a", common);
-    zt_zrun_ok(args, "a2.log");
+    zt_zrunf_ok("a1.log", "%s --ckpt-dir a --stop-after 6 --offload-optimizer nvme "
+                "--offload-params nvme " NVME, common);
+    zt_zrunf_ok("a2.log", "%s --ckpt-dir a", common);
     zt_same_latest("straight", "a", 0, 0);
     /* plain first half, offloaded second half (at another world size and stage too) */
-    snprintf(args, sizeof args, "%s --ckpt-dir b --stop-after 6", common);
-    zt_zrun_ok(args, "b1.log");
-    snprintf(args, sizeof args, "%s --ckpt-dir b --offload-optimizer nvme --offload-params "
-             "nvme " NVME, common);
-    zt_zrun_ok(args, "b2.log");
+    zt_zrunf_ok("b1.log", "%s --ckpt-dir b --stop-after 6", common);
+    zt_zrunf_ok("b2.log", "%s --ckpt-dir b --offload-optimizer nvme --offload-params "
+                "nvme " NVME, common);
     zt_same_latest("straight", "b", 0, 0);
-    snprintf(args, sizeof args, "--model " MODEL " --batch 4 --steps 12 --warmup 3 --lr 3e-3 "
-             "--threads 1 --nproc 1 --zero 1 --ckpt-dir c --stop-after 6");
-    zt_zrun_ok(args, "c1.log");
-    snprintf(args, sizeof args, "--model " MODEL " --batch 4 --steps 12 --warmup 3 --lr 3e-3 "
-             "--threads 1 --nproc 2 --zero 3 --ckpt-dir c --offload-optimizer nvme " NVME);
-    zt_zrun_ok(args, "c2.log");
+    zt_zrunf_ok("c1.log", "--model " MODEL " --batch 4 --steps 12 --warmup 3 --lr 3e-3 "
+                "--threads 1 --nproc 1 --zero 1 --ckpt-dir c --stop-after 6");
+    zt_zrunf_ok("c2.log", "--model " MODEL " --batch 4 --steps 12 --warmup 3 --lr 3e-3 "
+                "--threads 1 --nproc 2 --zero 3 --ckpt-dir c --offload-optimizer nvme " NVME);
     char *t = zt_slurp("c2.log");
     ZT_CHECK(strstr(t, "(world 1, ZeRO 1; every file hashed"));
     free(t);

@@ -120,6 +120,13 @@ ZT_TEST(reshard_refuses_corrupt_source_and_existing_step)
     zck_layout_free(L);
 }
 
+static void copy_fill(void *ctx, const zck_layout *L, size_t g, size_t s, uint64_t start,
+                      uint64_t count, void *dst)
+{
+    (void)L, (void)g, (void)s;
+    memcpy(dst, (const float *)ctx + start, count * sizeof(float));
+}
+
 /* a one-group checkpoint whose params are the given floats */
 static char *save_values(const char *run, const float *v, uint64_t n, uint32_t world)
 {
@@ -129,27 +136,10 @@ static char *save_values(const char *run, const float *v, uint64_t n, uint32_t w
     size_t g;
     ZT_OK(zck_layout_add_group(L, &g, "g"));
     ZT_OK(zck_layout_add_tensor(L, g, "w", ZCK_F32, 1, &n));
-    char *staging;
-    ZT_OK(zck_staging_create(&staging, run, 1, 1));
-    zck_shard *sh[8];
-    for (uint32_t r = 0; r < world; r++) {
-        zck_writer *w;
-        uint64_t a, c;
-        ZT_OK(zck_writer_open(&w, staging, L, world, r, NULL));
-        zck_partition(n, world, r, 64, &a, &c);
-        if (c)
-            ZT_OK(zck_writer_put(w, 0, 0, a, c, v + a));
-        ZT_OK(zck_writer_finish(w, &sh[r]));
-        zck_writer_free(w);
-    }
     zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
     o.step = 1;
     o.world = world;
-    char *p;
-    ZT_OK(zck_commit(&p, run, staging, L, sh, world, &o));
-    for (uint32_t r = 0; r < world; r++)
-        zck_shard_free(sh[r]);
-    free(staging);
+    char *p = zt_save_as(run, L, &o, copy_fill, (void *)v);
     zck_layout_free(L);
     return p;
 }

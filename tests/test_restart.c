@@ -48,30 +48,12 @@ static pid_t zrun_bg(const char *args, const char *log)
 /* The pids of the launcher's rank processes (children of pid with ZR_RANK set). */
 static size_t rank_pids(pid_t launcher, pid_t *out, size_t cap)
 {
-    char path[128];
-    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)launcher, (int)launcher);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
+    pid_t kids[64];
+    int nk = zt_children(launcher, kids, 64);
     size_t n = 0;
-    int pid;
-    while (n < cap && fscanf(f, "%d", &pid) == 1) {
-        char env[65536], ep[128];
-        snprintf(ep, sizeof ep, "/proc/%d/environ", pid);
-        int fd = open(ep, O_RDONLY);
-        if (fd < 0)
-            continue;
-        ssize_t k = read(fd, env, sizeof env - 1);
-        close(fd);
-        for (ssize_t i = 0; k > 0 && i < k; i += (ssize_t)strlen(env + i) + 1) {
-            env[k] = 0;
-            if (!strncmp(env + i, "ZR_RANK=", 8)) {
-                out[n++] = pid;
-                break;
-            }
-        }
-    }
-    fclose(f);
+    for (int k = 0; k < nk && n < cap; k++)
+        if (zt_rank_of(kids[k]) >= 0)
+            out[n++] = kids[k];
     return n;
 }
 
@@ -111,8 +93,7 @@ ZT_TEST(restart_after_sigkills_matches_an_uninterrupted_run)
     const char *common = "--model " MODEL " --batch 4 --steps 800 --warmup 5 --lr 3e-3 "
                          "--threads 1 --nproc 2 --zero 3 --save-every 10 --keep-last 3";
     char args[2048];
-    snprintf(args, sizeof args, "%s --ckpt-dir straight", common);
-    ZT_CHECK_EQ(zt_zrun(args, "straight.log"), 0);
+    ZT_CHECK_EQ(zt_zrunf("straight.log", "%s --ckpt-dir straight", common), 0);
     snprintf(args, sizeof args, "%s --ckpt-dir run --max-restarts 3 --restart-backoff 0",
              common);
     pid_t launcher = zrun_bg(args, "run.log");
@@ -171,14 +152,11 @@ ZT_TEST(restart_falls_back_from_a_damaged_checkpoint)
 {
     const char *common = "--model " MODEL " --batch 4 --warmup 5 --lr 3e-3 --threads 1 "
                          "--save-every 10 --keep-last 3 --ckpt-dir run";
-    char args[2048];
-    snprintf(args, sizeof args, "%s --steps 20", common);
-    ZT_CHECK_EQ(zt_zrun(args, "a.log"), 0);
+    ZT_CHECK_EQ(zt_zrunf("a.log", "%s --steps 20", common), 0);
     zt_flip_byte("run/step-00000020/shard-00000-of-00001.bin", 1000);
     /* the resume finds step 20 damaged, moves it aside, falls back to step 10, says so, and
      * finishes (saving step 20 again) without needing a restart */
-    snprintf(args, sizeof args, "%s --steps 30 --max-restarts 1 --restart-backoff 0", common);
-    int st = zt_zrun(args, "b.log");
+    int st = zt_zrunf("b.log", "%s --steps 30 --max-restarts 1 --restart-backoff 0", common);
     char *t = zt_slurp("b.log");
     if (st != 0 || !strstr(t, "step-00000020 does not verify") ||
         !strstr(t, "moved aside to run/damaged-step-00000020") ||

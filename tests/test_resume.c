@@ -16,19 +16,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SMALL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
+#define SMALL ZT_SMALL
 
+/* the shared small run (ckutil.h), saving every 10 steps and keeping every checkpoint */
 static zr_train_opts small_opts(const char *dir, uint64_t steps)
 {
-    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
-    o.model = SMALL;
-    o.batch = 4;
-    o.micro_batch = 2;
-    o.steps = steps;
-    o.warmup = 5;
-    o.lr = 3e-3f;
-    o.ckpt_dir = dir;
-    o.threads = 1;
+    zr_train_opts o = zt_small_opts(dir, steps);
     o.save_every = 10;
     o.keep_last = 0;
     return o;
@@ -270,12 +263,9 @@ ZT_TEST(resume_zrun_max_restarts_moves_a_damaged_latest_aside)
 {
     const char *common = "--model " SMALL " --batch 4 --threads 1 --save-every 10 "
                          "--keep-last 0 --ckpt-dir run";
-    char args[1024];
-    snprintf(args, sizeof args, "%s --steps 20", common);
-    zt_zrun_ok(args, "a.log");
+    zt_zrunf_ok("a.log", "%s --steps 20", common);
     rm_shard("run/step-00000020");
-    snprintf(args, sizeof args, "%s --steps 30 --max-restarts 1 --restart-backoff 0", common);
-    int st = zt_zrun(args, "b.log");
+    int st = zt_zrunf("b.log", "%s --steps 30 --max-restarts 1 --restart-backoff 0", common);
     char *t = zt_slurp("b.log");
     if (st != 0 || !strstr(t, "run/step-00000020 does not verify (shard-00000-of-00001.bin: "
                               "missing") ||

@@ -201,27 +201,10 @@ ZT_TEST(rundir_retention_deletes_only_what_the_format_wrote)
     zck_layout_free(L);
 }
 
-/* zckpt with args; exit status, output in *out */
-static int zckpt(char **out, const char *fmt, ...)
-{
-    const char *bin = getenv("ZT_ZCKPT");
-    if (!bin)
-        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
-    char args[2048], cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s > out.txt 2>&1", bin, args);
-    int st = system(cmd);
-    *out = zt_slurp("out.txt");
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
 static void expect(int code, const char *text, const char *args)
 {
     char *o;
-    int rc = zckpt(&o, "%s", args);
+    int rc = zt_zckpt(&o, "%s", args);
     if (rc != code || !strstr(o, text))
         ZT_FAIL("zckpt %s: exit %d (expected %d), output lacks '%s':\n%s", args, rc, code, text,
                 o);
@@ -259,7 +242,7 @@ ZT_TEST(rundir_verify_names_the_step)
     free(zt_save("run", L, 2, 200, 2, 0));
     expect(0, "run: step-00000200 (latest): sound", "verify run");
     char *o;
-    ZT_CHECK_EQ(zckpt(&o, "verify --all run"), 0);
+    ZT_CHECK_EQ(zt_zckpt(&o, "verify --all run"), 0);
     ZT_CHECK(strstr(o, "run: step-00000100: sound") && strstr(o, "step-00000200 (latest)"));
     free(o);
     zt_flip_byte("run/step-00000100/shard-00001-of-00002.bin", 7);
@@ -267,7 +250,7 @@ ZT_TEST(rundir_verify_names_the_step)
     expect(1, "step-00000100/shard-00001-of-00002.bin: hash mismatch", "verify run --all");
     ZT_CHECK(unlink("run/latest") == 0);
     expect(1, "run: no 'latest' file", "verify run");
-    ZT_CHECK_EQ(zckpt(&o, "verify run"), 1);
+    ZT_CHECK_EQ(zt_zckpt(&o, "verify run"), 1);
     ZT_CHECK(!strstr(o, "manifest.json"));
     free(o);
     zck_layout_free(L);

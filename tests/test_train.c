@@ -15,21 +15,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
-#define SMALL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
-
-static zr_train_opts small_opts(const char *dir, uint64_t steps)
-{
-    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
-    o.model = SMALL;
-    o.batch = 4;
-    o.micro_batch = 2;
-    o.steps = steps;
-    o.warmup = 5;
-    o.lr = 3e-3f;
-    o.ckpt_dir = dir;
-    o.threads = 1;
-    return o;
-}
+#define SMALL ZT_SMALL
 
 static bool same_file(const char *a, const char *b)
 {
@@ -58,7 +44,7 @@ static void expect_same_final(const char *a, const char *b)
 
 ZT_TEST(train_loss_falls_on_synthetic_corpus)
 {
-    zr_train_opts o = small_opts("run", 150);
+    zr_train_opts o = zt_small_opts("run", 150);
     o.lr = 1e-2f;
     o.log_json = "log.jsonl";
     zr_train_result res;
@@ -89,10 +75,10 @@ ZT_TEST(train_loss_falls_on_synthetic_corpus)
 
 ZT_TEST(train_resume_is_bit_exact)
 {
-    zr_train_opts a = small_opts("straight", 40);
+    zr_train_opts a = zt_small_opts("straight", 40);
     zr_train_result ra, rb;
     ZT_OK(zr_train(&ra, &a));
-    zr_train_opts b = small_opts("resumed", 40);
+    zr_train_opts b = zt_small_opts("resumed", 40);
     b.stop_after = 20;
     ZT_OK(zr_train(&rb, &b));
     ZT_CHECK_EQ(rb.step, 20);
@@ -110,23 +96,11 @@ ZT_TEST(train_resume_is_bit_exact)
 
 ZT_TEST(train_resume_after_sigkill)
 {
-    const char *zrun = getenv("ZT_ZRUN");
-    if (!zrun)
-        ZT_SKIP("ZT_ZRUN is not set (run through make test)");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s --model %s --batch 4 --micro-batch 2 --steps 40 --warmup 5 "
-             "--lr 3e-3 --threads 1 --ckpt-dir straight > straight.log 2>&1", zrun, SMALL);
-    ZT_CHECK(system(cmd) == 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open("killed.log", O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execl(zrun, zrun, "--model", SMALL, "--batch", "4", "--micro-batch", "2", "--steps",
-              "40", "--warmup", "5", "--lr", "3e-3", "--threads", "1", "--ckpt-dir", "killed",
-              "--save-every", "20", (char *)NULL);
-        _exit(127);
-    }
+    zt_zrun_ok("--model " SMALL " --batch 4 --micro-batch 2 --steps 40 --warmup 5 --lr 3e-3 "
+               "--threads 1 --ckpt-dir straight", "straight.log");
+    pid_t pid = zt_spawn_zrun("", "--model " SMALL " --batch 4 --micro-batch 2 --steps 40 "
+                              "--warmup 5 --lr 3e-3 --threads 1 --ckpt-dir killed "
+                              "--save-every 20", "killed.log");
     /* kill it as soon as its step-20 checkpoint is committed */
     struct stat st;
     for (int i = 0; i < 6000 && stat("killed/step-00000020", &st) != 0; i++) {
@@ -137,26 +111,15 @@ ZT_TEST(train_resume_after_sigkill)
     int status;
     waitpid(pid, &status, 0);
     ZT_CHECK(stat("killed/step-00000020", &st) == 0);
-    snprintf(cmd, sizeof cmd, "%s --batch 4 --micro-batch 2 --steps 40 --warmup 5 --lr 3e-3 "
-             "--threads 1 --ckpt-dir killed --save-every 20 > resumed.log 2>&1", zrun);
-    ZT_CHECK(system(cmd) == 0);
+    zt_zrun_ok("--batch 4 --micro-batch 2 --steps 40 --warmup 5 --lr 3e-3 --threads 1 "
+               "--ckpt-dir killed --save-every 20", "resumed.log");
     expect_same_final("straight", "killed");
 }
 
 ZT_TEST(train_sigterm_saves_and_exits_zero)
 {
-    const char *zrun = getenv("ZT_ZRUN");
-    if (!zrun)
-        ZT_SKIP("ZT_ZRUN is not set (run through make test)");
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open("out.log", O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execl(zrun, zrun, "--model", SMALL, "--batch", "4", "--steps", "100000", "--threads",
-              "1", "--ckpt-dir", "run", (char *)NULL);
-        _exit(127);
-    }
+    pid_t pid = zt_spawn_zrun("", "--model " SMALL " --batch 4 --steps 100000 --threads 1 "
+                              "--ckpt-dir run", "out.log");
     struct timespec ts = {1, 0};
     nanosleep(&ts, NULL);
     kill(pid, SIGTERM);
@@ -173,17 +136,17 @@ ZT_TEST(train_sigterm_saves_and_exits_zero)
 
 ZT_TEST(train_refuses_bad_inputs_before_any_step)
 {
-    zr_train_opts o = small_opts("run", 10);
+    zr_train_opts o = zt_small_opts("run", 10);
     zr_train_result r;
     o.data = "no-such-file.txt";
     ZT_ERR(zr_train(&r, &o), ZR_ENOTFOUND, "no-such-file.txt");
-    o = small_opts("run", 10);
+    o = zt_small_opts("run", 10);
     o.model = "gpt2:layers=2,heads=3,dim=32";
     ZT_ERR(zr_train(&r, &o), ZR_EINVAL, NULL);
-    o = small_opts("run", 4);
+    o = zt_small_opts("run", 4);
     ZT_OK(zr_train(&r, &o));
     /* another model shape */
-    o = small_opts("run", 8);
+    o = zt_small_opts("run", 8);
     o.model = "gpt2:layers=3,heads=2,dim=32,ctx=32,vocab=256";
     ZT_ERR(zr_train(&r, &o), ZR_EINVAL, "another model shape");
     /* a corrupt checkpoint stops before any step, naming the file */
@@ -192,11 +155,11 @@ ZT_TEST(train_refuses_bad_inputs_before_any_step)
     char f[4096];
     snprintf(f, sizeof f, "%s/shard-00000-of-00001.bin", p);
     zt_flip_byte(f, 100);
-    o = small_opts("run", 8);
+    o = zt_small_opts("run", 8);
     ZT_ERR(zr_train(&r, &o), ZR_ECORRUPT, "shard-00000-of-00001.bin");
     ZT_CHECK_EQ(r.step, 0);
     free(p);
-    o = small_opts("run2", 8);
+    o = zt_small_opts("run2", 8);
     o.batch = 6;
     o.micro_batch = 4;
     ZT_ERR(zr_train(&r, &o), ZR_EINVAL, "does not divide the 6 sequences per rank");
@@ -206,14 +169,14 @@ ZT_TEST(train_resumes_an_imported_model)
 {
     /* a model saved by training, exported to llm.c's format, imported at world 3: zrun
      * resumes from it with the same params and fresh optimizer state */
-    zr_train_opts o = small_opts("trained", 5);
+    zr_train_opts o = zt_small_opts("trained", 5);
     zr_train_result r;
     ZT_OK(zr_train(&r, &o));
     ZT_OK(zfmt_llmc_export("trained", "m.bin", NULL));
     zfmt_import_opts io = ZFMT_IMPORT_OPTS_INIT;
     io.world = 3;
     ZT_OK(zfmt_import("m.bin", "imported", &io));
-    o = small_opts("imported", 3);
+    o = zt_small_opts("imported", 3);
     o.model = NULL;
     ZT_OK(zr_train(&r, &o));
     ZT_CHECK_EQ(r.start_step, 0);
@@ -222,7 +185,7 @@ ZT_TEST(train_resumes_an_imported_model)
 
 ZT_TEST(train_time_limit_stops_with_a_checkpoint)
 {
-    zr_train_opts o = small_opts("run", 1000000);
+    zr_train_opts o = zt_small_opts("run", 1000000);
     o.time_limit = 1.5;
     zr_train_result r;
     ZT_OK(zr_train(&r, &o));
@@ -251,10 +214,10 @@ ZT_TEST(train_resumes_from_a_commit_interrupted_before_latest)
     /* a crash between the rename of step-20 into place and the update of latest leaves latest
      * naming step 10: the run must resume from the newer, complete step 20 (not start over,
      * and not fail later on an existing step-20) */
-    zr_train_opts a = small_opts("straight", 30);
+    zr_train_opts a = zt_small_opts("straight", 30);
     zr_train_result r;
     ZT_OK(zr_train(&r, &a));
-    zr_train_opts b = small_opts("crashed", 30);
+    zr_train_opts b = zt_small_opts("crashed", 30);
     b.save_every = 10;
     b.stop_after = 20;
     ZT_OK(zr_train(&r, &b));
@@ -275,7 +238,7 @@ ZT_TEST(train_resumes_from_a_commit_interrupted_before_latest)
     /* a run directory whose only checkpoint is incomplete is an error, not a fresh start */
     ZT_OK(zck__mkdir_for_tests("broken"));
     ZT_OK(zck__mkdir_for_tests("broken/step-00000005"));
-    b = small_opts("broken", 30);
+    b = zt_small_opts("broken", 30);
     ZT_ERR(zr_train(&r, &b), ZR_ECORRUPT, "none of its 1 checkpoint verifies");
 }
 
@@ -283,11 +246,11 @@ ZT_TEST(train_resume_is_bit_exact_with_two_threads)
 {
     /* the model's thread pool (matmuls split by blocks, attention by (b, h), reductions by
      * output element) gives the same bits at a fixed thread count */
-    zr_train_opts a = small_opts("straight", 16);
+    zr_train_opts a = zt_small_opts("straight", 16);
     a.threads = 2;
     zr_train_result ra, rb;
     ZT_OK(zr_train(&ra, &a));
-    zr_train_opts b = small_opts("resumed", 16);
+    zr_train_opts b = zt_small_opts("resumed", 16);
     b.threads = 2;
     b.stop_after = 7;
     ZT_OK(zr_train(&rb, &b));

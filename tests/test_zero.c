@@ -213,29 +213,12 @@ ZT_TEST(zero_elastic_resume)
 /* The pid of rank `rank` among the launcher's children (0 when not found yet). */
 static pid_t rank_pid(pid_t launcher, int rank)
 {
-    char path[128], want[32];
-    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)launcher, (int)launcher);
-    snprintf(want, sizeof want, "ZR_RANK=%d", rank);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    int pid, found = 0;
-    while (!found && fscanf(f, "%d", &pid) == 1) {
-        char env[65536], ep[128];
-        snprintf(ep, sizeof ep, "/proc/%d/environ", pid);
-        int fd = open(ep, O_RDONLY);
-        if (fd < 0)
-            continue;
-        ssize_t n = read(fd, env, sizeof env - 1);
-        close(fd);
-        for (ssize_t i = 0; i < n; i += (ssize_t)strlen(env + i) + 1) {
-            env[n] = 0;
-            if (!strcmp(env + i, want))
-                found = pid;
-        }
-    }
-    fclose(f);
-    return found;
+    pid_t kids[64];
+    int nk = zt_children(launcher, kids, 64);
+    for (int k = 0; k < nk; k++)
+        if (zt_rank_of(kids[k]) == rank)
+            return kids[k];
+    return 0;
 }
 
 /* Start a 2-rank run, SIGKILL rank 1 after delay_ms, and check how the job ends. */

@@ -4,8 +4,8 @@
  * model section <-> zr_gpt2_config, the checkpoint layout of a model of that shape, and where
  * the model's arena holds each tensor (zr_gpt2_offsets). The naming contract itself (fields,
  * checks, JSON, groups, tensors, shapes) is ckpt's family table (zck.h, "model families",
- * ckpt/arch.c), which formats/ uses too: this file only binds zr_gpt2_config's members and the
- * model's tensor roles to it.
+ * ckpt/arch.c), which formats/ uses too, and zr_gpt2_config is its zck_gpt2_config: this file
+ * only binds the model's tensor roles to it.
  */
 #include "model.h"
 
@@ -13,37 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---------------------------------------------------------------- the family table */
-
-static const zck_arch *gpt2_arch(void)
-{
-    const zck_arch *a = NULL;
-    int rc = zck_arch_find(&a, "gpt2");
-    assert(!rc && a);
-    (void)rc;
-    return a;
-}
-
-static void to_arch(zck_arch_config *out, const zr_gpt2_config *c)
-{
-    zck_arch_config_init(out, gpt2_arch());
-    zck_arch_config_set(out, "layers", c->layers);
-    zck_arch_config_set(out, "heads", c->heads);
-    zck_arch_config_set(out, "dim", c->dim);
-    zck_arch_config_set(out, "ctx", c->ctx);
-    zck_arch_config_set(out, "vocab", c->vocab);
-}
-
-/* a checked config: every field a uint32 */
-static void from_arch(zr_gpt2_config *out, const zck_arch_config *a)
-{
-    out->layers = (uint32_t)zck_arch_config_get(a, "layers");
-    out->heads = (uint32_t)zck_arch_config_get(a, "heads");
-    out->dim = (uint32_t)zck_arch_config_get(a, "dim");
-    out->ctx = (uint32_t)zck_arch_config_get(a, "ctx");
-    out->vocab = (uint32_t)zck_arch_config_get(a, "vocab");
-}
 
 /* ---------------------------------------------------------------- model specs */
 
@@ -69,11 +38,11 @@ int zr_gpt2_config_parse(zr_gpt2_config *out, const char *spec)
                           "gpt2:layers=N,heads=N,dim=N,ctx=N,vocab=N)", spec);
     /* fields not given keep the family's defaults (the tiny values) */
     zck_arch_config a;
-    zck_arch_config_init(&a, gpt2_arch());
+    zck_arch_config_init(&a, zck_arch_gpt2());
     char what[1100];
     snprintf(what, sizeof what, "model '%.1024s'", spec);
     ZR_TRY(zck_arch_config_set_fields(&a, spec + 5, what));
-    from_arch(out, &a);
+    zck_gpt2_from_arch(out, &a);
     return 0;
 }
 
@@ -81,27 +50,20 @@ int zr_gpt2_config_parse(zr_gpt2_config *out, const char *spec)
 
 int zr_gpt2_config_to_json(char **out, const zr_gpt2_config *c)
 {
-    zck_arch_config a;
-    to_arch(&a, c);
-    return zck_arch_config_to_json(out, &a);
+    return zck_gpt2_to_json(out, c);
 }
 
 int zr_gpt2_config_from_json(zr_gpt2_config *out, const char *json)
 {
     assert(out && json);
-    zck_arch_config a;
-    ZR_TRY(zck_arch_config_from_json(&a, json, gpt2_arch()));
-    from_arch(out, &a);
-    return 0;
+    return zck_gpt2_from_json(out, json);
 }
 
 /* ---------------------------------------------------------------- layout */
 
 int zr_gpt2_layout(zck_layout **out, const zr_gpt2_config *c)
 {
-    zck_arch_config a;
-    to_arch(&a, c);
-    return zck_arch_layout(out, &a);
+    return zck_gpt2_layout(out, c);
 }
 
 /* The table's name of each role the model's maths gives a block tensor (zr_gpt2_blk). */
@@ -175,4 +137,33 @@ int zr_gpt2_offsets_get(zr_gpt2_offsets *out, const zr_gpt2_config *c)
     if (!rc)
         *out = o;
     return rc;
+}
+
+/* The groups and tensors of a checkpoint's layout against the model's (states aside). */
+int zr_gpt2_layout_check(const zck_layout *ck, const zck_layout *want, const char *path)
+{
+    if (zck_layout_n_groups(ck) != zck_layout_n_groups(want))
+        return zr_err_set(ZR_EINVAL, "%s: checkpoint has %zu parameter groups, this model %zu "
+                          "(another model shape)", path, zck_layout_n_groups(ck),
+                          zck_layout_n_groups(want));
+    for (size_t g = 0; g < zck_layout_n_groups(want); g++) {
+        if (strcmp(zck_layout_group_name(ck, g), zck_layout_group_name(want, g)) ||
+            zck_layout_group_numel(ck, g) != zck_layout_group_numel(want, g) ||
+            zck_layout_group_n_tensors(ck, g) != zck_layout_group_n_tensors(want, g))
+            return zr_err_set(ZR_EINVAL, "%s: group %zu is '%s' of %llu elements, this model "
+                              "expects '%s' of %llu (another model shape)", path, g,
+                              zck_layout_group_name(ck, g),
+                              (unsigned long long)zck_layout_group_numel(ck, g),
+                              zck_layout_group_name(want, g),
+                              (unsigned long long)zck_layout_group_numel(want, g));
+        for (size_t t = 0; t < zck_layout_group_n_tensors(want, g); t++) {
+            zck_tensor_info a, b;
+            zck_layout_tensor(ck, g, t, &a);
+            zck_layout_tensor(want, g, t, &b);
+            if (strcmp(a.name, b.name) || a.numel != b.numel || a.offset != b.offset)
+                return zr_err_set(ZR_EINVAL, "%s: tensor '%s' where this model has '%s'", path,
+                                  a.name, b.name);
+        }
+    }
+    return 0;
 }

@@ -30,6 +30,11 @@
  * model (8 x 128 tokens a step, AdamW, lr 3e-3 with warmup and cosine decay) goes from a loss
  * of 5.53 to 0.86 in 300 steps.
  *
+ * Validation (zr_data_hold_out): the synthetic corpus is generated SYNTH_VAL_TOKENS further,
+ * and that continuation is held out (training's 1048576 tokens unchanged); a file's last tenth
+ * of tokens is held out, and training samples from the first part only. zr_data_window gives
+ * evenly spaced sequences of the held-out part: a fixed evaluation set.
+ *
  * Raw bytes: any file, memory-mapped, each byte a token (vocab 256).
  *
  * llm.c token files (what llm.c's dev/data scripts and `ztok encode` write): int32 header[256]
@@ -61,6 +66,8 @@
 #define LLMC_HEADER_BYTES 1024    /* 256 int32 */
 
 #define SYNTH_TOKENS ((size_t)1 << 20)
+#define SYNTH_VAL_TOKENS ((size_t)1 << 17) /* the held-out continuation (zr_data_hold_out) */
+#define HOLD_OUT_DIV 10                    /* a file's held-out tail: a tenth of its tokens */
 #define SYNTH_SEED 0x7a65726f2d646174ull /* "zero-dat": fixed, independent of the run seed */
 
 struct zr_data {
@@ -74,6 +81,7 @@ struct zr_data {
     size_t map_bytes;
     uint8_t *owned;      /* synthetic corpus, or NULL */
     char *desc;
+    uint64_t held;       /* tokens held out past n (zr_data_hold_out; 0: none) */
 };
 
 /* ---------------------------------------------------------------- hashing */
@@ -308,11 +316,12 @@ static int open_synthetic(zr_data *d, uint32_t vocab)
     if (vocab < 256)
         return zr_err_set(ZR_EINVAL, "synthetic corpus: byte tokens need vocab >= 256 (model "
                           "vocab %u)", vocab);
-    d->owned = malloc(SYNTH_TOKENS + 16);
+    /* the training part, then its continuation, which only zr_data_hold_out hands out */
+    d->owned = malloc(SYNTH_TOKENS + SYNTH_VAL_TOKENS + 16);
     if (!d->owned)
         return zr_err_set(ZR_ENOMEM, "out of memory (synthetic corpus, %zu bytes)",
-                          SYNTH_TOKENS);
-    synth_generate(d->owned, SYNTH_TOKENS);
+                          SYNTH_TOKENS + SYNTH_VAL_TOKENS);
+    synth_generate(d->owned, SYNTH_TOKENS + SYNTH_VAL_TOKENS);
     d->base = d->owned;
     d->width = 1;
     d->n = SYNTH_TOKENS;
@@ -360,10 +369,9 @@ uint64_t zr_data_tokens(const zr_data *d) { return d->n; }
 
 uint32_t zr_data_vocab(const zr_data *d) { return d->hdr_vocab; }
 
-void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens)
+/* The T+1 tokens from position s. */
+static void copy_tokens(const zr_data *d, uint64_t s, int32_t *tokens)
 {
-    /* N >= T + 1 was checked at open, so N - T >= 1 and [s, s + T] lies inside */
-    uint64_t s = mix(mix(d->seed) ^ index) % (d->n - d->T);
     const uint8_t *p = d->base + s * (uint64_t)d->width;
     if (d->width == 1)
         for (uint32_t k = 0; k <= d->T; k++)
@@ -374,4 +382,62 @@ void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens)
     else
         for (uint32_t k = 0; k <= d->T; k++)
             tokens[k] = (int32_t)token_at(d, s + k);
+}
+
+void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens)
+{
+    /* N >= T + 1 was checked at open, so N - T >= 1 and [s, s + T] lies inside */
+    copy_tokens(d, mix(mix(d->seed) ^ index) % (d->n - d->T), tokens);
+}
+
+/* ---------------------------------------------------------------- validation */
+
+int zr_data_hold_out(zr_data **val, zr_data *d)
+{
+    if (d->held)
+        return zr_err_set(ZR_EINVAL, "%s: a validation part is held out already", d->desc);
+    uint64_t held = d->owned ? SYNTH_VAL_TOKENS : d->n / HOLD_OUT_DIV;
+    uint64_t keep = d->owned ? d->n : d->n - held;
+    if (held < (uint64_t)d->T + 1 || keep < (uint64_t)d->T + 1)
+        return zr_err_set(ZR_EINVAL, "%s: too short to hold out a validation part (%llu "
+                          "tokens) and keep a training part, each of at least T+1 = %llu "
+                          "tokens: give --val-data FILE", d->desc, (unsigned long long)held,
+                          (unsigned long long)d->T + 1);
+    zr_data *v = calloc(1, sizeof *v);
+    if (!v)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    v->base = d->base + keep * (uint64_t)d->width;
+    v->width = d->width;
+    v->n = held;
+    v->T = d->T;
+    v->seed = d->seed;
+    v->held = held; /* a view: never split again */
+    /* the descriptions: "<what> (N tokens)" of d's, with the counts after the split */
+    char *what = strndup(d->desc, strcspn(d->desc, "(") - (strchr(d->desc, '(') ? 1 : 0));
+    char *old = d->desc;
+    int rc = what ? set_desc(v, "the held-out %s of %s (%llu tokens)",
+                             d->owned ? "continuation" : "tail", what, (unsigned long long)held)
+                  : zr_err_set(ZR_ENOMEM, "out of memory");
+    if (!rc && !(rc = set_desc(d, "%s (%llu tokens; %llu %s held out for validation)", what,
+                               (unsigned long long)keep, (unsigned long long)held,
+                               d->owned ? "more" : "after them")))
+        free(old);
+    else
+        d->desc = old;
+    free(what);
+    if (rc) {
+        zr_data_free(v);
+        return rc;
+    }
+    d->n = keep;
+    d->held = held;
+    *val = v;
+    return 0;
+}
+
+void zr_data_window(const zr_data *d, uint64_t i, uint64_t count, int32_t *tokens)
+{
+    assert(i < count);
+    /* evenly spaced starts over [0, N - T]: the first at 0, the last at most N - T - 1 */
+    copy_tokens(d, (uint64_t)((unsigned __int128)i * (d->n - d->T) / count), tokens);
 }

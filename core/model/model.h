@@ -23,9 +23,7 @@ typedef enum { ZR_OFFLOAD_NONE = 0, ZR_OFFLOAD_CPU = 1, ZR_OFFLOAD_NVME = 2 } zr
 
 /* ---------------------------------------------------------------- model configuration */
 
-typedef struct {
-    uint32_t layers, heads, dim, ctx, vocab; /* L, NH, C, maximum T, V */
-} zr_gpt2_config;
+typedef zck_gpt2_config zr_gpt2_config; /* layers, heads, dim, ctx, vocab: L, NH, C, maximum T, V */
 
 /*
  * "tiny" (L=4, NH=4, C=128, T=128, V=256: the default run), "gpt2" (12, 12, 768, 1024, 50257),
@@ -41,6 +39,10 @@ int zr_gpt2_config_from_json(zr_gpt2_config *out, const char *json);
 /* The checkpoint layout: the GPT-2 naming contract of docs/FORMAT.md, built by ckpt's family
  * table (zck_arch_layout; formats/' zfmt_gpt2_layout is the same call). */
 int zr_gpt2_layout(zck_layout **out, const zr_gpt2_config *c);
+/* Whether a checkpoint's layout ck has the groups and tensors of want (names, sizes, offsets:
+ * the same model shape); states are not compared. ZR_EINVAL naming path and the first
+ * difference ("another model shape"). */
+int zr_gpt2_layout_check(const zck_layout *ck, const zck_layout *want, const char *path);
 
 /* The roles the model's maths gives the tensors of a block (h.<l>), bound by name to ckpt's
  * family table in config.c. */
@@ -174,6 +176,80 @@ uint64_t zr_data_tokens(const zr_data *d);
  * raw bytes, the synthetic corpus). */
 uint32_t zr_data_vocab(const zr_data *d);
 void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens /* T+1 */);
+/*
+ * Validation data. zr_data_hold_out splits d: a file's last tenth of tokens (rounded down)
+ * becomes *val, and d's samples come from the first part only from then on (zr_data_tokens
+ * drops accordingly); the synthetic corpus holds out its own continuation (131072 more tokens
+ * of the same text, generated past the 1048576 that training samples, which stay as they
+ * are). *val borrows d's tokens: free it before d. ZR_EINVAL when either part would be shorter
+ * than T+1 tokens, or d was split already.
+ * zr_data_window: sequence i of `count` evenly spaced ones (the T+1 tokens at
+ * floor(i (N - T) / count)), independent of the seed: a fixed evaluation set.
+ */
+int zr_data_hold_out(zr_data **val, zr_data *d);
+void zr_data_window(const zr_data *d, uint64_t i, uint64_t count, int32_t *tokens /* T+1 */);
+
+/* ---------------------------------------------------------------- generation (generate.c) */
+
+/*
+ * Inference with a KV cache over a full fp32 parameter arena in the layout of zr_gpt2_offsets
+ * (what zr_model_param(m, 0) starts, or a checkpoint's "param" state of every group read end to
+ * end): borrowed, it must outlive the generator. The cache holds the keys and values of up to
+ * ctx positions per layer. ZR_EINVAL for a config zr_gpt2_offsets_get refuses, ZR_ENOMEM.
+ */
+typedef struct zr_gen zr_gen;
+int zr_gen_new(zr_gen **out, const zr_gpt2_config *c, const float *params);
+void zr_gen_free(zr_gen *g);
+void zr_gen_reset(zr_gen *g);          /* empty the cache */
+size_t zr_gen_pos(const zr_gen *g);    /* positions in the cache */
+/* Feed n >= 1 tokens at positions pos .. pos+n-1 (pos + n <= ctx), each costing one position's
+ * forward against the cache; *logits (may be NULL): the logits [V] of the last one (borrowed,
+ * valid until the next feed). They equal zr_model_forward's at that position up to float
+ * rounding. ZR_EINVAL for ids out of the vocabulary or positions past ctx (nothing fed). */
+int zr_gen_feed(zr_gen *g, const int32_t *tok, size_t n, const float **logits);
+
+/* splitmix64: the same numbers for a seed on every machine (integer arithmetic only). */
+typedef struct {
+    uint64_t s;
+} zr_rng;
+void zr_rng_seed(zr_rng *r, uint64_t seed);
+uint64_t zr_rng_next(zr_rng *r);
+double zr_rng_uniform(zr_rng *r); /* [0, 1), 53 bits of one draw */
+
+typedef struct {
+    float temperature;  /* 0: greedy (argmax, the lowest id on a tie) */
+    uint32_t top_k;     /* sample among the k largest logits; 0: all */
+    uint64_t seed;      /* zr_gen_run's RNG */
+    void (*emit)(void *ctx, int32_t id); /* zr_gen_run: each new token as it comes, or NULL */
+    void *emit_ctx;
+} zr_sample_opts;
+#define ZR_SAMPLE_OPTS_INIT {.temperature = 0.8f, .top_k = 40, .seed = 1337}
+
+/* One token from logits [V]: the argmax at temperature 0 (or top_k 1), else drawn from
+ * softmax(logits / temperature) over the top_k largest (ties: lower id first) with one draw of
+ * rng. ZR_EINVAL for a negative temperature or a logit that is not finite. */
+int zr_sample_token(int32_t *out, const float *logits, uint32_t V, const zr_sample_opts *o,
+                    zr_rng *rng);
+/* Continue prompt [n_prompt] (1..ctx tokens) by n_new tokens into out[n_new], from an empty
+ * cache, the RNG seeded with o->seed. Past ctx positions the window slides: the cache is
+ * recomputed from the newest ctx/2 tokens of the text, so the cost stays linear in n_new.
+ * ZR_EINVAL for an empty or too long prompt or an id out of the vocabulary. */
+int zr_gen_run(zr_gen *g, int32_t *out, const int32_t *prompt, size_t n_prompt, size_t n_new,
+               const zr_sample_opts *o);
+/* The parameters of a checkpoint (its directory, or a run directory through latest; any world
+ * size, ZeRO stage or shard layout: zck_reader_read), only the "param" state, every shard file
+ * it touches hashed against the manifest while reading (jobs files at once). *out: a malloc'ed
+ * arena for zr_gen_new (free()), *cfg the model section's config. ZR_ENOTFOUND, ZR_ECORRUPT
+ * (a damaged checkpoint: the file named), ZR_EVERSION, ZR_EINVAL (not a GPT-2 of the family
+ * table, no f32 params), ZR_ENOMEM. */
+int zr_gen_load_params(float **out, zr_gpt2_config *cfg, const char *path, unsigned jobs);
+/* Ids as bytes (the byte-level models: id < 256 is that byte; any other id "<|id|>") into out
+ * (NUL-terminated, cut at cap; 16 n + 1 bytes always suffice). Returns the bytes written
+ * without the NUL (the text may hold NUL bytes). */
+size_t zr_gen_bytes_decode(char *out, size_t cap, const int32_t *ids, size_t n);
+/* s[n] as valid UTF-8 into out (room for 3 n + 1): each byte that does not start a well-formed
+ * sequence becomes U+FFFD. Returns the bytes written without the NUL (NUL bytes of s stay). */
+size_t zr_gen_utf8_repair(char *out, const char *s, size_t n);
 
 #ifdef __cplusplus
 }

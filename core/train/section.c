@@ -8,6 +8,7 @@
 #include "zck.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,10 +25,31 @@ static int json_u64(const json_t *j, const char *key, uint64_t *out)
     return 0;
 }
 
+/* A finite number and a non-negative integer step: *has 1 and both set. */
+static void json_val(const json_t *j, const char *loss, const char *step, int *has,
+                     double *out, uint64_t *out_step)
+{
+    json_t *l = json_object_get(j, loss), *st = json_object_get(j, step);
+    *has = json_is_number(l) && isfinite(json_number_value(l)) && json_is_integer(st) &&
+           json_integer_value(st) >= 0;
+    if (*has) {
+        *out = json_number_value(l);
+        *out_step = (uint64_t)json_integer_value(st);
+    }
+}
+
+static int dup_string(const json_t *t, const char *key, char **out)
+{
+    json_t *v = json_object_get(t, key);
+    if (json_is_string(v) && !(*out = strdup(json_string_value(v))))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    return 0;
+}
+
 int zr_train__section_parse(zr_train__section *s, const char *json)
 {
-    s->order_known = 0;
-    s->data = s->run_id = NULL;
+    s->order_known = s->has_val = s->has_best = 0;
+    s->data = s->run_id = s->val_set = NULL;
     json_error_t je;
     json_t *t = json_loads(json, 0, &je);
     if (!t)
@@ -38,12 +60,15 @@ int zr_train__section_parse(zr_train__section *s, const char *json)
     if (!rc)
         s->order_known = !json_u64(t, "seed", &s->seed) && !json_u64(t, "batch", &s->batch) &&
                          !json_u64(t, "seq", &s->seq);
-    json_t *dv = json_object_get(t, "data");
-    if (!rc && json_is_string(dv) && !(s->data = strdup(json_string_value(dv))))
-        rc = zr_err_set(ZR_ENOMEM, "out of memory");
-    json_t *id = json_object_get(t, "run_id");
-    if (!rc && json_is_string(id) && !(s->run_id = strdup(json_string_value(id))))
-        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+    if (!rc)
+        rc = dup_string(t, "data", &s->data);
+    if (!rc)
+        rc = dup_string(t, "run_id", &s->run_id);
+    if (!rc)
+        rc = dup_string(t, "val_set", &s->val_set);
+    json_val(t, "val_loss", "val_step", &s->has_val, &s->val_loss, &s->val_step);
+    json_val(t, "best_val_loss", "best_val_step", &s->has_best, &s->best_val_loss,
+             &s->best_val_step);
     json_decref(t);
     return rc;
 }
@@ -52,5 +77,6 @@ void zr_train__section_clear(zr_train__section *s)
 {
     free(s->data);
     free(s->run_id);
-    s->data = s->run_id = NULL;
+    free(s->val_set);
+    s->data = s->run_id = s->val_set = NULL;
 }

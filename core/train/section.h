@@ -13,11 +13,19 @@ typedef struct {
     int order_known;  /* 1 when seed, batch and seq were each absent or a valid integer */
     char *data;       /* the section's "data" string (malloc'ed), NULL when it has none */
     char *run_id;     /* the run id of the invocation that saved it (malloc'ed), or NULL */
+    /* validation (zrun --eval-every): the last evaluation and the best so far, each present
+     * when the section has a finite number for it and a non-negative integer step; val_set the
+     * evaluation set they were measured on (malloc'ed, or NULL) */
+    int has_val, has_best;
+    double val_loss, best_val_loss;
+    uint64_t val_step, best_val_step;
+    char *val_set;
 } zr_train__section;
 
 /* Parse the training section (JSON object text). ZR_ECORRUPT "training section unreadable" or
  * naming the field when optimizer_step or next_sample is not a non-negative integer; a bad seed,
- * batch or seq only leaves order_known 0. Free s->data and s->run_id with zr_train__section_clear, whatever
+ * batch or seq only leaves order_known 0, a bad validation field has_val or has_best 0. Free
+ * s->data, s->run_id and s->val_set with zr_train__section_clear, whatever
  * the result. */
 int zr_train__section_parse(zr_train__section *s, const char *json);
 void zr_train__section_clear(zr_train__section *s);

@@ -12,6 +12,8 @@
  */
 #include "comm.h"
 #include "device.h"
+#include "sample.h"
+#include "eval.h"
 #include "saver.h"
 #include "zero.h"
 #include "model.h"
@@ -67,6 +69,8 @@ typedef struct {
     char ck_run_id[40];      /* the run id recorded in the checkpoint resumed from ("": none) */
     char *ck_tokenizer;      /* the tokenizer.json of the checkpoint resumed from (NULL: none) */
     size_t ck_tokenizer_bytes;
+    zr_eval *eval;           /* validation data and set (--eval-every, eval.c) */
+    zr_val_record val;       /* the last and best validation loss */
 } run;
 
 static double now_s(void)
@@ -102,6 +106,8 @@ static int training_json(char **out, const run *r, float loss)
                           (json_int_t)o->warmup, "steps", (json_int_t)o->steps, "weight_decay",
                           (double)o->weight_decay, "grad_clip", (double)o->grad_clip, "data",
                           o->data, "loss", (double)loss, "run_id", r->run_id);
+    if (j && zr_train__val_to_json(j, &r->val, zr_train__eval_set(r->eval)))
+        json_decref(j), j = NULL;
     char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(j);
     if (!s)
@@ -344,29 +350,7 @@ static int save(run *r, float loss, char *path_out, size_t cap)
 /* Check that the checkpoint holds this model: same groups, sizes, tensors, and f32 states. */
 int zr_train__check_layout(const zck_layout *ck, const zck_layout *want, const char *path)
 {
-    if (zck_layout_n_groups(ck) != zck_layout_n_groups(want))
-        return zr_err_set(ZR_EINVAL, "%s: checkpoint has %zu parameter groups, this model %zu "
-                          "(another model shape)", path, zck_layout_n_groups(ck),
-                          zck_layout_n_groups(want));
-    for (size_t g = 0; g < zck_layout_n_groups(want); g++) {
-        if (strcmp(zck_layout_group_name(ck, g), zck_layout_group_name(want, g)) ||
-            zck_layout_group_numel(ck, g) != zck_layout_group_numel(want, g) ||
-            zck_layout_group_n_tensors(ck, g) != zck_layout_group_n_tensors(want, g))
-            return zr_err_set(ZR_EINVAL, "%s: group %zu is '%s' of %llu elements, this model "
-                              "expects '%s' of %llu (another model shape)", path, g,
-                              zck_layout_group_name(ck, g),
-                              (unsigned long long)zck_layout_group_numel(ck, g),
-                              zck_layout_group_name(want, g),
-                              (unsigned long long)zck_layout_group_numel(want, g));
-        for (size_t t = 0; t < zck_layout_group_n_tensors(want, g); t++) {
-            zck_tensor_info a, b;
-            zck_layout_tensor(ck, g, t, &a);
-            zck_layout_tensor(want, g, t, &b);
-            if (strcmp(a.name, b.name) || a.numel != b.numel || a.offset != b.offset)
-                return zr_err_set(ZR_EINVAL, "%s: tensor '%s' where this model has '%s'", path,
-                                  a.name, b.name);
-        }
-    }
+    ZR_TRY(zr_gpt2_layout_check(ck, want, path));
     static const char *states[3] = {"param", "exp_avg", "exp_avg_sq"};
     for (size_t s = 0; s < 3; s++) {
         size_t idx;
@@ -487,6 +471,26 @@ static int load(run *r, zck_reader *rd)
     return rc ? rc : load_training(r, rd);
 }
 
+/* The validation record of the section: kept when it was measured on this run's evaluation
+ * set, else dropped (said when this run evaluates). */
+static void load_val(run *r, const zr_train__section *s)
+{
+    const char *set = zr_train__eval_set(r->eval);
+    if (!s->has_val && !s->has_best)
+        return;
+    if (s->val_set && !strcmp(s->val_set, set)) {
+        r->val.has_val = s->has_val;
+        r->val.val = s->val_loss;
+        r->val.val_step = s->val_step;
+        r->val.has_best = s->has_best;
+        r->val.best = s->best_val_loss;
+        r->val.best_step = s->best_val_step;
+    } else if (r->log && r->o->eval_every)
+        fprintf(r->log, "note: the checkpoint's validation losses were measured on another "
+                        "evaluation set (%s; now %s): the best so far starts again\n",
+                s->val_set ? s->val_set : "?", set);
+}
+
 /* The training section: step, data position; differences from this run's options said. */
 static int load_training(run *r, zck_reader *rd)
 {
@@ -504,6 +508,7 @@ static int load_training(run *r, zck_reader *rd)
      * next: allowed (a deliberate change), but said */
     if (s.run_id)
         snprintf(r->ck_run_id, sizeof r->ck_run_id, "%s", s.run_id);
+    load_val(r, &s);
     if (s.order_known && r->log &&
         (s.seed != r->o->seed || s.batch != r->o->batch || s.seq != r->T ||
          (s.data && strcmp(s.data, r->o->data))))
@@ -635,22 +640,30 @@ static void log_step(run *r, int json, float loss, float lr, float norm, double 
         snprintf(nvme, sizeof nvme, " | nvme %.1f", zb.nvme * mib);
     if (zb.pinned)
         snprintf(pinned, sizeof pinned, " | pinned %.1f", zb.pinned * mib);
+    char val[48] = "";
+    if (r->val.now)
+        snprintf(val, sizeof val, " | val %.4f", r->val.val);
     if (r->log && !json)
-        fprintf(r->log, "step %6llu/%llu | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | "
+        fprintf(r->log, "step %6llu/%llu | loss %.4f%s | lr %.2e | norm %.3f | %8.0f tok/s | "
                         "%.1f ms | %s MiB p %.1f g %.1f o %.1f b %.1f a %.1f%s%s\n",
-                (unsigned long long)r->step, (unsigned long long)o->steps, loss, lr, norm, tps,
+                (unsigned long long)r->step, (unsigned long long)o->steps, loss, val, lr, norm,
+                tps,
                 dt * 1e3, r->dev ? "gpu/rank" : "mem/rank", zb.params * mib, zb.grads * mib,
                 zb.optimizer * mib, zb.buffers * mib, ab * mib, nvme, pinned);
     if (r->jlog && json) {
         char when[32];
-        fprintf(r->jlog, "{\"step\":%llu,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
+        if (r->val.now && isfinite(r->val.val))
+            snprintf(val, sizeof val, "\"val_loss\":%.6f,", r->val.val);
+        else
+            snprintf(val, sizeof val, "%s", r->val.now ? "\"val_loss\":null," : "");
+        fprintf(r->jlog, "{\"step\":%llu,\"loss\":%.6f,%s\"lr\":%.6e,\"grad_norm\":%.6f,"
                          "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"save_blocked_ms\":%.3f,"
                          "\"world\":%d,\"zero\":%d,\"device\":\"%s\","
                          "\"mem\":{\"params\":%llu,\"grads\":%llu,\"optimizer\":%llu,"
                          "\"buffers\":%llu,\"activations\":%llu,\"nvme\":%llu,"
                          "\"pinned\":%llu},"
                          "\"rss_peak\":%llu,\"time\":\"%s\",\"run_id\":\"%s\"}\n",
-                (unsigned long long)r->step, loss, lr, norm, tps, dt * 1e3, save_ms, r->W,
+                (unsigned long long)r->step, loss, val, lr, norm, tps, dt * 1e3, save_ms, r->W,
                 o->zero_stage, r->dev ? r->dev->name : "cpu", (unsigned long long)zb.params,
                 (unsigned long long)zb.grads,
                 (unsigned long long)zb.optimizer, (unsigned long long)zb.buffers,
@@ -674,6 +687,22 @@ static void make_parent_dirs(const char *path)
             *s = '/';
         }
     free(p);
+}
+
+/* The validation options (--eval-every and its companions). */
+static int check_eval_opts(const zr_train_opts *o)
+{
+    if (o->val_data && !o->val_data[0])
+        return zr_err_set(ZR_EINVAL, "--val-data: empty");
+    if (!o->eval_every)
+        return 0;
+    if (o->eval_batches < 1)
+        return zr_err_set(ZR_EINVAL, "--eval-batches 0: at least 1 (with --eval-every)");
+    if ((uint64_t)o->eval_batches * o->batch > (1u << 24))
+        return zr_err_set(ZR_EINVAL, "--eval-batches %u x --batch %u: %llu sequences per "
+                          "evaluation, at most %u", o->eval_batches, o->batch,
+                          (unsigned long long)o->eval_batches * o->batch, 1u << 24);
+    return 0;
 }
 
 /* Every option, whatever the world size: ZR_EINVAL naming the first bad one. */
@@ -705,6 +734,7 @@ int zr_train__check_opts(const zr_train_opts *o)
         return zr_err_set(ZR_EINVAL, "--ckpt-dir: empty");
     if (!o->data || !o->data[0])
         return zr_err_set(ZR_EINVAL, "--data: empty");
+    ZR_TRY(check_eval_opts(o));
     if (o->verify_on_resume < ZR_VERIFY_FULL || o->verify_on_resume > ZR_VERIFY_OFF)
         return zr_err_set(ZR_EINVAL, "--verify-on-resume %d: expected ZR_VERIFY_FULL, _QUICK "
                           "or _OFF (0..2)", o->verify_on_resume);
@@ -723,6 +753,13 @@ int zr_train__check_opts(const zr_train_opts *o)
     if (o->offload_params != ZR_OFFLOAD_NONE && o->zero_stage != 3)
         return zr_err_set(ZR_EINVAL, "--offload-params needs ZeRO stage 3, not %d",
                           o->zero_stage);
+    if (!o->sample_every && o->sample_prompt)
+        return zr_err_set(ZR_EINVAL, "--prompt sets the prompt of the samples: add "
+                          "--sample-every N");
+    if (o->sample_every && o->sample_tokens < 1)
+        return zr_err_set(ZR_EINVAL, "--sample-tokens 0: at least 1");
+    if (o->sample_every && o->sample_prompt && !o->sample_prompt[0])
+        return zr_err_set(ZR_EINVAL, "--prompt: empty (the samples need at least one byte)");
     if (o->offload_optimizer != ZR_OFFLOAD_NVME && o->offload_params != ZR_OFFLOAD_NVME)
         return 0;
     if (!o->nvme_path || !o->nvme_path[0])
@@ -902,6 +939,7 @@ static void free_run(run *r, int failed)
     free(r->tokens);
     free(r->inputs);
     free(r->targets);
+    zr_train__eval_free(r->eval); /* before the data it may borrow from */
     zr_data_free(r->data);
     free(r->ck_tokenizer);
     if (r->jlog)
@@ -1166,6 +1204,11 @@ static int pick_tokenizer(run *r)
     return rc == ZR_ENOTFOUND ? 0 : rc;
 }
 
+static const char *sample_prompt(const zr_train_opts *o)
+{
+    return o->sample_prompt ? o->sample_prompt : "the ";
+}
+
 /* What to resume from (rank 0 decides for all; the others learn its pick or its error), then
  * the model and the shapes. Returns this rank's result, still to be agreed. */
 static int pick_start(run *r)
@@ -1191,6 +1234,8 @@ static int pick_start(run *r)
         lrc = zr_train__pick_config(&r->cfg, o, r->rd);
     if (!lrc)
         lrc = zr_train__seq(&r->T, o, &r->cfg);
+    if (!lrc && o->sample_every)
+        lrc = zr_train__sample_check(&r->cfg, sample_prompt(o), o->sample_tokens);
     if (!lrc)
         lrc = pick_tokenizer(r);
     r->mb = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)r->W;
@@ -1212,6 +1257,7 @@ static int build_engine(run *r)
                           "%s has %u: encode the data with this tokenizer (ztok encode)",
                           o->data, dv, o->tokenizer_path ? o->tokenizer_path : "",
                           o->tokenizer_vocab);
+    ZR_TRY(zr_train__eval_open(&r->eval, o, r->data, r->cfg.vocab, r->T));
     ZR_TRY(zr_gpt2_layout(&r->L, &r->cfg));
     if (offloaded)
         ZR_TRY(swap_dir_claim(r));
@@ -1347,6 +1393,9 @@ static int resume_or_init(run *r)
                 (unsigned long long)zr_model_numel(r->model), zr_data_describe(r->data),
                 (unsigned long long)o->steps, o->batch, r->T, r->W, r->W == 1 ? "" : "s",
                 o->zero_stage);
+    if (r->log && o->eval_every)
+        fprintf(r->log, "validation every %llu steps and at the last: %s\n",
+                (unsigned long long)o->eval_every, zr_train__eval_describe(r->eval));
     return 0;
 }
 
@@ -1367,6 +1416,92 @@ static int diverged(run *r, zr_train_result *out, float loss, float norm)
                         latest ? latest : "", latest ? ", and run again to resume from it" : "");
     free(latest);
     return rc;
+}
+
+/* Every sample_every steps: the parameters gathered to rank 0 (every rank takes part), which
+ * prints the greedy continuation of the prompt after the step line and logs it as an event. */
+static int sample_now(run *r)
+{
+    const zr_train_opts *o = r->o;
+    if (!o->sample_every || r->step % o->sample_every)
+        return 0;
+    zr_train__sampler *s = NULL;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    size_t len = 0;
+    int rc = agree(r, zr_train__sample_begin(&s, r->zero, r->L, &r->cfg, r->rank, r->W));
+    if (!rc)
+        rc = zr_train__sample_gather(s, r->zero);
+    if (!rc)
+        rc = agree(r, r->rank == 0 ? zr_train__sample_text(s, sample_prompt(o),
+                                                           o->sample_tokens, &text, &len, &ids)
+                                   : 0);
+    zr_train__sample_free(s);
+    if (rc || r->rank != 0)
+        return rc;
+    const char *pr = sample_prompt(o);
+    size_t plen = strlen(pr);
+    char *u = malloc(3 * (len + plen) + 2), *up = u ? u + 3 * len + 1 : NULL;
+    if (u && r->log) { /* one line: control characters (newlines too) shown as '?' */
+        char *p = malloc(len + 1);
+        for (size_t i = 0; p && i <= len; i++)
+            p[i] = i < len && !text[i] ? '?' : text[i];
+        if (p)
+            fprintf(r->log, "sample at step %llu: %s\n", (unsigned long long)r->step,
+                    zr_printable(p, len + 1, p));
+        free(p);
+    }
+    if (u && r->jlog) {
+        char when[32];
+        json_t *a = json_array();
+        for (uint32_t i = 0; i < o->sample_tokens; i++)
+            json_array_append_new(a, json_integer(ids[i]));
+        json_t *j = json_pack("{s:s, s:I, s:o, s:o, s:o, s:s, s:s}", "event", "sample", "step",
+                              (json_int_t)r->step, "prompt",
+                              json_stringn(up, zr_gen_utf8_repair(up, pr, plen)), "ids", a,
+                              "text", json_stringn(u, zr_gen_utf8_repair(u, text, len)),
+                              "time", iso_time(when), "run_id", r->run_id);
+        char *line = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (line)
+            fprintf(r->jlog, "%s\n", line);
+        fflush(r->jlog);
+        free(line);
+        json_decref(j);
+    }
+    free(u);
+    free(text);
+    free(ids);
+    return 0;
+}
+
+/* Rank 0 redraws RUN/train.svg from the JSON log (at each save and at the end); a failure is
+ * said, and training goes on. */
+static void plot(run *r)
+{
+    if (!r->jlog)
+        return;
+    char *svg = NULL;
+    if (asprintf(&svg, "%s/train.svg", r->o->ckpt_dir) < 0)
+        return;
+    if (zr_plot_write(NULL, r->o->log_json, svg) && r->log)
+        fprintf(r->log, "warning: %s not drawn: %s\n", svg, zr_err_msg());
+    zr_err_clear();
+    free(svg);
+}
+
+/* Validation every eval_every steps and at the last step (before the step's line, which
+ * shows it, and its save, which records it). */
+static int eval_if_due(run *r)
+{
+    const zr_train_opts *o = r->o;
+    r->val.now = 0;
+    if (!o->eval_every || (r->step % o->eval_every && r->step < o->steps))
+        return 0;
+    zr_eval_io io = {r->zero, r->model, r->dev, r->dmodel, r->rank, r->W};
+    double v;
+    ZR_TRY(zr_train__eval_run(r->eval, &io, &v));
+    zr_train__val_note(&r->val, r->step, v);
+    return 0;
 }
 
 /* Steps until the end, a stop (signal, --stop-after, time limit) or an error; saves every
@@ -1401,6 +1536,7 @@ static int train_loop(run *r, zr_train_result *out, float *loss, uint64_t *done,
         if (dt > slowest)
             slowest = dt;
         (*done)++;
+        ZR_TRY(eval_if_due(r));
         log_step(r, 0, *loss, lr, norm, dt, 0);
         *saved_now = 0;
         if (o->save_every && r->step % o->save_every == 0 && r->step < o->steps) {
@@ -1408,6 +1544,9 @@ static int train_loop(run *r, zr_train_result *out, float *loss, uint64_t *done,
             *saved_now = 1;
         }
         log_step(r, 1, *loss, lr, norm, dt, *saved_now ? r->blocked_s * 1e3 : 0);
+        ZR_TRY(sample_now(r));
+        if (*saved_now)
+            plot(r);
         if (stop && r->step < o->steps) {
             out->stopped = 1;
             break;
@@ -1424,6 +1563,8 @@ static int finish(run *r, zr_train_result *out, float loss, uint64_t done, int s
     if (done && !saved_now)
         ZR_TRY(save(r, loss, out->ckpt, sizeof out->ckpt));
     ZR_TRY(finish_pending(r, out->ckpt, sizeof out->ckpt));
+    if (done)
+        plot(r);
     out->step = r->step;
     out->loss = loss;
     if (r->log && !done)

@@ -63,6 +63,19 @@ typedef struct {
     /* this invocation's id in the --log-json records and the checkpoint's training section
      * (zrun: random per invocation, ZR_RUN_ID for its ranks); NULL: one made here */
     const char *run_id;
+    /* samples during training: every sample_every steps (0: none) rank 0 prints the greedy
+     * continuation of sample_prompt (bytes as token ids; NULL: "the ") by sample_tokens tokens
+     * after the step line, and logs it as a "sample" event in the JSON log; every rank takes
+     * part (at stage 3 the parameters are gathered to rank 0) */
+    uint64_t sample_every;
+    const char *sample_prompt;
+    uint32_t sample_tokens;
+    /* validation (zrun --eval-every): every eval_every steps (0: never) and at the last step,
+     * the mean loss over eval_batches x batch fixed sequences of val_data (NULL: the held-out
+     * part of data, which training never samples; see zr_data_hold_out) */
+    uint64_t eval_every;
+    uint32_t eval_batches;
+    const char *val_data;
     /* the run's tokenizer.json (zrun --tokenizer; NULL: none given): its bytes are recorded in
      * every checkpoint as "tokenizer.json" (zck_extra_file), and tokenizer_vocab (its largest
      * id + 1) must not exceed the model's vocabulary, checked before any step. A resume without
@@ -80,7 +93,8 @@ enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };
      .ckpt_dir = "runs/default", .keep_last = 3, .resume = "auto", .threads = 2,               \
      .prefetch = 2, .offload_optimizer = ZR_OFFLOAD_NONE, .offload_params = ZR_OFFLOAD_NONE,   \
      .aio_depth = 8, .offload_buffers = 4, .aio_block = (size_t)1 << 20, .async_save = -1,     \
-     .verify_on_resume = ZR_VERIFY_FULL, .device = ZR_DEVICE_CPU}
+     .verify_on_resume = ZR_VERIFY_FULL, .device = ZR_DEVICE_CPU, .sample_tokens = 32,       \
+     .eval_batches = 8}
 
 typedef struct {
     uint64_t step;           /* optimizer steps completed */
@@ -124,6 +138,24 @@ typedef struct {
 int zr_train_mem_plan(zr_mem_plan *out, const zr_train_opts *opts, int world);
 void zr_mem_plan_print(const zr_mem_plan *p, FILE *out); /* zrun --dry-run's table */
 void zr_mem_plan_free(zr_mem_plan *p); /* its members; accepts NULL */
+
+/* ---------------------------------------------------------------- plots */
+
+typedef struct {
+    size_t records;          /* step records drawn */
+    size_t skipped;          /* lines that were not a JSON object (a truncated last line) */
+    size_t marks;            /* resumes and world-size changes marked */
+} zr_plot_info;
+
+/* Draw the JSON log at log_path (zrun --log-json's records) as an SVG at svg_path: panels for
+ * the loss (training and validation), the learning rate and tokens/s against the step, each
+ * invocation's steps a line of its own, resumes and world-size changes marked by labelled
+ * vertical lines; long logs decimated (each series keeps the lowest and highest of each bucket
+ * of points). Lines that are not JSON objects and values that are not finite are skipped. The
+ * file is written beside svg_path and renamed over it. ZR_ENOTFOUND for a missing log,
+ * ZR_ECORRUPT for one that is not a regular file, ZR_EINVAL when it has no step record, I/O
+ * errors naming the file. info (may be NULL): what was drawn. */
+int zr_plot_write(zr_plot_info *info, const char *log_path, const char *svg_path);
 
 /* ---------------------------------------------------------------- the audit before a resume */
 

@@ -652,22 +652,27 @@ static int host_begin_step(zr_zero *zz)
     return rc;
 }
 
+/* One in-place collective (OP_RS_INPLACE, OP_AG_INPLACE) per group of the full buffer,
+ * queued for the comm thread. */
+static int submit_per_group(zr_zhost *z, int kind, float *full)
+{
+    pthread_mutex_lock(&z->mu);
+    int rc = 0;
+    for (size_t g = 0; g < z->b.ng && !rc; g++)
+        rc = submit_locked(z, (op){.kind = kind, .buf = full + z->b.G[g].foff, .n = z->b.G[g].P},
+                           NULL);
+    pthread_mutex_unlock(&z->mu);
+    return rc;
+}
+
 static int host_reduce(zr_zero *zz)
 {
     zr_zhost *z = (zr_zhost *)zz;
     if (z->b.stage == 0)
         return run_sync(z, (op){.kind = OP_ALLREDUCE, .send = z->b.fullg, .recv = z->b.fullg,
                                 .n = z->b.sum_full});
-    if (z->b.stage == 1) {
-        pthread_mutex_lock(&z->mu);
-        int rc = 0;
-        for (size_t g = 0; g < z->b.ng && !rc; g++)
-            rc = submit_locked(z, (op){.kind = OP_RS_INPLACE, .buf = z->b.fullg + z->b.G[g].foff,
-                                       .n = z->b.G[g].P}, NULL);
-        pthread_mutex_unlock(&z->mu);
-        if (rc)
-            return rc;
-    }
+    if (z->b.stage == 1)
+        ZR_TRY(submit_per_group(z, OP_RS_INPLACE, z->b.fullg));
     return drain(z);
 }
 
@@ -683,13 +688,8 @@ static int host_publish(zr_zero *zz)
     zr_zhost *z = (zr_zhost *)zz;
     if (z->b.stage != 1 && z->b.stage != 2)
         return 0;
-    pthread_mutex_lock(&z->mu);
-    int rc = 0;
-    for (size_t g = 0; g < z->b.ng && !rc; g++)
-        rc = submit_locked(z, (op){.kind = OP_AG_INPLACE, .buf = z->b.fullp + z->b.G[g].foff,
-                                   .n = z->b.G[g].P}, NULL);
-    pthread_mutex_unlock(&z->mu);
-    return rc ? rc : drain(z);
+    ZR_TRY(submit_per_group(z, OP_AG_INPLACE, z->b.fullp));
+    return drain(z);
 }
 
 static int host_gather_f64(zr_zero *zz, const double *mine, size_t n, double *all)

@@ -109,6 +109,10 @@ int zr_zero_offloaded(const zr_zero *z);
  * rank's opt range), sumsq (the global squared norm, the same bits on every rank), the
  * caller's AdamW on the opt ranges, then publish (all-gather updated params at stages 1-2). */
 int zr_zero_begin_step(zr_zero *z);
+/* Forward passes only (an evaluation, between steps): as begin_step (the gradients, which no
+ * step needs any more, zeroed), with stage 3's gather schedule n_forwards forward fetch orders;
+ * every rank the same n_forwards. The next begin_step restores the step's schedule. */
+int zr_zero_begin_eval(zr_zero *z, unsigned n_forwards);
 int zr_zero_reduce(zr_zero *z);
 int zr_zero_sumsq(zr_zero *z, double *out);
 int zr_zero_publish(zr_zero *z);

@@ -38,9 +38,11 @@ void zr__zero_base_free(zr_zero *z)
     free(z->soff);
     free(z->poff);
     free(z->sched);
+    free(z->order);
     z->G = NULL;
     z->soff = z->poff = NULL;
     z->sched = NULL;
+    z->order = NULL;
 }
 
 /* Partition every group; sum_full, sum_P, slot and each group's offsets. */
@@ -108,6 +110,22 @@ void zr_zero_hooks(zr_zero *z, zr_model_hooks *h)
     z->ops->hooks(z, h);
 }
 
+/* The stage-3 schedule: n passes of the forward fetch order, each followed by the backward's
+ * unless forward_only. */
+static int build_sched(zr_zero *z, size_t n, int forward_only)
+{
+    size_t per = z->nf + (forward_only ? 0 : z->nb), total = n * per;
+    free(z->sched);
+    z->n_sched = 0;
+    if (!(z->sched = calloc(total ? total : 1, sizeof *z->sched)))
+        return zr_err_set(ZR_ENOMEM, "out of memory for the ZeRO-3 schedule");
+    for (size_t k = 0; k < total; k++) {
+        z->sched[k].g = z->order[k % per]; /* order: the forward's, then the backward's */
+    }
+    z->n_sched = total;
+    return 0;
+}
+
 int zr_zero_attach(zr_zero *z, const zr_model *m, zr_dev_model *dm, unsigned n_micro)
 {
     size_t cap = z->ng + 4, nf = 0, nb = 0;
@@ -117,20 +135,31 @@ int zr_zero_attach(zr_zero *z, const zr_model *m, zr_dev_model *dm, unsigned n_m
     size_t *bwd = fwd + cap;
     int rc = z->ops->attach(z, m, dm, fwd, &nf, bwd, &nb);
     free(z->sched);
+    free(z->order);
     z->sched = NULL;
+    z->order = NULL;
     z->n_sched = 0;
-    if (!rc && z->stage == 3) { /* n_micro times the forward then the backward fetch order */
-        size_t n = (size_t)n_micro * (nf + nb);
-        if (!(z->sched = calloc(n ? n : 1, sizeof *z->sched)))
-            rc = zr_err_set(ZR_ENOMEM, "out of memory for the ZeRO-3 schedule");
-        for (size_t k = 0; !rc && k < n; k++) {
-            size_t i = k % (nf + nb);
-            z->sched[k].g = i < nf ? fwd[i] : bwd[i - nf];
-        }
-        z->n_sched = rc ? 0 : n;
+    if (rc) {
+        free(fwd);
+        return rc;
     }
-    free(fwd);
-    return rc;
+    memmove(fwd + nf, bwd, nb * sizeof *fwd); /* forward order, then backward order */
+    z->order = fwd;
+    z->nf = nf;
+    z->nb = nb;
+    z->n_micro = n_micro;
+    z->eval = 0;
+    /* n_micro times the forward then the backward fetch order */
+    return z->stage == 3 ? build_sched(z, n_micro, 0) : 0;
+}
+
+int zr_zero_begin_eval(zr_zero *z, unsigned n_forwards)
+{
+    if (z->stage == 3) {
+        ZR_TRY(build_sched(z, n_forwards, 1));
+        z->eval = 1;
+    }
+    return z->ops->begin_step(z);
 }
 
 int zr__zero_issue_more(zr_zero *z, size_t upto)
@@ -173,7 +202,14 @@ int zr__zero_sched_start(zr_zero *z)
 
 /* ---------------------------------------------------------------- the step */
 
-int zr_zero_begin_step(zr_zero *z) { return z->ops->begin_step(z); }
+int zr_zero_begin_step(zr_zero *z)
+{
+    if (z->eval) { /* after an evaluation: the step's schedule again */
+        ZR_TRY(build_sched(z, z->n_micro, 0));
+        z->eval = 0;
+    }
+    return z->ops->begin_step(z);
+}
 int zr_zero_reduce(zr_zero *z) { return z->ops->reduce(z); }
 int zr_zero_publish(zr_zero *z) { return z->ops->publish(z); }
 

@@ -60,6 +60,12 @@ struct zr_zero {
     /* stage 3: the gathers in order (zr_zero_attach), the next to lend, the next to issue */
     zr_zentry *sched;
     size_t n_sched, cursor, issued;
+    /* the model's fetch orders (zr_zero_attach) and micro-batches per step, from which the
+     * schedule is rebuilt: a step's (n_micro forwards and backwards), or an evaluation's
+     * (forwards only, zr_zero_begin_eval; eval says the schedule is one) */
+    size_t *order, nf, nb;
+    unsigned n_micro;
+    int eval;
 };
 
 /* An engine: zero.h's functions less those the common part answers. */

@@ -12,14 +12,10 @@
 #   SWAP_MIB           size of the bandwidth test (1024)
 #   STEPS, WARMUP      steps per run (6) and leading steps not averaged (2)
 set -euo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
-BENCH_DIR=${BENCH_DIR:-$root/build/bench-scratch}
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh" offload-bench
 SWAP_MIB=${SWAP_MIB:-1024}
 STEPS=${STEPS:-6}
 WARMUP=${WARMUP:-2}
-say() { printf '[offload-bench] %s\n' "$*"; }
-fail() { printf '[offload-bench] error: %s\n' "$*" >&2; exit 1; }
 [[ $SWAP_MIB =~ ^[1-9][0-9]*$ && $STEPS =~ ^[1-9][0-9]*$ && $WARMUP =~ ^[0-9]+$ ]] ||
     fail "SWAP_MIB, STEPS and WARMUP must be integers"
 ((STEPS > WARMUP)) || fail "STEPS must exceed WARMUP"

@@ -10,16 +10,12 @@
 #   BENCH_SHARDS  ranks / shard files (default 4); BENCH_JOBS threads (default 2)
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh" bench
 BENCH_BIN=${BENCH_BIN:-$root/build/bench_ckpt}
-BENCH_DIR=${BENCH_DIR:-$root/build/bench-scratch}
 BENCH_GIB=${BENCH_GIB:-1}
 BENCH_SHARDS=${BENCH_SHARDS:-4}
 BENCH_JOBS=${BENCH_JOBS:-2}
 
-say() { printf '[bench] %s\n' "$*"; }
-fail() { printf '[bench] error: %s\n' "$*" >&2; exit 1; }
 
 [[ $BENCH_GIB =~ ^[1-9][0-9]*$ ]] || fail "BENCH_GIB=$BENCH_GIB: expected a positive integer"
 [ -x "$BENCH_BIN" ] || fail "$BENCH_BIN: not built (run: make bench)"

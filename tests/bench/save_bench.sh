@@ -8,13 +8,9 @@
 # asynchronous saves <= 1.1x the time with none. Prints PASS/BELOW; exits 0 either way.
 #   ZRUN (build/zrun), BENCH_DIR (build/bench-scratch), STEPS (30), EVERY (10)
 set -euo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
-BENCH_DIR=${BENCH_DIR:-$root/build/bench-scratch}
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh" save-bench
 STEPS=${STEPS:-30}
 EVERY=${EVERY:-10}
-say() { printf '[save-bench] %s\n' "$*"; }
-fail() { printf '[save-bench] error: %s\n' "$*" >&2; exit 1; }
 [[ $STEPS =~ ^[1-9][0-9]*$ && $EVERY =~ ^[1-9][0-9]*$ ]] || fail "STEPS and EVERY: integers"
 ((STEPS > EVERY)) || fail "STEPS must exceed EVERY"
 if [ -z "${ZRUN:-}" ]; then

@@ -7,8 +7,7 @@
 # and CPU jobs of a few nodes; GPU jobs reduce over NCCL).
 #   ZRUN (build/zrun), ROUNDS (3), STEPS (30), MODEL (gpt2:layers=4,heads=4,dim=256,...)
 set -euo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh" tcp-bench
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-30}
 MODEL=${MODEL:-gpt2:layers=4,heads=4,dim=256,ctx=128,vocab=4096}
@@ -25,7 +24,7 @@ mean() { # mean step_ms after the first 3 steps of a JSON log
         awk '{ s += $1; n++ } END { printf "%.1f", s / n }'
 }
 port=$((20000 + RANDOM % 20000))
-echo "[tcp-bench] $MODEL, 2 ranks, ZeRO 2, batch 8 x 128, $STEPS steps, $ROUNDS rounds"
+say "$MODEL, 2 ranks, ZeRO 2, batch 8 x 128, $STEPS steps, $ROUNDS rounds"
 for r in $(seq 1 "$ROUNDS"); do
     $ZRUN $args --nproc 2 --ckpt-dir "$w/shm$r" --log-json "$w/shm$r.json" >"$w/shm$r.log" 2>&1
     port=$((port + 1))
@@ -35,5 +34,5 @@ for r in $(seq 1 "$ROUNDS"); do
         --ckpt-dir "$w/tcp$r" --log-json "$w/tcp$r.json" >"$w/tcp$r.log" 2>&1
     wait
     s=$(mean "$w/shm$r.json"); t=$(mean "$w/tcp$r.json")
-    echo "[tcp-bench] round $r: shm $s ms/step, tcp $t ms/step, tcp/shm $(awk -v a="$t" -v b="$s" 'BEGIN { printf "%.2f", a / b }')"
+    say "round $r: shm $s ms/step, tcp $t ms/step, tcp/shm $(awk -v a="$t" -v b="$s" 'BEGIN { printf "%.2f", a / b }')"
 done

@@ -28,10 +28,8 @@
 #                  counts; compile-sdpa-fused adds torch.compile, ~80 s of compiling for 124M)
 # The step logs of the last run are kept in build/train-bench/.
 set -euo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh" train-bench
 BENCH_THREADS=${BENCH_THREADS:-2}
-BENCH_DIR=${BENCH_DIR:-$root/build/bench-scratch}
 TINY_STEPS=${TINY_STEPS:-12}
 GPT2_STEPS=${GPT2_STEPS:-6}
 WARMUP=${WARMUP:-2}
@@ -42,8 +40,6 @@ ROUNDS=${ROUNDS:-2}
 IDLE_WAIT=${IDLE_WAIT:-60}
 LOGS=$root/build/train-bench
 
-say() { printf '[train-bench] %s\n' "$*"; }
-fail() { printf '[train-bench] error: %s\n' "$*" >&2; exit 1; }
 
 for v in BENCH_THREADS TINY_STEPS GPT2_STEPS ROUNDS; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || fail "$v=${!v}: expected a positive integer"

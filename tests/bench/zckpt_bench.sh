@@ -6,13 +6,10 @@
 # timed command when the machine allows it (said in the output). A benchmark: exits 0 whether or
 # not targets are met, non-zero only when a command fails.
 set -euo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh" zckpt-bench
 ZCKPT=${ZCKPT:-$root/build/zckpt}
 MKCKPT=${MKCKPT:-$root/build/mkckpt}
 BENCH_GIB=${BENCH_GIB:-1}
-BENCH_DIR=${BENCH_DIR:-$root/build/bench-scratch}
-say() { printf '[zckpt-bench] %s\n' "$*"; }
 mkdir -p "$BENCH_DIR"
 s=$(mktemp -d "$BENCH_DIR/zckpt.XXXXXX")
 trap 'rm -rf "$s"' EXIT

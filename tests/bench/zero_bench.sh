@@ -10,13 +10,9 @@
 #   STEPS      steps per stage (6), WARMUP leading steps not averaged (2)
 #   BENCH_DIR  scratch directory (build/bench-scratch); checkpoints are deleted after each stage
 set -euo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh" zero-bench
 STEPS=${STEPS:-6}
 WARMUP=${WARMUP:-2}
-BENCH_DIR=${BENCH_DIR:-$root/build/bench-scratch}
-say() { printf '[zero-bench] %s\n' "$*"; }
-fail() { printf '[zero-bench] error: %s\n' "$*" >&2; exit 1; }
 [[ $STEPS =~ ^[1-9][0-9]*$ && $WARMUP =~ ^[0-9]+$ ]] || fail "STEPS and WARMUP must be integers"
 ((STEPS > WARMUP)) || fail "STEPS must exceed WARMUP"
 if [ -z "${ZRUN:-}" ]; then

@@ -1,0 +1,345 @@
+/*
+ * zgen.c: sampling from a checkpoint. Options in one table (zgen_table, which also makes
+ * --help). Reads only the parameters of the checkpoint (a run directory's latest, any world
+ * size or stage, imported or resharded), hashing every file it reads against the manifest
+ * (zr_gen_load_params), and continues the prompt with the KV-cache generator of core/
+ * (zr_gen_run). Text goes through the text codec below, the one place that turns text into
+ * token ids and back. Exit codes: 0 ok, 1 the checkpoint is missing, damaged or not a GPT-2,
+ * 2 usage or any other error.
+ */
+#include "common.h"
+#include "opts.h"
+#include "zr.h"
+
+#include <errno.h>
+#include <float.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define PROG "zgen"
+
+typedef struct {
+    const char *path, *prompt, *prompt_ids;
+    uint32_t tokens, top_k;
+    float temperature;
+    uint64_t seed;
+    int json;
+} zgen_args;
+#define ZCLI_ARGS zgen_args
+
+static void args_init(zgen_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->tokens = 64;
+    a->temperature = 0.8f;
+    a->top_k = 40;
+    a->seed = 1337;
+}
+
+static const zcli_opt zgen_table[] = {
+    ZCLI_POSITIONAL("RUN_OR_CHECKPOINT", path),
+    ZCLI_STRING("--prompt", prompt, "TEXT", "",
+                "the text to continue (byte models: its bytes are the token ids)"),
+    ZCLI_STRING("--prompt-ids", prompt_ids, "IDS", "",
+                "the prompt as token ids, comma-separated (1,2,3): needed for a model with a "
+                "vocabulary beyond bytes and no tokenizer"),
+    ZCLI_INTEGER(U32, "--tokens", tokens, "N", 1, 1u << 24, NULL, "tokens to generate"),
+    ZCLI_REAL(FLOAT, "--temperature", temperature, "T", 0, 1000, NULL,
+              "softmax temperature; 0: greedy (the most likely token each time)"),
+    ZCLI_INTEGER(U32, "--top-k", top_k, "K", 0, UINT32_MAX, NULL,
+                 "sample among the K most likely tokens (0: all)"),
+    ZCLI_INTEGER(U64, "--seed", seed, "S", 0, UINT64_MAX, NULL,
+                 "the sampler's random numbers: the same seed gives the same text"),
+    ZCLI_FLAG("--json", json,
+              "print one JSON object (checkpoint, prompt, prompt_ids, ids, text, tokens, "
+              "tokens_per_s, and the sampling options) instead of the text"),
+};
+static const zcli_opts zgen_opts = {PROG, NULL, zgen_table, sizeof zgen_table / sizeof *zgen_table};
+
+static void usage(void)
+{
+    zgen_args defaults;
+    args_init(&defaults);
+    fputs("usage: zgen RUN_OR_CHECKPOINT (--prompt TEXT | --prompt-ids IDS) [OPTIONS]\n"
+          "\n"
+          "Continue a prompt with the GPT-2 of a checkpoint (a run directory: the checkpoint "
+          "its\nlatest names), reading only its parameters, verified (SHA-256) as they are "
+          "read.\n\n", stdout);
+    zcli_opts_help(stdout, &zgen_opts, &defaults);
+    fputs("\nPrints the prompt and its continuation: bytes for byte models (vocabulary 256, or "
+          "trained on\nthe synthetic corpus; an id >= 256 prints as <|id|>), else token ids.\n"
+          "Exit status: 0 done, 1 the checkpoint is missing, damaged or not a GPT-2, 2 usage "
+          "or other\nerrors.\n", stdout);
+}
+
+/* ------------------------------------------------------------------ the text codec */
+
+/* Text and token ids, both ways: the one place that knows how (the byte models' bytes until
+ * the run's tokenizer is wired in). bytes: the model reads bytes (else ids only, and no text:
+ * encode fails, decode gives NULL). encode: text[len] -> *ids, *n; decode: ids[n] -> *text
+ * (malloc'ed, NUL-terminated), *len. */
+static int text_codec(int bytes, int encode, const char **text, size_t *len, int32_t **ids,
+                      size_t *n)
+{
+    if (!bytes) {
+        if (encode)
+            return zcli_fail(PROG, "give the prompt as token ids: --prompt-ids 464,318",
+                             "this model's vocabulary is not bytes and the checkpoint has no "
+                             "tokenizer: --prompt TEXT cannot be encoded");
+        *text = NULL;
+        *len = 0;
+        return ZCLI_OK;
+    }
+    if (encode) {
+        if (!(*ids = malloc((*len ? *len : 1) * sizeof **ids)))
+            return zcli_fail(PROG, NULL, "out of memory");
+        for (size_t i = 0; i < *len; i++)
+            (*ids)[i] = (unsigned char)(*text)[i];
+        *n = *len;
+        return ZCLI_OK;
+    }
+    char *t = malloc(16 * *n + 1);
+    if (!t)
+        return zcli_fail(PROG, NULL, "out of memory");
+    *len = zr_gen_bytes_decode(t, 16 * *n + 1, *ids, *n);
+    *text = t;
+    return ZCLI_OK;
+}
+
+/* ------------------------------------------------------------------ arguments */
+
+/* "1,2,3" -> ids, each 0..V-1 */
+static int parse_ids(const char *s, uint32_t V, int32_t **out, size_t *n)
+{
+    size_t cap = 1;
+    for (const char *c = s; *c; c++)
+        cap += *c == ',';
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids)
+        return zcli_fail(PROG, NULL, "out of memory");
+    size_t k = 0;
+    for (const char *c = s;; c++) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(c, &end, 10);
+        if (end == c || errno || (*end && *end != ',') || (*c < '0' || *c > '9')) {
+            free(ids);
+            return zcli_fail(PROG, "write the ids as 464,318,257", "--prompt-ids: '%s' is "
+                             "not a comma-separated list of token ids", s);
+        }
+        if (v >= (long long)V) {
+            free(ids);
+            return zcli_fail(PROG, NULL, "--prompt-ids: id %lld (number %zu) is not below the "
+                             "model's vocabulary of %u", v, k + 1, V);
+        }
+        ids[k++] = (int32_t)v;
+        c = end;
+        if (!*c)
+            break;
+    }
+    *out = ids;
+    *n = k;
+    return ZCLI_OK;
+}
+
+/* A byte model: vocabulary 256, or trained on the synthetic corpus (its training section's
+ * data), whose tokens are bytes. */
+static int is_byte_model(const zr_gpt2_config *c, zck_reader *rd)
+{
+    if (c->vocab == 256)
+        return 1;
+    json_t *j = json_loads(zck_reader_training_json(rd), 0, NULL);
+    const char *data = json_string_value(json_object_get(j, "data"));
+    int bytes = data && !strcmp(data, "synthetic");
+    json_decref(j);
+    return bytes;
+}
+
+/* ------------------------------------------------------------------ generation */
+
+typedef struct {
+    int bytes;   /* print bytes (else ids) */
+    size_t n;    /* printed so far */
+} emitter;
+
+static void emit(void *ctx, int32_t id)
+{
+    emitter *e = ctx;
+    const char *t = NULL;
+    size_t len = 0;
+    int32_t *p = &id;
+    size_t one = 1;
+    if (e->bytes && text_codec(1, 0, &t, &len, &p, &one) == ZCLI_OK) {
+        fwrite(t, 1, len, stdout);
+        free((char *)t);
+    } else if (!e->bytes)
+        printf(&" %d"[e->n == 0], id);
+    fflush(stdout);
+    e->n++;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A JSON string of bytes that may not be UTF-8: each invalid byte becomes U+FFFD. */
+static json_t *json_bytes(const char *s, size_t n)
+{
+    char *u = malloc(3 * n + 1);
+    if (!u)
+        return NULL;
+    json_t *j = json_stringn(u, zr_gen_utf8_repair(u, s, n));
+    free(u);
+    return j;
+}
+
+static json_t *json_ids(const int32_t *ids, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+static int print_json(const zgen_args *a, const char *ckpt, const int32_t *prompt, size_t np,
+                      const int32_t *out, int bytes, double tps)
+{
+    const char *pt = NULL, *ot = NULL;
+    size_t pl = 0, ol = 0, n = a->tokens;
+    int32_t *pp = (int32_t *)prompt, *op = (int32_t *)out;
+    if (text_codec(bytes, 0, &pt, &pl, &pp, &np) || text_codec(bytes, 0, &ot, &ol, &op, &n))
+        return ZCLI_ERROR;
+    json_t *j = json_pack("{s:s, s:o, s:o, s:o, s:o, s:I, s:f, s:f, s:I, s:I}", "checkpoint",
+                          ckpt, "prompt", pt ? json_bytes(pt, pl) : json_null(), "prompt_ids",
+                          json_ids(prompt, np), "ids", json_ids(out, n), "text",
+                          ot ? json_bytes(ot, ol) : json_null(), "tokens", (json_int_t)n,
+                          "tokens_per_s", tps, "temperature", (double)a->temperature, "top_k",
+                          (json_int_t)a->top_k, "seed", (json_int_t)a->seed);
+    free((char *)pt);
+    free((char *)ot);
+    char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(j);
+    if (!s)
+        return zcli_fail(PROG, NULL, "out of memory");
+    puts(s);
+    free(s);
+    return ZCLI_OK;
+}
+
+/* The checkpoint's parameters and config; its resolved path into ckpt (malloc'ed), whether it
+ * is a byte model into *bytes. */
+static int load(const char *path, float **params, zr_gpt2_config *cfg, char **ckpt, int *bytes)
+{
+    zck_reader *rd;
+    if (zck_reader_open(&rd, path) < 0)
+        return ZCLI_FOUND;
+    *ckpt = strdup(zck_reader_path(rd));
+    int rc = *ckpt ? zr_gen_load_params(params, cfg, *ckpt, 2) : zr_err_set(ZR_ENOMEM, "out "
+                                                                            "of memory");
+    if (!rc)
+        *bytes = is_byte_model(cfg, rd);
+    zck_reader_free(rd);
+    return rc < 0 ? (rc == ZR_ENOMEM || rc == ZR_EIO ? ZCLI_ERROR : ZCLI_FOUND) : ZCLI_OK;
+}
+
+/* The prompt's ids from --prompt or --prompt-ids, checked against the model. */
+static int prompt_ids(const zgen_args *a, const zr_gpt2_config *cfg, int bytes, int32_t **ids,
+                      size_t *n)
+{
+    if (!a->prompt == !a->prompt_ids)
+        return zcli_fail(PROG, "give the text to continue with --prompt TEXT, or its ids with "
+                         "--prompt-ids 1,2,3", a->prompt ? "--prompt and --prompt-ids are "
+                         "exclusive" : "no prompt");
+    if (a->prompt_ids && parse_ids(a->prompt_ids, cfg->vocab, ids, n))
+        return ZCLI_ERROR;
+    if (a->prompt) {
+        size_t len = strlen(a->prompt);
+        if (!len)
+            return zcli_fail(PROG, "give at least one character", "--prompt: empty prompt");
+        const char *t = a->prompt;
+        if (text_codec(bytes, 1, &t, &len, ids, n))
+            return ZCLI_ERROR;
+    }
+    if (*n > cfg->ctx) {
+        free(*ids);
+        *ids = NULL;
+        return zcli_fail(PROG, "shorten the prompt (generation past the context slides its "
+                         "window; the prompt itself must fit)", "the prompt has %zu tokens, "
+                         "more than the model's context of %u", *n, cfg->ctx);
+    }
+    return ZCLI_OK;
+}
+
+int main(int argc, char **argv)
+{
+    zgen_args a;
+    args_init(&a);
+    int rc = zcli_opts_parse(&zgen_opts, &a, argc, argv);
+    if (rc == ZCLI_OPTS_HELP)
+        usage();
+    if (rc)
+        return rc == ZCLI_OPTS_HELP ? ZCLI_OK : rc;
+    if (!a.prompt && !a.prompt_ids) /* before the checkpoint is read */
+        return zcli_fail(PROG, "give the text to continue with --prompt TEXT, or its ids with "
+                         "--prompt-ids 1,2,3", "no prompt");
+    float *params = NULL;
+    zr_gpt2_config cfg;
+    char *ckpt = NULL;
+    int bytes = 0;
+    int32_t *prompt = NULL, *out = NULL;
+    size_t np = 0;
+    zr_gen *g = NULL;
+    if ((rc = load(a.path, &params, &cfg, &ckpt, &bytes))) {
+        zcli_fail_lib(PROG, zr_err_code() == ZR_ECORRUPT ? "run `zckpt verify` on it" : NULL);
+        goto out;
+    }
+    if ((rc = prompt_ids(&a, &cfg, bytes, &prompt, &np)))
+        goto out;
+    if (!(out = malloc((size_t)a.tokens * sizeof *out))) {
+        rc = zcli_fail(PROG, NULL, "out of memory");
+        goto out;
+    }
+    if (zr_gen_new(&g, &cfg, params) < 0) {
+        rc = zcli_fail_lib(PROG, NULL);
+        goto out;
+    }
+    emitter e = {bytes, 0};
+    zr_sample_opts so = ZR_SAMPLE_OPTS_INIT;
+    so.temperature = a.temperature;
+    so.top_k = a.top_k;
+    so.seed = a.seed;
+    if (!a.json) { /* the prompt, then each token as it comes */
+        so.emit = emit;
+        so.emit_ctx = &e;
+        for (size_t i = 0; i < np; i++)
+            emit(&e, prompt[i]);
+    }
+    double t0 = now_s();
+    if (zr_gen_run(g, out, prompt, np, a.tokens, &so) < 0) {
+        if (!a.json)
+            putchar('\n');
+        rc = zcli_fail_lib(PROG, NULL);
+        goto out;
+    }
+    double tps = a.tokens / (now_s() - t0 > 0 ? now_s() - t0 : 1e-9);
+    if (a.json)
+        rc = print_json(&a, ckpt, prompt, np, out, bytes, tps);
+    else {
+        putchar('\n');
+        fflush(stdout);
+        fprintf(stderr, PROG ": %u tokens at %.1f tokens/s from %s\n", a.tokens, tps, ckpt);
+    }
+out:
+    zr_gen_free(g);
+    free(out);
+    free(prompt);
+    free(params);
+    free(ckpt);
+    return rc;
+}

@@ -1,0 +1,175 @@
+/*
+ * sample.c: zrun --sample-every (sample.h). The full parameters are put together on rank 0 at
+ * every stage the same way: each rank takes its checkpoint partitions of the "param" state from
+ * the engine (zr_zero_save_to, which also reads device memory and swap files), then for every
+ * group each rank in turn broadcasts its partition (the checkpoint's partition rule says where
+ * it goes), rank 0 keeping them in a full arena and the other ranks passing them through one
+ * scratch buffer. Rank 0 then decodes greedily, so the sample depends on the parameters alone:
+ * the same for every world size and stage that trained the same bits.
+ */
+#include "sample.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct zr_train__sampler {
+    zr_gpt2_config c;
+    const zck_layout *L;
+    int rank, W;
+    uint64_t *goff;      /* [ng]: where group g starts in the arena (rank 0), or where this
+                            rank's partition of it starts in its packed buffer (others) */
+    uint64_t *lo;        /* [ng]: this rank's partition's first element */
+    float *full;         /* rank 0: the whole arena (numel floats); others: own partitions */
+    float *scratch;      /* others: the largest partition of any group */
+    /* the sink's position while the engine writes */
+    size_t g, state;
+    uint64_t at, left;
+};
+
+int zr_train__sample_check(const zr_gpt2_config *c, const char *prompt, uint32_t tokens)
+{
+    size_t n = prompt ? strlen(prompt) : 0;
+    if (!n)
+        return zr_err_set(ZR_EINVAL, "--prompt: empty (the samples need at least one byte)");
+    if (n > c->ctx)
+        return zr_err_set(ZR_EINVAL, "--prompt: %zu bytes, more than the model's context of %u",
+                          n, c->ctx);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)prompt[i] >= c->vocab)
+            return zr_err_set(ZR_EINVAL, "--prompt: byte %zu (%u) is not below the model's "
+                              "vocabulary of %u", i, (unsigned char)prompt[i], c->vocab);
+    if (tokens < 1)
+        return zr_err_set(ZR_EINVAL, "--sample-tokens 0: at least 1");
+    return 0;
+}
+
+/* the sink of zr_zero_save_to: the param state's extents into the arena (rank 0) or into the
+ * same places of this rank's own buffer; the optimizer's states are passed over */
+static int sink_begin(void *ctx, size_t g, size_t state, uint64_t start, uint64_t count)
+{
+    zr_train__sampler *s = ctx;
+    s->g = g;
+    s->state = state;
+    s->at = s->goff[g] + (s->rank ? start - s->lo[g] : start);
+    s->left = count;
+    return 0;
+}
+
+static int sink_write(void *ctx, const void *data, size_t bytes)
+{
+    zr_train__sampler *s = ctx;
+    size_t n = bytes / sizeof(float);
+    if (bytes % sizeof(float) || n > s->left)
+        return zr_err_set(ZR_ERROR, "sample: the engine wrote %zu bytes into an extent of %llu "
+                          "floats", bytes, (unsigned long long)s->left);
+    if (s->state == 0)
+        memcpy(s->full + s->at, data, bytes);
+    s->at += n;
+    s->left -= n;
+    return 0;
+}
+
+int zr_train__sample_begin(zr_train__sampler **out, zr_zero *z, const zck_layout *L,
+                           const zr_gpt2_config *c, int rank, int W)
+{
+    *out = NULL;
+    zr_train__sampler *s = calloc(1, sizeof *s);
+    size_t ng = zck_layout_n_groups(L);
+    if (!s || !(s->goff = calloc(ng, sizeof *s->goff)) || !(s->lo = calloc(ng, sizeof *s->lo))) {
+        zr_train__sample_free(s);
+        return zr_err_set(ZR_ENOMEM, "sample: out of memory");
+    }
+    s->c = *c;
+    s->L = L;
+    s->rank = rank;
+    s->W = W;
+    /* rank 0: the whole arena; a rank r > 0: its own partitions packed, and one scratch
+     * partition for what the others broadcast */
+    uint64_t numel = 0, biggest = 0;
+    for (size_t g = 0; g < ng; g++) {
+        uint64_t lo, n, first;
+        zck_partition(zck_layout_group_numel(L, g), (uint32_t)W, 0, ZR_ZERO_ALIGN, &lo, &n);
+        biggest = n > biggest ? n : biggest;
+        zck_partition(zck_layout_group_numel(L, g), (uint32_t)W, (uint32_t)rank, ZR_ZERO_ALIGN,
+                      &first, &n);
+        s->lo[g] = first;
+        s->goff[g] = numel;
+        numel += rank ? n : zck_layout_group_numel(L, g);
+    }
+    s->full = malloc((numel ? numel : 1) * sizeof(float));
+    s->scratch = rank ? malloc((biggest ? biggest : 1) * sizeof(float)) : NULL;
+    if (!s->full || (rank && !s->scratch)) {
+        zr_train__sample_free(s);
+        return zr_err_set(ZR_ENOMEM, "sample: out of memory for %.1f MiB of parameters",
+                          (double)numel * sizeof(float) / (1 << 20));
+    }
+    zr_zero_sink k = {s, sink_begin, sink_write};
+    int rc = zr_zero_save_to(z, &k);
+    if (rc) {
+        zr_train__sample_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+int zr_train__sample_gather(zr_train__sampler *s, zr_zero *z)
+{
+    if (s->W == 1)
+        return 0;
+    for (size_t g = 0; g < zck_layout_n_groups(s->L); g++)
+        for (int q = 0; q < s->W; q++) {
+            uint64_t lo, n;
+            zck_partition(zck_layout_group_numel(s->L, g), (uint32_t)s->W, (uint32_t)q,
+                          ZR_ZERO_ALIGN, &lo, &n);
+            if (!n)
+                continue;
+            float *buf = s->rank == 0 ? s->full + s->goff[g] + lo
+                         : s->rank == q ? s->full + s->goff[g] : s->scratch;
+            ZR_TRY(zr_zero_broadcast(z, buf, n * sizeof(float), q));
+        }
+    return 0;
+}
+
+int zr_train__sample_text(zr_train__sampler *s, const char *prompt, uint32_t tokens,
+                          char **text, size_t *len, int32_t **ids)
+{
+    *text = NULL;
+    *ids = NULL;
+    size_t np = strlen(prompt), n = np + tokens;
+    int32_t *all = malloc(n * sizeof *all);
+    char *t = malloc(16 * n + 1);
+    zr_gen *g = NULL;
+    int rc = !all || !t ? zr_err_set(ZR_ENOMEM, "sample: out of memory") : 0;
+    if (!rc)
+        rc = zr_gen_new(&g, &s->c, s->full);
+    if (!rc) {
+        for (size_t i = 0; i < np; i++)
+            all[i] = (unsigned char)prompt[i];
+        zr_sample_opts o = ZR_SAMPLE_OPTS_INIT;
+        o.temperature = 0; /* greedy: the most likely continuation, no randomness */
+        rc = zr_gen_run(g, all + np, all, np, tokens, &o);
+    }
+    zr_gen_free(g);
+    if (rc) {
+        free(all);
+        free(t);
+        return rc;
+    }
+    *len = zr_gen_bytes_decode(t, 16 * n + 1, all, n);
+    memmove(all, all + np, tokens * sizeof *all);
+    *text = t;
+    *ids = all;
+    return 0;
+}
+
+void zr_train__sample_free(zr_train__sampler *s)
+{
+    if (!s)
+        return;
+    free(s->goff);
+    free(s->lo);
+    free(s->full);
+    free(s->scratch);
+    free(s);
+}

@@ -1,0 +1,236 @@
+/*
+ * hf.c: export a GPT-2 checkpoint as a Hugging Face model directory (zfmt_hf_export):
+ * config.json as transformers writes it for GPT2LMHeadModel, model.safetensors in Hugging
+ * Face's names (the safetensors writer of safetensors.c with the name table of gpt2.c), and
+ * optionally tokenizer.json. The directory is built beside the target under a temporary name
+ * and renamed into place once complete; a target is replaced only when it holds nothing but
+ * the files an export writes.
+ */
+#include "fmtutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* What an export writes: the only entries a target may hold to be replaced. */
+static const char *const hf_files[] = {"config.json", "model.safetensors", "tokenizer.json"};
+#define N_HF_FILES (sizeof hf_files / sizeof *hf_files)
+
+static int is_hf_file(const char *name)
+{
+    for (size_t i = 0; i < N_HF_FILES; i++)
+        if (!strcmp(name, hf_files[i]))
+            return 1;
+    return 0;
+}
+
+/* 0 when out_dir may be written: absent, an empty directory, or (force) a directory holding
+ * only regular files an export writes. *exists tells whether it is there. */
+static int check_target(const char *out_dir, int force, int *exists)
+{
+    struct stat st;
+    *exists = 0;
+    if (lstat(out_dir, &st) < 0) {
+        if (errno == ENOENT)
+            return 0;
+        return zr_err_sys(errno, "%s", out_dir);
+    }
+    if (!S_ISDIR(st.st_mode))
+        return zr_err_set(ZR_EEXIST, "%s exists and is not a directory%s", out_dir,
+                          S_ISLNK(st.st_mode) ? " (a symbolic link)" : "");
+    *exists = 1;
+    DIR *d = opendir(out_dir);
+    if (!d)
+        return zr_err_sys(errno, "%s: open directory", out_dir);
+    int rc = 0;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if (!force) {
+            rc = zr_err_set(ZR_EEXIST, "%s is not empty (it holds '%s')", out_dir, e->d_name);
+            break;
+        }
+        struct stat es;
+        if (!is_hf_file(e->d_name) || fstatat(dirfd(d), e->d_name, &es, AT_SYMLINK_NOFOLLOW) ||
+            !S_ISREG(es.st_mode))
+            rc = zr_err_set(ZR_EEXIST, "%s holds '%s', which a Hugging Face export does not "
+                            "write: not replacing it", out_dir, e->d_name);
+    }
+    closedir(d);
+    return rc;
+}
+
+/* Remove the files an export writes from dir, then dir (nothing else is there: check_target). */
+static void remove_export(const char *dir)
+{
+    char p[4096];
+    for (size_t i = 0; i < N_HF_FILES; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, hf_files[i]);
+        unlink(p);
+        snprintf(p, sizeof p, "%s/%s.tmp-%ld", dir, hf_files[i], (long)getpid());
+        unlink(p);
+    }
+    rmdir(dir);
+}
+
+static int write_text(const char *path, const char *text, size_t n)
+{
+    zfmt__out *f = NULL;
+    int rc = zfmt__out_open(&f, path);
+    if (!rc)
+        rc = zfmt__out_write(f, text, n);
+    if (!rc)
+        rc = zfmt__out_commit(f);
+    zfmt__out_free(f);
+    return rc;
+}
+
+static const char *torch_dtype(int dtype)
+{
+    return dtype == ZCK_BF16 ? "bfloat16" : dtype == ZCK_F16 ? "float16" : "float32";
+}
+
+/* config.json of GPT2LMHeadModel for c: our maths is GPT-2's (tanh GELU, LayerNorm eps 1e-5,
+ * tied head); dropouts are 0 (the checkpoint does not train with dropout). */
+static int write_config(const char *path, const zfmt_gpt2_config *c, int dtype, uint64_t step)
+{
+    json_t *eos = c->vocab > 50256 ? json_integer(50256) : json_null();
+    json_t *j = json_pack(
+        "{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:n, s:s, s:f, s:f, s:f, s:f, s:f, s:b, "
+        "s:b, s:o, s:O, s:b, s:s, s:I}",
+        "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "vocab_size",
+        (json_int_t)c->vocab, "n_positions", (json_int_t)c->ctx, "n_ctx", (json_int_t)c->ctx,
+        "n_embd", (json_int_t)c->dim, "n_layer", (json_int_t)c->layers, "n_head",
+        (json_int_t)c->heads, "n_inner", "activation_function", "gelu_new",
+        "layer_norm_epsilon", 1e-5, "initializer_range", 0.02, "resid_pdrop", 0.0, "embd_pdrop",
+        0.0, "attn_pdrop", 0.0, "scale_attn_weights", 1, "use_cache", 1, "bos_token_id", eos,
+        "eos_token_id", eos, "tie_word_embeddings", 1, "torch_dtype", torch_dtype(dtype),
+        "zero_step", (json_int_t)step);
+    if (!j)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    char *text =
+        zfmt__json_dump(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    json_decref(j);
+    if (!text)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    size_t n = strlen(text);
+    text[n] = '\n'; /* json_dumps leaves room for its NUL: a final newline in its place */
+    int rc = write_text(path, text, n + 1);
+    free(text);
+    return rc;
+}
+
+/* Copy src (a regular file, not followed if a link) to path. */
+static int copy_file(const char *path, const char *src)
+{
+    int fd;
+    uint64_t bytes;
+    ZR_TRY(zck_open_regular(&fd, src, ZCK_FOLLOW, &bytes));
+    zfmt__out *f = NULL;
+    char buf[1 << 16];
+    int rc = zfmt__out_open(&f, path);
+    for (uint64_t off = 0; !rc && off < bytes;) {
+        size_t k = bytes - off < sizeof buf ? (size_t)(bytes - off) : sizeof buf;
+        rc = zfmt__pread_full(fd, buf, k, off, src);
+        if (!rc)
+            rc = zfmt__out_write(f, buf, k);
+        off += k;
+    }
+    if (!rc)
+        rc = zfmt__out_commit(f);
+    zfmt__out_free(f);
+    close(fd);
+    return rc;
+}
+
+/* The GPT-2 config and step of a checkpoint (its manifest only). */
+static int read_config(zfmt_gpt2_config *c, uint64_t *step, const char *ckpt)
+{
+    zck_reader *r = NULL;
+    ZR_TRY(zck_reader_open(&r, ckpt));
+    int rc = zfmt_gpt2_config_from_json(c, zck_reader_model_json(r));
+    if (rc)
+        rc = zr_err_set(ZR_EUNSUPPORTED, "%s: Hugging Face export knows GPT-2 checkpoints: %s",
+                        zck_reader_path(r), zr_err_msg());
+    *step = zck_reader_step(r);
+    zck_reader_free(r);
+    return rc;
+}
+
+/* Move the built directory tmp into place as out_dir, replacing an old export. */
+static int put_in_place(const char *tmp, const char *out_dir, int exists)
+{
+    char old[4096];
+    if (exists) {
+        if ((size_t)snprintf(old, sizeof old, "%s.old-%ld", out_dir, (long)getpid()) >=
+            sizeof old)
+            return zr_err_set(ZR_EINVAL, "%s: path too long", out_dir);
+        if (rename(out_dir, old) < 0)
+            return zr_err_sys(errno, "%s: rename to %s", out_dir, old);
+    }
+    if (rename(tmp, out_dir) < 0) {
+        int rc = zr_err_sys(errno, "%s: rename to %s", tmp, out_dir);
+        if (exists && rename(old, out_dir) < 0)
+            zr_err_prefix("(the old export is at %s) ", old);
+        return rc;
+    }
+    int rc = zfmt__fsync_dir_of(out_dir);
+    if (exists)
+        remove_export(old);
+    return rc;
+}
+
+int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o)
+{
+    zfmt_hf_opts def = ZFMT_HF_OPTS_INIT;
+    if (!o)
+        o = &def;
+    if (o->dtype != -1 && o->dtype != ZCK_F32 && o->dtype != ZCK_BF16 && o->dtype != ZCK_F16)
+        return zr_err_set(ZR_EINVAL, "Hugging Face export: dtype %d: expected -1 (as stored), "
+                          "f32, bf16 or f16", o->dtype);
+    size_t n = strlen(out_dir);
+    while (n > 1 && out_dir[n - 1] == '/')
+        n--;
+    if (n + 64 > 4096)
+        return zr_err_set(ZR_EINVAL, "%s: path too long", out_dir);
+    char dir[4096], tmp[4096], path[4200];
+    snprintf(dir, sizeof dir, "%.*s", (int)n, out_dir);
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp-%ld", dir, (long)getpid()) >= sizeof tmp)
+        return zr_err_set(ZR_EINVAL, "%s: path too long", out_dir);
+
+    int exists;
+    zfmt_gpt2_config c;
+    uint64_t step;
+    ZR_TRY(check_target(dir, o->force, &exists));
+    ZR_TRY(read_config(&c, &step, ckpt));
+    if (mkdir(tmp, 0755) < 0)
+        return zr_err_sys(errno, "%s: create", tmp);
+
+    zfmt_st_opts so = ZFMT_ST_OPTS_INIT;
+    so.dtype = o->dtype;
+    so.progress = o->progress;
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    int rc = zfmt__st_export_hf(ckpt, path, &so); /* verifies the source before its rename */
+    if (!rc) {
+        snprintf(path, sizeof path, "%s/config.json", tmp);
+        rc = write_config(path, &c, o->dtype, step);
+    }
+    if (!rc && o->tokenizer_json) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", tmp);
+        rc = copy_file(path, o->tokenizer_json);
+    }
+    if (!rc)
+        rc = zfmt__fsync_dir_of(path);
+    if (!rc)
+        rc = put_in_place(tmp, dir, exists);
+    if (rc)
+        remove_export(tmp);
+    return rc;
+}
