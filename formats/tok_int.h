@@ -92,6 +92,10 @@ bool zfmt__split_next(zfmt__split *s, const uint8_t *text, size_t n, size_t *pos
 /* ZR_EINVAL naming what and the byte offset of the first invalid UTF-8 sequence. */
 int zfmt__tok_check_utf8(const uint8_t *p, size_t n, const char *what);
 
+/* Make room for need elements of elem bytes in the array *p of *cap (doubling from first);
+ * ZR_ENOMEM naming what. */
+int zfmt__grow(void **p, size_t *cap, size_t need, size_t elem, size_t first, const char *what);
+
 /* Read a whole regular file (FIFOs and devices refused without blocking) into *out (malloc'ed,
  * one NUL byte beyond *n_bytes). */
 int zfmt__read_file(char **out, size_t *n_bytes, const char *path);

@@ -108,14 +108,8 @@ static bool hent_before(const hent *x, const hent *y)
 
 static int heap_push(trainer *tr, hent e)
 {
-    if (tr->n_heap == tr->cap_heap) {
-        size_t cap = tr->cap_heap ? tr->cap_heap * 2 : 4096;
-        hent *h = realloc(tr->heap, cap * sizeof *h);
-        if (!h)
-            return zr_err_set(ZR_ENOMEM, "out of memory (training heap)");
-        tr->heap = h;
-        tr->cap_heap = cap;
-    }
+    ZR_TRY(zfmt__grow((void **)&tr->heap, &tr->cap_heap, tr->n_heap + 1, sizeof *tr->heap, 4096,
+                      "training heap"));
     size_t i = tr->n_heap++;
     while (i && hent_before(&e, &tr->heap[(i - 1) / 2])) {
         tr->heap[i] = tr->heap[(i - 1) / 2];
@@ -153,14 +147,8 @@ static int pair_add(trainer *tr, uint32_t a, uint32_t b, int64_t delta, uint32_t
     if (!p)
         return ZR_ENOMEM;
     if (added) {
-        if (tr->n_where == tr->cap_where) {
-            size_t cap = tr->cap_where ? tr->cap_where * 2 : 4096;
-            wlist *l = realloc(tr->where, cap * sizeof *l);
-            if (!l)
-                return zr_err_set(ZR_ENOMEM, "out of memory (training pairs)");
-            tr->where = l;
-            tr->cap_where = cap;
-        }
+        ZR_TRY(zfmt__grow((void **)&tr->where, &tr->cap_where, tr->n_where + 1,
+                          sizeof *tr->where, 4096, "training pairs"));
         p->w = (uint32_t)tr->n_where;
         tr->where[tr->n_where++] = (wlist){0};
     }
@@ -169,14 +157,7 @@ static int pair_add(trainer *tr, uint32_t a, uint32_t b, int64_t delta, uint32_t
         return 0;
     wlist *l = &tr->where[p->w];
     if (!l->n || l->w[l->n - 1] != w) {
-        if (l->n == l->cap) {
-            size_t cap = l->cap ? l->cap * 2 : 4;
-            uint32_t *x = realloc(l->w, cap * sizeof *x);
-            if (!x)
-                return zr_err_set(ZR_ENOMEM, "out of memory (training pairs)");
-            l->w = x;
-            l->cap = cap;
-        }
+        ZR_TRY(zfmt__grow((void **)&l->w, &l->cap, l->n + 1, sizeof *l->w, 4, "training pairs"));
         l->w[l->n++] = w;
     }
     return push ? heap_push(tr, (hent){p->v, a, b}) : 0;

@@ -338,6 +338,21 @@ int zfmt__tok_check_utf8(const uint8_t *p, size_t n, const char *what)
     return 0;
 }
 
+int zfmt__grow(void **p, size_t *cap, size_t need, size_t elem, size_t first, const char *what)
+{
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : first;
+    while (c < need)
+        c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q)
+        return zr_err_set(ZR_ENOMEM, "out of memory (%s: %zu entries)", what, c);
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
 int zfmt__read_file(char **out, size_t *n_bytes, const char *path)
 {
     int fd;

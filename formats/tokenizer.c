@@ -443,16 +443,7 @@ int64_t zfmt_tok_id(const zfmt_tok *t, const char *text)
 
 static int push_ids(zfmt_tok_ids *v, const uint32_t *ids, size_t n)
 {
-    if (v->n + n > v->cap) {
-        size_t cap = v->cap ? v->cap : 1024;
-        while (cap < v->n + n)
-            cap *= 2;
-        uint32_t *p = realloc(v->id, cap * sizeof *p);
-        if (!p)
-            return zr_err_set(ZR_ENOMEM, "out of memory (%zu token ids)", cap);
-        v->id = p;
-        v->cap = cap;
-    }
+    ZR_TRY(zfmt__grow((void **)&v->id, &v->cap, v->n + n, sizeof *v->id, 1024, "token ids"));
     memcpy(v->id + v->n, ids, n * sizeof *ids);
     v->n += n;
     return 0;
@@ -589,15 +580,10 @@ static int encode_piece(zfmt_tok *t, const uint8_t *p, size_t n, zfmt_tok_ids *o
         zfmt__smap_clear(&t->cache);
         t->cache_n = 0;
     }
-    if (t->cache_n + k > t->cache_cap) {
-        size_t cap = t->cache_cap ? t->cache_cap * 2 : 4096;
-        while (cap < t->cache_n + k)
-            cap *= 2;
-        uint32_t *c = realloc(t->cache_ids, cap * sizeof *c);
-        if (!c)
-            return 0; /* the cache is an optimization: no room, no entry */
-        t->cache_ids = c;
-        t->cache_cap = cap;
+    if (zfmt__grow((void **)&t->cache_ids, &t->cache_cap, t->cache_n + k,
+                   sizeof *t->cache_ids, 4096, "word cache") < 0) {
+        zr_err_clear();
+        return 0; /* the cache is an optimization: no room, no entry */
     }
     bool added;
     if (!zfmt__smap_put(&t->cache, p, n, h, (uint64_t)t->cache_n << 32 | k, &added))
