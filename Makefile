@@ -32,8 +32,8 @@ ifeq ($(TSAN),1)
   LDFLAGS += -fsanitize=thread
 endif
 # Link flags are read from pkg-config when the link runs (after `deps` installed what was missing).
-LIBS = $$(pkg-config --libs jansson libcrypto libarchive 2>/dev/null || \
-          echo -ljansson -lcrypto -larchive) -laio -lpthread -lm
+LIBS = $$(pkg-config --libs jansson libcrypto libarchive libpcre2-8 2>/dev/null || \
+          echo -ljansson -lcrypto -larchive -lpcre2-8) -laio -lpthread -lm
 # the engine's BLAS (OpenBLAS), read when the compile or link runs
 BLAS_CFLAGS = $$(pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   = $$(pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
@@ -45,15 +45,16 @@ DEPS_CHECK = \
   pkg-config --exists jansson 2>/dev/null || missing="$$missing libjansson-dev"; \
   pkg-config --exists libcrypto 2>/dev/null || missing="$$missing libssl-dev"; \
   pkg-config --exists libarchive 2>/dev/null || missing="$$missing libarchive-dev"; \
+  pkg-config --exists libpcre2-8 2>/dev/null || missing="$$missing libpcre2-dev"; \
   pkg-config --exists openblas 2>/dev/null || missing="$$missing libopenblas-dev"; \
   pkg-config --exists ompi-c 2>/dev/null || missing="$$missing libopenmpi-dev"; \
   command -v mpirun >/dev/null 2>&1 || missing="$$missing openmpi-bin"; \
   printf '\#include <libaio.h>\nint main(void){io_context_t c=0;return io_setup(1,&c);}\n' | \
     $(CC) -x c - -laio -o /dev/null >/dev/null 2>&1 || missing="$$missing libaio-dev";
 
-.PHONY: all deps test asan tsan tsan-run stress bench run fuzz clean arch
+.PHONY: all deps test asan tsan tsan-run stress bench run fuzz clean arch oracle-venv
 all: $(BUILD)/libzck.a $(BUILD)/libzfmt.a $(BUILD)/libzr.a $(BUILD)/zckpt $(BUILD)/zrun \
-     $(BUILD)/zgen
+     $(BUILD)/zgen $(BUILD)/ztok
 
 deps:
 	@missing=""; $(DEPS_CHECK) \
@@ -66,7 +67,7 @@ deps:
 	      { echo "[deps] error: apt-get install$$missing failed" >&2; exit 1; }; \
 	  else \
 	    echo "[deps] error: missing dependencies; install the packages providing:$$missing" \
-	         "(Debian names; on Fedora: jansson-devel openssl-devel libaio-devel libarchive-devel openblas-devel openmpi-devel)" >&2; exit 1; \
+	         "(Debian names; on Fedora: jansson-devel openssl-devel libaio-devel libarchive-devel openblas-devel openmpi-devel pcre2-devel)" >&2; exit 1; \
 	  fi; \
 	fi
 
@@ -149,9 +150,14 @@ $(BUILD)/zckpt: $(BUILD)/cli/zckpt.o $(CLI_COMMON) $(BUILD)/libzfmt.a $(BUILD)/l
                 $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
+# ztok: the tokenizer (formats/tokenizer.c and friends); no engine
+$(BUILD)/ztok: $(BUILD)/cli/ztok.o $(CLI_COMMON) $(BUILD)/libzfmt.a $(BUILD)/libzck.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
 # -rdynamic: a device backend loaded at run time may take the engine's functions from the
 # program (the host simulation does)
-$(BUILD)/zrun: $(BUILD)/cli/zrun.o $(CLI_COMMON) $(BUILD)/libzr.a $(BUILD)/libzck.a
+$(BUILD)/zrun: $(BUILD)/cli/zrun.o $(CLI_COMMON) $(BUILD)/libzr.a $(BUILD)/libzfmt.a \
+               $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
 # zgen: sampling from a checkpoint (the generator of core/, the reader of ckpt/)
@@ -253,10 +259,25 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 $(BUILD)/zt: $(TEST_OBJ) $(BUILD)/cli/common.o $(BUILD)/libzr.a $(BUILD)/libzfmt.a $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
-# the CLI tests run the real zckpt binary (ZT_ZCKPT)
-test: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/zgen
+# The oracles from outside (tests that compare with the reference Python libraries): a venv in
+# build/venv with Hugging Face `tokenizers` (tests/tok/oracle.py), `transformers`, `safetensors`
+# and numpy (tests/formats/hf_gpt2_ref.py), and openai-whisper without its dependencies for the
+# GPT-2 ranks it ships; made once when PyPI is reachable (the tests that need it skip otherwise).
+ORACLE_VENV := build/venv
+ORACLE_PKGS := tokenizers transformers safetensors numpy
+oracle-venv:
+	@test -f $(ORACLE_VENV)/.oracle-ready || { \
+	  { test -x $(ORACLE_VENV)/bin/python || python3 -m venv $(ORACLE_VENV); } >/dev/null 2>&1 && \
+	  timeout 600 $(ORACLE_VENV)/bin/pip install -q $(ORACLE_PKGS) >/dev/null 2>&1 && \
+	  { timeout 300 $(ORACLE_VENV)/bin/pip install -q --no-deps openai-whisper >/dev/null 2>&1 || \
+	    true; } && touch $(ORACLE_VENV)/.oracle-ready || \
+	  echo "oracle-venv: no venv with $(ORACLE_PKGS) (PyPI not reachable?): oracle tests will skip"; }
+
+# the CLI tests run the real zckpt, zrun, zgen and ztok binaries (ZT_ZCKPT, ZT_ZRUN, ZT_ZGEN,
+# ZT_ZTOK)
+test: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/zgen $(BUILD)/ztok oracle-venv
 	ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun \
-	  ZT_ZGEN=$(CURDIR)/$(BUILD)/zgen $(BUILD)/zt
+	  ZT_ZGEN=$(CURDIR)/$(BUILD)/zgen ZT_ZTOK=$(CURDIR)/$(BUILD)/ztok $(BUILD)/zt
 
 asan:
 	$(MAKE) SAN=1 test
@@ -264,9 +285,10 @@ asan:
 # long campaigns: the suite with ZT_STRESS=1 (400 SIGKILL rounds during saves, 30 restarts,
 # 20 ranks killed mid-step), then libFuzzer for 10 minutes when clang can build it
 STRESS_FUZZ_SECONDS ?= 600
-stress: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/zgen
+stress: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/zgen $(BUILD)/ztok oracle-venv
 	ZT_STRESS=1 ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt \
-	  ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun ZT_ZGEN=$(CURDIR)/$(BUILD)/zgen $(BUILD)/zt
+	  ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun ZT_ZGEN=$(CURDIR)/$(BUILD)/zgen \
+	  ZT_ZTOK=$(CURDIR)/$(BUILD)/ztok $(BUILD)/zt
 	@if command -v clang >/dev/null 2>&1; then $(MAKE) fuzz FUZZ_SECONDS=$(STRESS_FUZZ_SECONDS); \
 	else echo "skip: make fuzz needs clang with libFuzzer"; fi
 

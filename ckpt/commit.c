@@ -67,6 +67,8 @@ int zck_commit(char **out, const char *run_dir, const char *staging_dir, const z
     memcpy(m.shards, shards, n_shards * sizeof *shards);
     qsort(m.shards, n_shards, sizeof *m.shards, cmp_rank);
     ZR_TRY_GOTO(zck__manifest_index(&m, staging_dir), rc, out);
+    ZR_TRY_GOTO(zck__files_write(&m.files, staging_dir, opts->files, opts->n_files), rc, out);
+    m.nfiles = opts->n_files;
 
     /* every shard file is in the staging directory with its listed size */
     for (size_t i = 0; i < n_shards; i++) {
@@ -88,7 +90,7 @@ int zck_commit(char **out, const char *run_dir, const char *staging_dir, const z
     }
 
     ZR_TRY_GOTO(zck__manifest_dump(&text, &m), rc, out);
-    size_t cap = (n_shards + 1) * 340 + 1, len = 0;
+    size_t cap = (n_shards + m.nfiles + 1) * 340 + 1, len = 0;
     if (!(sums = malloc(cap))) {
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
         goto out;
@@ -105,6 +107,9 @@ int zck_commit(char **out, const char *run_dir, const char *staging_dir, const z
     for (size_t i = 0; i < n_shards; i++)
         len += (size_t)snprintf(sums + len, cap - len, "%s  %s\n", m.shards[i]->sha256,
                                 m.shards[i]->file);
+    for (size_t i = 0; i < m.nfiles; i++)
+        len += (size_t)snprintf(sums + len, cap - len, "%s  %s\n", m.files[i].sha256,
+                                m.files[i].file);
     if (!(mpath = zck_path_join(staging_dir, "manifest.json")) ||
         !(spath = zck_path_join(staging_dir, "SHA256SUMS")) ||
         !(final = zck_path_join(run_dir, dirname))) {
@@ -140,6 +145,7 @@ out:
     free(m.index);
     free(m.index_n);
     free(m.shards);
+    zck__files_free(m.files, m.nfiles);
     free(text);
     free(sums);
     free(final);

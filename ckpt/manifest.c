@@ -248,6 +248,7 @@ void zck__manifest_free(zck_manifest *m)
     for (size_t i = 0; i < m->nshards; i++)
         zck_shard_free(m->shards[i]);
     free(m->shards);
+    zck__files_free(m->files, m->nfiles);
     free(m);
 }
 
@@ -670,6 +671,16 @@ int zck__manifest_parse(zck_manifest **out, const char *text, size_t len, const 
         ZR_TRY_GOTO(zck__shard_parse(&m->shards[i], json_array_get(shards, i), ctx), rc, fail);
         m->nshards++;
     }
+    json_t *files = json_object_get(root, "files");
+    if (files)
+        ZR_TRY_GOTO(zck__files_parse(&m->files, &m->nfiles, files, what), rc, fail);
+    for (size_t i = 0; i < m->nfiles; i++)
+        for (size_t k = 0; k < m->nshards; k++)
+            if (!strcmp(m->files[i].file, m->shards[k]->file)) {
+                rc = CORRUPT("%s: files[%zu]: '%s' is also a shard's file", what, i,
+                             m->files[i].file);
+                goto fail;
+            }
     ZR_TRY_GOTO(zck__manifest_index(m, what), rc, fail);
     json_decref(root);
     *out = m;
@@ -737,7 +748,9 @@ int zck__manifest_dump(char **out, const zck_manifest *m)
     for (size_t i = 0; i < m->nshards; i++)
         bad |= json_array_append_new(shards, zck__shard_json(m->shards[i]));
     char ver[16];
-    snprintf(ver, sizeof ver, "%d.%d", ZCK_VERSION_MAJOR, ZCK_VERSION_MINOR);
+    /* 1.1: with extra files (a 1.0 reader reads the shards but reports the files unlisted) */
+    snprintf(ver, sizeof ver, "%d.%d", ZCK_VERSION_MAJOR,
+             m->nfiles ? ZCK_VERSION_MINOR_FILES : ZCK_VERSION_MINOR);
     bad |= json_object_set_new(root, "format", json_string(ZCK_FORMAT_NAME));
     bad |= json_object_set_new(root, "version", json_string(ver));
     bad |= json_object_set_new(root, "step", json_integer((json_int_t)m->step));
@@ -753,6 +766,8 @@ int zck__manifest_dump(char **out, const zck_manifest *m)
     bad |= json_object_set_new(root, "states", states);
     bad |= json_object_set_new(root, "groups", groups);
     bad |= json_object_set_new(root, "shards", shards);
+    if (m->nfiles)
+        bad |= json_object_set_new(root, "files", zck__files_json(m->files, m->nfiles));
     char *txt = bad ? NULL : json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(root);
     if (!txt)

@@ -107,6 +107,14 @@ const char *zck_reader_producer(const zck_reader *r) { return r->m->producer; }
 const char *zck_reader_model_json(const zck_reader *r) { return r->m->model_json; }
 const char *zck_reader_training_json(const zck_reader *r) { return r->m->training_json; }
 size_t zck_reader_n_shards(const zck_reader *r) { return r->m->nshards; }
+size_t zck_reader_n_files(const zck_reader *r) { return r->m->nfiles; }
+const char *zck_reader_file_name(const zck_reader *r, size_t i) { return r->m->files[i].file; }
+uint64_t zck_reader_file_bytes(const zck_reader *r, size_t i) { return r->m->files[i].bytes; }
+const char *zck_reader_file_sha256(const zck_reader *r, size_t i)
+{
+    return r->m->files[i].sha256;
+}
+const zck_manifest *zck__reader_manifest(const zck_reader *r) { return r->m; }
 const zck_shard *zck_reader_shard(const zck_reader *r, size_t i) { return r->m->shards[i]; }
 
 /* ---------------------------------------------------------------- reading */

@@ -180,7 +180,10 @@ int zck_reshard(char **out, const char *src, const char *out_run_dir, uint32_t w
     co.zero_stage = zck_reader_zero_stage(r);
     co.model_json = zck_reader_model_json(r);
     co.training_json = zck_reader_training_json(r);
-    ZR_TRY_GOTO(zck_commit(out, out_run_dir, staging, j.L, j.shards, world, &co), rc, out);
+    rc = zck__files_carry(&co, r); /* the run's tokenizer.json and other extra files */
+    if (rc == 0)
+        rc = zck_commit(out, out_run_dir, staging, j.L, j.shards, world, &co);
+    zck__files_carry_free(&co);
 out:
     if (rc)
         zck_staging_remove(staging);

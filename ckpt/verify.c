@@ -114,6 +114,55 @@ static size_t shard_by_name(const named *v, const zck_manifest *m, const char *f
     return hit ? hit->i : m->nshards;
 }
 
+/* index of the extra file named file, or m->nfiles */
+static size_t file_by_name(const zck_manifest *m, const char *file)
+{
+    for (size_t f = 0; f < m->nfiles; f++)
+        if (!strcmp(m->files[f].file, file))
+            return f;
+    return m->nfiles;
+}
+
+/* The extra files (small: read and hashed here, unless quick). */
+static int check_files(zck_report *rep, const char *dir, const zck_manifest *m, int quick)
+{
+    int rc = 0;
+    for (size_t f = 0; f < m->nfiles && !rc; f++) {
+        const zck__file *x = &m->files[f];
+        char *p = zck_path_join(dir, x->file), *buf = NULL, hex[65];
+        size_t n = 0;
+        if (!p)
+            return ZR_ENOMEM;
+        int e = zck__read_small(&buf, &n, p, ZCK_MAX_FILE_BYTES + 1);
+        if (e == ZR_ENOMEM)
+            rc = e;
+        else if (e == ZR_ENOTFOUND)
+            rc = add(rep, ZCK_PROB_MISSING, x->file, "listed with %llu bytes, not on disk",
+                     (unsigned long long)x->bytes);
+        else if (e)
+            rc = add(rep, ZCK_PROB_IO, x->file, "%s", zr_err_msg());
+        else if (n != x->bytes)
+            rc = add(rep, n < x->bytes ? ZCK_PROB_TRUNCATED : ZCK_PROB_SIZE, x->file,
+                     "%zu bytes, manifest lists %llu", n, (unsigned long long)x->bytes);
+        else if (!quick) {
+            zck__sha *h = NULL;
+            if ((rc = zck__sha_new(&h)) == 0) {
+                zck__sha_update(h, buf, n);
+                zck__sha_hex(h, hex);
+                zck__sha_free(h);
+                if (strcmp(hex, x->sha256))
+                    rc = add(rep, ZCK_PROB_HASH, x->file, "sha256 %.16s... on disk, manifest "
+                             "lists %.16s...", hex, x->sha256);
+                else
+                    rep->hashed += n;
+            }
+        }
+        free(buf);
+        free(p);
+    }
+    return rc;
+}
+
 /* Compare SHA256SUMS ("<hex>  <file>" lines) with the manifest, and check the line for
  * manifest.json against the manifest's own bytes (mtext). */
 static int check_sums(zck_report *rep, const char *dir, const zck_manifest *m, const named *v,
@@ -134,6 +183,7 @@ static int check_sums(zck_report *rep, const char *dir, const zck_manifest *m, c
         return zr_err_set(ZR_ENOMEM, "out of memory");
     }
     size_t lineno = 0;
+    unsigned seen_files = 0; /* ZCK_MAX_FILES bits */
     for (char *save = NULL, *line = strtok_r(txt, "\n", &save); line && !rc;
          line = strtok_r(NULL, "\n", &save)) {
         lineno++;
@@ -159,8 +209,13 @@ static int check_sums(zck_report *rep, const char *dir, const zck_manifest *m, c
                          hex, line);
             continue;
         }
-        size_t i = shard_by_name(v, m, file);
-        if (i == m->nshards)
+        size_t f = file_by_name(m, file), i = shard_by_name(v, m, file);
+        if (f < m->nfiles) {
+            if (strcmp(m->files[f].sha256, line))
+                rc = add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "%s: %.16s... here, %.16s... in the "
+                         "manifest", file, line, m->files[f].sha256);
+            seen_files |= 1u << f;
+        } else if (i == m->nshards)
             rc = add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "line %zu: '%s' is not a shard of the "
                      "manifest", lineno, file);
         else {
@@ -173,6 +228,9 @@ static int check_sums(zck_report *rep, const char *dir, const zck_manifest *m, c
     for (size_t i = 0; i < m->nshards && !rc; i++)
         if (!seen[i])
             rc = add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "no line for %s", m->shards[i]->file);
+    for (size_t f = 0; f < m->nfiles && !rc; f++)
+        if (!(seen_files & 1u << f))
+            rc = add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "no line for %s", m->files[f].file);
     free(seen);
     free(txt);
     return rc;
@@ -191,7 +249,7 @@ static int check_unlisted(zck_report *rep, const char *dir, const zck_manifest *
         if (!strcmp(nm, ".") || !strcmp(nm, "..") || !strcmp(nm, "manifest.json") ||
             !strcmp(nm, "SHA256SUMS"))
             continue;
-        if (shard_by_name(v, m, nm) == m->nshards)
+        if (shard_by_name(v, m, nm) == m->nshards && file_by_name(m, nm) == m->nfiles)
             rc = add(rep, ZCK_PROB_UNLISTED, nm, "not named by the manifest");
     }
     closedir(d);
@@ -267,6 +325,8 @@ int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
     free(mp);
     if ((rc = by_name_new(&names, m)) == 0 && (rc = check_sums(rep, dir, m, names, mtext)) == 0)
         rc = check_unlisted(rep, dir, m, names);
+    if (rc == 0)
+        rc = check_files(rep, dir, m, opts->quick);
     free(mtext);
     if (rc)
         goto out;

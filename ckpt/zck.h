@@ -111,6 +111,7 @@ const char *zr_env_doc(zr_env_var v);
 #define ZCK_FORMAT_NAME "zckpt"
 #define ZCK_VERSION_MAJOR 1
 #define ZCK_VERSION_MINOR 0
+#define ZCK_VERSION_MINOR_FILES 1 /* what a checkpoint with extra files says (zck_extra_file) */
 #define ZCK_FILE_ALIGN 4096u     /* every extent starts at a multiple of this in its file */
 #define ZCK_PARTITION_ALIGN 64u  /* default partition size multiple, in elements */
 #define ZCK_MAX_DIMS 8
@@ -367,6 +368,8 @@ typedef struct {
     const char *producer;    /* NULL for "zero <version>" */
     unsigned keep_last;      /* 0 keeps everything; else keep this many newest step-* dirs */
     int gc_tmp;              /* remove stale .tmp-step-N-* with N <= step after commit */
+    const struct zck_extra_file *files; /* small files recorded beside the shards */
+    size_t n_files;
 } zck_commit_opts;
 #define ZCK_COMMIT_OPTS_INIT {.step = 0, .world = 1, .zero_stage = 0, .keep_last = 0, .gc_tmp = 1}
 
@@ -510,6 +513,25 @@ int zck_resume_pick(char **out, const char *run_dir, const zck_resume_opts *o);
 
 /* ---------------------------------------------------------------- reading a checkpoint */
 
+/* A small file recorded in a checkpoint beside the shards (the run's tokenizer.json): written
+ * into the checkpoint directory by zck_commit, listed in the manifest's "files" with its size
+ * and SHA-256 and in SHA256SUMS, verified like a shard, carried by zck_reshard. name is a plain
+ * file name ([A-Za-z0-9._-], not manifest.json, SHA256SUMS or a shard's name); at most
+ * ZCK_MAX_FILES of at most ZCK_MAX_FILE_BYTES each. docs/FORMAT.md, "Extra files" (format 1.1). */
+typedef struct zck_extra_file {
+    const char *name;
+    const void *data;
+    size_t bytes;
+} zck_extra_file;
+#define ZCK_MAX_FILES 16
+#define ZCK_MAX_FILE_BYTES ((size_t)64 << 20)
+
+/* The bytes of the extra file `name` of a checkpoint (directory, or run directory through
+ * latest), verified against the manifest's size and SHA-256 (*out malloc'ed, NUL-terminated
+ * beyond *n_bytes). ZR_ENOTFOUND when the checkpoint lists no such file, ZR_ECORRUPT when the
+ * file is missing, not a regular file, or differs. */
+int zck_ckpt_file_read(char **out, size_t *n_bytes, const char *ckpt, const char *name);
+
 typedef struct zck_reader zck_reader;
 /* Open a checkpoint directory, or a run directory through its latest file, and validate the
  * manifest completely (fields, types, ranges, names, every (group, state) covered exactly once,
@@ -532,6 +554,11 @@ const char *zck_reader_producer(const zck_reader *r);
 const char *zck_reader_model_json(const zck_reader *r);
 const char *zck_reader_training_json(const zck_reader *r);
 size_t zck_reader_n_shards(const zck_reader *r);
+/* The extra files the manifest lists (zck_extra_file): their count and names (borrowed). */
+size_t zck_reader_n_files(const zck_reader *r);
+const char *zck_reader_file_name(const zck_reader *r, size_t i);
+uint64_t zck_reader_file_bytes(const zck_reader *r, size_t i);
+const char *zck_reader_file_sha256(const zck_reader *r, size_t i);
 const zck_shard *zck_reader_shard(const zck_reader *r, size_t i);
 
 typedef struct {

@@ -91,6 +91,26 @@ typedef struct {
     uint32_t shard;
 } zck__extref;
 
+/* An extra file of the manifest (zck_extra_file) */
+typedef struct {
+    char *file;
+    uint64_t bytes;
+    char sha256[65];
+} zck__file;
+struct json_t;
+/* Parse / make the manifest's "files" array (files.c); names checked against the shards. */
+int zck__files_parse(zck__file **out, size_t *n, struct json_t *arr, const char *what);
+struct json_t *zck__files_json(const zck__file *f, size_t n);
+void zck__files_free(zck__file *f, size_t n);
+/* Write the commit's extra files into the staging directory (fsynced) and describe them. */
+int zck__files_write(zck__file **out, const char *staging, const zck_extra_file *f, size_t n);
+/* The extra files of the checkpoint r reads, read verified into co->files (a new checkpoint of
+ * the same run keeps them: reshard, consolidate); zck__files_carry_free releases them. */
+int zck__files_carry(zck_commit_opts *co, const struct zck_reader *r);
+void zck__files_carry_free(zck_commit_opts *co);
+/* Check a name for an extra file (ZR_EINVAL naming it, what says where). */
+int zck__file_name_check(const char *name, const char *what);
+
 typedef struct {
     char version[16];
     int major, minor;
@@ -102,6 +122,8 @@ typedef struct {
     zck_layout *L;
     zck_shard **shards;
     size_t nshards;
+    zck__file *files;      /* extra files ("files", format 1.1) */
+    size_t nfiles;
     /* filled by zck__manifest_index: extents of (g, s) at index[g * ns + s] */
     zck__extref **index;
     size_t *index_n;
@@ -119,6 +141,8 @@ int zck__resolve(char **out, const char *path);
 int zck__manifest_load(zck_manifest **out, const char *dir);
 /* Serialize (pretty, stable key order). */
 int zck__manifest_dump(char **out, const zck_manifest *m);
+/* the manifest a reader holds (borrowed) */
+const zck_manifest *zck__reader_manifest(const zck_reader *r);
 void zck__manifest_free(zck_manifest *m);
 
 /* zck_verify, with any problem turned into ZR_ECORRUPT naming the first one */

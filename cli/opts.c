@@ -162,6 +162,17 @@ static int set_value(const zcli_opts *p, const zcli_opt *e, void *base, const ch
     case ZCLI_OPT_BYTES:
         return zcli_parse_size(p->prog, e->name, v, (size_t *)dst) ? 0 : ZCLI_ERROR;
     case ZCLI_OPT_STRING:
+        if (e->flags & ZCLI_OPT_REPEAT) {
+            zcli_list *l = dst;
+            const char **nv = realloc(l->v, (l->n + 1) * sizeof *nv);
+            if (!nv) {
+                fprintf(stderr, "%s: error: out of memory\n", p->prog);
+                return ZCLI_ERROR;
+            }
+            nv[l->n++] = v;
+            l->v = nv;
+            return 0;
+        }
         *(const char **)dst = v;
         return 0;
     case ZCLI_OPT_FLAG:
@@ -189,6 +200,13 @@ static const zcli_opt *find(const zcli_opts *p, const char *name)
     return NULL;
 }
 
+void zcli_list_free(zcli_list *l)
+{
+    free(l->v);
+    l->v = NULL;
+    l->n = 0;
+}
+
 int zcli_opts_set(const zcli_opts *p, void *base, const char *name, const char *text)
 {
     const zcli_opt *e = find(p, name);
@@ -210,7 +228,8 @@ int zcli_opts_parse(const zcli_opts *p, void *base, int argc, char **argv)
                 return usage_error(p, "unknown option %s", a);
         } else {
             for (size_t k = 0; k < p->n && !e; k++)
-                if ((p->opt[k].flags & ZCLI_OPT_POSITIONAL) && !seen[k])
+                if ((p->opt[k].flags & ZCLI_OPT_POSITIONAL) &&
+                    (!seen[k] || (p->opt[k].flags & ZCLI_OPT_REPEAT)))
                     e = &p->opt[k];
             if (!e)
                 return usage_error(p, "unexpected argument %s", a);
@@ -238,6 +257,38 @@ int zcli_opts_parse(const zcli_opts *p, void *base, int argc, char **argv)
     return 0;
 }
 
+zcli_opts zcli_command_opts(const char *prog, const zcli_command *c)
+{
+    zcli_opts p = {prog, c->name, c->opt, c->n_opt};
+    return p;
+}
+
+void zcli_commands_usage(FILE *f, const char *prog, const char *summary,
+                         const zcli_command *c, size_t n, const char *footer)
+{
+    fprintf(f, "usage: %s COMMAND [ARGS]\n\n%s\n\ncommands:\n", prog, summary);
+    for (size_t i = 0; i < n; i++) {
+        zcli_opts p = zcli_command_opts(prog, &c[i]);
+        zcli_command_line(f, &p);
+    }
+    fprintf(f, "\n`%s COMMAND --help` explains one. %s\n", prog, footer);
+}
+
+void zcli_command_line(FILE *f, const zcli_opts *p)
+{
+    fprintf(f, "  %s ", p->cmd);
+    zcli_opts_synopsis(f, p);
+    fputc('\n', f);
+}
+
+void zcli_command_help(FILE *f, const zcli_opts *p, const char *help, const void *defaults)
+{
+    fprintf(f, "usage: %s %s ", p->prog, p->cmd);
+    zcli_opts_synopsis(f, p);
+    fprintf(f, "\n\n%s\noptions:\n", help);
+    zcli_opts_help(f, p, defaults);
+}
+
 void zcli_opts_synopsis(FILE *f, const zcli_opts *p)
 {
     const char *sep = "";
@@ -248,8 +299,8 @@ void zcli_opts_synopsis(FILE *f, const zcli_opts *p)
             continue;
         bool opt = !(e->flags & (ZCLI_OPT_REQUIRED | ZCLI_OPT_POSITIONAL));
         const char *meta = e->flags & ZCLI_OPT_POSITIONAL ? "" : meta_of(e, buf);
-        fprintf(f, "%s%s%s%s%s%s", sep, opt ? "[" : "", e->name, *meta ? " " : "", meta,
-                opt ? "]" : "");
+        fprintf(f, "%s%s%s%s%s%s%s", sep, opt ? "[" : "", e->name,
+                e->flags & ZCLI_OPT_REPEAT ? "..." : "", *meta ? " " : "", meta, opt ? "]" : "");
         sep = " ";
     }
 }

@@ -28,7 +28,15 @@ typedef enum {
 
 /* flags: a required option (the parser says "missing -o OUT" when absent); a positional
  * argument (a STRING named by its placeholder, "CKPT"; always required, filled in order) */
-enum { ZCLI_OPT_REQUIRED = 1, ZCLI_OPT_POSITIONAL = 2 };
+enum { ZCLI_OPT_REQUIRED = 1, ZCLI_OPT_POSITIONAL = 2, ZCLI_OPT_REPEAT = 4 };
+
+/* A repeated positional (ZCLI_POSITIONALS, "FILE..."): every remaining argument, in order,
+ * borrowed from argv; v is malloc'ed by the parser (zcli_list_free). At least one is required. */
+typedef struct {
+    const char **v;
+    size_t n;
+} zcli_list;
+void zcli_list_free(zcli_list *l);
 
 typedef struct {
     const char *name;      /* "--seed"; a positional's placeholder; a section's heading */
@@ -70,6 +78,10 @@ typedef struct {
     {.name = nm, .kind = ZCLI_OPT_STRING, .flags = ZCLI_OPT_POSITIONAL,                       \
      .off = offsetof(ZCLI_ARGS, fld)}
 
+#define ZCLI_POSITIONALS(nm, fld)                                                               \
+    {.name = nm, .kind = ZCLI_OPT_STRING, .flags = ZCLI_OPT_POSITIONAL | ZCLI_OPT_REPEAT,       \
+     .off = offsetof(ZCLI_ARGS, fld)}
+
 /* A program's (or a zckpt subcommand's) table and how its usage errors are worded. */
 typedef struct {
     const char *prog;      /* "zrun", "zckpt" */
@@ -93,6 +105,27 @@ int zcli_opts_set(const zcli_opts *p, void *base, const char *name, const char *
 
 /* The synopsis of the arguments ("CKPT --world N -o OUT [--buffer SIZE] [--force]"). */
 void zcli_opts_synopsis(FILE *f, const zcli_opts *p);
+
+/* A subcommand of a program of subcommands (zckpt, ztok): its name, what runs it (fn takes
+ * the program's argument struct), its option table and its help text. */
+typedef struct {
+    const char *name;
+    int (*fn)(const void *args);
+    const zcli_opt *opt;
+    size_t n_opt;
+    const char *help;
+} zcli_command;
+#define ZCLI_TABLE(t) t, sizeof t / sizeof *t
+zcli_opts zcli_command_opts(const char *prog, const zcli_command *c);
+/* "usage: PROG COMMAND [ARGS]", the summary, each command's line, then "`PROG COMMAND --help`
+ * explains one. " and the footer. */
+void zcli_commands_usage(FILE *f, const char *prog, const char *summary,
+                         const zcli_command *c, size_t n, const char *footer);
+
+/* Programs of subcommands (zckpt, ztok): the line "  CMD SYNOPSIS" of the command list, and a
+ * command's whole --help ("usage: PROG CMD SYNOPSIS", its help text, the option list). */
+void zcli_command_line(FILE *f, const zcli_opts *p);
+void zcli_command_help(FILE *f, const zcli_opts *p, const char *help, const void *defaults);
 
 /* The option list of --help: each option with its value, help text and default (from def, else
  * read from defaults, a struct holding the defaults), and the section headings. */

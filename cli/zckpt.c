@@ -80,8 +80,9 @@ static bool exists(const char *path)
 
 /* ------------------------------------------------------------------ ls */
 
-static int cmd_ls(const zckpt_args *a)
+static int cmd_ls(const void *args)
 {
+    const zckpt_args *a = args;
     const char *run = a->path;
     int json = a->json;
     zck_run_list *l;
@@ -158,8 +159,9 @@ static json_t *shards_holding(const zck_reader *r, size_t g, const zck_tensor_in
     return arr;
 }
 
-static int cmd_inspect(const zckpt_args *a)
+static int cmd_inspect(const void *args)
 {
+    const zckpt_args *a = args;
     const char *path = a->path;
     int json = a->json, tensors = a->tensors;
     zck_reader *r;
@@ -391,8 +393,9 @@ static int verify_run(const char *run, int all, const zck_verify_opts *o, int js
     return found ? ZCLI_FOUND : ZCLI_OK;
 }
 
-static int cmd_verify(const zckpt_args *a)
+static int cmd_verify(const void *args)
 {
+    const zckpt_args *a = args;
     const char *path = a->path;
     int json = a->json, all = a->all;
     zck_verify_opts o = a->verify;
@@ -481,8 +484,9 @@ static int reshard_common(const char *src, const char *out, uint32_t world, bool
     return rc;
 }
 
-static int cmd_reshard(const zckpt_args *a)
+static int cmd_reshard(const void *args)
 {
+    const zckpt_args *a = args;
     zck_reshard_opts o = a->reshard;
     return reshard_common(a->path, a->out, a->world, a->force, &o);
 }
@@ -508,8 +512,9 @@ static int export_st(const char *src, const char *out, bool force, zfmt_st_opts 
     return ZCLI_OK;
 }
 
-static int cmd_consolidate(const zckpt_args *a)
+static int cmd_consolidate(const void *args)
 {
+    const zckpt_args *a = args;
     const char *src = a->path, *out = a->out;
     bool force = a->force;
     int dtype = a->dtype, params_only = a->params_only;
@@ -551,8 +556,9 @@ static int export_hf(const zckpt_args *a)
     return ZCLI_OK;
 }
 
-static int cmd_export(const zckpt_args *a)
+static int cmd_export(const void *args)
 {
+    const zckpt_args *a = args;
     const char *src = a->path, *out = a->out;
     bool force = a->force;
     int dtype = a->dtype;
@@ -581,8 +587,9 @@ static int cmd_export(const zckpt_args *a)
     return ZCLI_OK;
 }
 
-static int cmd_import(const zckpt_args *a)
+static int cmd_import(const void *args)
 {
+    const zckpt_args *a = args;
     const char *src = a->path, *out = a->out;
     zfmt_import_opts o = a->import;
     zcli_bar bar;
@@ -613,20 +620,23 @@ static int archive_cmd(const zckpt_args *a,
     return ZCLI_OK;
 }
 
-static int cmd_pack(const zckpt_args *a)
+static int cmd_pack(const void *args)
 {
+    const zckpt_args *a = args;
     return archive_cmd(a, zfmt_pack, "archive of");
 }
 
-static int cmd_unpack(const zckpt_args *a)
+static int cmd_unpack(const void *args)
 {
+    const zckpt_args *a = args;
     return archive_cmd(a, zfmt_unpack, "unpacked and verified");
 }
 
 /* ------------------------------------------------------------------ diff */
 
-static int cmd_diff(const zckpt_args *args)
+static int cmd_diff(const void *vargs)
 {
+    const zckpt_args *args = vargs;
     const char *a = args->path, *b = args->path2;
     int json = args->json, all = args->all;
     zck_diff_opts o = args->diff;
@@ -676,8 +686,9 @@ static int cmd_diff(const zckpt_args *args)
 
 /* ------------------------------------------------------------------ prune */
 
-static int cmd_prune(const zckpt_args *a)
+static int cmd_prune(const void *args)
 {
+    const zckpt_args *a = args;
     const char *run = a->path;
     int json = a->json;
     zck_prune_opts o = a->prune;
@@ -706,8 +717,9 @@ static int cmd_prune(const zckpt_args *a)
 
 /* RUN's JSON log (--log, else RUN/train.jsonl; RUN may be the log itself) drawn into -o (else
  * RUN/train.svg). */
-static int cmd_plot(const zckpt_args *a)
+static int cmd_plot(const void *args)
 {
+    const zckpt_args *a = args;
     struct stat st;
     int dir = stat(a->path, &st) == 0 && S_ISDIR(st.st_mode);
     char *log = NULL, *out = NULL;
@@ -819,8 +831,9 @@ static void audit_print(const zr_audit *au)
         printf("  %s\n", au->reasons.name[i]);
 }
 
-static int cmd_audit(const zckpt_args *a)
+static int cmd_audit(const void *args)
 {
+    const zckpt_args *a = args;
     zr_audit *au = NULL;
     if (zr_audit_run(&au, a->path, &a->audit) < 0)
         return zcli_fail_lib(PROG, NULL);
@@ -963,16 +976,9 @@ static const zcli_opt prune_opts[] = {
 
 /* ------------------------------------------------------------------ main */
 
-typedef struct {
-    const char *name;
-    int (*fn)(const zckpt_args *a);
-    const zcli_opt *opt;
-    size_t n_opt;
-    const char *help;
-} command;
-#define TABLE(t) t, sizeof t / sizeof *t
+#define TABLE(t) ZCLI_TABLE(t)
 
-static const command commands[] = {
+static const zcli_command commands[] = {
     {"ls", cmd_ls, TABLE(ls_opts),
      "List every checkpoint of a run directory with its step, world size, ZeRO stage, bytes\n"
      "and status from a quick check (complete, incomplete, corrupt), which one `latest`\n"
@@ -1033,35 +1039,19 @@ static const command commands[] = {
 };
 #define N_COMMANDS (sizeof commands / sizeof *commands)
 
-static zcli_opts opts_of(const command *c)
-{
-    zcli_opts p = {PROG, c->name, c->opt, c->n_opt};
-    return p;
-}
-
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: " PROG " COMMAND [ARGS]\n\nAudit and reshape zero checkpoints.\n\n"
-               "commands:\n");
-    for (size_t i = 0; i < N_COMMANDS; i++) {
-        zcli_opts p = opts_of(&commands[i]);
-        fprintf(f, "  %s ", commands[i].name);
-        zcli_opts_synopsis(f, &p);
-        fputc('\n', f);
-    }
-    fprintf(f, "\n`" PROG " COMMAND --help` explains one. Exit status: 0 ok, 1 a check found a "
-               "problem,\n2 usage or I/O error. ZR_LOG=debug traces errors.\n");
+    zcli_commands_usage(f, PROG, "Audit and reshape zero checkpoints.", commands, N_COMMANDS,
+                        "Exit status: 0 ok, 1 a check found a problem,\n2 usage or I/O error. "
+                        "ZR_LOG=debug traces errors.");
 }
 
-static void command_help(const command *c)
+static void command_help(const zcli_command *c)
 {
-    zcli_opts p = opts_of(c);
+    zcli_opts p = zcli_command_opts(PROG, c);
     zckpt_args defaults;
     args_init(&defaults);
-    printf("usage: " PROG " %s ", c->name);
-    zcli_opts_synopsis(stdout, &p);
-    printf("\n\n%s\noptions:\n", c->help);
-    zcli_opts_help(stdout, &p, &defaults);
+    zcli_command_help(stdout, &p, c->help, &defaults);
 }
 
 int main(int argc, char **argv)
@@ -1082,7 +1072,7 @@ int main(int argc, char **argv)
                     command_help(&commands[i]);
                     return ZCLI_OK;
                 }
-            zcli_opts p = opts_of(&commands[i]);
+            zcli_opts p = zcli_command_opts(PROG, &commands[i]);
             zckpt_args args;
             args_init(&args);
             int rc = zcli_opts_parse(&p, &args, argc - 1, argv + 1);

@@ -12,6 +12,7 @@
  */
 #include "common.h"
 #include "opts.h"
+#include "zfmt.h"
 #include "zr.h"
 
 #include <errno.h>
@@ -190,7 +191,10 @@ static const zcli_opt zrun_table[] = {
                 "[,rope_theta=R,norm_eps=E,tied=0|1] (Llama: CPU only for now)"),
     ZCLI_STRING("--data", o.data, "SPEC", NULL,
                 "synthetic (a built-in learnable corpus), a text file (bytes, vocab 256) or an "
-                "llm.c token file (uint16 GPT-2 tokens)"),
+                "llm.c token file (uint16 or uint32 tokens, as ztok encode writes)"),
+    ZCLI_STRING("--tokenizer", o.tokenizer_path, "FILE", "",
+                "a byte-level BPE tokenizer.json (ztok): recorded in every checkpoint; its "
+                "vocabulary must fit the model's (a resume without it keeps the checkpoint's)"),
     ZCLI_INTEGER(U32, "--seq", o.seq, "T", 1, 1u << 20, "the model's context",
                  "tokens per sequence"),
     ZCLI_SECTION("validation:"),
@@ -367,6 +371,13 @@ static int parse_args(zrun_args *a, int argc, char **argv)
     if (a->device < 0 && zcli_opts_set(&zrun_opts, a, "--device", env ? env : "auto"))
         return ZCLI_ERROR;
     a->o.device = a->device;
+    if (a->o.tokenizer_path) { /* checked and read once, before any rank starts */
+        char *json;
+        if (zfmt_tok_read(&json, &a->o.tokenizer_bytes, &a->o.tokenizer_vocab,
+                          a->o.tokenizer_path) < 0)
+            return zcli_fail_lib(PROG, NULL);
+        a->o.tokenizer_json = json; /* kept for the run */
+    }
     if (a->o.offload_params != ZR_OFFLOAD_NONE && a->o.zero_stage != 3)
         return zcli_fail(PROG, "use --zero 3, or drop --offload-params",
                          "--offload-params needs ZeRO stage 3 (at stages 0-2 every rank holds "
@@ -416,6 +427,8 @@ static const char *run_id(void)
     return zr_env(ZR_ENV_RUN_ID);
 }
 
+static int launch(zrun_args *ap, char **argv);
+
 int main(int argc, char **argv)
 {
     /* a closed stdout (`| head`, a `| tee` gone with Ctrl-C) loses output, never the run: the
@@ -425,6 +438,16 @@ int main(int argc, char **argv)
     int rc = parse_args(&a, argc, argv);
     if (rc)
         return rc == ZCLI_OPTS_HELP ? ZCLI_OK : rc;
+    rc = launch(&a, argv);
+    free((void *)a.o.tokenizer_json);
+    return rc;
+}
+
+/* The dry run, the launcher of the ranks, or one rank. */
+static int launch(zrun_args *ap, char **argv)
+{
+    zrun_args a = *ap;
+    int rc;
     zr_train_opts *o = &a.o;
     o->run_id = run_id();
     static char *log_json; /* the default JSON log: beside the checkpoints */

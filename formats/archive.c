@@ -2,7 +2,8 @@
  * archive.c: checkpoints as tar archives, through libarchive.
  *
  * zfmt_pack streams a checkpoint directory into a .tar, .tar.gz or .tar.zst (pax restricted):
- * "<step dir>/manifest.json" first, then SHA256SUMS, then the shards in manifest order, written
+ * "<step dir>/manifest.json" first, then SHA256SUMS, then the shards in manifest order and the
+ * extra files (tokenizer.json), written
  * under a temporary name and renamed into place. zfmt_unpack extracts an archive into a run
  * directory: every member must be a regular file directly inside one step-<digits> directory
  * (anything else is refused before a byte of it is written), the files go into a temporary
@@ -409,6 +410,9 @@ int zfmt_pack(const char *ckpt, const char *out_file, const zck_progress *progre
         const zck_shard *s = zck_reader_shard(r, i);
         ZR_TRY_GOTO(pack_file(&c, zck_shard_file(s), (int64_t)zck_shard_bytes(s)), rc, out);
     }
+    for (size_t i = 0; i < zck_reader_n_files(r); i++) /* tokenizer.json, after the shards */
+        ZR_TRY_GOTO(pack_file(&c, zck_reader_file_name(r, i),
+                              (int64_t)zck_reader_file_bytes(r, i)), rc, out);
     if (archive_write_close(c.a) != ARCHIVE_OK) {
         rc = zr_err_set(ZR_EIO, "%s: %s", tmp, ar_msg(c.a));
         goto out;
@@ -865,8 +869,32 @@ static int verify_members(verify_ctx *c, struct archive *a)
     return 0;
 }
 
+/* What the manifest lists: the shards, then the extra files (tokenizer.json). */
+typedef struct {
+    const char *file, *sha256;
+    uint64_t bytes;
+} listed_file;
+
+static int listed_files(listed_file **out, size_t *n, const zck_reader *r)
+{
+    size_t ns = zck_reader_n_shards(r), nf = zck_reader_n_files(r);
+    listed_file *l = malloc((ns + nf ? ns + nf : 1) * sizeof *l);
+    if (!l)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < ns; i++) {
+        const zck_shard *s = zck_reader_shard(r, i);
+        l[i] = (listed_file){zck_shard_file(s), zck_shard_sha256(s), zck_shard_bytes(s)};
+    }
+    for (size_t i = 0; i < nf; i++)
+        l[ns + i] = (listed_file){zck_reader_file_name(r, i), zck_reader_file_sha256(r, i),
+                                  zck_reader_file_bytes(r, i)};
+    *out = l;
+    *n = ns + nf;
+    return 0;
+}
+
 /* SHA256SUMS against the manifest, and its manifest.json line against the manifest's hash. */
-static int verify_sums(verify_ctx *c, const zck_reader *r, const char *mhex)
+static int verify_sums(verify_ctx *c, const listed_file *lf, size_t ns, const char *mhex)
 {
     zck_report *rep = c->rep;
     seen_member *sm = find_member(c, "SHA256SUMS");
@@ -876,7 +904,6 @@ static int verify_sums(verify_ctx *c, const zck_reader *r, const char *mhex)
     if (!c->sums)
         return zck_report_add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "unreadable or larger than "
                               "64 MiB");
-    size_t ns = zck_reader_n_shards(r);
     unsigned char *listed = calloc(ns ? ns : 1, 1);
     if (!listed)
         return zr_err_set(ZR_ENOMEM, "out of memory");
@@ -901,14 +928,14 @@ static int verify_sums(verify_ctx *c, const zck_reader *r, const char *mhex)
             continue;
         }
         size_t i = 0;
-        while (i < ns && strcmp(zck_shard_file(zck_reader_shard(r, i)), file))
+        while (i < ns && strcmp(lf[i].file, file))
             i++;
         if (i == ns) {
             char nb[256];
             rc = zck_report_add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "line %zu: '%s' is not a "
                                 "shard of the manifest", lineno, shown(nb, file));
         } else {
-            const char *want = zck_shard_sha256(zck_reader_shard(r, i));
+            const char *want = lf[i].sha256;
             if (strcmp(want, line))
                 rc = zck_report_add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "%s: %.16s... here, "
                                     "%.16s... in the manifest", file, line, want);
@@ -918,7 +945,7 @@ static int verify_sums(verify_ctx *c, const zck_reader *r, const char *mhex)
     for (size_t i = 0; i < ns && !rc; i++)
         if (!listed[i])
             rc = zck_report_add(rep, ZCK_PROB_SUMS, "SHA256SUMS", "no line for %s",
-                                zck_shard_file(zck_reader_shard(r, i)));
+                                lf[i].file);
     free(listed);
     return rc;
 }
@@ -941,6 +968,8 @@ static int verify_against_manifest(verify_ctx *c)
     char what[600];
     snprintf(what, sizeof what, "%s:%s/manifest.json", c->archive, c->top);
     zck_reader *r = NULL;
+    listed_file *lf = NULL;
+    size_t n_lf = 0;
     int rc = zck_reader_open_manifest(&r, c->mtext, c->mlen, what);
     if (rc == ZR_ENOMEM)
         return rc;
@@ -954,11 +983,11 @@ static int verify_against_manifest(verify_ctx *c)
                                    "step %llu is in directory %s/ (expected %s/)",
                                    (unsigned long long)zck_reader_step(r), c->top, name),
                     rc, out);
-    ZR_TRY_GOTO(verify_sums(c, r, mm->hex), rc, out);
-    for (size_t i = 0; i < zck_reader_n_shards(r) && !rc; i++) {
-        const zck_shard *s = zck_reader_shard(r, i);
-        const char *file = zck_shard_file(s);
-        unsigned long long want = (unsigned long long)zck_shard_bytes(s);
+    ZR_TRY_GOTO(listed_files(&lf, &n_lf, r), rc, out);
+    ZR_TRY_GOTO(verify_sums(c, lf, n_lf, mm->hex), rc, out);
+    for (size_t i = 0; i < n_lf && !rc; i++) {
+        const char *file = lf[i].file;
+        unsigned long long want = (unsigned long long)lf[i].bytes;
         seen_member *m = find_member(c, file);
         if (!m) {
             rc = zck_report_add(rep, ZCK_PROB_MISSING, file, "listed with %llu bytes, not in the "
@@ -978,9 +1007,9 @@ static int verify_against_manifest(verify_ctx *c)
         else if (m->bytes > want)
             rc = zck_report_add(rep, ZCK_PROB_SIZE, file, "%llu bytes, manifest lists %llu",
                                 (unsigned long long)m->bytes, want);
-        else if (strcmp(m->hex, zck_shard_sha256(s)))
+        else if (strcmp(m->hex, lf[i].sha256))
             rc = zck_report_add(rep, ZCK_PROB_HASH, file, "sha256 %.16s... in the archive, "
-                                "manifest lists %.16s...", m->hex, zck_shard_sha256(s));
+                                "manifest lists %.16s...", m->hex, lf[i].sha256);
         else
             zck_report_add_bytes_hashed(rep, m->bytes);
     }
@@ -989,6 +1018,7 @@ static int verify_against_manifest(verify_ctx *c)
             rc = zck_report_add(rep, ZCK_PROB_UNLISTED, c->m[i].file, "not named by the "
                                 "manifest");
 out:
+    free(lf);
     zck_reader_free(r);
     return rc;
 }

@@ -142,6 +142,95 @@ int zfmt_unpack(const char *archive, const char *out_dir, const zck_progress *pr
  * of every member. Problems are reported as by zck_verify. */
 int zfmt_archive_verify(zck_report **out, const char *archive, const zck_progress *progress);
 
+
+/* ---------------------------------------------------------------- byte-level BPE tokenizer
+ *
+ * Hugging Face tokenizers' byte-level BPE (GPT-2's and any tokenizer.json the `tokenizers`
+ * library writes in that form): model BPE (vocab; merges as "a b" strings or [a, b] lists),
+ * pre-tokenizer ByteLevel (the GPT-2 split pattern when use_regex) or a Sequence of a Split by a
+ * regex (behavior Isolated) and ByteLevel without regex, decoder ByteLevel, added tokens
+ * (<|endoftext|>) matched in the raw text first. Anything else is refused when loading, naming
+ * the field (docs/CLI.md, "ztok"). Encoding gives exactly the ids the library gives. A handle
+ * keeps a cache of words: one thread per handle.
+ */
+typedef struct zfmt_tok zfmt_tok;
+
+/* Load tokenizer.json from a file (ZR_ECORRUPT / ZR_EUNSUPPORTED naming the file and field). */
+int zfmt_tok_load(zfmt_tok **out, const char *path);
+/* The same from memory; name is used in messages. */
+int zfmt_tok_load_mem(zfmt_tok **out, const char *json, size_t n_bytes, const char *name);
+void zfmt_tok_free(zfmt_tok *t);
+/* Read and check a tokenizer.json: its bytes (*out malloc'ed) and vocabulary (largest id + 1),
+ * refused as zfmt_tok_load refuses. */
+int zfmt_tok_read(char **out, size_t *n_bytes, uint32_t *vocab, const char *path);
+/* Ids are below this: the largest id (vocab or added token) + 1. */
+uint32_t zfmt_tok_vocab(const zfmt_tok *t);
+/* The id of a token by its text (an added token's content, or the raw bytes of a vocab entry),
+ * or -1. */
+int64_t zfmt_tok_id(const zfmt_tok *t, const char *text);
+
+/* A growing array of ids. */
+typedef struct {
+    uint32_t *id;
+    size_t n, cap;
+} zfmt_tok_ids;
+void zfmt_tok_ids_free(zfmt_tok_ids *v);
+
+/* Append the ids of text[0, n_bytes) to out. ZR_EINVAL when the text is not UTF-8 (naming the
+ * byte offset). progress (may be NULL) receives bytes of text done. */
+int zfmt_tok_encode(zfmt_tok_ids *out, zfmt_tok *t, const char *text, size_t n_bytes,
+                    const zck_progress *progress);
+/* The bytes of ids (malloc'ed into *out, NUL-terminated beyond *n_bytes); ZR_EINVAL naming the
+ * first id the tokenizer does not have. */
+int zfmt_tok_decode(char **out, size_t *n_bytes, const zfmt_tok *t, const uint32_t *ids,
+                    size_t n);
+
+typedef struct {
+    uint32_t vocab;        /* the vocabulary size to reach: 256 bytes + merges + special */
+    const char *special;   /* an added special token given the last id ("" or NULL: none) */
+    zck_progress progress;
+} zfmt_tok_train_opts;
+#define ZFMT_TOK_TRAIN_OPTS_INIT {.vocab = 0, .special = "<|endoftext|>"}
+
+/*
+ * Train a byte-level BPE on the UTF-8 text of files and write tokenizer.json to out_json
+ * (atomically): ids 0..255 are the bytes (in byte order), then one token per merge in the
+ * order learned, then the special token. Each merge joins the most frequent adjacent pair over
+ * the words of the GPT-2 split (counted with their multiplicity); a tie goes to the pair whose
+ * (left id, right id) is smallest. Fewer merges when no pair is left. ZR_EINVAL when vocab is
+ * below 257 (256 with no special token).
+ */
+int zfmt_tok_train(const char *out_json, const char *const *files, size_t n_files,
+                   const zfmt_tok_train_opts *o);
+
+/* ---------------------------------------------------------------- llm.c token files
+ *
+ * int32 header[256] little-endian: [0] magic 20240520, [1] version, [2] token count, [3] the
+ * tokenizer's vocabulary size (0: not said, as llm.c writes), then the tokens: version 1 uint16,
+ * version 2 uint32 (written when the vocabulary exceeds 65536).
+ */
+#define ZFMT_TOKENS_MAGIC 20240520
+
+typedef struct {
+    double val_fraction;   /* the tail of the tokens to out_val instead, 0..1 */
+    zck_progress progress;
+} zfmt_tok_file_opts;
+#define ZFMT_TOK_FILE_OPTS_INIT {.val_fraction = 0}
+
+typedef struct {
+    uint64_t bytes, tokens, val_tokens;
+    int version;
+} zfmt_tok_file_stats;
+
+/* Encode files (one after the other, concatenated) into the token file out_bin, and, when
+ * val_fraction > 0 and out_val is not NULL, the last round(val_fraction * tokens) tokens into
+ * out_val instead. Both are written atomically. */
+int zfmt_tok_encode_files(zfmt_tok_file_stats *out, zfmt_tok *t, const char *const *files,
+                          size_t n_files, const char *out_bin, const char *out_val,
+                          const zfmt_tok_file_opts *o);
+/* Read a token file (either version) into out; *vocab the header's vocabulary (0: not said). */
+int zfmt_tok_file_read(zfmt_tok_ids *out, uint32_t *vocab, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -99,10 +99,10 @@ double zt_ref_xent(const double *lg, const int32_t *tg, size_t N, size_t V, doub
 /* The checkpoints latest names in run directories a and b hold the same values (within atol +
  * rtol |b|; 0, 0: exactly), whatever their world sizes. */
 void zt_same_latest(const char *a, const char *b, double atol, double rtol);
-/* The python of a venv under build/ (ZT_ROOT/build/venv) in which `import MODULES` works
- * (space-separated), pip-installing PACKAGES there when not (PyPI reachable); NULL when that
- * fails (the caller skips with one line). The venv is made once and reused. */
-const char *zt_venv_python(const char *modules, const char *packages);
+/* The python of the oracles' venv (ZT_ROOT/build/venv, made by `make oracle-venv`, which make
+ * test runs) when `import MODULES` (space-separated) works there; NULL otherwise (the caller
+ * skips with one line). */
+const char *zt_venv_python(const char *modules);
 
 /* A small GPT-2 that trains in milliseconds, and the options of such a run into dir: batch 4 of
  * micro-batches of 2, warmup 5, lr 3e-3, one thread, the given steps. */

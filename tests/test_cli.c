@@ -259,6 +259,42 @@ static size_t check_listed(const char *help, const char *docs, const char *who)
     return n;
 }
 
+static const char *zckpt_bin(void)
+{
+    const char *bin = getenv("ZT_ZCKPT");
+    if (!bin)
+        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
+    return bin;
+}
+
+/* Every command of a program (from its --help list) documented with each of its options;
+ * returns the number of commands, adds the options to *opts. */
+static size_t check_commands(const char *bin, const char *prog, const char *docs, size_t *opts)
+{
+    char *top, *help, args[256];
+    ZT_CHECK_EQ(zt_run(&top, bin, "--help"), 0);
+    const char *l = strstr(top, "commands:\n");
+    ZT_CHECK(l);
+    size_t cmds = 0;
+    for (l = strchr(l, '\n') + 1; !strncmp(l, "  ", 2); l = strchr(l, '\n') + 1) {
+        char cmd[32];
+        size_t k = strcspn(l + 2, " \n");
+        ZT_CHECK(k < sizeof cmd);
+        memcpy(cmd, l + 2, k);
+        cmd[k] = 0;
+        snprintf(args, sizeof args, "%s --help", cmd);
+        ZT_CHECK_EQ(zt_run(&help, bin, args), 0);
+        char who[64];
+        snprintf(who, sizeof who, "%s %s", prog, cmd);
+        ZT_CHECK(strstr(help, "options:\n"));
+        *opts += check_listed(help, docs, who);
+        free(help);
+        cmds++;
+    }
+    free(top);
+    return cmds;
+}
+
 /* The option tables (through the --help they print) against the documentation. */
 ZT_TEST(cli_every_option_is_documented)
 {
@@ -280,29 +316,16 @@ ZT_TEST(cli_every_option_is_documented)
         free(help);
     }
 
-    /* the commands, from zckpt's own list, each with its table */
-    char *top;
-    ZT_CHECK_EQ(zt_zckpt(&top, "--help"), 0);
-    const char *l = strstr(top, "commands:\n");
-    ZT_CHECK(l);
-    size_t cmds = 0, opts = 0;
-    for (l = strchr(l, '\n') + 1; !strncmp(l, "  ", 2); l = strchr(l, '\n') + 1) {
-        char cmd[32];
-        size_t k = strcspn(l + 2, " \n");
-        ZT_CHECK(k < sizeof cmd);
-        memcpy(cmd, l + 2, k);
-        cmd[k] = 0;
-        ZT_CHECK_EQ(zt_zckpt(&help, "%s --help", cmd), 0);
-        char who[64];
-        snprintf(who, sizeof who, "zckpt %s", cmd);
-        ZT_CHECK(strstr(help, "options:\n"));
-        opts += check_listed(help, docs, who);
-        free(help);
-        cmds++;
-    }
-    ZT_CHECK_EQ(cmds, 13);
+    /* the commands, from zckpt's and ztok's own lists, each with its table */
+    size_t opts = 0;
+    ZT_CHECK_EQ(check_commands(zckpt_bin(), "zckpt", docs, &opts), 13);
     ZT_CHECK(opts >= 30);
-    free(top);
+    opts = 0;
+    const char *ztok = getenv("ZT_ZTOK");
+    if (ztok) {
+        ZT_CHECK_EQ(check_commands(ztok, "ztok", docs, &opts), 3);
+        ZT_CHECK(opts >= 10);
+    }
     free(docs);
     free(cli);
     free(readme);

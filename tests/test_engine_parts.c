@@ -765,9 +765,9 @@ ZT_TEST(engine_data_llmc_damaged)
     write_llmc("f.bin", 20240521, 1, N, tok, N, 0);
     ZT_ERR(zr_data_open(&d, "f.bin", V, T, 1), ZR_ECORRUPT,
            "llm.c token file 'f.bin': bad magic 20240521 (expected 20240520)");
-    write_llmc("f.bin", 20240520, 2, N, tok, N, 0);
+    write_llmc("f.bin", 20240520, 3, N, tok, N, 0);
     ZT_ERR(zr_data_open(&d, "f.bin", V, T, 1), ZR_ECORRUPT,
-           "llm.c token file 'f.bin': version 2 (expected 1)");
+           "llm.c token file 'f.bin': version 3 (expected 1, or 2 for uint32 tokens)");
     write_llmc("f.bin", 20240520, 1, N, tok, N - 5, 0); /* truncated: 5 tokens short */
     ZT_ERR(zr_data_open(&d, "f.bin", V, T, 1), ZR_ECORRUPT,
            "llm.c token file 'f.bin': truncated (header says 3000 tokens, 7024 bytes; file has "

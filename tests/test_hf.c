@@ -181,11 +181,10 @@ static void zero_probs(const char *run, const int32_t *tokens, size_t T)
 
 ZT_TEST(hf_export_matches_reference_forward)
 {
-    const char *py = zt_venv_python("numpy safetensors transformers",
-                                    "numpy safetensors transformers");
+    const char *py = zt_venv_python("numpy safetensors transformers");
     if (!py)
-        ZT_SKIP("no venv with numpy, safetensors and transformers (PyPI unreachable?): "
-                "build/venv-install.log");
+        ZT_SKIP("no build/venv with numpy, safetensors and transformers (make oracle-venv; PyPI "
+                "unreachable?)");
     train("run", 2, 3);
     ZT_OK(zfmt_hf_export("run", "hf", NULL));
     const int32_t tokens[] = {3, 17, 0, 255, 5, 5, 122, 11, 200, 1, 8, 2};

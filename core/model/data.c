@@ -37,11 +37,14 @@
  *
  * Raw bytes: any file, memory-mapped, each byte a token (vocab 256).
  *
- * llm.c token files (what llm.c's dev/data scripts write): int32 header[256] (little-endian)
- * with header[0] = 20240520, header[1] = 1, header[2] = N, then N uint16 tokens; the file size
- * must be exactly 1024 + 2 N bytes. A file is read as one when its magic matches, and refused
- * as damaged when only the magic is wrong (version 1 and the size agreeing with header[2]).
- * Every token is checked against the model's vocabulary at open.
+ * llm.c token files (what llm.c's dev/data scripts and `ztok encode` write): int32 header[256]
+ * (little-endian) with header[0] = 20240520, header[1] = version, header[2] = N, header[3] = the
+ * tokenizer's vocabulary (0: not said; llm.c writes 0), then N tokens: uint16 for version 1,
+ * uint32 for version 2 (ztok's variant for vocabularies over 65536); the file size must be
+ * exactly 1024 + width N bytes. A file is read as one when its magic matches, and refused as
+ * damaged when only the magic is wrong (version 1 and the size agreeing with header[2]).
+ * A header vocabulary larger than the model's is refused, and every token is checked against
+ * the model's vocabulary at open.
  */
 #include "model.h"
 
@@ -58,6 +61,7 @@
 
 #define LLMC_TOKENS_MAGIC 20240520
 #define LLMC_TOKENS_VERSION 1
+#define LLMC_TOKENS_VERSION_U32 2
 #define LLMC_MODEL_MAGIC 20240326 /* llm.c's model file: a common mistake to pass as data */
 #define LLMC_HEADER_BYTES 1024    /* 256 int32 */
 
@@ -67,8 +71,9 @@
 #define SYNTH_SEED 0x7a65726f2d646174ull /* "zero-dat": fixed, independent of the run seed */
 
 struct zr_data {
-    const uint8_t *base; /* tokens: bytes (width 1) or little-endian uint16 (width 2) */
+    const uint8_t *base; /* tokens: bytes (width 1), little-endian uint16 (2) or uint32 (4) */
     int width;
+    uint32_t hdr_vocab;  /* a token file's header vocabulary, 0: not said */
     uint64_t n;          /* tokens */
     uint32_t T;
     uint64_t seed;
@@ -207,6 +212,38 @@ out:
     return rc;
 }
 
+static uint32_t token_at(const zr_data *d, uint64_t i)
+{
+    const uint8_t *t = d->base + i * (uint64_t)d->width;
+    return d->width == 1 ? t[0] : d->width == 2 ? (uint32_t)t[0] | (uint32_t)t[1] << 8 : le32(t);
+}
+
+/* Every token below vocab: the max first (a loop the compiler vectorizes), the position only
+ * when something is bad. */
+static int check_tokens(const zr_data *d, const char *path, uint32_t vocab)
+{
+    uint32_t max = 0;
+    if (d->width == 2) {
+        const uint8_t *t = d->base;
+        for (uint64_t i = 0; i < d->n; i++) {
+            uint32_t v = (uint32_t)t[2 * i] | (uint32_t)t[2 * i + 1] << 8;
+            max = v > max ? v : max;
+        }
+    } else {
+        for (uint64_t i = 0; i < d->n; i++) {
+            uint32_t v = token_at(d, i);
+            max = v > max ? v : max;
+        }
+    }
+    if (max >= vocab)
+        for (uint64_t i = 0; i < d->n; i++)
+            if (token_at(d, i) >= vocab)
+                return zr_err_set(ZR_EINVAL, "llm.c token file '%s': token %u at position %llu "
+                                  "is out of the model's vocabulary (vocab %u)", path,
+                                  token_at(d, i), (unsigned long long)i, vocab);
+    return 0;
+}
+
 /* Validate an llm.c token file whose magic matched, and point d at its tokens. */
 static int open_llmc(zr_data *d, const char *path, uint32_t vocab)
 {
@@ -215,15 +252,17 @@ static int open_llmc(zr_data *d, const char *path, uint32_t vocab)
     if (size < LLMC_HEADER_BYTES)
         return zr_err_set(ZR_ECORRUPT, "llm.c token file '%s': truncated header (%zu bytes, "
                           "expected %d)", path, size, LLMC_HEADER_BYTES);
-    uint32_t version = le32(p + 4);
+    uint32_t version = le32(p + 4), hdr_vocab = le32(p + 12);
     int32_t count = (int32_t)le32(p + 8);
-    if (version != LLMC_TOKENS_VERSION)
-        return zr_err_set(ZR_ECORRUPT, "llm.c token file '%s': version %u (expected %d)", path,
-                          version, LLMC_TOKENS_VERSION);
+    if (version != LLMC_TOKENS_VERSION && version != LLMC_TOKENS_VERSION_U32)
+        return zr_err_set(ZR_ECORRUPT, "llm.c token file '%s': version %u (expected %d, or %d "
+                          "for uint32 tokens)", path, version, LLMC_TOKENS_VERSION,
+                          LLMC_TOKENS_VERSION_U32);
     if (count < 0)
         return zr_err_set(ZR_ECORRUPT, "llm.c token file '%s': negative token count %d", path,
                           count);
-    uint64_t want = LLMC_HEADER_BYTES + 2 * (uint64_t)count;
+    int width = version == LLMC_TOKENS_VERSION ? 2 : 4;
+    uint64_t want = LLMC_HEADER_BYTES + (uint64_t)width * (uint64_t)count;
     if (size < want)
         return zr_err_set(ZR_ECORRUPT, "llm.c token file '%s': truncated (header says %d tokens, "
                           "%llu bytes; file has %zu)", path, count, (unsigned long long)want,
@@ -231,27 +270,17 @@ static int open_llmc(zr_data *d, const char *path, uint32_t vocab)
     if (size > want)
         return zr_err_set(ZR_ECORRUPT, "llm.c token file '%s': %llu bytes after the %d tokens "
                           "the header declares", path, (unsigned long long)(size - want), count);
+    if (hdr_vocab > vocab)
+        return zr_err_set(ZR_EINVAL, "llm.c token file '%s' was written for a vocabulary of %u "
+                          "tokens, the model has %u (zrun --vocab)", path, hdr_vocab, vocab);
     d->base = p + LLMC_HEADER_BYTES;
-    d->width = 2;
+    d->width = width;
+    d->hdr_vocab = hdr_vocab;
     d->n = (uint64_t)count;
     if (d->n < (uint64_t)d->T + 1)
         return zr_err_set(ZR_EINVAL, "llm.c token file '%s': %llu tokens, a sample needs T+1 = "
                           "%llu", path, (unsigned long long)d->n, (unsigned long long)d->T + 1);
-    /* max first (a loop the compiler vectorizes), the position only when something is bad */
-    const uint8_t *t = d->base;
-    uint32_t max = 0;
-    for (uint64_t i = 0; i < d->n; i++) {
-        uint32_t v = (uint32_t)t[2 * i] | (uint32_t)t[2 * i + 1] << 8;
-        max = v > max ? v : max;
-    }
-    if (max >= vocab)
-        for (uint64_t i = 0; i < d->n; i++) {
-            uint32_t v = (uint32_t)t[2 * i] | (uint32_t)t[2 * i + 1] << 8;
-            if (v >= vocab)
-                return zr_err_set(ZR_EINVAL, "llm.c token file '%s': token %u at position %llu "
-                                  "is out of the model's vocabulary (vocab %u)", path, v,
-                                  (unsigned long long)i, vocab);
-        }
+    ZR_TRY(check_tokens(d, path, vocab));
     return set_desc(d, "llm.c token file '%s' (%llu tokens)", path, (unsigned long long)d->n);
 }
 
@@ -338,6 +367,8 @@ const char *zr_data_describe(const zr_data *d) { return d->desc; }
 
 uint64_t zr_data_tokens(const zr_data *d) { return d->n; }
 
+uint32_t zr_data_vocab(const zr_data *d) { return d->hdr_vocab; }
+
 /* The T+1 tokens from position s. */
 static void copy_tokens(const zr_data *d, uint64_t s, int32_t *tokens)
 {
@@ -345,9 +376,12 @@ static void copy_tokens(const zr_data *d, uint64_t s, int32_t *tokens)
     if (d->width == 1)
         for (uint32_t k = 0; k <= d->T; k++)
             tokens[k] = p[k];
-    else
+    else if (d->width == 2)
         for (uint32_t k = 0; k <= d->T; k++)
             tokens[k] = (int32_t)((uint32_t)p[2 * k] | (uint32_t)p[2 * k + 1] << 8);
+    else
+        for (uint32_t k = 0; k <= d->T; k++)
+            tokens[k] = (int32_t)token_at(d, s + k);
 }
 
 void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens)

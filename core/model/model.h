@@ -195,6 +195,9 @@ int zr_data_open(zr_data **out, const char *spec, uint32_t vocab, uint32_t T, ui
 void zr_data_free(zr_data *d);
 const char *zr_data_describe(const zr_data *d); /* "synthetic corpus (1048576 tokens)" ... */
 uint64_t zr_data_tokens(const zr_data *d);
+/* The vocabulary a token file's header names (ztok writes it), 0 when not said (llm.c's files,
+ * raw bytes, the synthetic corpus). */
+uint32_t zr_data_vocab(const zr_data *d);
 void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens /* T+1 */);
 /*
  * Validation data. zr_data_hold_out splits d: a file's last tenth of tokens (rounded down)

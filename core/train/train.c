@@ -68,6 +68,8 @@ typedef struct {
     } pend;
     char run_id[40];         /* this invocation's (o->run_id, else made here) */
     char ck_run_id[40];      /* the run id recorded in the checkpoint resumed from ("": none) */
+    char *ck_tokenizer;      /* the tokenizer.json of the checkpoint resumed from (NULL: none) */
+    size_t ck_tokenizer_bytes;
     zr_eval *eval;           /* validation data and set (--eval-every, eval.c) */
     zr_val_record val;       /* the last and best validation loss */
 } run;
@@ -246,6 +248,11 @@ static int commit_shards(run *r, int lrc, const char *json, const char *staging,
             co.model_json = model;
             co.training_json = train;
             co.keep_last = o->keep_last;
+            zck_extra_file tok = {"tokenizer.json", o->tokenizer_json, o->tokenizer_bytes};
+            if (!o->tokenizer_json)
+                tok = (zck_extra_file){"tokenizer.json", r->ck_tokenizer, r->ck_tokenizer_bytes};
+            co.files = &tok;
+            co.n_files = tok.data ? 1 : 0;
             lrc = zck_commit(&final, o->ckpt_dir, staging, r->L, sh, (size_t)r->W, &co);
         }
     }
@@ -948,6 +955,7 @@ static void free_run(run *r, int failed)
     free(r->targets);
     zr_train__eval_free(r->eval); /* before the data it may borrow from */
     zr_data_free(r->data);
+    free(r->ck_tokenizer);
     if (r->jlog)
         fclose(r->jlog);
     zck_reader_free(r->rd);
@@ -1212,6 +1220,26 @@ static int open_world(run *r)
     return open_device(r);
 }
 
+/* The tokenizer: the one given fits the model's vocabulary; without one, a resume keeps the
+ * checkpoint's tokenizer.json (read verified), recorded again in each new checkpoint. */
+static int pick_tokenizer(run *r)
+{
+    const zr_train_opts *o = r->o;
+    if (o->tokenizer_json) {
+        if (o->tokenizer_vocab > r->cfg.vocab)
+            return zr_err_set(ZR_EINVAL, "the tokenizer %s has a vocabulary of %u tokens, the "
+                              "model only %u (--model ...,vocab=%u)",
+                              o->tokenizer_path ? o->tokenizer_path : "", o->tokenizer_vocab,
+                              r->cfg.vocab, o->tokenizer_vocab);
+        return 0;
+    }
+    if (!r->from)
+        return 0;
+    int rc = zck_ckpt_file_read(&r->ck_tokenizer, &r->ck_tokenizer_bytes, r->from,
+                                "tokenizer.json");
+    return rc == ZR_ENOTFOUND ? 0 : rc;
+}
+
 static const char *sample_prompt(const zr_train_opts *o)
 {
     return o->sample_prompt ? o->sample_prompt : "the ";
@@ -1244,6 +1272,8 @@ static int pick_start(run *r)
         lrc = zr_train__seq(&r->T, o, &r->cfg);
     if (!lrc && o->sample_every)
         lrc = zr_train__sample_check(&r->cfg, sample_prompt(o), o->sample_tokens);
+    if (!lrc)
+        lrc = pick_tokenizer(r);
     r->mb = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)r->W;
     r->n_micro = o->batch / (uint32_t)r->W / r->mb;
     return lrc;
@@ -1257,6 +1287,12 @@ static int build_engine(run *r)
     int offloaded = o->offload_optimizer == ZR_OFFLOAD_NVME ||
                     o->offload_params == ZR_OFFLOAD_NVME;
     ZR_TRY(zr_data_open(&r->data, o->data, r->cfg.vocab, r->T, o->seed));
+    uint32_t dv = zr_data_vocab(r->data);
+    if (o->tokenizer_json && dv && dv != o->tokenizer_vocab)
+        return zr_err_set(ZR_EINVAL, "%s was encoded with a tokenizer of %u tokens, --tokenizer "
+                          "%s has %u: encode the data with this tokenizer (ztok encode)",
+                          o->data, dv, o->tokenizer_path ? o->tokenizer_path : "",
+                          o->tokenizer_vocab);
     ZR_TRY(zr_train__eval_open(&r->eval, o, r->data, r->cfg.vocab, r->T));
     ZR_TRY(zr_gpt2_layout(&r->L, &r->cfg));
     if (offloaded)

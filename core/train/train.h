@@ -82,6 +82,14 @@ typedef struct {
     uint64_t eval_every;
     uint32_t eval_batches;
     const char *val_data;
+    /* the run's tokenizer.json (zrun --tokenizer; NULL: none given): its bytes are recorded in
+     * every checkpoint as "tokenizer.json" (zck_extra_file), and tokenizer_vocab (its largest
+     * id + 1) must not exceed the model's vocabulary, checked before any step. A resume without
+     * one keeps the checkpoint's. */
+    const char *tokenizer_json;
+    size_t tokenizer_bytes;
+    uint32_t tokenizer_vocab;
+    const char *tokenizer_path; /* for messages */
 } zr_train_opts;
 enum { ZR_DEVICE_CPU = 0, ZR_DEVICE_CUDA = 1, ZR_DEVICE_AUTO = 2 };
 enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };

@@ -213,6 +213,41 @@ def gen_hf_config():
     put("hf_config", "dupkey.json", '{"n_layer": 1, "n_layer": 1}')
 
 
+def gen_tokenizer():
+    reset("tokenizer")
+    bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    vocab = {chr(c): i for i, c in enumerate(range(ord("!"), ord("~") + 1))}
+    vocab.update({"\u0120": len(vocab), "\u0120t": len(vocab) + 1, "he": len(vocab) + 2})
+    def tok(merges, pre=bl, norm=None, added=(), model_type="BPE", **extra):
+        m = dict({"type": model_type, "dropout": None, "unk_token": None, "vocab": vocab,
+                  "merges": merges}, **extra)
+        return json.dumps({"version": "1.0", "truncation": None, "padding": None,
+                           "added_tokens": list(added), "normalizer": norm, "pre_tokenizer": pre,
+                           "post_processor": None, "decoder": bl, "model": m})
+    eot = {"id": 500, "content": "<|endoftext|>", "special": True}
+    put("tokenizer", "strings.json", tok(["\u0120 t", "h e"], added=[eot]))
+    put("tokenizer", "lists.json", tok([["\u0120", "t"], ["h", "e"]]))
+    split = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "\\s+|\\S+"}, "behavior": "Isolated",
+         "invert": False}, dict(bl, use_regex=False)]}
+    put("tokenizer", "split.json", tok(["h e"], pre=split))
+    put("tokenizer", "prefix.json", tok(["h e"], pre=dict(bl, add_prefix_space=True)))
+    put("tokenizer", "ignore-merges.json", tok(["h e"], ignore_merges=True))
+    with open(os.path.join(ROOT, "tests", "data", "tok", "hf_bpe.json"), "rb") as f:
+        put("tokenizer", "hf_bpe.json", f.read())
+    put("tokenizer", "wordpiece.json", tok([], model_type="WordPiece"))
+    put("tokenizer", "nfc.json", tok([], norm={"type": "NFC"}))
+    put("tokenizer", "merge-unknown.json", tok(["x y z"]))
+    put("tokenizer", "merge-result.json", tok(["t h"]))
+    put("tokenizer", "lstrip.json", tok([], added=[dict(eot, lstrip=True)]))
+    put("tokenizer", "big-id.json", tok([], added=[dict(eot, id=1 << 30)]))
+    put("tokenizer", "bad-regex.json", tok([], pre={"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(("}, "behavior": "Isolated"},
+        dict(bl, use_regex=False)]}))
+    put("tokenizer", "broken.json", tok([])[:-7])
+    put("tokenizer", "array.json", "[]")
+
+
 def zckpt(*args):
     subprocess.run([ZCKPT] + list(args), check=True, stdout=subprocess.DEVNULL)
 
@@ -274,6 +309,7 @@ def main():
     gen_llmc_tokens()
     gen_model_and_training()
     gen_hf_config()
+    gen_tokenizer()
     with tempfile.TemporaryDirectory() as tmp:
         gen_archive_and_shard(tmp)
 

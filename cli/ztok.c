@@ -1,0 +1,221 @@
+/*
+ * ztok.c: the tokenizer CLI (byte-level BPE, Hugging Face tokenizer.json): train one on text
+ * files, encode text files into llm.c token files for `zrun --data`, decode a token file back to
+ * text. Each subcommand declares its options in a table (cli/opts.h) and calls formats/
+ * (zfmt.h, "byte-level BPE tokenizer"). Exit codes: 0 ok, 2 usage, I/O or any other error.
+ */
+#include "common.h"
+#include "opts.h"
+#include "zfmt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PROG "ztok"
+
+typedef struct {
+    zcli_list files;          /* the positional arguments */
+    const char *out, *tokenizer, *val_out, *special;
+    uint32_t vocab;
+    double val_fraction;
+} ztok_args;
+#define ZCLI_ARGS ztok_args
+
+static void args_init(ztok_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->special = "<|endoftext|>";
+}
+
+/* ------------------------------------------------------------------ train */
+
+static int cmd_train(const void *args)
+{
+    const ztok_args *a = args;
+    zfmt_tok_train_opts o = ZFMT_TOK_TRAIN_OPTS_INIT;
+    zcli_bar bar;
+    o.vocab = a->vocab;
+    o.special = a->special;
+    o.progress = zcli_progress_init(&bar);
+    int rc = zfmt_tok_train(a->out, a->files.v, a->files.n, &o);
+    zcli_progress_end(&bar);
+    if (rc < 0)
+        return zcli_fail_lib(PROG, NULL);
+    zfmt_tok *t;
+    if (zfmt_tok_load(&t, a->out) < 0) /* what was written must read back */
+        return zcli_fail_lib(PROG, NULL);
+    printf("wrote %s: vocabulary %u\n", a->out, zfmt_tok_vocab(t));
+    zfmt_tok_free(t);
+    return ZCLI_OK;
+}
+
+/* ------------------------------------------------------------------ encode */
+
+/* "tokens.bin" -> "tokens_val.bin"; "tokens" -> "tokens_val" */
+static char *val_name(const char *out)
+{
+    size_t n = strlen(out);
+    const char *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
+    size_t stem = dot && (!slash || dot > slash) && dot != out ? (size_t)(dot - out) : n;
+    char *s = malloc(n + 5);
+    if (s)
+        snprintf(s, n + 5, "%.*s_val%s", (int)stem, out, out + stem);
+    return s;
+}
+
+static int cmd_encode(const void *args)
+{
+    const ztok_args *a = args;
+    zfmt_tok *t;
+    if (zfmt_tok_load(&t, a->tokenizer) < 0)
+        return zcli_fail_lib(PROG, NULL);
+    char *val = a->val_out ? strdup(a->val_out) : val_name(a->out);
+    if (!val) {
+        zfmt_tok_free(t);
+        return zcli_fail(PROG, NULL, "out of memory");
+    }
+    zfmt_tok_file_opts o = ZFMT_TOK_FILE_OPTS_INIT;
+    zfmt_tok_file_stats st;
+    zcli_bar bar;
+    o.val_fraction = a->val_fraction;
+    o.progress = zcli_progress_init(&bar);
+    int rc = zfmt_tok_encode_files(&st, t, a->files.v, a->files.n, a->out, val, &o);
+    zcli_progress_end(&bar);
+    zfmt_tok_free(t);
+    if (rc < 0) {
+        free(val);
+        return zcli_fail_lib(PROG, NULL);
+    }
+    printf("%s: %llu tokens (%s, %.2f bytes/token) from %llu bytes\n", a->out,
+           (unsigned long long)st.tokens, st.version == 2 ? "uint32" : "uint16",
+           st.tokens ? (double)st.bytes / (double)(st.tokens + st.val_tokens) : 0.0,
+           (unsigned long long)st.bytes);
+    if (st.val_tokens)
+        printf("%s: %llu tokens\n", val, (unsigned long long)st.val_tokens);
+    free(val);
+    return ZCLI_OK;
+}
+
+/* ------------------------------------------------------------------ decode */
+
+static int cmd_decode(const void *args)
+{
+    const ztok_args *a = args;
+    zfmt_tok *t;
+    if (zfmt_tok_load(&t, a->tokenizer) < 0)
+        return zcli_fail_lib(PROG, NULL);
+    zfmt_tok_ids ids = {0};
+    uint32_t vocab;
+    char *text = NULL;
+    size_t n = 0;
+    int rc = zfmt_tok_file_read(&ids, &vocab, a->files.v[0]);
+    if (rc == 0 && vocab > zfmt_tok_vocab(t))
+        rc = zr_err_set(ZR_EINVAL, "%s was written for a vocabulary of %u, the tokenizer %s has "
+                        "%u", a->files.v[0], vocab, a->tokenizer, zfmt_tok_vocab(t));
+    if (rc == 0)
+        rc = zfmt_tok_decode(&text, &n, t, ids.id, ids.n);
+    zfmt_tok_ids_free(&ids);
+    zfmt_tok_free(t);
+    if (rc < 0)
+        return zcli_fail_lib(PROG, NULL);
+    FILE *f = a->out ? fopen(a->out, "wb") : stdout;
+    int bad = !f || fwrite(text, 1, n, f) != n;
+    bad |= f && (f == stdout ? fflush(f) : fclose(f)) != 0;
+    free(text);
+    if (bad)
+        return zcli_fail(PROG, NULL, "%s: write failed", a->out ? a->out : "standard output");
+    return ZCLI_OK;
+}
+
+/* ------------------------------------------------------------------ options */
+
+#define OPT_TOKENIZER                                                                           \
+    {.name = "--tokenizer", .kind = ZCLI_OPT_STRING, .flags = ZCLI_OPT_REQUIRED,               \
+     .off = offsetof(ztok_args, tokenizer), .meta = "FILE",                                     \
+     .help = "a Hugging Face tokenizer.json (byte-level BPE)"}
+#define OPT_OUTPUT(flags_, mt, txt)                                                             \
+    {.name = "-o", .alias = "--output", .kind = ZCLI_OPT_STRING, .flags = flags_,              \
+     .off = offsetof(ztok_args, out), .meta = mt, .help = txt}
+
+static const zcli_opt train_opts[] = {
+    ZCLI_POSITIONALS("CORPUS", files),
+    {.name = "--vocab", .kind = ZCLI_OPT_U32, .flags = ZCLI_OPT_REQUIRED,
+     .off = offsetof(ztok_args, vocab), .meta = "N", .lo = 256, .hi = 1 << 24,
+     .help = "vocabulary size: the 256 bytes, the merges, the special token"},
+    OPT_OUTPUT(ZCLI_OPT_REQUIRED, "FILE", "the tokenizer.json to write"),
+    ZCLI_STRING("--special", special, "TEXT", NULL,
+                "the special token given the last id (\"\": none)"),
+};
+static const zcli_opt encode_opts[] = {
+    OPT_TOKENIZER,
+    ZCLI_POSITIONALS("FILE", files),
+    OPT_OUTPUT(ZCLI_OPT_REQUIRED, "FILE", "the token file to write (llm.c format)"),
+    ZCLI_REAL(DOUBLE, "--val-fraction", val_fraction, "F", 0, 0.99, NULL,
+              "put the last F of the tokens into the validation file instead"),
+    ZCLI_STRING("--val-output", val_out, "FILE", "OUT with _val before its suffix",
+                "the validation token file (with --val-fraction)"),
+};
+static const zcli_opt decode_opts[] = {
+    OPT_TOKENIZER,
+    ZCLI_POSITIONALS("FILE", files),
+    OPT_OUTPUT(0, "FILE", "write the text here"),
+};
+
+#define TABLE(t) ZCLI_TABLE(t)
+
+static const zcli_command commands[] = {
+    {"train", cmd_train, TABLE(train_opts),
+     "Train a byte-level BPE tokenizer on the UTF-8 text files CORPUS... and write it as a\n"
+     "Hugging Face tokenizer.json (BPE model, ByteLevel pre-tokenizer with GPT-2's split\n"
+     "pattern, ByteLevel decoder). Ids 0-255 are the bytes, then the merges in the order\n"
+     "learned (most frequent pair first; ties to the smallest pair of ids), then the special\n"
+     "token. Written atomically.\n"},
+    {"encode", cmd_encode, TABLE(encode_opts),
+     "Encode UTF-8 text files (concatenated) into an llm.c token file for `zrun --data`:\n"
+     "uint16 tokens (version 1), or uint32 (version 2) when the vocabulary exceeds 65536.\n"
+     "The ids are exactly those of the Hugging Face tokenizers library.\n"},
+    {"decode", cmd_decode, TABLE(decode_opts),
+     "Decode a token file back to text (standard output unless -o).\n"},
+};
+#define N_COMMANDS (sizeof commands / sizeof *commands)
+
+static void usage(FILE *f)
+{
+    zcli_commands_usage(f, PROG, "Byte-level BPE tokenizers (Hugging Face tokenizer.json) and "
+                        "llm.c token files.", commands, N_COMMANDS,
+                        "Exit status: 0 ok, 2 usage or I/O error.");
+}
+
+static bool is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || is_help(argv[1])) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? ZCLI_ERROR : ZCLI_OK;
+    }
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        if (strcmp(argv[1], commands[i].name))
+            continue;
+        zcli_opts p = zcli_command_opts(PROG, &commands[i]);
+        ztok_args args, defaults;
+        args_init(&args);
+        args_init(&defaults);
+        int rc = zcli_opts_parse(&p, &args, argc - 1, argv + 1);
+        if (rc == ZCLI_OPTS_HELP) {
+            zcli_command_help(stdout, &p, commands[i].help, &defaults);
+            rc = ZCLI_OK;
+        } else if (rc == 0 && !strcmp(commands[i].name, "decode") && args.files.n != 1) {
+            rc = zcli_fail(PROG, NULL, "decode takes one token file (%zu given)", args.files.n);
+        } else if (rc == 0) {
+            rc = commands[i].fn(&args);
+        }
+        zcli_list_free(&args.files);
+        return rc;
+    }
+    fprintf(stderr, PROG ": error: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return ZCLI_ERROR;
+}

@@ -1,0 +1,118 @@
+/*
+ * tok_files.c: llm.c token files (zfmt.h, "llm.c token files"): encoding text files into one,
+ * with an optional validation tail in a second, and reading one back.
+ *
+ * Memory: the ids of all files (4 bytes a token) and one file's text at a time.
+ */
+#include "tok_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define HEADER_INTS 256
+#define VERSION_U16 1
+#define VERSION_U32 2
+
+static int write_tokens(const char *path, const uint32_t *ids, size_t n, uint32_t vocab,
+                        int version)
+{
+    int32_t h[HEADER_INTS] = {0};
+    h[0] = ZFMT_TOKENS_MAGIC;
+    h[1] = version;
+    h[2] = (int32_t)n;
+    h[3] = (int32_t)vocab;
+    zfmt__out *o;
+    ZR_TRY(zfmt__out_open(&o, path));
+    int rc = zfmt__out_write(o, h, sizeof h);
+    if (version == VERSION_U32) {
+        if (rc == 0)
+            rc = zfmt__out_write(o, ids, n * sizeof *ids);
+    } else {
+        uint16_t buf[4096];
+        for (size_t i = 0; i < n && rc == 0;) {
+            size_t k = 0;
+            for (; k < 4096 && i < n; k++, i++)
+                buf[k] = (uint16_t)ids[i];
+            rc = zfmt__out_write(o, buf, k * sizeof *buf);
+        }
+    }
+    if (rc == 0)
+        rc = zfmt__out_commit(o);
+    zfmt__out_free(o);
+    return rc;
+}
+
+int zfmt_tok_encode_files(zfmt_tok_file_stats *out, zfmt_tok *t, const char *const *files,
+                          size_t n_files, const char *out_bin, const char *out_val,
+                          const zfmt_tok_file_opts *o)
+{
+    if (!(o->val_fraction >= 0 && o->val_fraction < 1))
+        return zr_err_set(ZR_EINVAL, "validation fraction %g: expected [0, 1)", o->val_fraction);
+    zfmt_tok_file_stats st = {0};
+    zfmt_tok_ids ids = {0};
+    int rc = 0;
+    for (size_t i = 0; i < n_files && rc == 0; i++) {
+        char *text;
+        size_t n;
+        if ((rc = zfmt__read_file(&text, &n, files[i])) < 0)
+            break;
+        rc = zfmt_tok_encode(&ids, t, text, n, &o->progress);
+        if (rc < 0)
+            zr_err_prefix("%s: ", files[i]);
+        st.bytes += n;
+        free(text);
+    }
+    uint32_t vocab = zfmt_tok_vocab(t);
+    st.version = vocab > 65536 ? VERSION_U32 : VERSION_U16;
+    size_t n_val = out_val ? (size_t)(o->val_fraction * (double)ids.n + 0.5) : 0;
+    if (rc == 0 && ids.n - n_val > INT32_MAX)
+        rc = zr_err_set(ZR_EINVAL, "%zu tokens: a token file holds at most %d", ids.n - n_val,
+                        INT32_MAX);
+    if (rc == 0 && n_val && out_val)
+        rc = write_tokens(out_val, ids.id + ids.n - n_val, n_val, vocab, st.version);
+    if (rc == 0)
+        rc = write_tokens(out_bin, ids.id, ids.n - n_val, vocab, st.version);
+    st.tokens = ids.n - n_val;
+    st.val_tokens = n_val;
+    zfmt_tok_ids_free(&ids);
+    if (rc == 0)
+        *out = st;
+    return rc;
+}
+
+static uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+int zfmt_tok_file_read(zfmt_tok_ids *out, uint32_t *vocab, const char *path)
+{
+    char *buf;
+    size_t n;
+    ZR_TRY(zfmt__read_file(&buf, &n, path));
+    const uint8_t *p = (const uint8_t *)buf;
+    int rc = 0;
+    uint32_t version = n >= HEADER_INTS * 4 ? le32(p + 4) : 0, count = 0;
+    size_t width = version == VERSION_U32 ? 4 : 2;
+    if (n < HEADER_INTS * 4 || le32(p) != ZFMT_TOKENS_MAGIC)
+        rc = zr_err_set(ZR_ECORRUPT, "%s: not an llm.c token file (magic %d)", path,
+                        ZFMT_TOKENS_MAGIC);
+    else if (version != VERSION_U16 && version != VERSION_U32)
+        rc = zr_err_set(ZR_ECORRUPT, "%s: token file version %u (expected 1 or 2)", path,
+                        version);
+    else if ((count = le32(p + 8)) > INT32_MAX ||
+             (uint64_t)count * width + HEADER_INTS * 4 != n)
+        rc = zr_err_set(ZR_ECORRUPT, "%s: the header says %u tokens of %zu bytes, the file has "
+                        "%zu bytes after the header", path, count, width, n - HEADER_INTS * 4);
+    if (rc == 0 && !(out->id = malloc((count ? count : 1) * sizeof *out->id)))
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+    if (rc == 0) {
+        const uint8_t *q = p + HEADER_INTS * 4;
+        for (size_t i = 0; i < count; i++)
+            out->id[i] = width == 4 ? le32(q + 4 * i) : (uint32_t)q[2 * i] | q[2 * i + 1] << 8;
+        out->n = out->cap = count;
+        *vocab = le32(p + 12);
+    }
+    free(buf);
+    return rc;
+}
