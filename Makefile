@@ -160,8 +160,10 @@ $(BUILD)/zrun: $(BUILD)/cli/zrun.o $(CLI_COMMON) $(BUILD)/libzr.a $(BUILD)/libzf
                $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
-# zgen: sampling from a checkpoint (the generator of core/, the reader of ckpt/)
-$(BUILD)/zgen: $(BUILD)/cli/zgen.o $(CLI_COMMON) $(BUILD)/libzr.a $(BUILD)/libzck.a
+# zgen: sampling from a checkpoint (the generator of core/, the reader of ckpt/, the run's
+# tokenizer through formats/)
+$(BUILD)/zgen: $(BUILD)/cli/zgen.o $(CLI_COMMON) $(BUILD)/libzr.a $(BUILD)/libzfmt.a \
+               $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(BLAS_LIBS)
 
 # The host simulation of a device (ZR_CUDA_LIB=hostsim): a loadable backend for the tests, built

@@ -551,8 +551,11 @@ static int export_hf(const zckpt_args *a)
                                        ? "choose another output, or pass --force to replace an "
                                          "earlier export"
                                        : NULL);
+    char tj[4200];
+    struct stat st;
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", a->out);
     printf("%s: Hugging Face GPT-2 model (config.json, model.safetensors%s) of %s\n", a->out,
-           a->tokenizer ? ", tokenizer.json" : "", a->path);
+           lstat(tj, &st) == 0 ? ", tokenizer.json" : "", a->path);
     return ZCLI_OK;
 }
 
@@ -913,7 +916,7 @@ static const zcli_opt export_opts[] = {
      .help = "safetensors in our tensor names, llm.c's GPT-2 model file, or a Hugging Face "
              "model directory (config.json + model.safetensors) that transformers loads"},
     OPT_DTYPE,
-    ZCLI_STRING("--tokenizer", tokenizer, "FILE", "",
+    ZCLI_STRING("--tokenizer", tokenizer, "FILE", "the checkpoint's own, if any",
                 "hf: a tokenizer.json to put beside the model"),
     OPT_FORCE,
 };

@@ -4,11 +4,13 @@
  * size or stage, imported or resharded), hashing every file it reads against the manifest
  * (zr_gen_load_params), and continues the prompt with the KV-cache generator of core/
  * (zr_gen_run). Text goes through the text codec below, the one place that turns text into
- * token ids and back. Exit codes: 0 ok, 1 the checkpoint is missing, damaged or not a GPT-2,
+ * token ids and back: the checkpoint's tokenizer.json (zrun --tokenizer, verified against the
+ * manifest) when it has one, else bytes for byte models, else ids only. Exit codes: 0 ok, 1 the checkpoint is missing, damaged or not a GPT-2,
  * 2 usage or any other error.
  */
 #include "common.h"
 #include "opts.h"
+#include "zfmt.h"
 #include "zr.h"
 
 #include <errno.h>
@@ -42,7 +44,8 @@ static void args_init(zgen_args *a)
 static const zcli_opt zgen_table[] = {
     ZCLI_POSITIONAL("RUN_OR_CHECKPOINT", path),
     ZCLI_STRING("--prompt", prompt, "TEXT", "",
-                "the text to continue (byte models: its bytes are the token ids)"),
+                "the text to continue: encoded by the checkpoint's tokenizer, or for byte "
+                "models its bytes are the token ids"),
     ZCLI_STRING("--prompt-ids", prompt_ids, "IDS", "",
                 "the prompt as token ids, comma-separated (1,2,3): needed for a model with a "
                 "vocabulary beyond bytes and no tokenizer"),
@@ -69,28 +72,54 @@ static void usage(void)
           "its\nlatest names), reading only its parameters, verified (SHA-256) as they are "
           "read.\n\n", stdout);
     zcli_opts_help(stdout, &zgen_opts, &defaults);
-    fputs("\nPrints the prompt and its continuation: bytes for byte models (vocabulary 256, or "
-          "trained on\nthe synthetic corpus; an id >= 256 prints as <|id|>), else token ids.\n"
+    fputs("\nPrints the prompt and its continuation as text, through the run's tokenizer when "
+          "the\ncheckpoint has one (zrun --tokenizer), else as bytes for byte models (vocabulary "
+          "256, or\ntrained on the synthetic corpus; an id >= 256 prints as <|id|>), else as "
+          "token ids.\n"
           "Exit status: 0 done, 1 the checkpoint is missing, damaged or not a GPT-2, 2 usage "
           "or other\nerrors.\n", stdout);
 }
 
 /* ------------------------------------------------------------------ the text codec */
 
-/* Text and token ids, both ways: the one place that knows how (the byte models' bytes until
- * the run's tokenizer is wired in). bytes: the model reads bytes (else ids only, and no text:
- * encode fails, decode gives NULL). encode: text[len] -> *ids, *n; decode: ids[n] -> *text
- * (malloc'ed, NUL-terminated), *len. */
-static int text_codec(int bytes, int encode, const char **text, size_t *len, int32_t **ids,
-                      size_t *n)
+/* How text and token ids map, both ways: the checkpoint's tokenizer, else the bytes of a byte
+ * model, else none (ids only: encode fails, decode gives no text). */
+typedef struct {
+    zfmt_tok *tok; /* the run's tokenizer, or NULL */
+    int bytes;     /* without a tokenizer: the model reads bytes */
+} codec;
+
+static int has_text(const codec *c) { return c->tok || c->bytes; }
+
+/* encode: text[len] -> *ids, *n; decode: ids[n] -> *text (malloc'ed, NUL-terminated), *len;
+ * without text (ids only) decode gives *text NULL. */
+static int text_codec(const codec *c, int encode, const char **text, size_t *len,
+                      int32_t **ids, size_t *n)
 {
-    if (!bytes) {
+    if (!has_text(c)) {
         if (encode)
             return zcli_fail(PROG, "give the prompt as token ids: --prompt-ids 464,318",
                              "this model's vocabulary is not bytes and the checkpoint has no "
                              "tokenizer: --prompt TEXT cannot be encoded");
         *text = NULL;
         *len = 0;
+        return ZCLI_OK;
+    }
+    if (c->tok && encode) {
+        zfmt_tok_ids v = {0};
+        if (zfmt_tok_encode(&v, c->tok, *text, *len, NULL) < 0) {
+            zfmt_tok_ids_free(&v);
+            return zcli_fail_lib(PROG, "give the prompt as UTF-8 text, or as --prompt-ids");
+        }
+        *ids = (int32_t *)v.id; /* ids are below the model's vocabulary (< 2^31): same bits */
+        *n = v.n;
+        return ZCLI_OK;
+    }
+    if (c->tok) {
+        char *t;
+        if (zfmt_tok_decode(&t, len, c->tok, (const uint32_t *)*ids, *n) < 0)
+            return zcli_fail_lib(PROG, NULL);
+        *text = t;
         return ZCLI_OK;
     }
     if (encode) {
@@ -107,6 +136,38 @@ static int text_codec(int bytes, int encode, const char **text, size_t *len, int
     *len = zr_gen_bytes_decode(t, 16 * *n + 1, *ids, *n);
     *text = t;
     return ZCLI_OK;
+}
+
+/* A byte model: vocabulary 256, or trained on the synthetic corpus (its bytes). */
+static int is_byte_model(const zr_gpt2_config *c, zck_reader *rd)
+{
+    if (c->vocab == 256)
+        return 1;
+    json_t *j = json_loads(zck_reader_training_json(rd), 0, NULL);
+    const char *data = json_string_value(json_object_get(j, "data"));
+    int bytes = data && !strcmp(data, "synthetic");
+    json_decref(j);
+    return bytes;
+}
+
+/* The checkpoint's tokenizer.json, verified, into c->tok; none is fine (ZR_ENOTFOUND). */
+static int load_tokenizer(codec *c, const char *ckpt, uint32_t vocab)
+{
+    char *json = NULL, name[4200];
+    size_t n = 0;
+    int rc = zck_ckpt_file_read(&json, &n, ckpt, "tokenizer.json");
+    if (rc == ZR_ENOTFOUND) {
+        zr_err_clear();
+        return 0;
+    }
+    snprintf(name, sizeof name, "%s/tokenizer.json", ckpt);
+    if (!rc)
+        rc = zfmt_tok_load_mem(&c->tok, json, n, name);
+    free(json);
+    if (!rc && zfmt_tok_vocab(c->tok) > vocab)
+        rc = zr_err_set(ZR_ECORRUPT, "%s: the tokenizer's vocabulary (%u) is larger than the "
+                        "model's (%u)", name, zfmt_tok_vocab(c->tok), vocab);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ arguments */
@@ -145,24 +206,11 @@ static int parse_ids(const char *s, uint32_t V, int32_t **out, size_t *n)
     return ZCLI_OK;
 }
 
-/* A byte model: vocabulary 256, or trained on the synthetic corpus (its training section's
- * data), whose tokens are bytes. */
-static int is_byte_model(const zr_gpt2_config *c, zck_reader *rd)
-{
-    if (c->vocab == 256)
-        return 1;
-    json_t *j = json_loads(zck_reader_training_json(rd), 0, NULL);
-    const char *data = json_string_value(json_object_get(j, "data"));
-    int bytes = data && !strcmp(data, "synthetic");
-    json_decref(j);
-    return bytes;
-}
-
 /* ------------------------------------------------------------------ generation */
 
 typedef struct {
-    int bytes;   /* print bytes (else ids) */
-    size_t n;    /* printed so far */
+    const codec *c; /* print text (else ids) */
+    size_t n;       /* printed so far */
 } emitter;
 
 static void emit(void *ctx, int32_t id)
@@ -172,10 +220,10 @@ static void emit(void *ctx, int32_t id)
     size_t len = 0;
     int32_t *p = &id;
     size_t one = 1;
-    if (e->bytes && text_codec(1, 0, &t, &len, &p, &one) == ZCLI_OK) {
+    if (has_text(e->c) && text_codec(e->c, 0, &t, &len, &p, &one) == ZCLI_OK) {
         fwrite(t, 1, len, stdout);
         free((char *)t);
-    } else if (!e->bytes)
+    } else if (!has_text(e->c))
         printf(&" %d"[e->n == 0], id);
     fflush(stdout);
     e->n++;
@@ -208,12 +256,12 @@ static json_t *json_ids(const int32_t *ids, size_t n)
 }
 
 static int print_json(const zgen_args *a, const char *ckpt, const int32_t *prompt, size_t np,
-                      const int32_t *out, int bytes, double tps)
+                      const int32_t *out, const codec *c, double tps)
 {
     const char *pt = NULL, *ot = NULL;
     size_t pl = 0, ol = 0, n = a->tokens;
     int32_t *pp = (int32_t *)prompt, *op = (int32_t *)out;
-    if (text_codec(bytes, 0, &pt, &pl, &pp, &np) || text_codec(bytes, 0, &ot, &ol, &op, &n))
+    if (text_codec(c, 0, &pt, &pl, &pp, &np) || text_codec(c, 0, &ot, &ol, &op, &n))
         return ZCLI_ERROR;
     json_t *j = json_pack("{s:s, s:o, s:o, s:o, s:o, s:I, s:f, s:f, s:I, s:I}", "checkpoint",
                           ckpt, "prompt", pt ? json_bytes(pt, pl) : json_null(), "prompt_ids",
@@ -232,9 +280,9 @@ static int print_json(const zgen_args *a, const char *ckpt, const int32_t *promp
     return ZCLI_OK;
 }
 
-/* The checkpoint's parameters and config; its resolved path into ckpt (malloc'ed), whether it
- * is a byte model into *bytes. */
-static int load(const char *path, float **params, zr_gpt2_config *cfg, char **ckpt, int *bytes)
+/* The checkpoint's parameters and config; its resolved path into ckpt (malloc'ed); how its
+ * text is coded into *c. */
+static int load(const char *path, float **params, zr_gpt2_config *cfg, char **ckpt, codec *c)
 {
     zck_reader *rd;
     if (zck_reader_open(&rd, path) < 0)
@@ -243,14 +291,16 @@ static int load(const char *path, float **params, zr_gpt2_config *cfg, char **ck
     int rc = *ckpt ? zr_gen_load_params(params, cfg, *ckpt, 2) : zr_err_set(ZR_ENOMEM, "out "
                                                                             "of memory");
     if (!rc)
-        *bytes = is_byte_model(cfg, rd);
+        c->bytes = is_byte_model(cfg, rd);
+    if (!rc)
+        rc = load_tokenizer(c, *ckpt, cfg->vocab);
     zck_reader_free(rd);
     return rc < 0 ? (rc == ZR_ENOMEM || rc == ZR_EIO ? ZCLI_ERROR : ZCLI_FOUND) : ZCLI_OK;
 }
 
 /* The prompt's ids from --prompt or --prompt-ids, checked against the model. */
-static int prompt_ids(const zgen_args *a, const zr_gpt2_config *cfg, int bytes, int32_t **ids,
-                      size_t *n)
+static int prompt_ids(const zgen_args *a, const zr_gpt2_config *cfg, const codec *c,
+                      int32_t **ids, size_t *n)
 {
     if (!a->prompt == !a->prompt_ids)
         return zcli_fail(PROG, "give the text to continue with --prompt TEXT, or its ids with "
@@ -263,7 +313,7 @@ static int prompt_ids(const zgen_args *a, const zr_gpt2_config *cfg, int bytes, 
         if (!len)
             return zcli_fail(PROG, "give at least one character", "--prompt: empty prompt");
         const char *t = a->prompt;
-        if (text_codec(bytes, 1, &t, &len, ids, n))
+        if (text_codec(c, 1, &t, &len, ids, n))
             return ZCLI_ERROR;
     }
     if (*n > cfg->ctx) {
@@ -291,15 +341,15 @@ int main(int argc, char **argv)
     float *params = NULL;
     zr_gpt2_config cfg;
     char *ckpt = NULL;
-    int bytes = 0;
+    codec c = {NULL, 0};
     int32_t *prompt = NULL, *out = NULL;
     size_t np = 0;
     zr_gen *g = NULL;
-    if ((rc = load(a.path, &params, &cfg, &ckpt, &bytes))) {
+    if ((rc = load(a.path, &params, &cfg, &ckpt, &c))) {
         zcli_fail_lib(PROG, zr_err_code() == ZR_ECORRUPT ? "run `zckpt verify` on it" : NULL);
         goto out;
     }
-    if ((rc = prompt_ids(&a, &cfg, bytes, &prompt, &np)))
+    if ((rc = prompt_ids(&a, &cfg, &c, &prompt, &np)))
         goto out;
     if (!(out = malloc((size_t)a.tokens * sizeof *out))) {
         rc = zcli_fail(PROG, NULL, "out of memory");
@@ -309,7 +359,7 @@ int main(int argc, char **argv)
         rc = zcli_fail_lib(PROG, NULL);
         goto out;
     }
-    emitter e = {bytes, 0};
+    emitter e = {&c, 0};
     zr_sample_opts so = ZR_SAMPLE_OPTS_INIT;
     so.temperature = a.temperature;
     so.top_k = a.top_k;
@@ -329,7 +379,7 @@ int main(int argc, char **argv)
     }
     double tps = a.tokens / (now_s() - t0 > 0 ? now_s() - t0 : 1e-9);
     if (a.json)
-        rc = print_json(&a, ckpt, prompt, np, out, bytes, tps);
+        rc = print_json(&a, ckpt, prompt, np, out, &c, tps);
     else {
         putchar('\n');
         fflush(stdout);
@@ -341,5 +391,6 @@ out:
     free(prompt);
     free(params);
     free(ckpt);
+    zfmt_tok_free(c.tok);
     return rc;
 }

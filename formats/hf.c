@@ -150,6 +150,22 @@ static int copy_file(const char *path, const char *src)
     return rc;
 }
 
+/* The checkpoint's own tokenizer.json (zrun --tokenizer), verified, to path; none is fine. */
+static int ckpt_tokenizer(const char *path, const char *ckpt)
+{
+    char *json = NULL;
+    size_t n = 0;
+    int rc = zck_ckpt_file_read(&json, &n, ckpt, "tokenizer.json");
+    if (rc == ZR_ENOTFOUND) {
+        zr_err_clear();
+        return 0;
+    }
+    if (!rc)
+        rc = write_text(path, json, n);
+    free(json);
+    return rc;
+}
+
 /* The GPT-2 config and step of a checkpoint (its manifest only). */
 static int read_config(zfmt_gpt2_config *c, uint64_t *step, const char *ckpt)
 {
@@ -225,9 +241,9 @@ int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o)
         snprintf(path, sizeof path, "%s/config.json", tmp);
         rc = write_config(path, &c, o->dtype, step);
     }
-    if (!rc && o->tokenizer_json) {
+    if (!rc) {
         snprintf(path, sizeof path, "%s/tokenizer.json", tmp);
-        rc = copy_file(path, o->tokenizer_json);
+        rc = o->tokenizer_json ? copy_file(path, o->tokenizer_json) : ckpt_tokenizer(path, ckpt);
     }
     if (!rc)
         rc = zfmt__fsync_dir_of(path);

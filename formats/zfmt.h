@@ -81,7 +81,8 @@ typedef struct {
     int dtype;           /* -1: as stored (f32); else ZCK_F32, ZCK_BF16 or ZCK_F16 */
     int force;           /* replace out_dir when it holds a Hugging Face export (only the files
                             an export writes); anything else there is never replaced */
-    const char *tokenizer_json; /* NULL, or a tokenizer.json to copy into the export */
+    const char *tokenizer_json; /* a tokenizer.json to put in the export; NULL: the checkpoint's
+                                   own (zrun --tokenizer), verified, when it has one */
     zck_progress progress;
 } zfmt_hf_opts;
 #define ZFMT_HF_OPTS_INIT {.dtype = -1, .force = 0, .tokenizer_json = NULL}
@@ -91,7 +92,7 @@ typedef struct {
  * transformers loads with GPT2LMHeadModel.from_pretrained: config.json (model_type gpt2, the
  * shape, gelu_new, layer_norm_epsilon 1e-5, tied embeddings) and model.safetensors (Hugging
  * Face's names, Conv1D weights [in, out], no lm_head: it is tied to wte), plus tokenizer.json
- * when given. Streaming, memory bounded by the largest Conv1D weight (read whole to transpose).
+ * (the one given, else the checkpoint's own when it has one). Streaming, memory bounded by the largest Conv1D weight (read whole to transpose).
  * Written into "<out_dir>.tmp-<pid>" beside out_dir and renamed into place only after the source
  * verified (every shard hashed), so out_dir is either the old or the new export. ZR_EEXIST when
  * out_dir exists and is not empty (without force), or holds anything an export does not write;

@@ -15,6 +15,7 @@
 #include "zfmt.h"
 #include "zr.h"
 
+#include <jansson.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <sys/stat.h>
@@ -528,4 +529,60 @@ ZT_TEST(tok_ckpt_extra_file_names_checked)
     zck_shard_free(sh);
     free(stg);
     zck_layout_free(L);
+}
+
+/* zgen encodes the prompt and decodes the continuation with the run's tokenizer; the Hugging
+ * Face export carries it; the tokenizer's oracle loads the exported one. */
+ZT_TEST(tok_zgen_and_hf_export_use_the_runs_tokenizer)
+{
+    const char *zgen = getenv("ZT_ZGEN");
+    if (!zgen)
+        ZT_SKIP("ZT_ZGEN not set (make test sets it)");
+    make_tok_and_data();
+    zt_zrun_ok("--nproc 1 " TINY " --data tok.bin --tokenizer tok.json --ckpt-dir run "
+               "--steps 2", "a.log");
+    const char *prompt = "The cat sat";
+    ZT_CHECK_EQ(sh("%s run --prompt '%s' --tokens 6 --temperature 0 --json > g.json 2> g.err",
+                   zgen, prompt), 0);
+    json_error_t je;
+    json_t *j = json_load_file("g.json", 0, &je);
+    ZT_CHECK(j);
+    /* the prompt's ids are the tokenizer's, its text comes back whole */
+    zfmt_tok *t;
+    ZT_OK(zfmt_tok_load(&t, "tok.json"));
+    zfmt_tok_ids v = {0};
+    ZT_OK(zfmt_tok_encode(&v, t, prompt, strlen(prompt), NULL));
+    json_t *pids = json_object_get(j, "prompt_ids");
+    ZT_CHECK_EQ(json_array_size(pids), v.n);
+    ZT_CHECK(v.n < strlen(prompt)); /* merges were used: not one id per byte */
+    for (size_t i = 0; i < v.n; i++)
+        ZT_CHECK_EQ(json_integer_value(json_array_get(pids, i)), v.id[i]);
+    ZT_CHECK(!strcmp(json_string_value(json_object_get(j, "prompt")), prompt));
+    /* the continuation's text is the decoding of its ids */
+    json_t *ids = json_object_get(j, "ids");
+    ZT_CHECK_EQ(json_array_size(ids), 6);
+    uint32_t out[6];
+    for (size_t i = 0; i < 6; i++)
+        out[i] = (uint32_t)json_integer_value(json_array_get(ids, i));
+    char *text;
+    size_t n;
+    ZT_OK(zfmt_tok_decode(&text, &n, t, out, 6));
+    const char *got = json_string_value(json_object_get(j, "text"));
+    ZT_CHECK(got && strlen(got) == n && !memcmp(got, text, n));
+    free(text);
+    zfmt_tok_ids_free(&v);
+    zfmt_tok_free(t);
+    json_decref(j);
+    /* a damaged tokenizer in the checkpoint is refused, naming it */
+    ZT_OK(zfmt_hf_export("run", "hf", NULL));
+    char *want = zt_slurp("tok.json"), *exp = zt_slurp("hf/tokenizer.json");
+    ZT_CHECK(!strcmp(want, exp));
+    free(want);
+    free(exp);
+    zt_flip_byte("run/step-00000002/tokenizer.json", 5);
+    ZT_CHECK_EQ(sh("%s run --prompt x --tokens 2 > g.out 2> g.err", zgen), 1);
+    char *err = zt_slurp("g.err");
+    ZT_CHECK(strstr(err, "tokenizer.json"));
+    free(err);
+    ZT_ERR(zfmt_hf_export("run", "hf2", NULL), ZR_ECORRUPT, "tokenizer.json");
 }
