@@ -83,9 +83,13 @@ typedef struct {
                             an export writes); anything else there is never replaced */
     const char *tokenizer_json; /* a tokenizer.json to put in the export; NULL: the checkpoint's
                                    own (zrun --tokenizer), verified, when it has one */
+    uint64_t shard_bytes; /* model.safetensors larger than this: shards and an index file (0: one
+                             file whatever its size) */
     zck_progress progress;
 } zfmt_hf_opts;
-#define ZFMT_HF_OPTS_INIT {.dtype = -1, .force = 0, .tokenizer_json = NULL}
+#define ZFMT_HF_SHARD_DEFAULT ((uint64_t)5000000000) /* transformers' "5GB" */
+#define ZFMT_HF_OPTS_INIT                                                                        \
+    {.dtype = -1, .force = 0, .tokenizer_json = NULL, .shard_bytes = ZFMT_HF_SHARD_DEFAULT}
 
 /*
  * Export the parameters of a GPT-2 checkpoint as a Hugging Face model directory that
