@@ -29,9 +29,6 @@ struct zr_train__sampler {
 int zr_train__sample_check(const zr_gpt2_config *c, const char *prompt, uint32_t tokens)
 {
     size_t n = prompt ? strlen(prompt) : 0;
-    if (c->family != ZR_FAMILY_GPT2)
-        return zr_err_set(ZR_EUNSUPPORTED, "--sample-every: sampling knows GPT-2 models only "
-                          "(this one is a Llama)");
     if (!n)
         return zr_err_set(ZR_EINVAL, "--prompt: empty (the samples need at least one byte)");
     if (n > c->ctx)
