@@ -1,14 +1,14 @@
 /*
- * import.c: import a GPT-2 model as a new checkpoint at step 0 (zfmt_import). Three sources:
- *   - a Hugging Face GPT-2 directory: config.json + model.safetensors; names may carry a
- *     "transformer." prefix, "wte.weight"/"wpe.weight" become "wte"/"wpe", the Conv1D weights
- *     (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are stored [in, out] and are transposed
- *     to our [out, in], and the attn.bias / attn.masked_bias buffers and lm_head.weight (tied to
- *     wte) are ignored;
+ * import.c: import a model as a new checkpoint at step 0 (zfmt_import). Three sources:
+ *   - a Hugging Face directory of GPT2LMHeadModel or LlamaForCausalLM: config.json (the family
+ *     from model_type / architectures; Llama fields that change the maths refused naming them)
+ *     + model.safetensors, or the shards model.safetensors.index.json names; the names are
+ *     mapped by the family's table (hfnames.c: prefixes, GPT-2's Conv1D weights stored [in, out]
+ *     and transposed to our [out, in], buffers and a tied head ignored);
  *   - an llm.c model file (int32 magic 20240326, version 3 with a padded vocabulary or version 1
  *     without), padded rows of wte dropped;
  *   - a safetensors file in our names (as zfmt_safetensors_export writes it), its config from the
- *     "zero.model" metadata, else from the shapes and opts.heads; "<state>/<name>" tensors are
+ *     "zero.model" metadata (any family), else a GPT-2 from the shapes and opts.heads; "<state>/<name>" tensors are
  *     ignored (optimizer states start at zero).
  * Every tensor is checked (missing, duplicated, unexpected, wrong shape) before anything is
  * written. Then each rank's shard is written through the ckpt writer (param from the source,
