@@ -188,6 +188,27 @@ static void zero_probs(const char *run, const int32_t *tokens, size_t T)
     zck_reader_free(r);
 }
 
+/* zero's probabilities of run's model for tokens against tests/formats/<script> given args,
+ * the tokens and the probabilities' file: it exits 0 when they agree within 1e-4. */
+static void reference_agrees(const char *py, const char *run, const int32_t *tokens, size_t T,
+                             const char *script, const char *args)
+{
+    zero_probs(run, tokens, T);
+    char cmd[8192], list[256] = "";
+    for (size_t i = 0; i < T; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "",
+                 tokens[i]);
+    snprintf(cmd, sizeof cmd, "'%s' '%s/tests/formats/%s' %s %s probs.bin > ref.txt 2>&1", py,
+             zt_root(), script, args, list);
+    int rc = system(cmd);
+    char *txt = zt_slurp("ref.txt");
+    if (rc != 0)
+        ZT_FAIL("the reference disagrees (%s %s): %s", script, args, txt);
+    fprintf(stderr, "  %s %s: %s", script, args, strstr(txt, "max |") ? strstr(txt, "max |")
+                                                                        : txt);
+    free(txt);
+}
+
 ZT_TEST(hf_export_matches_reference_forward)
 {
     const char *py = zt_venv_python("numpy safetensors transformers");
@@ -197,20 +218,7 @@ ZT_TEST(hf_export_matches_reference_forward)
     train("run", 2, 3);
     ZT_OK(zfmt_hf_export("run", "hf", NULL));
     const int32_t tokens[] = {3, 17, 0, 255, 5, 5, 122, 11, 200, 1, 8, 2};
-    size_t T = sizeof tokens / sizeof *tokens;
-    zero_probs("run", tokens, T);
-    char cmd[8192], list[256] = "";
-    for (size_t i = 0; i < T; i++)
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "",
-                 tokens[i]);
-    snprintf(cmd, sizeof cmd, "'%s' '%s/tests/formats/hf_gpt2_ref.py' hf %s probs.bin "
-             "> ref.txt 2>&1", py, zt_root(), list);
-    int rc = system(cmd);
-    char *txt = zt_slurp("ref.txt");
-    if (rc != 0)
-        ZT_FAIL("the reference disagrees: %s", txt);
-    fprintf(stderr, "  %s", txt);
-    free(txt);
+    reference_agrees(py, "run", tokens, sizeof tokens / sizeof *tokens, "hf_gpt2_ref.py", "hf");
 }
 
 /* ---------------------------------------------------------------- Llama */
@@ -404,20 +412,9 @@ ZT_TEST(hf_llama_import_refuses_naming_the_field)
 static void llama_check(const char *py, const char *run, const char *dir)
 {
     const int32_t tokens[] = {3, 17, 0, 63, 5, 5, 42, 11, 20, 1, 8, 2, 60, 33};
-    size_t T = sizeof tokens / sizeof *tokens;
-    zero_probs(run, tokens, T);
-    char cmd[8192], list[256] = "";
-    for (size_t i = 0; i < T; i++)
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "",
-                 tokens[i]);
-    snprintf(cmd, sizeof cmd, "'%s' '%s/tests/formats/hf_llama_ref.py' check %s %s probs.bin "
-             "> ref.txt 2>&1", py, zt_root(), dir, list);
-    int rc = system(cmd);
-    char *txt = zt_slurp("ref.txt");
-    if (rc != 0)
-        ZT_FAIL("the reference disagrees (%s): %s", dir, txt);
-    fprintf(stderr, "  %s: %s", dir, strstr(txt, "max |") ? strstr(txt, "max |") : txt);
-    free(txt);
+    char args[128];
+    snprintf(args, sizeof args, "check %s", dir);
+    reference_agrees(py, run, tokens, sizeof tokens / sizeof *tokens, "hf_llama_ref.py", args);
 }
 
 /* A Hugging Face Llama made by numpy + safetensors + transformers' LlamaConfig imports to the
