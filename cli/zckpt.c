@@ -928,8 +928,8 @@ static const zcli_opt export_opts[] = {
     {.name = "--shard-size", .kind = ZCLI_OPT_BYTES, .off = offsetof(zckpt_args, shard_bytes),
      .meta = "SIZE", .def = "5000000000 (transformers' 5GB)",
      .help = "hf: weights larger than this go into model-0000k-of-0000n.safetensors shards of "
-             "at most SIZE each (a larger tensor alone) with model.safetensors.index.json; 0: "
-             "one model.safetensors whatever its size"},
+             "at most SIZE each (a larger tensor alone; at most 512 files) with "
+             "model.safetensors.index.json; 0: one model.safetensors whatever its size"},
     OPT_FORCE,
 };
 static const zcli_opt import_opts[] = {

@@ -397,6 +397,7 @@ static int ckpt_family(const zfmt__hf_family **out, zck_reader *r)
 
 static int st_export(const char *ckpt, const char *out, const zfmt_st_opts *o, int hf,
                      uint64_t shard_bytes);
+#define MAX_SHARDS 512
 
 int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o)
 {
@@ -436,6 +437,12 @@ static int st_export(const char *ckpt, const char *out, const zfmt_st_opts *o, i
     ZR_TRY_GOTO(plan_items(&j.it, &j.n, j.r, &opt, j.fam), rc, out);
     uint64_t total = j.n ? j.it[j.n - 1].end : 0;
     j.n_files = hf ? assign_shards(j.it, j.n, shard_bytes) : 1;
+    if (j.n_files > MAX_SHARDS) { /* each stays open until the source verified */
+        rc = zr_err_set(ZR_EINVAL, "Hugging Face export: a shard size of %llu bytes makes %zu "
+                        "files (at most %d): choose a larger one",
+                        (unsigned long long)shard_bytes, j.n_files, MAX_SHARDS);
+        goto out;
+    }
     if (!(j.f = calloc(j.n_files + 1, sizeof *j.f))) {
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
         goto out;

@@ -292,6 +292,14 @@ ZT_TEST(hf_llama_export_import_round_trip)
              n);
     ZT_CHECK(strstr(idx, name) && strstr(idx, "\"total_size\": "));
     free(idx);
+    /* a shard size that would make more than 512 files (each stays open until the source
+     * verified): 60 layers of 9 tensors, each its own file */
+    zt_zrun_ok("--model llama:layers=60,heads=2,kv_heads=1,dim=8,ffn=8,ctx=8,vocab=256 --steps 1 "
+               "--batch 1 --seq 8 --ckpt-dir deep", "deep.log");
+    zfmt_hf_opts tiny = ZFMT_HF_OPTS_INIT;
+    tiny.shard_bytes = 8;
+    ZT_ERR(zfmt_hf_export("deep", "h8", &tiny), ZR_EINVAL, "543 files (at most 512)");
+    ZT_CHECK(lstat("h8", &st) < 0 && count_like(".", "h8.") == 0);
     /* bf16: half the bytes; import and export again give the same bytes */
     zfmt_hf_opts o = ZFMT_HF_OPTS_INIT;
     o.dtype = ZCK_BF16;
