@@ -1017,12 +1017,14 @@ static const zcli_command commands[] = {
      "params only; --format zckpt writes a world-1 checkpoint into the run directory OUT.\n"
      "Streaming, bounded memory.\n"},
     {"export", cmd_export, TABLE(export_opts),
-     "Export the model (params) of a GPT-2 checkpoint: safetensors in our tensor names,\n"
-     "llm.c's model file (gpt2_124M.bin layout), or a Hugging Face model directory\n"
-     "(config.json + model.safetensors) that transformers loads as GPT2LMHeadModel.\n"},
+     "Export the model (params) of a checkpoint: safetensors in our tensor names, llm.c's\n"
+     "GPT-2 model file (gpt2_124M.bin layout), or a Hugging Face model directory (config.json\n"
+     "+ model.safetensors or shards with their index) that transformers loads as\n"
+     "GPT2LMHeadModel or LlamaForCausalLM.\n"},
     {"import", cmd_import, TABLE(import_opts),
-     "Make a step-0 checkpoint (N shards) from a GPT-2 model: a safetensors file in our\n"
-     "names, a Hugging Face GPT-2 directory (config.json + model.safetensors), or an llm.c\n"
+     "Make a step-0 checkpoint (N shards) from a model: a safetensors file in our names, a\n"
+     "Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory (config.json +\n"
+     "model.safetensors, or shards with model.safetensors.index.json), or an llm.c GPT-2\n"
      "model file. Optimizer states start at zero; `zrun` can resume training from it.\n"},
     {"pack", cmd_pack, TABLE(pack_opts),
      "Pack a checkpoint into a tar archive (compression from the suffix), streaming.\n"},
