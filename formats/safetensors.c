@@ -55,20 +55,18 @@ typedef struct {
     size_t g, s;
     zck_tensor_info ti;
     zck_dtype out_t;
-    uint64_t begin, end;  /* bytes in the data buffer */
+    uint64_t begin, end;  /* bytes in the data buffer of its file */
+    size_t shard;         /* which file (Hugging Face shards) */
     char *name;
     int transposed;       /* Hugging Face names: a 2-D weight written [in, out] */
 } item;
 
-/* How tensors are named in the file: ours ("<state>/<name>" beyond param, zero's metadata), or
- * Hugging Face's GPT-2 names (params only, Conv1D weights transposed, metadata format pt). */
-enum { NAMES_OURS, NAMES_HF };
-
 static int is_convertible(zck_dtype t) { return t == ZCK_F32 || t == ZCK_BF16 || t == ZCK_F16; }
 
-/* The header text, padded with spaces to a multiple of 8 bytes (malloc'ed). */
+/* The header of items it[0, n) (one file), padded with spaces to a multiple of 8 bytes
+ * (malloc'ed); fam: Hugging Face's names (metadata format pt), NULL: ours. */
 static int build_header(char **out, size_t *len, const item *it, size_t n, zck_reader *r,
-                        int names)
+                        const zfmt__hf_family *fam)
 {
     json_t *root = json_object();
     int rc = 0;
@@ -100,8 +98,7 @@ static int build_header(char **out, size_t *len, const item *it, size_t n, zck_r
     }
     char step[32];
     snprintf(step, sizeof step, "%llu", (unsigned long long)zck_reader_step(r));
-    json_t *meta = names == NAMES_HF
-                       ? json_pack("{s:s}", "format", "pt")
+    json_t *meta = fam ? json_pack("{s:s}", "format", "pt")
                        : json_pack("{s:s, s:s, s:s}", "format", "zero", "zero.model",
                                    zck_reader_model_json(r), "zero.step", step);
     if (!meta || json_object_set_new(root, "__metadata__", meta)) {
@@ -136,9 +133,9 @@ static void free_items(item *it, size_t n)
     free(it);
 }
 
-/* The tensors to export in header order (state by state, then layout order). */
+/* The tensors to export in header order (state by state, then layout order); fam as above. */
 static int plan_items(item **out, size_t *n_out, zck_reader *r, const zfmt_st_opts *o,
-                      int names)
+                      const zfmt__hf_family *fam)
 {
     const zck_layout *L = zck_reader_layout(r);
     size_t ns = zck_layout_n_states(L), ng = zck_layout_n_groups(L), cap = 0, n = 0;
@@ -176,8 +173,8 @@ static int plan_items(item **out, size_t *n_out, zck_reader *r, const zfmt_st_op
                     rc = zr_err_set(ZR_ENOMEM, "out of memory");
                     goto fail;
                 }
-                if (names == NAMES_HF)
-                    ZR_TRY_GOTO(zfmt__gpt2_hf_name(x->name, len, x->ti.name, &x->transposed),
+                if (fam)
+                    ZR_TRY_GOTO(zfmt__hf_name(fam, x->name, len, x->ti.name, &x->transposed),
                                 rc, fail);
                 else if (is_param)
                     snprintf(x->name, len, "%s", x->ti.name);
@@ -198,6 +195,27 @@ static int plan_items(item **out, size_t *n_out, zck_reader *r, const zfmt_st_op
 fail:
     free_items(it, n);
     return rc;
+}
+
+/* Split items into files of at most limit bytes of data (0: one file), as transformers does:
+ * a new file where the next tensor would pass the limit (a tensor larger than the limit has a
+ * file of its own); offsets become relative to each file. Returns the number of files. */
+static size_t assign_shards(item *it, size_t n, uint64_t limit)
+{
+    size_t shard = 0;
+    uint64_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t bytes = it[i].end - it[i].begin;
+        if (limit && at && at + bytes > limit) {
+            shard++;
+            at = 0;
+        }
+        it[i].shard = shard;
+        it[i].begin = at;
+        at += bytes;
+        it[i].end = at;
+    }
+    return shard + 1;
 }
 
 /* Read tensor x whole (it is 2-D), write it transposed through dbuf (as wide as the tensor). */
@@ -223,21 +241,179 @@ static int write_transposed(zck_reader *r, const zck_read_opts *ro, const item *
     return zfmt__out_write(f, tmp, (size_t)x->ti.numel * zck_dtype_size(x->out_t));
 }
 
-static int st_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o, int names);
+/* An export in progress: the source, the plan, the working memory, the open files. */
+typedef struct {
+    zck_reader *r;
+    zck_read_opts ro;
+    const zfmt__hf_family *fam;
+    item *it;
+    size_t n, chunk, n_files;
+    unsigned char *sbuf, *dbuf, *wbuf, *tbuf;
+    zfmt__out **f;
+    zfmt__prog pr;
+} st_job;
+
+static int write_item(st_job *j, const item *x, zfmt__out *f)
+{
+    zck_dtype st = zck_layout_state_dtype(zck_reader_layout(j->r), x->s);
+    int conv = st != x->out_t;
+    size_t ds = zck_dtype_size(x->out_t);
+    if (x->transposed) {
+        ZR_TRY(write_transposed(j->r, &j->ro, x, st, j->wbuf, j->tbuf, f));
+        zfmt__prog_add(&j->pr, x->ti.numel * ds);
+        return 0;
+    }
+    for (uint64_t done = 0; done < x->ti.numel;) {
+        uint64_t k = x->ti.numel - done < j->chunk ? x->ti.numel - done : j->chunk;
+        zck_read_req q = {x->g, x->s, x->ti.offset + done, k, j->sbuf};
+        ZR_TRY(zck_reader_read(j->r, &q, 1, &j->ro));
+        if (conv) {
+            int rc = zfmt_convert(j->dbuf, x->out_t, j->sbuf, st, (size_t)k);
+            if (rc) {
+                zr_err_prefix("tensor '%s': ", x->name);
+                return rc;
+            }
+        }
+        ZR_TRY(zfmt__out_write(f, conv ? j->dbuf : j->sbuf, (size_t)k * ds));
+        zfmt__prog_add(&j->pr, k * ds);
+        done += k;
+    }
+    return 0;
+}
+
+/* Working memory: one chunk as stored, plus one converted when converting; a whole tensor
+ * twice for a transposed one. */
+static int job_buffers(st_job *j, size_t buf_bytes)
+{
+    const zck_layout *L = zck_reader_layout(j->r);
+    size_t max_ss = 1, max_ds = 1, max_tr = 0;
+    for (size_t i = 0; i < j->n; i++) {
+        const item *x = &j->it[i];
+        size_t ss = zck_dtype_size(zck_layout_state_dtype(L, x->s));
+        size_t es = ss > zck_dtype_size(x->out_t) ? ss : zck_dtype_size(x->out_t);
+        size_t tb = x->transposed ? (size_t)x->ti.numel * es : 0;
+        max_tr = tb > max_tr ? tb : max_tr;
+        if (ss > max_ss)
+            max_ss = ss;
+        if (x->out_t != zck_layout_state_dtype(L, x->s) && zck_dtype_size(x->out_t) > max_ds)
+            max_ds = zck_dtype_size(x->out_t);
+    }
+    j->chunk = buf_bytes / (max_ss + max_ds);
+    if (!(j->sbuf = malloc(j->chunk * max_ss)) || !(j->dbuf = malloc(j->chunk * max_ds)) ||
+        (max_tr && (!(j->wbuf = malloc(max_tr)) || !(j->tbuf = malloc(max_tr)))))
+        return zr_err_set(ZR_ENOMEM, "out of memory (%zu bytes of buffers)", buf_bytes);
+    j->ro = (zck_read_opts)ZCK_READ_OPTS_INIT;
+    j->ro.verify = 0; /* verified in full alongside */
+    j->ro.jobs = 1;
+    size_t iob = buf_bytes / 8 / ZCK_FILE_ALIGN * ZCK_FILE_ALIGN;
+    j->ro.io.buf_bytes = iob < ZCK_FILE_ALIGN ? ZCK_FILE_ALIGN
+                         : iob > ((size_t)4 << 20) ? (size_t)4 << 20 : iob;
+    j->ro.io.queue_depth = 2;
+    j->ro.io.io = ZCK_IO_BUFFERED; /* from the page cache the verification filled */
+    return 0;
+}
+
+/* File k of the export: out itself (ours), or a file in directory out (Hugging Face's). */
+static void file_path(char *p, size_t cap, const st_job *j, const char *out, size_t k)
+{
+    if (!j->fam)
+        snprintf(p, cap, "%s", out);
+    else if (j->n_files == 1)
+        snprintf(p, cap, "%s/model.safetensors", out);
+    else
+        snprintf(p, cap, "%s/model-%05zu-of-%05zu.safetensors", out, k + 1, j->n_files);
+}
+
+/* Write file k (items of shard k, consecutive) up to its commit. */
+static int write_file(st_job *j, const char *out, size_t k, size_t *i)
+{
+    char path[4200];
+    file_path(path, sizeof path, j, out, k);
+    size_t i0 = *i, i1 = i0;
+    while (i1 < j->n && j->it[i1].shard == k)
+        i1++;
+    char *header = NULL;
+    size_t hlen = 0;
+    ZR_TRY(build_header(&header, &hlen, j->it + i0, i1 - i0, j->r, j->fam));
+    int rc = zfmt__out_open(&j->f[k], path);
+    unsigned char len8[8];
+    for (int b = 0; b < 8; b++)
+        len8[b] = (unsigned char)((uint64_t)hlen >> (8 * b));
+    if (!rc)
+        rc = zfmt__out_write(j->f[k], len8, 8);
+    if (!rc)
+        rc = zfmt__out_write(j->f[k], header, hlen);
+    free(header);
+    for (size_t x = i0; !rc && x < i1; x++)
+        rc = write_item(j, &j->it[x], j->f[k]);
+    *i = i1;
+    return rc;
+}
+
+/* model.safetensors.index.json: {"metadata": {"total_size": bytes}, "weight_map": {name: file}}
+ * (opened as file n_files, committed with the others). */
+static int write_index(st_job *j, const char *out)
+{
+    json_t *wm = json_object(), *root = NULL;
+    uint64_t total = 0;
+    int bad = !wm;
+    char path[4200];
+    for (size_t i = 0; !bad && i < j->n; i++) {
+        file_path(path, sizeof path, j, "", j->it[i].shard);
+        bad = json_object_set_new(wm, j->it[i].name, json_string(path + 1));
+        total += j->it[i].end - j->it[i].begin;
+    }
+    if (!bad)
+        root = json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total,
+                         "weight_map", wm);
+    json_decref(wm);
+    char *text = root ? zfmt__json_dump(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(root);
+    if (!text)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", out);
+    size_t n = strlen(text);
+    text[n] = '\n'; /* json_dumps leaves room for its NUL: a final newline in its place */
+    int rc = zfmt__out_open(&j->f[j->n_files], path);
+    if (!rc)
+        rc = zfmt__out_write(j->f[j->n_files], text, n + 1);
+    free(text);
+    return rc;
+}
+
+/* The Hugging Face naming of the checkpoint's family. */
+static int ckpt_family(const zfmt__hf_family **out, zck_reader *r)
+{
+    zck_arch_config a;
+    if (zck_arch_config_from_json(&a, zck_reader_model_json(r), NULL) < 0) {
+        zr_err_prefix("%s: ", zck_reader_path(r));
+        return zfmt__err_recode(ZR_ECORRUPT);
+    }
+    if (!(*out = zfmt__hf_family_of(zck_arch_name(a.arch))))
+        return zr_err_set(ZR_EUNSUPPORTED, "%s: model family '%s' has no Hugging Face naming",
+                          zck_reader_path(r), zck_arch_name(a.arch));
+    return 0;
+}
+
+static int st_export(const char *ckpt, const char *out, const zfmt_st_opts *o, int hf,
+                     uint64_t shard_bytes);
+#define MAX_SHARDS 512
 
 int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o)
 {
-    return st_export(ckpt, out_file, o, NAMES_OURS);
+    return st_export(ckpt, out_file, o, 0, 0);
 }
 
-int zfmt__st_export_hf(const char *ckpt, const char *out_file, const zfmt_st_opts *o)
+int zfmt__st_export_hf(const char *ckpt, const char *out_dir, const zfmt_st_opts *o,
+                       uint64_t shard_bytes)
 {
     zfmt_st_opts opt = o ? *o : (zfmt_st_opts)ZFMT_ST_OPTS_INIT;
     opt.params_only = 1;
-    return st_export(ckpt, out_file, &opt, NAMES_HF);
+    return st_export(ckpt, out_dir, &opt, 1, shard_bytes);
 }
 
-static int st_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o, int names)
+static int st_export(const char *ckpt, const char *out, const zfmt_st_opts *o, int hf,
+                     uint64_t shard_bytes)
 {
     zfmt_st_opts def = ZFMT_ST_OPTS_INIT;
     if (!o)
@@ -252,98 +428,48 @@ static int st_export(const char *ckpt, const char *out_file, const zfmt_st_opts 
         return zr_err_set(ZR_EINVAL, "safetensors export: buffer of %zu bytes: at least 16",
                           opt.buf_bytes);
 
-    zck_reader *r = NULL;
-    item *it = NULL;
-    size_t n = 0, hlen = 0;
-    char *header = NULL;
-    unsigned char *sbuf = NULL, *dbuf = NULL, *wbuf = NULL, *tbuf = NULL;
-    zfmt__out *f = NULL;
+    st_job j = {0};
     int rc = 0;
     zfmt__verify *v = NULL;
-    ZR_TRY_GOTO(zfmt__open_verifying(&r, &v, ckpt), rc, out);
-    ZR_TRY_GOTO(plan_items(&it, &n, r, &opt, names), rc, out);
-    ZR_TRY_GOTO(build_header(&header, &hlen, it, n, r, names), rc, out);
-
-    /* working memory: one chunk as stored, plus one converted when converting */
-    const zck_layout *L = zck_reader_layout(r);
-    size_t max_ss = 1, max_ds = 1, max_tr = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t es = zck_dtype_size(zck_layout_state_dtype(L, it[i].s));
-        es = es > zck_dtype_size(it[i].out_t) ? es : zck_dtype_size(it[i].out_t);
-        size_t tb = it[i].transposed ? (size_t)it[i].ti.numel * es : 0;
-        max_tr = tb > max_tr ? tb : max_tr;
-        size_t ss = zck_dtype_size(zck_layout_state_dtype(L, it[i].s));
-        if (ss > max_ss)
-            max_ss = ss;
-        if (it[i].out_t != zck_layout_state_dtype(L, it[i].s) &&
-            zck_dtype_size(it[i].out_t) > max_ds)
-            max_ds = zck_dtype_size(it[i].out_t);
-    }
-    size_t chunk = opt.buf_bytes / (max_ss + max_ds);
-    if (!(sbuf = malloc(chunk * max_ss)) || !(dbuf = malloc(chunk * max_ds)) ||
-        (max_tr && (!(wbuf = malloc(max_tr)) || !(tbuf = malloc(max_tr))))) {
-        rc = zr_err_set(ZR_ENOMEM, "out of memory (%zu bytes of buffers)", opt.buf_bytes);
+    ZR_TRY_GOTO(zfmt__open_verifying(&j.r, &v, ckpt), rc, out);
+    if (hf)
+        ZR_TRY_GOTO(ckpt_family(&j.fam, j.r), rc, out);
+    ZR_TRY_GOTO(plan_items(&j.it, &j.n, j.r, &opt, j.fam), rc, out);
+    uint64_t total = j.n ? j.it[j.n - 1].end : 0;
+    j.n_files = hf ? assign_shards(j.it, j.n, shard_bytes) : 1;
+    if (j.n_files > MAX_SHARDS) { /* each stays open until the source verified */
+        rc = zr_err_set(ZR_EINVAL, "Hugging Face export: a shard size of %llu bytes makes %zu "
+                        "files (at most %d): choose a larger one",
+                        (unsigned long long)shard_bytes, j.n_files, MAX_SHARDS);
         goto out;
     }
-    zck_read_opts ro = ZCK_READ_OPTS_INIT;
-    ro.verify = 0; /* verified in full above */
-    ro.jobs = 1;
-    size_t iob = opt.buf_bytes / 8 / ZCK_FILE_ALIGN * ZCK_FILE_ALIGN;
-    ro.io.buf_bytes = iob < ZCK_FILE_ALIGN ? ZCK_FILE_ALIGN
-                      : iob > ((size_t)4 << 20) ? (size_t)4 << 20 : iob;
-    ro.io.queue_depth = 2;
-    ro.io.io = ZCK_IO_BUFFERED; /* from the page cache the verification filled */
-
-    ZR_TRY_GOTO(zfmt__out_open(&f, out_file), rc, out);
-    unsigned char len8[8];
-    for (int b = 0; b < 8; b++)
-        len8[b] = (unsigned char)((uint64_t)hlen >> (8 * b));
-    ZR_TRY_GOTO(zfmt__out_write(f, len8, 8), rc, out);
-    ZR_TRY_GOTO(zfmt__out_write(f, header, hlen), rc, out);
-
-    zfmt__prog pr;
-    zfmt__prog_init(&pr, &opt.progress, "export", n ? it[n - 1].end : 0);
-    for (size_t i = 0; i < n; i++) {
-        zck_dtype st = zck_layout_state_dtype(L, it[i].s);
-        int conv = st != it[i].out_t;
-        size_t ds = zck_dtype_size(it[i].out_t);
-        if (it[i].transposed) {
-            ZR_TRY_GOTO(write_transposed(r, &ro, &it[i], st, wbuf, tbuf, f), rc, out);
-            zfmt__prog_add(&pr, it[i].ti.numel * ds);
-            continue;
-        }
-        for (uint64_t done = 0; done < it[i].ti.numel;) {
-            uint64_t k = it[i].ti.numel - done < chunk ? it[i].ti.numel - done : chunk;
-            zck_read_req q = {it[i].g, it[i].s, it[i].ti.offset + done, k, sbuf};
-            ZR_TRY_GOTO(zck_reader_read(r, &q, 1, &ro), rc, out);
-            if (conv) {
-                rc = zfmt_convert(dbuf, it[i].out_t, sbuf, st, (size_t)k);
-                if (rc) {
-                    zr_err_prefix("tensor '%s': ", it[i].name);
-                    goto out;
-                }
-            }
-            ZR_TRY_GOTO(zfmt__out_write(f, conv ? dbuf : sbuf, (size_t)k * ds), rc, out);
-            zfmt__prog_add(&pr, k * ds);
-            done += k;
-        }
+    if (!(j.f = calloc(j.n_files + 1, sizeof *j.f))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
     }
+    ZR_TRY_GOTO(job_buffers(&j, opt.buf_bytes), rc, out);
+    zfmt__prog_init(&j.pr, &opt.progress, "export", total);
+    for (size_t k = 0, i = 0; k < j.n_files; k++)
+        ZR_TRY_GOTO(write_file(&j, out, k, &i), rc, out);
+    if (j.n_files > 1)
+        ZR_TRY_GOTO(write_index(&j, out), rc, out);
     rc = zfmt__verify_join(v);
     v = NULL;
-    if (rc)
-        goto out;
-    ZR_TRY_GOTO(zfmt__out_commit(f), rc, out);
+    for (size_t k = 0; !rc && k <= j.n_files; k++)
+        if (j.f[k])
+            rc = zfmt__out_commit(j.f[k]);
 out:
     if (v) /* a failed export still joins the verification, whose finding explains it best */
         rc = zfmt__verify_settle(v, rc);
-    zfmt__out_free(f); /* removes the temporary file unless committed */
-    free(sbuf);
-    free(dbuf);
-    free(wbuf);
-    free(tbuf);
-    free(header);
-    free_items(it, n);
-    zck_reader_free(r);
+    for (size_t k = 0; j.f && k <= j.n_files; k++)
+        zfmt__out_free(j.f[k]); /* removes the temporary file unless committed */
+    free(j.f);
+    free(j.sbuf);
+    free(j.dbuf);
+    free(j.wbuf);
+    free(j.tbuf);
+    free_items(j.it, j.n);
+    zck_reader_free(j.r);
     return rc;
 }
 

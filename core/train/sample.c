@@ -44,9 +44,6 @@ static int encode(const zr_train__codec *tc, const char *prompt, int32_t **ids, 
 int zr_train__sample_check(const zr_gpt2_config *c, const char *prompt, uint32_t tokens,
                            const zr_train__codec *tc)
 {
-    if (c->family != ZR_FAMILY_GPT2)
-        return zr_err_set(ZR_EUNSUPPORTED, "--sample-every: sampling knows GPT-2 models only "
-                          "(this one is a Llama)");
     if (!prompt || !prompt[0])
         return zr_err_set(ZR_EINVAL, "--prompt: empty (the samples need at least one byte)");
     if (tokens < 1)
