@@ -357,6 +357,17 @@ char *zt_slurp(const char *path)
     return t;
 }
 
+static void file_check(const char *path, const char *text, bool want)
+{
+    char *t = zt_slurp(path);
+    if (!strstr(t, text) == want)
+        ZT_FAIL("%s %s '%s':\n%s", path, want ? "lacks" : "has", text, t);
+    free(t);
+}
+
+void zt_file_has(const char *path, const char *text) { file_check(path, text, true); }
+void zt_file_lacks(const char *path, const char *text) { file_check(path, text, false); }
+
 static char zrun_args[4096]; /* the last zt_zrun's, for zt_zrun_expect's message */
 
 int zt_zrun(const char *args, const char *log)
