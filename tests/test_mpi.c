@@ -126,20 +126,7 @@ ZT_TEST(mpi_rank_killed_ends_the_job)
             "--ckpt-dir run", "job.log");
     pid_t p = zt_spawn_sh(cmd);
     /* p execs timeout, which runs mpirun: the ranks are mpirun's children */
-    double t0 = now_s();
-    for (;;) {
-        int going = 0;
-        if (access("job.log", F_OK) == 0) {
-            char *t = zt_slurp("job.log");
-            going = strstr(t, "saved run/step-00000010") != NULL;
-            free(t);
-        }
-        if (going)
-            break;
-        if (now_s() - t0 > 60)
-            ZT_FAIL("no checkpoint at step 10 within 60 s:\n%s", zt_slurp("job.log"));
-        usleep(50000);
-    }
+    zt_wait_file_has("job.log", "saved run/step-00000010", 60);
     pid_t mp[4];
     ZT_CHECK(zt_children(p, mp, 4) == 1); /* timeout's child: mpirun */
     pid_t victim = find_rank(mp[0], 1);

@@ -97,21 +97,7 @@ ZT_TEST(multinode_rank_killed_on_one_node_stops_the_other)
         p[k] = zt_spawn_zrun("", args, k ? "node1.log" : "node0.log");
     }
     /* wait until training is under way and a checkpoint exists, then SIGKILL global rank 3 */
-    double t0 = now_s();
-    for (;;) {
-        int going = 0;
-        if (access("node0.log", F_OK) == 0) {
-            char *t = zt_slurp("node0.log");
-            going = strstr(t, "saved run/step-00000010") != NULL;
-            free(t);
-        }
-        if (going)
-            break;
-        if (now_s() - t0 > 60)
-            ZT_FAIL("no checkpoint at step 10 within 60 s:\n%s", zt_slurp("node0.log"));
-        struct timespec ts = {0, 50 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
+    zt_wait_file_has("node0.log", "saved run/step-00000010", 60);
     /* node 1's launcher runs sh -c exec zrun: its children are the two rank processes */
     pid_t kids[4];
     int nk = zt_children(p[1], kids, 4);
