@@ -31,16 +31,6 @@ void zck__files_free(zck__file *f, size_t n)
     free(f);
 }
 
-static bool is_hex64(const char *s)
-{
-    if (strlen(s) != 64)
-        return false;
-    for (size_t i = 0; i < 64; i++)
-        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-            return false;
-    return true;
-}
-
 int zck__files_parse(zck__file **out, size_t *n, json_t *arr, const char *what)
 {
     size_t k = json_array_size(arr);
@@ -57,7 +47,7 @@ int zck__files_parse(zck__file **out, size_t *n, json_t *arr, const char *what)
         const char *sha = json_string_value(json_object_get(e, "sha256"));
         char ctx[300];
         snprintf(ctx, sizeof ctx, "%s: files[%zu]", what, i);
-        if (!name || !sha || !is_hex64(sha) || !json_is_integer(b) || json_integer_value(b) < 0 ||
+        if (!name || !sha || !zck__is_sha256_hex(sha) || !json_is_integer(b) || json_integer_value(b) < 0 ||
             (uint64_t)json_integer_value(b) > ZCK_MAX_FILE_BYTES) {
             rc = zr_err_set(ZR_ECORRUPT, "%s: expected {\"file\", \"bytes\" (at most %zu), "
                             "\"sha256\" (64 hex)}", ctx, ZCK_MAX_FILE_BYTES);

@@ -64,6 +64,16 @@ bool zck__file_name_ok(const char *name)
     return true;
 }
 
+bool zck__is_sha256_hex(const char *s)
+{
+    if (strlen(s) != 64)
+        return false;
+    for (size_t i = 0; i < 64; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return false;
+    return true;
+}
+
 int zck_layout_new(zck_layout **out)
 {
     zck_layout *L = calloc(1, sizeof *L);

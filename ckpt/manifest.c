@@ -142,16 +142,6 @@ json_t *zck__shard_json(const zck_shard *s)
                      "bytes", (json_int_t)s->bytes, "sha256", s->sha256, "extents", ext);
 }
 
-static bool hex64(const char *s)
-{
-    if (strlen(s) != 64)
-        return false;
-    for (int i = 0; i < 64; i++)
-        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-            return false;
-    return true;
-}
-
 int zck__shard_parse(zck_shard **out, json_t *obj, const char *ctx)
 {
     if (!json_is_object(obj))
@@ -172,7 +162,7 @@ int zck__shard_parse(zck_shard **out, json_t *obj, const char *ctx)
     ZR_TRY_GOTO(get_u64(&rank, obj, "rank", 0, ZCK_MAX_WORLD - 1, ctx), rc, fail);
     ZR_TRY_GOTO(get_u64(&s->bytes, obj, "bytes", 0, (uint64_t)1 << 62, ctx), rc, fail);
     ZR_TRY_GOTO(get_str(&sha, obj, "sha256", ctx), rc, fail);
-    if (!hex64(sha)) {
+    if (!zck__is_sha256_hex(sha)) {
         rc = CORRUPT("%s: field 'sha256': expected 64 lowercase hex digits, found '%.80s'", ctx,
                      sha);
         goto fail;

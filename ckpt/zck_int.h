@@ -55,6 +55,7 @@ struct zck_layout {
 
 bool zck__name_ok(const char *name);          /* state names: [A-Za-z0-9_.-]{1,64} */
 bool zck__file_name_ok(const char *name);     /* plain file name inside a checkpoint */
+bool zck__is_sha256_hex(const char *s);       /* 64 lowercase hex digits */
 /* Every state, group and tensor name declared once (sorted, O(n log n)); ZR_EINVAL naming the
  * first duplicate. */
 int zck__layout_check_unique(const zck_layout *L);

@@ -430,14 +430,28 @@ static int cmd_verify(const void *args)
 
 /* ------------------------------------------------------------------ reshard, consolidate */
 
+/* an output that is there already, without --force */
+static int refuse_existing(const char *out)
+{
+    return zcli_fail(PROG, "choose another output, or pass --force to replace it",
+                     "%s: already exists", out);
+}
+
+/* the end of a library call shown with a progress bar: the bar's line cleared, then the
+ * call's error if it failed (rc < 0) */
+static int progress_done(zcli_bar *bar, int rc)
+{
+    zcli_progress_end(bar);
+    return rc < 0 ? zcli_fail_lib(PROG, NULL) : ZCLI_OK;
+}
+
 /* Write a new run directory at out through fn(tmp), then move it into place: when out exists
  * (only with force) the old one is removed only after the new one is complete. */
 static int into_place(const char *out, const char *src, bool force,
                       int (*fn)(const char *tmp, void *), void *ctx)
 {
     if (exists(out) && !force)
-        return zcli_fail(PROG, "choose another output, or pass --force to replace it",
-                         "%s: already exists", out);
+        return refuse_existing(out);
     if (zck_check_replaceable(out, src) < 0)
         return zcli_fail_lib(PROG, NULL);
     char tmp[4096], old[4096];
@@ -502,16 +516,13 @@ static bool ends_with(const char *s, const char *suf)
 static int export_st(const char *src, const char *out, bool force, zfmt_st_opts *so)
 {
     if (exists(out) && !force)
-        return zcli_fail(PROG, "choose another output, or pass --force to replace it",
-                         "%s: already exists", out);
+        return refuse_existing(out);
     zcli_bar bar;
     so->progress = zcli_progress_init(&bar);
-    int rc = zfmt_safetensors_export(src, out, so);
-    zcli_progress_end(&bar);
-    if (rc < 0)
-        return zcli_fail_lib(PROG, NULL);
-    printf("%s: safetensors of %s\n", out, src);
-    return ZCLI_OK;
+    int rc = progress_done(&bar, zfmt_safetensors_export(src, out, so));
+    if (rc == ZCLI_OK)
+        printf("%s: safetensors of %s\n", out, src);
+    return rc;
 }
 
 static int cmd_consolidate(const void *args)
@@ -585,16 +596,13 @@ static int cmd_export(const void *args)
     if (dtype >= 0)
         return zcli_fail(PROG, NULL, "llm.c model files are float32: --dtype does not apply");
     if (exists(out) && !force)
-        return zcli_fail(PROG, "choose another output, or pass --force to replace it",
-                         "%s: already exists", out);
+        return refuse_existing(out);
     zcli_bar bar;
     zck_progress p = zcli_progress_init(&bar);
-    int rc = zfmt_llmc_export(src, out, &p);
-    zcli_progress_end(&bar);
-    if (rc < 0)
-        return zcli_fail_lib(PROG, NULL);
-    printf("%s: llm.c GPT-2 model file of %s\n", out, src);
-    return ZCLI_OK;
+    int rc = progress_done(&bar, zfmt_llmc_export(src, out, &p));
+    if (rc == ZCLI_OK)
+        printf("%s: llm.c GPT-2 model file of %s\n", out, src);
+    return rc;
 }
 
 static int cmd_import(const void *args)
@@ -604,12 +612,10 @@ static int cmd_import(const void *args)
     zfmt_import_opts o = a->import;
     zcli_bar bar;
     o.progress = zcli_progress_init(&bar);
-    int rc = zfmt_import(src, out, &o);
-    zcli_progress_end(&bar);
-    if (rc < 0)
-        return zcli_fail_lib(PROG, NULL);
-    printf("%s: imported %s as a world-%u checkpoint at step 0\n", out, src, o.world);
-    return ZCLI_OK;
+    int rc = progress_done(&bar, zfmt_import(src, out, &o));
+    if (rc == ZCLI_OK)
+        printf("%s: imported %s as a world-%u checkpoint at step 0\n", out, src, o.world);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ pack, unpack */
@@ -622,12 +628,10 @@ static int archive_cmd(const zckpt_args *a,
     const char *src = a->path, *out = a->out;
     zcli_bar bar;
     zck_progress p = zcli_progress_init(&bar);
-    int rc = fn(src, out, &p);
-    zcli_progress_end(&bar);
-    if (rc < 0)
-        return zcli_fail_lib(PROG, NULL);
-    printf("%s: %s %s\n", out, done, src);
-    return ZCLI_OK;
+    int rc = progress_done(&bar, fn(src, out, &p));
+    if (rc == ZCLI_OK)
+        printf("%s: %s %s\n", out, done, src);
+    return rc;
 }
 
 static int cmd_pack(const void *args)

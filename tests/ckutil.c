@@ -357,6 +357,35 @@ char *zt_slurp(const char *path)
     return t;
 }
 
+static void file_check(const char *path, const char *text, bool want)
+{
+    char *t = zt_slurp(path);
+    if (!strstr(t, text) == want)
+        ZT_FAIL("%s %s '%s':\n%s", path, want ? "lacks" : "has", text, t);
+    free(t);
+}
+
+void zt_file_has(const char *path, const char *text) { file_check(path, text, true); }
+void zt_file_lacks(const char *path, const char *text) { file_check(path, text, false); }
+
+void zt_wait_file_has(const char *path, const char *text, double secs)
+{
+    struct timespec t0, now, nap = {0, 50 * 1000 * 1000};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        char *t = NULL;
+        int there = access(path, F_OK) == 0 && strstr(t = zt_slurp(path), text);
+        free(t);
+        if (there)
+            return;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((double)(now.tv_sec - t0.tv_sec) + (now.tv_nsec - t0.tv_nsec) * 1e-9 > secs)
+            ZT_FAIL("%s: no '%s' within %g s:\n%s", path, text, secs,
+                    access(path, F_OK) == 0 ? zt_slurp(path) : "(no such file)");
+        nanosleep(&nap, NULL);
+    }
+}
+
 static char zrun_args[4096]; /* the last zt_zrun's, for zt_zrun_expect's message */
 
 int zt_zrun(const char *args, const char *log)

@@ -75,6 +75,12 @@ int zt_free_port(void);
 const char *zt_zrun_path(void);
 /* A whole small file (the test fails when it cannot be read); caller frees. */
 char *zt_slurp(const char *path);
+/* Fails the test, showing the file, unless the file at path has (lacks) text. */
+void zt_file_has(const char *path, const char *text);
+void zt_file_lacks(const char *path, const char *text);
+/* Waits until the file at path (which may not exist yet) has text; fails the test, showing the
+ * file, after secs seconds. */
+void zt_wait_file_has(const char *path, const char *text, double secs);
 /* zrun with args (a shell fragment), stdout and stderr into log; the exit status as a shell
  * reports it. zt_zrun_ok fails the test, showing the log, unless it is 0. */
 int zt_zrun(const char *args, const char *log);

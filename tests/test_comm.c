@@ -127,6 +127,15 @@ static void clear_env(void)
 
 typedef void (*rank_fn)(zr_comm *c, int r, int W, void *ctx);
 
+/* rank r of W over the segment `name`, opened from the environment as a launched rank is */
+static zr_comm *open_rank(const char *name, int r, int W)
+{
+    set_rank_env(name, r, W);
+    zr_comm *c;
+    ZT_OK(zr_comm_open_env(&c));
+    return c;
+}
+
 
 static int use_tcp; /* run_world over the tcp backend (ZR_COMM_TCP) instead of shm */
 
@@ -584,9 +593,7 @@ static void death_world(int mode)
     fflush(NULL);
     for (int r = 0; r < 3; r++) {
         if ((pids[r] = fork()) == 0) {
-            set_rank_env(name, r, 3);
-            zr_comm *c;
-            ZT_OK(zr_comm_open_env(&c));
+            zr_comm *c = open_rank(name, r, 3);
             death_rank(c, r, 3, &k);
             _exit(0);
         }
@@ -623,9 +630,7 @@ ZT_TEST(comm_launcher_abort_wakes_waiters)
     fflush(NULL);
     for (int r = 0; r < 2; r++) {
         if ((pids[r] = fork()) == 0) {
-            set_rank_env(name, r, 2);
-            zr_comm *c;
-            ZT_OK(zr_comm_open_env(&c));
+            zr_comm *c = open_rank(name, r, 2);
             if (r == 1) {
                 sleep_ms(20000); /* alive, never calls: only the abort ends rank 0's wait */
                 _exit(0);
@@ -668,9 +673,7 @@ ZT_TEST(comm_launcher_gone_fails_ranks)
         dprintf(p[1], "%s\n", name);
         for (int r = 0; r < 2; r++) {
             if (fork() == 0) {
-                set_rank_env(name, r, 2);
-                zr_comm *c;
-                ZT_OK(zr_comm_open_env(&c));
+                zr_comm *c = open_rank(name, r, 2);
                 if (r == 1) {
                     close(p[1]);
                     sleep_ms(20000);
@@ -871,45 +874,48 @@ ZT_TEST(launch_failing_rank_stops_the_others)
     launched_free(&L);
 }
 
+/* a rank that fails, run by the launcher: the status and time it ends with, what it says */
+typedef struct {
+    double grace_s;
+    const char *argv[4];
+    int code;
+    double min_s, max_s;
+    const char *says[2];
+} launch_death;
+
 ZT_TEST(launch_grace_then_sigkill_and_signal_deaths)
 {
+    static const launch_death cases[] = {
+        /* rank 0 ignores SIGTERM (so does its sleep): SIGKILL after the grace */
+        {0.5,
+         {"/bin/sh", "-c",
+          "if [ $ZR_RANK = 1 ]; then sleep 0.2; exit 1; fi; trap '' TERM; sleep 60", NULL},
+         1, 0.6, 5.0,
+         {"zrun: rank 1 exited with status 1; stopping the other 1 rank\n",
+          "zrun: rank 0 still running 0.5 s after SIGTERM: sending SIGKILL"}},
+        /* a rank killed by a signal: 128 + N */
+        {5.0, {"/bin/sh", "-c", "if [ $ZR_RANK = 1 ]; then sleep 0.1; kill -9 $$; fi; sleep 60", NULL},
+         128 + 9, 0, 5.0, {"zrun: rank 1 was killed by signal 9 (SIGKILL)", "zrun: rank 1"}},
+        /* a program that cannot be executed */
+        {5.0, {"/nonexistent/zr-prog", "x", NULL}, 127, 0, 60.0,
+         {"cannot execute /nonexistent/zr-prog: No such file or directory", "zrun: rank "}},
+    };
     zr_launch_opts o = ZR_LAUNCH_OPTS_INIT;
     o.nproc = 2;
-    o.kill_grace_s = 0.5;
-    /* rank 0 ignores SIGTERM (so does its sleep): SIGKILL after the grace */
-    const char *argv[] = {"/bin/sh", "-c",
-                          "if [ $ZR_RANK = 1 ]; then sleep 0.2; exit 1; fi; trap '' TERM; "
-                          "sleep 60",
-                          NULL};
-    launched L = launch(&o, argv);
-    EXPECT(L, L.rc == 0 && L.code == 1);
-    EXPECT(L, L.secs > 0.6 && L.secs < 5.0);
-    EXPECT(L, strstr(L.err, "zrun: rank 1 exited with status 1; stopping the other 1 rank\n"));
-    EXPECT(L, strstr(L.err, "zrun: rank 0 still running 0.5 s after SIGTERM: sending SIGKILL"));
-    launched_free(&L);
-
-    /* a rank killed by a signal: 128 + N */
-    o.kill_grace_s = 5.0;
-    const char *argv2[] = {"/bin/sh", "-c",
-                           "if [ $ZR_RANK = 1 ]; then sleep 0.1; kill -9 $$; fi; sleep 60", NULL};
-    L = launch(&o, argv2);
-    EXPECT(L, L.rc == 0 && L.code == 128 + 9);
-    EXPECT(L, strstr(L.err, "zrun: rank 1 was killed by signal 9 (SIGKILL)"));
-    EXPECT(L, L.secs < 5.0);
-    launched_free(&L);
-
-    /* a program that cannot be executed */
-    const char *argv3[] = {"/nonexistent/zr-prog", "x", NULL};
-    L = launch(&o, argv3);
-    EXPECT(L, L.rc == 0 && L.code == 127);
-    EXPECT(L, strstr(L.err, "cannot execute /nonexistent/zr-prog: No such file or directory"));
-    EXPECT(L, strstr(L.err, "zrun: rank "));
-    launched_free(&L);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const launch_death *k = &cases[i];
+        o.kill_grace_s = k->grace_s;
+        launched L = launch(&o, k->argv);
+        EXPECT(L, L.rc == 0 && L.code == k->code);
+        EXPECT(L, L.secs >= k->min_s && L.secs < k->max_s);
+        EXPECT(L, strstr(L.err, k->says[0]) && strstr(L.err, k->says[1]));
+        launched_free(&L);
+    }
 
     /* options the launcher refuses */
     int code;
     o.nproc = 0;
-    ZT_ERR(zr_launch(&code, &o, (char *const *)argv), ZR_EINVAL, "nproc 0");
+    ZT_ERR(zr_launch(&code, &o, (char *const *)cases[0].argv), ZR_EINVAL, "nproc 0");
     o.nproc = 2;
     const char *none[] = {NULL};
     ZT_ERR(zr_launch(&code, &o, (char *const *)none), ZR_EINVAL, "no program");
@@ -991,6 +997,16 @@ static void e2e_rank(const char *mode)
     zr_comm_close(c);
 }
 
+/* under the launcher (ZT_COMM_E2E and ZR_WORLD set) this process is a rank: act as one, say 1 */
+static int e2e_as_rank(void)
+{
+    const char *mode = getenv("ZT_COMM_E2E");
+    if (!mode || !getenv("ZR_WORLD"))
+        return 0;
+    e2e_rank(mode);
+    return 1;
+}
+
 static launched e2e_launch(const char *test, const char *mode, int nproc)
 {
     char cwd[4096];
@@ -1007,11 +1023,8 @@ static launched e2e_launch(const char *test, const char *mode, int nproc)
 
 ZT_TEST(launch_e2e_ok)
 {
-    const char *mode = getenv("ZT_COMM_E2E");
-    if (mode && getenv("ZR_WORLD")) {
-        e2e_rank(mode);
+    if (e2e_as_rank())
         return;
-    }
     launched L = e2e_launch("launch_e2e_ok", "ok", 3);
     EXPECT(L, L.rc == 0 && L.code == 0);
     EXPECT(L, strstr(L.out, "[rank 0] PASS launch_e2e_ok"));
@@ -1021,11 +1034,8 @@ ZT_TEST(launch_e2e_ok)
 
 ZT_TEST(launch_e2e_abort)
 {
-    const char *mode = getenv("ZT_COMM_E2E");
-    if (mode && getenv("ZR_WORLD")) {
-        e2e_rank(mode);
+    if (e2e_as_rank())
         return;
-    }
     launched L = e2e_launch("launch_e2e_abort", "abort", 3);
     /* rank 2's zt reports its test's exit 5 as a failure: zt exits 1 */
     EXPECT(L, L.rc == 0 && L.code == 1);
@@ -1088,6 +1098,29 @@ ZT_TEST(comm_stale_segments_are_reclaimed)
     free(live);
 }
 
+/* the environment of rank r of two in job `job` meeting over TCP at master */
+static void tcp_rank_env(const char *master, const char *job, int r)
+{
+    set_rank_env(NULL, r, 2);
+    setenv("ZR_COMM_TCP", master, 1);
+    setenv("ZR_JOB_ID", job, 1);
+}
+
+/* a child that is rank r of job `job`: opens the communicator, meets at a barrier, exits 0 */
+static pid_t tcp_job_rank(const char *master, const char *job, int r)
+{
+    pid_t p = fork();
+    if (p == 0) {
+        tcp_rank_env(master, job, r);
+        zr_comm *c;
+        ZT_OK(zr_comm_open_env(&c));
+        ZT_OK(zr_comm_barrier(c));
+        zr_comm_close(c);
+        _exit(0);
+    }
+    return p;
+}
+
 /* issue 13: the TCP rendezvous turns away a rank of another job (another job token) and a
  * client that connects and says nothing, without waiting on it, and the job's own ranks meet */
 ZT_TEST(comm_tcp_rendezvous_turns_away_strangers)
@@ -1097,17 +1130,7 @@ ZT_TEST(comm_tcp_rendezvous_turns_away_strangers)
     snprintf(master, sizeof master, "127.0.0.1:%d", port);
     double t0 = now_s();
     fflush(NULL);
-    pid_t hub = fork();
-    if (hub == 0) {
-        set_rank_env(NULL, 0, 2);
-        setenv("ZR_COMM_TCP", master, 1);
-        setenv("ZR_JOB_ID", "job-a", 1);
-        zr_comm *c;
-        ZT_OK(zr_comm_open_env(&c));
-        ZT_OK(zr_comm_barrier(c));
-        zr_comm_close(c);
-        _exit(0);
-    }
+    pid_t hub = tcp_job_rank(master, "job-a", 0);
     /* a silent client: connects and sends nothing */
     int s = -1;
     for (int i = 0; i < 100 && s < 0; i++) {
@@ -1124,9 +1147,7 @@ ZT_TEST(comm_tcp_rendezvous_turns_away_strangers)
     /* rank 1 of another job on the same port: turned away, it fails */
     pid_t other = fork();
     if (other == 0) {
-        set_rank_env(NULL, 1, 2);
-        setenv("ZR_COMM_TCP", master, 1);
-        setenv("ZR_JOB_ID", "job-b", 1);
+        tcp_rank_env(master, "job-b", 1);
         setenv("ZR_COMM_TCP_TIMEOUT", "3", 1);
         zr_comm *c;
         _exit(zr_comm_open_env(&c) == 0 ? 0 : 3);
@@ -1135,17 +1156,7 @@ ZT_TEST(comm_tcp_rendezvous_turns_away_strangers)
     ZT_CHECK(waitpid(other, &st, 0) == other);
     ZT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 3);
     /* the job's own rank 1 joins at once, the silent client still connected */
-    pid_t mine = fork();
-    if (mine == 0) {
-        set_rank_env(NULL, 1, 2);
-        setenv("ZR_COMM_TCP", master, 1);
-        setenv("ZR_JOB_ID", "job-a", 1);
-        zr_comm *c;
-        ZT_OK(zr_comm_open_env(&c));
-        ZT_OK(zr_comm_barrier(c));
-        zr_comm_close(c);
-        _exit(0);
-    }
+    pid_t mine = tcp_job_rank(master, "job-a", 1);
     ZT_CHECK(waitpid(mine, &st, 0) == mine && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     ZT_CHECK(waitpid(hub, &st, 0) == hub && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     close(s);

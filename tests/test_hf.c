@@ -109,9 +109,7 @@ ZT_TEST(hf_export_round_trip_and_world_sizes)
     zfmt_hf_opts ho = ZFMT_HF_OPTS_INIT;
     ho.dtype = ZCK_BF16;
     ZT_OK(zfmt_hf_export("run", "hf16", &ho));
-    cfg = zt_slurp("hf16/config.json");
-    ZT_CHECK(strstr(cfg, "\"torch_dtype\": \"bfloat16\""));
-    free(cfg);
+    zt_file_has("hf16/config.json", "\"torch_dtype\": \"bfloat16\"");
 }
 
 ZT_TEST(hf_export_refuses_and_leaves_nothing)
@@ -156,9 +154,7 @@ ZT_TEST(hf_export_refuses_and_leaves_nothing)
     snprintf(cmd, sizeof cmd, "%s export run --format hf -o hf2 > out.txt 2>&1",
              getenv("ZT_ZCKPT"));
     ZT_CHECK(WEXITSTATUS(system(cmd)) == 2);
-    char *txt = zt_slurp("out.txt");
-    ZT_CHECK(strstr(txt, "--force"));
-    free(txt);
+    zt_file_has("out.txt", "--force");
     snprintf(cmd, sizeof cmd, "%s export run --format llmc -o x.bin --tokenizer tok.json "
              "> out.txt 2>&1", getenv("ZT_ZCKPT"));
     ZT_CHECK(WEXITSTATUS(system(cmd)) == 2);

@@ -380,9 +380,7 @@ ZT_TEST(llama_trains_at_every_stage)
     if (!(ref[1] > 5.2 && ref[STEPS] < ref[1] - 1.0))
         ZT_FAIL("loss %.4f at step 1, %.4f at step %d: it does not fall", ref[1], ref[STEPS],
                 STEPS);
-    char *text = zt_slurp("w1-s0.log");
-    ZT_CHECK(strstr(text, "training a 2-layer Llama ("));
-    free(text);
+    zt_file_has("w1-s0.log", "training a 2-layer Llama (");
     const struct {
         int W, s;
     } runs[] = {{1, 3}, {2, 0}, {2, 1}, {2, 2}, {2, 3}};
@@ -435,9 +433,7 @@ ZT_TEST(llama_resume_at_another_world_and_zckpt)
     /* zckpt works on Llama checkpoints unchanged */
     ZT_CHECK_EQ(zckpt("verify elastic"), 0);
     ZT_CHECK_EQ(zckpt_to("inspect elastic", "inspect.txt"), 0);
-    text = zt_slurp("inspect.txt");
-    ZT_CHECK(strstr(text, "{\"arch\":\"llama\",\"layers\":2,\"heads\":4,\"kv_heads\":2,"));
-    free(text);
+    zt_file_has("inspect.txt", "{\"arch\":\"llama\",\"layers\":2,\"heads\":4,\"kv_heads\":2,");
     ZT_CHECK_EQ(zckpt("reshard elastic --world 3 -o w3"), 0);
     ZT_CHECK_EQ(zckpt("consolidate elastic -o one"), 0);
     ZT_CHECK_EQ(zckpt("verify w3"), 0);
@@ -446,9 +442,7 @@ ZT_TEST(llama_resume_at_another_world_and_zckpt)
     ZT_CHECK_EQ(zckpt("diff w3 straight --atol 1e-4 --rtol 1e-3"), 0);
     /* a resume with another model is refused */
     ZT_CHECK(zt_zrun("--model " SMALL " --steps 40 --device cpu --ckpt-dir w3", "other.log"));
-    text = zt_slurp("other.log");
-    ZT_CHECK(strstr(text, "checkpoint of another model shape"));
-    free(text);
+    zt_file_has("other.log", "checkpoint of another model shape");
 }
 
 /* The device backends compute GPT-2 only for now: a Llama on a device (the host simulation of

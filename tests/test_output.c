@@ -113,14 +113,9 @@ static int is_iso_time(const char *s)
 
 ZT_TEST(output_json_log_time_run_id_and_redone_steps)
 {
-    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
-    o.model = SMALL;
-    o.batch = 4;
-    o.steps = 6;
+    zr_train_opts o = zt_small_opts("run", 6);
     o.save_every = 3;
     o.keep_last = 0;
-    o.threads = 1;
-    o.ckpt_dir = "run";
     o.log_json = "train.jsonl";
     o.run_id = "first";
     zr_train_result res;

@@ -288,11 +288,12 @@ ZT_TEST(resume_train_refuses_each_bad_option_by_name)
         stmt;                                                                                  \
         ZT_ERR(zr_train(&r, &o), ZR_EINVAL, what);                                             \
     } while (0)
-    EXPECT(o.verify_on_resume = 7, "--verify-on-resume 7");
+    EXPECT(o.verify_on_resume = 7,
+           "--verify-on-resume 7: expected ZR_VERIFY_FULL, _QUICK or _OFF (0..2)");
     EXPECT(o.verify_on_resume = -1, "--verify-on-resume -1");
-    EXPECT(o.device = 9, "--device 9");
+    EXPECT(o.device = 9, "--device 9: expected ZR_DEVICE_CPU, _CUDA or _AUTO (0..2)");
     EXPECT(o.offload_optimizer = 5, "--offload-optimizer 5");
-    EXPECT(o.offload_params = -1, "--offload-params -1");
+    EXPECT(o.offload_params = -1, "--offload-params -1: expected ZR_OFFLOAD_NONE, _CPU or _NVME");
     EXPECT(o.offload_params = ZR_OFFLOAD_CPU, "--offload-params needs ZeRO stage 3");
     EXPECT(o.offload_optimizer = ZR_OFFLOAD_NVME, "--nvme-path");
     EXPECT(o.zero_stage = 4, "--zero 4");

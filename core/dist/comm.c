@@ -527,21 +527,34 @@ static int mul_ok(size_t *out, size_t a, size_t b, const char *op)
 
 /* ---------------------------------------------------------------- collectives */
 
+/* The checks of a reduction of n elements of dt (n per rank in all_reduce, n per destination
+ * in reduce_scatter), and the calls that end here: nothing to send, or a world of one (recv
+ * gets send). Sets *es to the element size; 1 when the call is done, 0 to go on, or an error. */
+static int reduce_begin(zr_comm *c, const void *send, void *recv, size_t n, zr_comm_dtype dt,
+                        const char *op, size_t *es)
+{
+    ZR_TRY(check_dtype(dt, op));
+    if (!n)
+        return 1;
+    size_t total = 0;
+    *es = dtype_size(dt);
+    ZR_TRY(mul_ok(&total, n, *es * (size_t)c->world, op));
+    if (!send || !recv)
+        return zr_err_set(ZR_EINVAL, "%s: NULL buffer", op);
+    if (c->world > 1)
+        return 0;
+    if (send != recv)
+        memmove(recv, send, n * *es);
+    return 1;
+}
+
 int zr_comm_all_reduce(zr_comm *c, const void *send, void *recv, size_t n, zr_comm_dtype dt)
 {
     const char *op = "all_reduce";
-    ZR_TRY(check_dtype(dt, op));
-    if (!n)
-        return 0;
-    size_t es = dtype_size(dt), total = 0;
-    ZR_TRY(mul_ok(&total, n, es * (size_t)c->world, op));
-    if (!send || !recv)
-        return zr_err_set(ZR_EINVAL, "%s: NULL buffer", op);
-    if (c->world == 1) {
-        if (send != recv)
-            memmove(recv, send, n * es);
-        return 0;
-    }
+    size_t es = 0;
+    int done = reduce_begin(c, send, recv, n, dt, op, &es);
+    if (done)
+        return done < 0 ? done : 0;
     if (c->be)
         return c->be->all_reduce(c->bh, send, recv, n, es);
     ZR_TRY(enter(c, op));
@@ -582,18 +595,10 @@ int zr_comm_reduce_scatter(zr_comm *c, const void *send, void *recv, size_t n,
                            zr_comm_dtype dt)
 {
     const char *op = "reduce_scatter";
-    ZR_TRY(check_dtype(dt, op));
-    if (!n)
-        return 0;
-    size_t es = dtype_size(dt), total = 0;
-    ZR_TRY(mul_ok(&total, n, es * (size_t)c->world, op));
-    if (!send || !recv)
-        return zr_err_set(ZR_EINVAL, "%s: NULL buffer", op);
-    if (c->world == 1) {
-        if (send != recv)
-            memmove(recv, send, n * es);
-        return 0;
-    }
+    size_t es = 0;
+    int done = reduce_begin(c, send, recv, n, dt, op, &es);
+    if (done)
+        return done < 0 ? done : 0;
     if (c->be)
         return c->be->reduce_scatter(c->bh, send, recv, n, es);
     ZR_TRY(enter(c, op));

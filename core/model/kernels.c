@@ -9,6 +9,7 @@
  * computed by exactly one chunk in the order a single thread would use, so those results are
  * the same bits whatever the thread count (see model.c).
  */
+#include "model_check.h"
 #include "model_int.h"
 #include "par.h"
 
@@ -32,14 +33,9 @@ static size_t col_blocks(size_t n) { return (n + COLS_BLOCK - 1) / COLS_BLOCK; }
 
 int zr__check_new(size_t max_B, size_t max_T, uint32_t ctx, const zr_model_hooks *hooks)
 {
-    if (max_B == 0)
-        return zr_err_set(ZR_EINVAL, "model: max batch 0 (expected >= 1)");
-    if (max_T == 0 || max_T > ctx)
-        return zr_err_set(ZR_EINVAL, "model: max sequence length %zu (expected 1..ctx %u)",
-                          max_T, ctx);
-    if (hooks && (!hooks->params != !hooks->params_done || !hooks->grads != !hooks->grads_done))
-        return zr_err_set(ZR_EINVAL, "model: hooks come in pairs (params with params_done, "
-                          "grads with grads_done)");
+    char why[160];
+    if (zr__new_problem(why, sizeof why, max_B, max_T, ctx, hooks))
+        return zr_err_set(ZR_EINVAL, "%s", why);
     return 0;
 }
 

@@ -16,6 +16,7 @@
  * Shapes in comments: B batch, T sequence, C channels, NH heads, hs = C / NH, V vocabulary,
  * N = B * T positions.
  */
+#include "model_check.h"
 #include "model_int.h"
 #include "par.h"
 
@@ -169,17 +170,9 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
     *out = NULL;
     if (c->family == ZR_FAMILY_LLAMA)
         return llama_new(out, c, max_B, max_T, hooks);
-    const struct {
-        const char *name;
-        uint32_t v;
-    } f[] = {{"layers", c->layers}, {"heads", c->heads}, {"dim", c->dim}, {"ctx", c->ctx},
-             {"vocab", c->vocab}};
-    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
-        if (!f[i].v)
-            return zr_err_set(ZR_EINVAL, "model: %s is 0 (expected >= 1)", f[i].name);
-    if (c->dim % c->heads)
-        return zr_err_set(ZR_EINVAL, "model: dim %u is not a multiple of heads %u", c->dim,
-                          c->heads);
+    char why[160];
+    if (zr__config_problem(why, sizeof why, c))
+        return zr_err_set(ZR_EINVAL, "%s", why);
     ZR_TRY(zr__check_new(max_B, max_T, c->ctx, hooks));
     /* BLAS takes int dimensions: N = max_B max_T rows, V and 4C columns */
     if ((double)max_B * max_T > INT_MAX || c->vocab > INT_MAX || c->dim > INT_MAX / 4)

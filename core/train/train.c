@@ -701,6 +701,14 @@ static void make_parent_dirs(const char *path)
 }
 
 /* The validation options (--eval-every and its companions). */
+/* an enum option a library caller passes: v in lo..hi, whose names are `names` */
+static int enum_ok(int v, int lo, int hi, const char *opt, const char *names)
+{
+    if (v < lo || v > hi)
+        return zr_err_set(ZR_EINVAL, "%s %d: expected %s (%d..%d)", opt, v, names, lo, hi);
+    return 0;
+}
+
 static int check_eval_opts(const zr_train_opts *o)
 {
     if (o->val_data && !o->val_data[0])
@@ -746,24 +754,20 @@ int zr_train__check_opts(const zr_train_opts *o)
     if (!o->data || !o->data[0])
         return zr_err_set(ZR_EINVAL, "--data: empty");
     ZR_TRY(check_eval_opts(o));
-    if (o->verify_on_resume < ZR_VERIFY_FULL || o->verify_on_resume > ZR_VERIFY_OFF)
-        return zr_err_set(ZR_EINVAL, "--verify-on-resume %d: expected ZR_VERIFY_FULL, _QUICK "
-                          "or _OFF (0..2)", o->verify_on_resume);
-    if (o->device < ZR_DEVICE_CPU || o->device > ZR_DEVICE_AUTO)
-        return zr_err_set(ZR_EINVAL, "--device %d: expected ZR_DEVICE_CPU, _CUDA or _AUTO "
-                          "(0..2)", o->device);
+    ZR_TRY(enum_ok(o->verify_on_resume, ZR_VERIFY_FULL, ZR_VERIFY_OFF, "--verify-on-resume",
+                   "ZR_VERIFY_FULL, _QUICK or _OFF"));
+    ZR_TRY(enum_ok(o->device, ZR_DEVICE_CPU, ZR_DEVICE_AUTO, "--device",
+                   "ZR_DEVICE_CPU, _CUDA or _AUTO"));
     if (o->async_save < -1 || o->async_save > 1)
         return zr_err_set(ZR_EINVAL, "--async-save %d: expected -1 (auto), 0 (off) or 1 (on)",
                           o->async_save);
     if (o->save_buffer && o->save_buffer < 4096)
         return zr_err_set(ZR_EINVAL, "--save-buffer %zu: expected 0 (the default) or at "
                           "least 4096 bytes", o->save_buffer);
-    if (o->offload_optimizer < ZR_OFFLOAD_NONE || o->offload_optimizer > ZR_OFFLOAD_NVME)
-        return zr_err_set(ZR_EINVAL, "--offload-optimizer %d: expected ZR_OFFLOAD_NONE, _CPU "
-                          "or _NVME (0..2)", o->offload_optimizer);
-    if (o->offload_params < ZR_OFFLOAD_NONE || o->offload_params > ZR_OFFLOAD_NVME)
-        return zr_err_set(ZR_EINVAL, "--offload-params %d: expected ZR_OFFLOAD_NONE, _CPU or "
-                          "_NVME (0..2)", o->offload_params);
+    ZR_TRY(enum_ok(o->offload_optimizer, ZR_OFFLOAD_NONE, ZR_OFFLOAD_NVME,
+                   "--offload-optimizer", "ZR_OFFLOAD_NONE, _CPU or _NVME"));
+    ZR_TRY(enum_ok(o->offload_params, ZR_OFFLOAD_NONE, ZR_OFFLOAD_NVME, "--offload-params",
+                   "ZR_OFFLOAD_NONE, _CPU or _NVME"));
     if (o->offload_params != ZR_OFFLOAD_NONE && o->zero_stage != 3)
         return zr_err_set(ZR_EINVAL, "--offload-params needs ZeRO stage 3, not %d",
                           o->zero_stage);

@@ -10,24 +10,14 @@
 #   STAGES      (0 3), EXTRA extra zrun options (e.g. --save-buffer-mib 16)
 #   BENCH_DIR   scratch directory (build/bench-scratch)
 set -euo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh" mem-bench
 MODEL=${MODEL:-gpt2:layers=6,heads=8,dim=512,ctx=128,vocab=8192}
 STEPS=${STEPS:-6}
 SAVE_EVERY=${SAVE_EVERY:-2}
 STAGES=${STAGES:-0 3}
 EXTRA=${EXTRA:-}
-BENCH_DIR=${BENCH_DIR:-$root/build/bench-scratch}
-say() { printf '[mem-bench] %s\n' "$*"; }
-fail() { printf '[mem-bench] error: %s\n' "$*" >&2; exit 1; }
-if [ -z "${ZRUN:-}" ]; then
-    make -C "$root" --no-print-directory build/zrun >/dev/null || fail "make build/zrun failed"
-    ZRUN=$root/build/zrun
-fi
-[ -x "$ZRUN" ] || fail "$ZRUN: not an executable"
-mkdir -p "$BENCH_DIR"
-s=$(mktemp -d "$BENCH_DIR/mem.XXXXXX")
-trap 'rm -rf "$s"' EXIT
+need_zrun
+scratch mem
 common=(--model "$MODEL" --nproc 2 --threads 1 --batch 4 --seq 64 --steps "$STEPS"
         --warmup 1 --save-every "$SAVE_EVERY" --async-save on $EXTRA)
 say "$MODEL, W=2, batch 4 x 64, $STEPS steps, async save every $SAVE_EVERY"

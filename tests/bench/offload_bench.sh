@@ -32,9 +32,7 @@ if ! command -v fio >/dev/null; then
     $sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
         $sudo apt-get install -y -q fio >/dev/null || fail "apt-get install fio failed"
 fi
-mkdir -p "$BENCH_DIR"
-s=$(mktemp -d "$BENCH_DIR/offload.XXXXXX")
-trap 'rm -rf "$s"' EXIT
+scratch offload
 say "scratch $s on $(df -PT "$s" | awk 'NR == 2 {print $1 " (" $2 ")"}'), $(nproc) CPUs"
 
 # ---- bandwidth: fio and the swapper, same path, size, request size and depth

@@ -13,13 +13,8 @@ STEPS=${STEPS:-30}
 EVERY=${EVERY:-10}
 [[ $STEPS =~ ^[1-9][0-9]*$ && $EVERY =~ ^[1-9][0-9]*$ ]] || fail "STEPS and EVERY: integers"
 ((STEPS > EVERY)) || fail "STEPS must exceed EVERY"
-if [ -z "${ZRUN:-}" ]; then
-    make -C "$root" --no-print-directory build/zrun >/dev/null || fail "make build/zrun failed"
-    ZRUN=$root/build/zrun
-fi
-mkdir -p "$BENCH_DIR"
-s=$(mktemp -d "$BENCH_DIR/save.XXXXXX")
-trap 'rm -rf "$s"' EXIT
+need_zrun
+scratch save
 say "GPT-2 124M, W=2, stage 3, 1 thread per rank, batch 4 x 64, $STEPS steps, saves every $EVERY"
 run() { # name extra-args...
     local name=$1

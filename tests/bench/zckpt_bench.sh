@@ -10,9 +10,7 @@ set -euo pipefail
 ZCKPT=${ZCKPT:-$root/build/zckpt}
 MKCKPT=${MKCKPT:-$root/build/mkckpt}
 BENCH_GIB=${BENCH_GIB:-1}
-mkdir -p "$BENCH_DIR"
-s=$(mktemp -d "$BENCH_DIR/zckpt.XXXXXX")
-trap 'rm -rf "$s"' EXIT
+scratch zckpt
 
 cold() {
     sync

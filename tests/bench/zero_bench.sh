@@ -15,14 +15,8 @@ STEPS=${STEPS:-6}
 WARMUP=${WARMUP:-2}
 [[ $STEPS =~ ^[1-9][0-9]*$ && $WARMUP =~ ^[0-9]+$ ]] || fail "STEPS and WARMUP must be integers"
 ((STEPS > WARMUP)) || fail "STEPS must exceed WARMUP"
-if [ -z "${ZRUN:-}" ]; then
-    make -C "$root" --no-print-directory build/zrun >/dev/null || fail "make build/zrun failed"
-    ZRUN=$root/build/zrun
-fi
-[ -x "$ZRUN" ] || fail "$ZRUN: not an executable"
-mkdir -p "$BENCH_DIR"
-s=$(mktemp -d "$BENCH_DIR/zero.XXXXXX")
-trap 'rm -rf "$s"' EXIT
+need_zrun
+scratch zero
 numel=$("$ZRUN" --dry-run --model gpt2 --nproc 2 --batch 4 --seq 64 --resume never \
     --ckpt-dir "$s/none" | sed -n 's/.*layers, \([0-9]*\) parameters.*/\1/p')
 [ -n "$numel" ] || fail "zrun --dry-run did not give the parameter count"

@@ -40,6 +40,15 @@ def put(target, name, data):
         f.write(data if isinstance(data, bytes) else data.encode())
 
 
+def put_json_variants(target, variants, base, drop, drop_name):
+    """Each of variants (file name -> object) as JSON, and base less its key drop as drop_name."""
+    for name, v in variants.items():
+        put(target, name, json.dumps(v))
+    missing = dict(base)
+    del missing[drop]
+    put(target, drop_name, json.dumps(missing))
+
+
 def reset(target):
     shutil.rmtree(os.path.join(CORPUS, target), ignore_errors=True)
 
@@ -168,11 +177,7 @@ def gen_model_and_training():
              "zero.json": dict(good, layers=0), "negative.json": dict(good, heads=-4),
              "big.json": dict(good, vocab=1 << 33), "real.json": dict(good, dim=4.0),
              "heads.json": dict(good, heads=3), "string.json": dict(good, ctx="2")}
-    for name, v in cases.items():
-        put("model", name, json.dumps(v))
-    missing = dict(good)
-    del missing["vocab"]
-    put("model", "missing.json", json.dumps(missing))
+    put_json_variants("model", cases, good, "vocab", "missing.json")
     put("model", "dupkey.json", '{"arch":"gpt2","arch":"gpt2"}')
     put("model", "array.json", "[1,2]")
     put("model", "broken.json", '{"arch":"gpt2",')
@@ -307,11 +312,7 @@ def gen_archive_and_shard(tmp):
     variants = {"rank-negative.json": dict(s, rank=-1), "bytes-string.json": dict(s, bytes="9"),
                 "sha-short.json": dict(s, sha256="abc"), "file-slash.json": dict(s, file="../x"),
                 "extents-none.json": dict(s, extents=[]), "extents-object.json": dict(s, extents={})}
-    for name, v in variants.items():
-        put("shard", name, json.dumps(v))
-    no_file = dict(s)
-    del no_file["file"]
-    put("shard", "missing-file.json", json.dumps(no_file))
+    put_json_variants("shard", variants, s, "file", "missing-file.json")
     put("shard", "array.json", "[]")
     put("shard", "broken.json", json.dumps(s)[:-5])
 

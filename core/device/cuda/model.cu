@@ -30,6 +30,7 @@
  * work is enqueued, except where a result is read (the loss, the probabilities).
  */
 #include "zrcuda.h"
+#include "model_check.h"
 
 #include <limits.h>
 #include <math.h>
@@ -370,25 +371,10 @@ int zrc_model_new(zr_dev_model **out, const zr_gpt2_config *c, const zr_gpt2_off
                   size_t max_B, size_t max_T, const zr_model_hooks *hooks)
 {
     *out = NULL;
-    const struct {
-        const char *name;
-        uint32_t v;
-    } f[] = {{"layers", c->layers}, {"heads", c->heads}, {"dim", c->dim}, {"ctx", c->ctx},
-             {"vocab", c->vocab}};
-    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
-        if (!f[i].v)
-            return zrc_err(ZR_EINVAL, "model: %s is 0 (expected >= 1)", f[i].name);
-    if (c->dim % c->heads)
-        return zrc_err(ZR_EINVAL, "model: dim %u is not a multiple of heads %u", c->dim,
-                       c->heads);
-    if (max_B == 0)
-        return zrc_err(ZR_EINVAL, "model: max batch 0 (expected >= 1)");
-    if (max_T == 0 || max_T > c->ctx)
-        return zrc_err(ZR_EINVAL, "model: max sequence length %zu (expected 1..ctx %u)", max_T,
-                       c->ctx);
-    if (hooks && (!hooks->params != !hooks->params_done || !hooks->grads != !hooks->grads_done))
-        return zrc_err(ZR_EINVAL, "model: hooks come in pairs (params with params_done, "
-                       "grads with grads_done)");
+    char why[160];
+    if (zr__config_problem(why, sizeof why, c) ||
+        zr__new_problem(why, sizeof why, max_B, max_T, c->ctx, hooks))
+        return zrc_err(ZR_EINVAL, "%s", why);
     if ((double)max_B * max_T > INT_MAX / 4 || zrc_pad_vocab(c->vocab) > INT_MAX ||
         c->dim > INT_MAX / 4)
         return zrc_err(ZR_EINVAL, "model: batch %zu x seq %zu, vocab %u or 4 x dim %u exceeds "
