@@ -63,6 +63,30 @@ int zfmt__out_write(zfmt__out *o, const void *data, size_t n_bytes)
     return 0;
 }
 
+int zfmt__out_pwrite(zfmt__out *o, const void *data, size_t n_bytes, uint64_t at)
+{
+    const unsigned char *p = data;
+    uint64_t from = at;
+    size_t left = n_bytes;
+    while (left) {
+        ssize_t k = pwrite(o->fd, p, left, (off_t)at);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return zr_err_sys(errno, "%s: write", o->tmp);
+        }
+        p += k;
+        at += (uint64_t)k;
+        left -= (size_t)k;
+    }
+#ifdef SYNC_FILE_RANGE_WRITE
+    /* start the write-back now, while the rest is read (the commit's fsync waits for it) */
+    if (n_bytes >= ((size_t)1 << 20))
+        sync_file_range(o->fd, (off_t)from, (off_t)n_bytes, SYNC_FILE_RANGE_WRITE);
+#endif
+    return 0;
+}
+
 int zfmt__fsync_dir_of(const char *path)
 {
     char *copy = strdup(path);

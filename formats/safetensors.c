@@ -202,7 +202,7 @@ fail:
 
 /* Read tensor x whole (it is 2-D), write it transposed through dbuf (as wide as the tensor). */
 static int write_transposed(zck_reader *r, const zck_read_opts *ro, const item *x,
-                            zck_dtype st, void *whole, void *tmp, zfmt__out *f)
+                            zck_dtype st, void *whole, void *tmp, zfmt__out *f, uint64_t at)
 {
     zck_read_req q = {x->g, x->s, x->ti.offset, x->ti.numel, whole};
     ZR_TRY(zck_reader_read(r, &q, 1, ro));
@@ -220,7 +220,84 @@ static int write_transposed(zck_reader *r, const zck_read_opts *ro, const item *
         }
         tmp = whole;
     }
-    return zfmt__out_write(f, tmp, (size_t)x->ti.numel * zck_dtype_size(x->out_t));
+    return zfmt__out_pwrite(f, tmp, (size_t)x->ti.numel * zck_dtype_size(x->out_t), at);
+}
+
+/* One pass over the stored data in the order of the shard files (the order the verification
+ * thread reads them in, so that each byte comes from the disk once and the two streams share
+ * the page cache): every extent of every shard, cut into the tensors it overlaps, converted
+ * when asked, written at its place in the output. Transposed tensors are left out. */
+typedef struct {
+    zck_reader *r;
+    const zck_read_opts *ro;
+    const item *it;
+    size_t n;
+    zfmt__out *f;
+    uint64_t base;        /* bytes before the data buffer: length and header */
+    unsigned char *sbuf, *dbuf;
+    size_t chunk;         /* elements per read */
+    zfmt__prog *pr;
+    uint64_t *done;       /* output bytes written */
+} st_pass;
+
+/* Elements [a, b) of item x's (group, state), all inside x, to the output. */
+static int export_piece(const st_pass *ps, const item *x, uint64_t a, uint64_t b)
+{
+    zck_dtype st = zck_layout_state_dtype(zck_reader_layout(ps->r), x->s);
+    size_t ds = zck_dtype_size(x->out_t);
+    int conv = st != x->out_t;
+    while (a < b) {
+        uint64_t k = b - a < ps->chunk ? b - a : ps->chunk;
+        zck_read_req q = {x->g, x->s, a, k, ps->sbuf};
+        ZR_TRY(zck_reader_read(ps->r, &q, 1, ps->ro));
+        if (conv) {
+            int rc = zfmt_convert(ps->dbuf, x->out_t, ps->sbuf, st, (size_t)k);
+            if (rc) {
+                zr_err_prefix("tensor '%s': ", x->name);
+                return rc;
+            }
+        }
+        uint64_t at = ps->base + x->begin + (a - x->ti.offset) * ds;
+        ZR_TRY(zfmt__out_pwrite(ps->f, conv ? ps->dbuf : ps->sbuf, (size_t)k * ds, at));
+        zfmt__prog_add(ps->pr, k * ds);
+        *ps->done += k * ds;
+        a += k;
+    }
+    return 0;
+}
+
+static int cmp_extent_offset(const void *a, const void *b)
+{
+    const zck_extent_info *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+static int export_in_file_order(const st_pass *ps)
+{
+    int rc = 0;
+    for (size_t sh = 0; sh < zck_reader_n_shards(ps->r) && !rc; sh++) {
+        const zck_shard *s = zck_reader_shard(ps->r, sh);
+        size_t ne = zck_shard_n_extents(s);
+        zck_extent_info *e = calloc(ne ? ne : 1, sizeof *e);
+        if (!e)
+            return zr_err_set(ZR_ENOMEM, "out of memory");
+        for (size_t i = 0; i < ne; i++)
+            zck_shard_extent(s, i, &e[i]);
+        qsort(e, ne, sizeof *e, cmp_extent_offset);
+        for (size_t i = 0; i < ne && !rc; i++)
+            for (size_t j = 0; j < ps->n && !rc; j++) {
+                const item *x = &ps->it[j];
+                if (x->transposed || x->g != e[i].group || x->s != e[i].state)
+                    continue;
+                uint64_t a = e[i].start > x->ti.offset ? e[i].start : x->ti.offset;
+                uint64_t b = e[i].start + e[i].count, xe = x->ti.offset + x->ti.numel;
+                b = b < xe ? b : xe;
+                if (a < b)
+                    rc = export_piece(ps, x, a, b);
+            }
+        free(e);
+    }
+    return rc;
 }
 
 static int st_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o, int names);
@@ -303,30 +380,24 @@ static int st_export(const char *ckpt, const char *out_file, const zfmt_st_opts 
 
     zfmt__prog pr;
     zfmt__prog_init(&pr, &opt.progress, "export", n ? it[n - 1].end : 0);
+    uint64_t done = 0, want = 0;
+    st_pass ps = {r, &ro, it, n, f, 8 + (uint64_t)hlen, sbuf, dbuf, chunk, &pr, &done};
+    ZR_TRY_GOTO(export_in_file_order(&ps), rc, out);
+    for (size_t i = 0; i < n; i++)
+        want += it[i].transposed ? 0 : it[i].end - it[i].begin;
+    if (done != want) { /* the shards' extents must tile every tensor exactly once */
+        rc = zr_err_set(ZR_ECORRUPT, "%s: the shards hold %llu bytes of the tensors to export, "
+                        "expected %llu (extents missing or overlapping)", zck_reader_path(r),
+                        (unsigned long long)done, (unsigned long long)want);
+        goto out;
+    }
     for (size_t i = 0; i < n; i++) {
-        zck_dtype st = zck_layout_state_dtype(L, it[i].s);
-        int conv = st != it[i].out_t;
-        size_t ds = zck_dtype_size(it[i].out_t);
-        if (it[i].transposed) {
-            ZR_TRY_GOTO(write_transposed(r, &ro, &it[i], st, wbuf, tbuf, f), rc, out);
-            zfmt__prog_add(&pr, it[i].ti.numel * ds);
+        if (!it[i].transposed)
             continue;
-        }
-        for (uint64_t done = 0; done < it[i].ti.numel;) {
-            uint64_t k = it[i].ti.numel - done < chunk ? it[i].ti.numel - done : chunk;
-            zck_read_req q = {it[i].g, it[i].s, it[i].ti.offset + done, k, sbuf};
-            ZR_TRY_GOTO(zck_reader_read(r, &q, 1, &ro), rc, out);
-            if (conv) {
-                rc = zfmt_convert(dbuf, it[i].out_t, sbuf, st, (size_t)k);
-                if (rc) {
-                    zr_err_prefix("tensor '%s': ", it[i].name);
-                    goto out;
-                }
-            }
-            ZR_TRY_GOTO(zfmt__out_write(f, conv ? dbuf : sbuf, (size_t)k * ds), rc, out);
-            zfmt__prog_add(&pr, k * ds);
-            done += k;
-        }
+        zck_dtype st = zck_layout_state_dtype(L, it[i].s);
+        ZR_TRY_GOTO(write_transposed(r, &ro, &it[i], st, wbuf, tbuf, f, ps.base + it[i].begin),
+                    rc, out);
+        zfmt__prog_add(&pr, it[i].ti.numel * zck_dtype_size(it[i].out_t));
     }
     rc = zfmt__verify_join(v);
     v = NULL;
