@@ -87,6 +87,31 @@ int zfmt__out_pwrite(zfmt__out *o, const void *data, size_t n_bytes, uint64_t at
     return 0;
 }
 
+int zfmt__out_copy(zfmt__out *o, int in_fd, uint64_t in_off, uint64_t n_bytes, uint64_t at)
+{
+    loff_t src = (loff_t)in_off, dst = (loff_t)at;
+    uint64_t left = n_bytes;
+    while (left) {
+        ssize_t k = copy_file_range(in_fd, &src, o->fd, &dst, left, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && left == n_bytes &&
+            (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP))
+            return 1; /* not here: the caller copies through memory */
+        if (k < 0)
+            return zr_err_sys(errno, "%s: copy", o->tmp);
+        if (k == 0)
+            return zr_err_set(ZR_ECORRUPT, "%s: source ended %llu bytes early while copying",
+                              o->tmp, (unsigned long long)left);
+        left -= (uint64_t)k;
+    }
+#ifdef SYNC_FILE_RANGE_WRITE
+    if (n_bytes >= ((uint64_t)1 << 20))
+        sync_file_range(o->fd, (off_t)at, (off_t)n_bytes, SYNC_FILE_RANGE_WRITE);
+#endif
+    return 0;
+}
+
 int zfmt__fsync_dir_of(const char *path)
 {
     char *copy = strdup(path);

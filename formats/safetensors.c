@@ -238,14 +238,28 @@ typedef struct {
     size_t chunk;         /* elements per read */
     zfmt__prog *pr;
     uint64_t *done;       /* output bytes written */
+    int fd;               /* the shard being read (a regular file), -1: through the reader */
 } st_pass;
 
-/* Elements [a, b) of item x's (group, state), all inside x, to the output. */
-static int export_piece(const st_pass *ps, const item *x, uint64_t a, uint64_t b)
+/* Elements [a, b) of item x's (group, state), all inside x and inside extent e, to the
+ * output: copied in the kernel when stored as exported, else through memory. */
+static int export_piece(const st_pass *ps, const item *x, const zck_extent_info *e,
+                        uint64_t a, uint64_t b)
 {
     zck_dtype st = zck_layout_state_dtype(zck_reader_layout(ps->r), x->s);
     size_t ds = zck_dtype_size(x->out_t);
     int conv = st != x->out_t;
+    if (!conv && ps->fd >= 0) {
+        int rc = zfmt__out_copy(ps->f, ps->fd, e->offset + (a - e->start) * ds, (b - a) * ds,
+                                ps->base + x->begin + (a - x->ti.offset) * ds);
+        if (rc <= 0) {
+            if (!rc) {
+                zfmt__prog_add(ps->pr, (b - a) * ds);
+                *ps->done += (b - a) * ds;
+            }
+            return rc;
+        }
+    }
     while (a < b) {
         uint64_t k = b - a < ps->chunk ? b - a : ps->chunk;
         zck_read_req q = {x->g, x->s, a, k, ps->sbuf};
@@ -272,7 +286,23 @@ static int cmp_extent_offset(const void *a, const void *b)
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-static int export_in_file_order(const st_pass *ps)
+/* The shard file of s for in-kernel copies: a regular file at least as long as listed (a FIFO,
+ * a link or a short file: -1, and the reader reports what is wrong). */
+static int open_shard(zck_reader *r, const zck_shard *s)
+{
+    char path[4200];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", zck_reader_path(r), zck_shard_file(s));
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd >= 0 && (fstat(fd, &sb) || !S_ISREG(sb.st_mode) ||
+                    (uint64_t)sb.st_size < zck_shard_bytes(s))) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+static int export_in_file_order(st_pass *ps)
 {
     int rc = 0;
     for (size_t sh = 0; sh < zck_reader_n_shards(ps->r) && !rc; sh++) {
@@ -284,6 +314,7 @@ static int export_in_file_order(const st_pass *ps)
         for (size_t i = 0; i < ne; i++)
             zck_shard_extent(s, i, &e[i]);
         qsort(e, ne, sizeof *e, cmp_extent_offset);
+        ps->fd = open_shard(ps->r, s);
         for (size_t i = 0; i < ne && !rc; i++)
             for (size_t j = 0; j < ps->n && !rc; j++) {
                 const item *x = &ps->it[j];
@@ -293,8 +324,11 @@ static int export_in_file_order(const st_pass *ps)
                 uint64_t b = e[i].start + e[i].count, xe = x->ti.offset + x->ti.numel;
                 b = b < xe ? b : xe;
                 if (a < b)
-                    rc = export_piece(ps, x, a, b);
+                    rc = export_piece(ps, x, &e[i], a, b);
             }
+        if (ps->fd >= 0)
+            close(ps->fd);
+        ps->fd = -1;
         free(e);
     }
     return rc;
@@ -381,7 +415,7 @@ static int st_export(const char *ckpt, const char *out_file, const zfmt_st_opts 
     zfmt__prog pr;
     zfmt__prog_init(&pr, &opt.progress, "export", n ? it[n - 1].end : 0);
     uint64_t done = 0, want = 0;
-    st_pass ps = {r, &ro, it, n, f, 8 + (uint64_t)hlen, sbuf, dbuf, chunk, &pr, &done};
+    st_pass ps = {r, &ro, it, n, f, 8 + (uint64_t)hlen, sbuf, dbuf, chunk, &pr, &done, -1};
     ZR_TRY_GOTO(export_in_file_order(&ps), rc, out);
     for (size_t i = 0; i < n; i++)
         want += it[i].transposed ? 0 : it[i].end - it[i].begin;
