@@ -63,6 +63,20 @@ int zfmt__out_write(zfmt__out *o, const void *data, size_t n_bytes)
     return 0;
 }
 
+/* Start the write-back of a large piece now, while the rest is read (the commit's fsync waits
+ * for it); best effort. */
+static void start_writeback(zfmt__out *o, uint64_t at, uint64_t n_bytes)
+{
+#ifdef SYNC_FILE_RANGE_WRITE
+    if (n_bytes >= ((uint64_t)1 << 20))
+        sync_file_range(o->fd, (off_t)at, (off_t)n_bytes, SYNC_FILE_RANGE_WRITE);
+#else
+    (void)o;
+    (void)at;
+    (void)n_bytes;
+#endif
+}
+
 int zfmt__out_pwrite(zfmt__out *o, const void *data, size_t n_bytes, uint64_t at)
 {
     const unsigned char *p = data;
@@ -79,11 +93,7 @@ int zfmt__out_pwrite(zfmt__out *o, const void *data, size_t n_bytes, uint64_t at
         at += (uint64_t)k;
         left -= (size_t)k;
     }
-#ifdef SYNC_FILE_RANGE_WRITE
-    /* start the write-back now, while the rest is read (the commit's fsync waits for it) */
-    if (n_bytes >= ((size_t)1 << 20))
-        sync_file_range(o->fd, (off_t)from, (off_t)n_bytes, SYNC_FILE_RANGE_WRITE);
-#endif
+    start_writeback(o, from, n_bytes);
     return 0;
 }
 
@@ -105,10 +115,7 @@ int zfmt__out_copy(zfmt__out *o, int in_fd, uint64_t in_off, uint64_t n_bytes, u
                               o->tmp, (unsigned long long)left);
         left -= (uint64_t)k;
     }
-#ifdef SYNC_FILE_RANGE_WRITE
-    if (n_bytes >= ((uint64_t)1 << 20))
-        sync_file_range(o->fd, (off_t)at, (off_t)n_bytes, SYNC_FILE_RANGE_WRITE);
-#endif
+    start_writeback(o, at, n_bytes);
     return 0;
 }
 

@@ -542,8 +542,8 @@ static int stream_prepare(zr_zhost *z)
     return 0;
 }
 
-/* Reads of states [s0, 3) of chunk i into its staging set, after the set's last write-back. */
-static int stream_read(zr_zhost *z, size_t i, int s0)
+/* Reads of states [s0, s1) of chunk i into its staging set, after the set's last write-back. */
+static int stream_read(zr_zhost *z, size_t i, int s0, int s1)
 {
     size_t set = i % z->nbufs;
     for (int f = 0; f < 2; f++) {
@@ -551,7 +551,7 @@ static int stream_read(zr_zhost *z, size_t i, int s0)
         if (sw && z->wt[2 * set + f])
             ZR_TRY(zck_swap_wait(sw, z->wt[2 * set + f]));
     }
-    for (int s = s0; s < 3; s++) {
+    for (int s = s0; s < s1; s++) {
         uint64_t base;
         zck_swap *sw = zr__zero_swap_of(&z->b, z->ch[i].g, s, &base);
         if (sw)
@@ -572,7 +572,7 @@ static int stream_read_ahead(zr_zhost *z)
         return 0;
     ZR_TRY(stream_prepare(z));
     for (; z->pre < z->nch && z->pre < z->nbufs; z->pre++)
-        ZR_TRY(stream_read(z, z->pre, 1));
+        ZR_TRY(stream_read(z, z->pre, 1, 3));
     return 0;
 }
 
@@ -914,7 +914,7 @@ static int host_adamw(zr_zero *zz, uint64_t t, float lr, float clip, const zr_ad
     size_t ahead = 0;
     for (size_t i = 0; i < z->nch && !rc; i++) {
         for (; !rc && ahead < z->nch && ahead < i + z->nbufs; ahead++)
-            rc = stream_read(z, ahead, ahead < z->pre ? (z->b.psw ? 0 : 3) : 0);
+            rc = stream_read(z, ahead, 0, ahead < z->pre ? 1 : 3); /* read ahead: m, v */
         if (rc)
             break;
         size_t set = i % z->nbufs, g = z->ch[i].g;
