@@ -31,6 +31,7 @@ typedef struct {
     int format;               /* FMT_*, -1: from the output's name */
     int dtype;                /* a zck_dtype, -1: as stored */
     uint32_t world;
+    size_t shard_bytes;       /* export --format hf: --shard-size */
     zck_verify_opts verify;
     zck_reshard_opts reshard;
     zck_diff_opts diff;
@@ -52,6 +53,7 @@ static void args_init(zckpt_args *a)
     memset(a, 0, sizeof *a);
     a->format = -1;
     a->dtype = -1;
+    a->shard_bytes = (size_t)ZFMT_HF_SHARD_DEFAULT;
     a->verify = vo;
     a->reshard = ro;
     a->diff = d;
@@ -543,6 +545,7 @@ static int export_hf(const zckpt_args *a)
     o.dtype = a->dtype;
     o.force = a->force;
     o.tokenizer_json = a->tokenizer;
+    o.shard_bytes = a->shard_bytes;
     o.progress = zcli_progress_init(&bar);
     int rc = zfmt_hf_export(a->path, a->out, &o);
     zcli_progress_end(&bar);
@@ -554,7 +557,11 @@ static int export_hf(const zckpt_args *a)
     char tj[4200];
     struct stat st;
     snprintf(tj, sizeof tj, "%s/tokenizer.json", a->out);
-    printf("%s: Hugging Face GPT-2 model (config.json, model.safetensors%s) of %s\n", a->out,
+    char ix[4200];
+    snprintf(ix, sizeof ix, "%s/model.safetensors.index.json", a->out);
+    printf("%s: Hugging Face model (config.json, %s%s) of %s\n", a->out,
+           lstat(ix, &st) == 0 ? "sharded model-*.safetensors with their index"
+                               : "model.safetensors",
            lstat(tj, &st) == 0 ? ", tokenizer.json" : "", a->path);
     return ZCLI_OK;
 }
@@ -918,6 +925,11 @@ static const zcli_opt export_opts[] = {
     OPT_DTYPE,
     ZCLI_STRING("--tokenizer", tokenizer, "FILE", "the checkpoint's own, if any",
                 "hf: a tokenizer.json to put beside the model"),
+    {.name = "--shard-size", .kind = ZCLI_OPT_BYTES, .off = offsetof(zckpt_args, shard_bytes),
+     .meta = "SIZE", .def = "5000000000 (transformers' 5GB)",
+     .help = "hf: weights larger than this go into model-0000k-of-0000n.safetensors shards of "
+             "at most SIZE each (a larger tensor alone; at most 512 files) with "
+             "model.safetensors.index.json; 0: one model.safetensors whatever its size"},
     OPT_FORCE,
 };
 static const zcli_opt import_opts[] = {
@@ -1005,12 +1017,14 @@ static const zcli_command commands[] = {
      "params only; --format zckpt writes a world-1 checkpoint into the run directory OUT.\n"
      "Streaming, bounded memory.\n"},
     {"export", cmd_export, TABLE(export_opts),
-     "Export the model (params) of a GPT-2 checkpoint: safetensors in our tensor names,\n"
-     "llm.c's model file (gpt2_124M.bin layout), or a Hugging Face model directory\n"
-     "(config.json + model.safetensors) that transformers loads as GPT2LMHeadModel.\n"},
+     "Export the model (params) of a checkpoint: safetensors in our tensor names, llm.c's\n"
+     "GPT-2 model file (gpt2_124M.bin layout), or a Hugging Face model directory (config.json\n"
+     "+ model.safetensors or shards with their index) that transformers loads as\n"
+     "GPT2LMHeadModel or LlamaForCausalLM.\n"},
     {"import", cmd_import, TABLE(import_opts),
-     "Make a step-0 checkpoint (N shards) from a GPT-2 model: a safetensors file in our\n"
-     "names, a Hugging Face GPT-2 directory (config.json + model.safetensors), or an llm.c\n"
+     "Make a step-0 checkpoint (N shards) from a model: a safetensors file in our names, a\n"
+     "Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory (config.json +\n"
+     "model.safetensors, or shards with model.safetensors.index.json), or an llm.c GPT-2\n"
      "model file. Optimizer states start at zero; `zrun` can resume training from it.\n"},
     {"pack", cmd_pack, TABLE(pack_opts),
      "Pack a checkpoint into a tar archive (compression from the suffix), streaming.\n"},

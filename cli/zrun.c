@@ -263,7 +263,8 @@ static const zcli_opt zrun_table[] = {
                  "step line (and logs it as a \"sample\" event with --log-json); at ZeRO-3 "
                  "the parameters are gathered to rank 0 for it"),
     ZCLI_STRING("--prompt", o.sample_prompt, "TEXT", "\"the \"",
-                "the samples' prompt; its bytes are the token ids"),
+                "the samples' prompt: encoded by the run's tokenizer (--tokenizer, or the "
+                "checkpoint's), else its bytes are the token ids"),
     ZCLI_INTEGER(U32, "--sample-tokens", o.sample_tokens, "N", 1, 1u << 20, NULL,
                  "tokens each sample generates"),
     ZCLI_SECTION("running:"),
@@ -359,6 +360,65 @@ static void usage(void)
 
 /* The options into *a, with the checks between options that need no environment. ZCLI_OK,
  * ZCLI_ERROR after printing why, or ZCLI_OPTS_HELP after printing the help. */
+/* ------------------------------------------------------------------ the samples' tokenizer */
+
+/* The run's tokenizer.json (formats/' byte-level BPE) for the samples of --sample-every. */
+static int tok_open(void **ctx, const char *json, size_t n)
+{
+    return zfmt_tok_load_mem((zfmt_tok **)ctx, json, n, "the run's tokenizer.json");
+}
+
+static int tok_encode(void *ctx, const char *text, size_t len, int32_t **ids, size_t *n)
+{
+    zfmt_tok_ids v = {0};
+    int rc = zfmt_tok_encode(&v, ctx, text, len, NULL);
+    if (rc) {
+        zfmt_tok_ids_free(&v);
+        return rc;
+    }
+    *ids = (int32_t *)v.id; /* ids below the model's vocabulary (< 2^31): the same bits */
+    *n = v.n;
+    return 0;
+}
+
+/* An id the tokenizer does not have (the model's vocabulary may be larger) as <|id|>. */
+static int tok_decode(void *ctx, const int32_t *ids, size_t n, char **text, size_t *len)
+{
+    size_t cap = 64, at = 0;
+    char *out = malloc(cap);
+    for (size_t i = 0; out && i < n; i++) {
+        char *piece = NULL, id[32];
+        size_t k = 0;
+        uint32_t u = (uint32_t)ids[i];
+        if (zfmt_tok_decode(&piece, &k, ctx, &u, 1) < 0) {
+            zr_err_clear();
+            k = (size_t)snprintf(id, sizeof id, "<|%d|>", ids[i]);
+        }
+        if (at + k + 1 > cap) {
+            while (at + k + 1 > cap)
+                cap *= 2;
+            char *bigger = realloc(out, cap);
+            if (!bigger)
+                free(out);
+            out = bigger;
+        }
+        if (out)
+            memcpy(out + at, piece ? piece : id, k);
+        at += k;
+        free(piece);
+    }
+    if (!out)
+        return zr_err_set(ZR_ENOMEM, "sample: out of memory");
+    out[at] = 0;
+    *text = out;
+    *len = at;
+    return 0;
+}
+
+static void tok_close(void *ctx) { zfmt_tok_free(ctx); }
+
+static const zr_text_codec tok_codec = {tok_open, tok_encode, tok_decode, tok_close};
+
 static int parse_args(zrun_args *a, int argc, char **argv)
 {
     args_init(a);
@@ -371,6 +431,7 @@ static int parse_args(zrun_args *a, int argc, char **argv)
     if (a->device < 0 && zcli_opts_set(&zrun_opts, a, "--device", env ? env : "auto"))
         return ZCLI_ERROR;
     a->o.device = a->device;
+    a->o.text_codec = &tok_codec; /* samples read the run's tokenizer, if it has one */
     if (a->o.tokenizer_path) { /* checked and read once, before any rank starts */
         char *json;
         if (zfmt_tok_read(&json, &a->o.tokenizer_bytes, &a->o.tokenizer_vocab,

@@ -63,19 +63,29 @@ void zfmt__prog_add(zfmt__prog *pr, uint64_t n_bytes);
 const char *zfmt__gpt2_kind(size_t k);
 /* Shape of kind k ([out, in] for weights); ndim is 1 or 2. */
 void zfmt__gpt2_kind_shape(const zfmt_gpt2_config *c, size_t k, size_t *ndim, uint64_t shape[2]);
-/* 1 for the Conv1D weights that Hugging Face stores transposed ([in, out]). */
-int zfmt__gpt2_kind_is_conv1d(size_t k);
-/* Hugging Face's name of one of our GPT-2 tensors ("transformer.h.0.attn.c_attn.weight"), into
- * out; *transposed is 1 for a Conv1D weight, which Hugging Face stores [in, out]. */
-int zfmt__gpt2_hf_name(char *out, size_t n, const char *ours, int *transposed);
-/* Our name of a Hugging Face GPT-2 tensor (borrowed from hf or static); NULL for what is not a
- * parameter there (lm_head.weight, tied to wte; the attn.bias / masked_bias buffers); "" for a
- * name that is ours but not Hugging Face's ("wte"), which no HF file holds. */
-const char *zfmt__gpt2_from_hf(const char *hf);
 /* ZR_EINVAL naming the bad field. */
 int zfmt__gpt2_check(const zfmt_gpt2_config *c);
 /* Group index and info of a tensor by name; ZR_ENOTFOUND when absent. */
 int zfmt__find_tensor(const zck_layout *L, const char *name, size_t *group, zck_tensor_info *t);
+
+/* ---------------------------------------------------------------- Hugging Face names
+ * (hfnames.c): one table entry per model family */
+
+typedef struct zfmt__hf_family zfmt__hf_family;
+/* The naming of ckpt's family arch ("gpt2", "llama"), or NULL when Hugging Face's is not known. */
+const zfmt__hf_family *zfmt__hf_family_of(const char *arch);
+/* config.json's architecture ("GPT2LMHeadModel", "LlamaForCausalLM"). */
+const char *zfmt__hf_arch(const zfmt__hf_family *f);
+/* Hugging Face's name of one of our tensors ("transformer.h.0.attn.c_attn.weight"), into out;
+ * *transposed is 1 for a weight Hugging Face stores [in, out] (GPT-2's Conv1D). */
+int zfmt__hf_name(const zfmt__hf_family *f, char *out, size_t n, const char *ours,
+                  int *transposed);
+/* Our name of a Hugging Face tensor (borrowed from hf or static); NULL for a buffer that is not a
+ * parameter (attn.bias, rotary_emb.inv_freq); "" for a name that is ours but not Hugging Face's
+ * ("wte"), which no HF file holds. *transposed as above. */
+const char *zfmt__hf_to_ours(const zfmt__hf_family *f, const char *hf, int *transposed);
+/* 1 when hf is the output head, which a tied model does not have (skipped on import). */
+int zfmt__hf_is_head(const zfmt__hf_family *f, const char *hf);
 
 /* ---------------------------------------------------------------- llm.c files */
 
@@ -120,9 +130,14 @@ int zfmt__st_read(const zfmt__st_file *f, const zfmt__st_entry *e, void *dst);
 const char *zfmt__st_dtype_name(zck_dtype t);
 int zfmt__st_dtype_parse(zck_dtype *out, const char *name);
 
-/* zfmt_safetensors_export's streaming writer with Hugging Face's GPT-2 names (params only,
- * Conv1D weights transposed, each read whole), metadata {"format": "pt"}. */
-int zfmt__st_export_hf(const char *ckpt, const char *out_file, const zfmt_st_opts *o);
+/* zfmt_safetensors_export's streaming writer with Hugging Face's names of the checkpoint's family
+ * (params only, Conv1D weights transposed, each read whole), metadata {"format": "pt"}, into
+ * directory out_dir: model.safetensors, or when larger than shard_bytes (0: no limit) the shards
+ * model-0000k-of-0000n.safetensors (a new one where the next tensor would pass the limit) and
+ * model.safetensors.index.json. Each file is renamed into place only after the source verified.
+ * ZR_EUNSUPPORTED for a family with no Hugging Face naming. */
+int zfmt__st_export_hf(const char *ckpt, const char *out_dir, const zfmt_st_opts *o,
+                       uint64_t shard_bytes);
 
 /* json_dumps into memory from malloc (whatever allocator Jansson was given); NULL when out of
  * memory. */

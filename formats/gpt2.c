@@ -47,16 +47,6 @@ void zfmt__gpt2_kind_shape(const zfmt_gpt2_config *c, size_t k, size_t *ndim, ui
     shape[1] = ti.ndim == 2 ? ti.shape[1] : 0;
 }
 
-/* Hugging Face's GPT-2 keeps every matrix of a block in a Conv1D: c_attn, c_proj, c_fc, c_proj */
-int zfmt__gpt2_kind_is_conv1d(size_t k)
-{
-    zfmt_gpt2_config c = {1, 1, 1, 1, 1};
-    size_t nd;
-    uint64_t sh[2];
-    zfmt__gpt2_kind_shape(&c, k, &nd, sh);
-    return nd == 2;
-}
-
 int zfmt__gpt2_check(const zfmt_gpt2_config *c)
 {
     zck_arch_config a;
@@ -90,57 +80,4 @@ int zfmt_gpt2_config_from_json(zfmt_gpt2_config *out, const char *model_json)
 int zfmt_gpt2_config_to_json(char **out, const zfmt_gpt2_config *c)
 {
     return zck_gpt2_to_json(out, c);
-}
-
-/* ---------------------------------------------------------------- Hugging Face names
- *
- * Hugging Face's GPT2LMHeadModel names our tensors "transformer.<ours>", but for the two
- * embeddings, which are modules there ("transformer.wte.weight"); its Conv1D weights are
- * stored [in, out]. lm_head.weight is wte (tied) and the attn.bias / attn.masked_bias causal
- * masks are buffers, not parameters. This table is the one place both directions use. */
-static const struct {
-    const char *ours, *hf;
-} hf_renamed[] = {{"wte", "wte.weight"}, {"wpe", "wpe.weight"}};
-#define HF_PREFIX "transformer."
-
-int zfmt__gpt2_hf_name(char *out, size_t n, const char *ours, int *transposed)
-{
-    const char *base = ours;
-    for (size_t i = 0; i < sizeof hf_renamed / sizeof *hf_renamed; i++)
-        if (!strcmp(ours, hf_renamed[i].ours))
-            base = hf_renamed[i].hf;
-    *transposed = 0;
-    const char *dot = !strncmp(ours, "h.", 2) ? strchr(ours + 2, '.') : NULL;
-    for (size_t k = 0; dot && k < ZFMT__GPT2_KINDS; k++)
-        if (!strcmp(dot + 1, zfmt__gpt2_kind(k)))
-            *transposed = zfmt__gpt2_kind_is_conv1d(k);
-    if ((size_t)snprintf(out, n, HF_PREFIX "%s", base) >= n)
-        return zr_err_set(ZR_EINVAL, "tensor name '%s' too long", ours);
-    return 0;
-}
-
-/* "h.<digits>.attn.bias" or "h.<digits>.attn.masked_bias" */
-static int is_hf_buffer(const char *name)
-{
-    if (strncmp(name, "h.", 2) || name[2] < '0' || name[2] > '9')
-        return 0;
-    const char *p = name + 2;
-    while (*p >= '0' && *p <= '9')
-        p++;
-    return !strcmp(p, ".attn.bias") || !strcmp(p, ".attn.masked_bias");
-}
-
-const char *zfmt__gpt2_from_hf(const char *hf)
-{
-    if (!strncmp(hf, HF_PREFIX, strlen(HF_PREFIX)))
-        hf += strlen(HF_PREFIX);
-    if (!strcmp(hf, "lm_head.weight") || is_hf_buffer(hf))
-        return NULL;
-    for (size_t i = 0; i < sizeof hf_renamed / sizeof *hf_renamed; i++) {
-        if (!strcmp(hf, hf_renamed[i].hf))
-            return hf_renamed[i].ours;
-        if (!strcmp(hf, hf_renamed[i].ours))
-            return ""; /* our name, not Hugging Face's */
-    }
-    return hf;
 }

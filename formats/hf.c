@@ -18,16 +18,29 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* What an export writes: the only entries a target may hold to be replaced. */
-static const char *const hf_files[] = {"config.json", "model.safetensors", "tokenizer.json"};
+/* What an export writes: the only entries a target may hold to be replaced; and the shards
+ * model-<5 digits>-of-<5 digits>.safetensors. */
+static const char *const hf_files[] = {"config.json", "model.safetensors", "tokenizer.json",
+                                       "model.safetensors.index.json"};
 #define N_HF_FILES (sizeof hf_files / sizeof *hf_files)
+
+static int is_digits(const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] < '0' || p[i] > '9')
+            return 0;
+    return 1;
+}
 
 static int is_hf_file(const char *name)
 {
     for (size_t i = 0; i < N_HF_FILES; i++)
         if (!strcmp(name, hf_files[i]))
             return 1;
-    return 0;
+    /* "model-" 5 "-of-" 5 ".safetensors" */
+    return strlen(name) == 32 && !strncmp(name, "model-", 6) && is_digits(name + 6, 5) &&
+           !strncmp(name + 11, "-of-", 4) && is_digits(name + 15, 5) &&
+           !strcmp(name + 20, ".safetensors");
 }
 
 /* 0 when out_dir may be written: absent, an empty directory, or (force) a directory holding
@@ -67,16 +80,25 @@ static int check_target(const char *out_dir, int force, int *exists)
     return rc;
 }
 
-/* Remove the files an export writes from dir, then dir (nothing else is there: check_target). */
+/* Remove the files an export writes (and their temporary files of this process) from dir, then
+ * dir (nothing else is there: check_target). */
 static void remove_export(const char *dir)
 {
-    char p[4096];
-    for (size_t i = 0; i < N_HF_FILES; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, hf_files[i]);
-        unlink(p);
-        snprintf(p, sizeof p, "%s/%s.tmp-%ld", dir, hf_files[i], (long)getpid());
-        unlink(p);
+    char tmp[64];
+    int n = snprintf(tmp, sizeof tmp, ".tmp-%ld", (long)getpid());
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        char name[256];
+        snprintf(name, sizeof name, "%s", e->d_name);
+        if (len > (size_t)n && !strcmp(name + len - (size_t)n, tmp))
+            name[len - (size_t)n] = 0;
+        if (is_hf_file(name))
+            unlinkat(dirfd(d), e->d_name, 0);
     }
+    if (d)
+        closedir(d);
     rmdir(dir);
 }
 
@@ -97,26 +119,13 @@ static const char *torch_dtype(int dtype)
     return dtype == ZCK_BF16 ? "bfloat16" : dtype == ZCK_F16 ? "float16" : "float32";
 }
 
-/* config.json of GPT2LMHeadModel for c: our maths is GPT-2's (tanh GELU, LayerNorm eps 1e-5,
- * tied head); dropouts are 0 (the checkpoint does not train with dropout). */
-static int write_config(const char *path, const zfmt_gpt2_config *c, int dtype, uint64_t step)
+/* config.json as text (malloc'ed), with a final newline, into path. */
+static int write_json(const char *path, json_t *j)
 {
-    json_t *eos = c->vocab > 50256 ? json_integer(50256) : json_null();
-    json_t *j = json_pack(
-        "{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:n, s:s, s:f, s:f, s:f, s:f, s:f, s:b, "
-        "s:b, s:o, s:O, s:b, s:s, s:I}",
-        "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "vocab_size",
-        (json_int_t)c->vocab, "n_positions", (json_int_t)c->ctx, "n_ctx", (json_int_t)c->ctx,
-        "n_embd", (json_int_t)c->dim, "n_layer", (json_int_t)c->layers, "n_head",
-        (json_int_t)c->heads, "n_inner", "activation_function", "gelu_new",
-        "layer_norm_epsilon", 1e-5, "initializer_range", 0.02, "resid_pdrop", 0.0, "embd_pdrop",
-        0.0, "attn_pdrop", 0.0, "scale_attn_weights", 1, "use_cache", 1, "bos_token_id", eos,
-        "eos_token_id", eos, "tie_word_embeddings", 1, "torch_dtype", torch_dtype(dtype),
-        "zero_step", (json_int_t)step);
     if (!j)
         return zr_err_set(ZR_ENOMEM, "out of memory");
     char *text =
-        zfmt__json_dump(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+        zfmt__json_dump(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
     json_decref(j);
     if (!text)
         return zr_err_set(ZR_ENOMEM, "out of memory");
@@ -125,6 +134,46 @@ static int write_config(const char *path, const zfmt_gpt2_config *c, int dtype, 
     int rc = write_text(path, text, n + 1);
     free(text);
     return rc;
+}
+
+/* config.json of GPT2LMHeadModel: our maths is GPT-2's (tanh GELU, LayerNorm eps 1e-5, tied
+ * head); dropouts are 0 (the checkpoint does not train with dropout). */
+static json_t *gpt2_config(const zck_arch_config *a, int dtype, uint64_t step)
+{
+    zfmt_gpt2_config c;
+    zck_gpt2_from_arch(&c, a);
+    json_t *eos = c.vocab > 50256 ? json_integer(50256) : json_null();
+    return json_pack(
+        "{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:n, s:s, s:f, s:f, s:f, s:f, s:f, s:b, "
+        "s:b, s:o, s:O, s:b, s:s, s:I}",
+        "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "vocab_size",
+        (json_int_t)c.vocab, "n_positions", (json_int_t)c.ctx, "n_ctx", (json_int_t)c.ctx,
+        "n_embd", (json_int_t)c.dim, "n_layer", (json_int_t)c.layers, "n_head",
+        (json_int_t)c.heads, "n_inner", "activation_function", "gelu_new",
+        "layer_norm_epsilon", 1e-5, "initializer_range", 0.02, "resid_pdrop", 0.0, "embd_pdrop",
+        0.0, "attn_pdrop", 0.0, "scale_attn_weights", 1, "use_cache", 1, "bos_token_id", eos,
+        "eos_token_id", eos, "tie_word_embeddings", 1, "torch_dtype", torch_dtype(dtype),
+        "zero_step", (json_int_t)step);
+}
+
+/* config.json of LlamaForCausalLM: rotate-half rotary positions of theta rope_theta with no
+ * scaling, SwiGLU (silu), RMSNorm, no biases, grouped-query attention. */
+static json_t *llama_config(const zck_arch_config *a, int dtype, uint64_t step)
+{
+#define F(name) ((json_int_t)zck_arch_config_get(a, name))
+    return json_pack(
+        "{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:n, s:b, s:b, s:s, "
+        "s:f, s:f, s:b, s:b, s:n, s:n, s:s, s:I}",
+        "architectures", "LlamaForCausalLM", "model_type", "llama", "vocab_size", F("vocab"),
+        "hidden_size", F("dim"), "intermediate_size", F("ffn"), "num_hidden_layers",
+        F("layers"), "num_attention_heads", F("heads"), "num_key_value_heads", F("kv_heads"),
+        "head_dim", F("dim") / F("heads"), "max_position_embeddings", F("ctx"), "rms_norm_eps",
+        zck_arch_config_get(a, "norm_eps"), "rope_theta", zck_arch_config_get(a, "rope_theta"),
+        "rope_scaling", "attention_bias", 0, "mlp_bias", 0, "hidden_act", "silu",
+        "attention_dropout", 0.0, "initializer_range", 0.02, "tie_word_embeddings",
+        zck_arch_config_get(a, "tied") != 0, "use_cache", 1, "bos_token_id", "eos_token_id",
+        "torch_dtype", torch_dtype(dtype), "zero_step", (json_int_t)step);
+#undef F
 }
 
 /* Copy src (a regular file, not followed if a link) to path. */
@@ -166,17 +215,20 @@ static int ckpt_tokenizer(const char *path, const char *ckpt)
     return rc;
 }
 
-/* The GPT-2 config and step of a checkpoint (its manifest only). */
-static int read_config(zfmt_gpt2_config *c, uint64_t *step, const char *ckpt)
+/* The model config and step of a checkpoint (its manifest only). */
+static int read_config(zck_arch_config *a, uint64_t *step, const char *ckpt)
 {
     zck_reader *r = NULL;
     ZR_TRY(zck_reader_open(&r, ckpt));
-    int rc = zfmt_gpt2_config_from_json(c, zck_reader_model_json(r));
+    int rc = zck_arch_config_from_json(a, zck_reader_model_json(r), NULL);
     if (rc) { /* the message is formatted into the error record it reads: copy it first */
         char why[512];
         snprintf(why, sizeof why, "%s", zr_err_msg());
-        rc = zr_err_set(ZR_EUNSUPPORTED, "%s: Hugging Face export knows GPT-2 checkpoints: %s",
-                        zck_reader_path(r), why);
+        rc = zr_err_set(ZR_EUNSUPPORTED, "%s: Hugging Face export: %s", zck_reader_path(r),
+                        why);
+    } else if (!zfmt__hf_family_of(zck_arch_name(a->arch))) {
+        rc = zr_err_set(ZR_EUNSUPPORTED, "%s: Hugging Face export does not know model family "
+                        "'%s'", zck_reader_path(r), zck_arch_name(a->arch));
     }
     *step = zck_reader_step(r);
     zck_reader_free(r);
@@ -225,7 +277,7 @@ int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o)
         return zr_err_set(ZR_EINVAL, "%s: path too long", out_dir);
 
     int exists;
-    zfmt_gpt2_config c;
+    zck_arch_config c;
     uint64_t step;
     ZR_TRY(check_target(dir, o->force, &exists));
     ZR_TRY(read_config(&c, &step, ckpt));
@@ -235,11 +287,13 @@ int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o)
     zfmt_st_opts so = ZFMT_ST_OPTS_INIT;
     so.dtype = o->dtype;
     so.progress = o->progress;
-    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    int rc = zfmt__st_export_hf(ckpt, path, &so); /* verifies the source before its rename */
+    /* verifies the source before the renames */
+    int rc = zfmt__st_export_hf(ckpt, tmp, &so, o->shard_bytes);
     if (!rc) {
         snprintf(path, sizeof path, "%s/config.json", tmp);
-        rc = write_config(path, &c, o->dtype, step);
+        rc = write_json(path, !strcmp(zck_arch_name(c.arch), "llama")
+                                  ? llama_config(&c, o->dtype, step)
+                                  : gpt2_config(&c, o->dtype, step));
     }
     if (!rc) {
         snprintf(path, sizeof path, "%s/tokenizer.json", tmp);

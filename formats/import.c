@@ -1,14 +1,14 @@
 /*
- * import.c: import a GPT-2 model as a new checkpoint at step 0 (zfmt_import). Three sources:
- *   - a Hugging Face GPT-2 directory: config.json + model.safetensors; names may carry a
- *     "transformer." prefix, "wte.weight"/"wpe.weight" become "wte"/"wpe", the Conv1D weights
- *     (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are stored [in, out] and are transposed
- *     to our [out, in], and the attn.bias / attn.masked_bias buffers and lm_head.weight (tied to
- *     wte) are ignored;
+ * import.c: import a model as a new checkpoint at step 0 (zfmt_import). Three sources:
+ *   - a Hugging Face directory of GPT2LMHeadModel or LlamaForCausalLM: config.json (the family
+ *     from model_type / architectures; Llama fields that change the maths refused naming them)
+ *     + model.safetensors, or the shards model.safetensors.index.json names; the names are
+ *     mapped by the family's table (hfnames.c: prefixes, GPT-2's Conv1D weights stored [in, out]
+ *     and transposed to our [out, in], buffers and a tied head ignored);
  *   - an llm.c model file (int32 magic 20240326, version 3 with a padded vocabulary or version 1
  *     without), padded rows of wte dropped;
  *   - a safetensors file in our names (as zfmt_safetensors_export writes it), its config from the
- *     "zero.model" metadata, else from the shapes and opts.heads; "<state>/<name>" tensors are
+ *     "zero.model" metadata (any family), else a GPT-2 from the shapes and opts.heads; "<state>/<name>" tensors are
  *     ignored (optimizer states start at zero).
  * Every tensor is checked (missing, duplicated, unexpected, wrong shape) before anything is
  * written. Then each rank's shard is written through the ckpt writer (param from the source,
@@ -34,14 +34,19 @@ typedef struct {
     int kind;
     const char *file;            /* the file holding the tensors, for messages */
     char *file_buf;              /* owns file when it is built */
-    zfmt_gpt2_config c;
+    zck_arch_config a;           /* the model */
+    zfmt_gpt2_config c;          /* the same for GPT-2 sources (llm.c, ours without metadata) */
+    const zfmt__hf_family *fam;  /* Hugging Face sources: the family's names */
     zck_layout *L;
-    size_t nt;                   /* GPT-2 tensors, flat index in layout order */
+    size_t nt;                   /* tensors, flat index in layout order */
     size_t *t_group;             /* per flat index */
     zck_tensor_info *t_info;     /* per flat index (names borrowed from L) */
-    /* safetensors sources */
-    zfmt__st_file *st;
+    /* safetensors sources: one file, or Hugging Face's shards */
+    zfmt__st_file **st;
+    size_t n_st;
     const zfmt__st_entry **map;  /* per flat index: the source entry */
+    size_t *map_file;            /* per flat index: its file in st */
+    unsigned char *tr;           /* per flat index: stored [in, out] (GPT-2's Conv1D) */
     /* llm.c sources */
     int fd;
     uint64_t llmc_off[ZFMT__LLMC_ARRAYS]; /* byte offset of each array in the file */
@@ -69,27 +74,12 @@ static int parse_uint(const char **p, uint32_t *out)
     return 0;
 }
 
-/* Flat index of one of our GPT-2 tensor names, or -1. */
-static long flat_index(const zfmt_gpt2_config *c, const char *name)
+/* Flat index of one of our tensor names, or -1. */
+static long flat_index(const source *s, const char *name)
 {
-    if (!strcmp(name, "wte"))
-        return 0;
-    if (!strcmp(name, "wpe"))
-        return 1;
-    if (!strcmp(name, "ln_f.weight"))
-        return 2 + (long)c->layers * ZFMT__GPT2_KINDS;
-    if (!strcmp(name, "ln_f.bias"))
-        return 3 + (long)c->layers * ZFMT__GPT2_KINDS;
-    uint32_t l;
-    const char *p = name;
-    if (strncmp(p, "h.", 2))
-        return -1;
-    p += 2;
-    if (parse_uint(&p, &l) < 0 || *p++ != '.' || l >= c->layers)
-        return -1;
-    for (size_t k = 0; k < ZFMT__GPT2_KINDS; k++)
-        if (!strcmp(p, zfmt__gpt2_kind(k)))
-            return 2 + (long)l * ZFMT__GPT2_KINDS + (long)k;
+    for (size_t i = 0; i < s->nt; i++)
+        if (!strcmp(s->t_info[i].name, name))
+            return (long)i;
     return -1;
 }
 
@@ -105,7 +95,11 @@ static int kind_of(const source *s, size_t i)
 
 static void source_free(source *s)
 {
-    zfmt__st_free(s->st);
+    for (size_t i = 0; i < s->n_st; i++)
+        zfmt__st_free(s->st[i]);
+    free(s->st);
+    free(s->map_file);
+    free(s->tr);
     if (s->fd >= 0)
         close(s->fd);
     free(s->map);
@@ -116,10 +110,10 @@ static void source_free(source *s)
     zck_layout_free(s->L);
 }
 
-/* Build the layout of s->c and the flat tensor tables. */
+/* Build the layout of s->a and the flat tensor tables. */
 static int source_layout(source *s)
 {
-    if (zfmt_gpt2_layout(&s->L, &s->c) < 0) {
+    if (zck_arch_layout(&s->L, &s->a) < 0) {
         zr_err_prefix("%s: ", s->file);
         return zr_err_code() == ZR_ENOMEM ? ZR_ENOMEM : zfmt__err_recode(ZR_ECORRUPT);
     }
@@ -128,7 +122,8 @@ static int source_layout(source *s)
         n += zck_layout_group_n_tensors(s->L, g);
     s->nt = n;
     if (!(s->t_group = calloc(n, sizeof *s->t_group)) ||
-        !(s->t_info = calloc(n, sizeof *s->t_info)) || !(s->map = calloc(n, sizeof *s->map)))
+        !(s->t_info = calloc(n, sizeof *s->t_info)) || !(s->map = calloc(n, sizeof *s->map)) ||
+        !(s->map_file = calloc(n, sizeof *s->map_file)) || !(s->tr = calloc(n, 1)))
         return zr_err_set(ZR_ENOMEM, "out of memory");
     size_t i = 0;
     for (size_t g = 0; g < zck_layout_n_groups(s->L); g++)
@@ -139,24 +134,45 @@ static int source_layout(source *s)
     return 0;
 }
 
-/* Map every entry of a safetensors source onto our tensors; check dtype and shape, and that
- * nothing is missing, duplicated or unexpected. */
-static int map_entries(source *s)
+/* ZR_ECORRUPT unless the index (weight_map, NULL: none) puts tensor name in file fname. */
+static int check_indexed(json_t *weight_map, const char *name, const char *fname,
+                         const char *path)
 {
-    const zfmt__st_file *f = s->st;
+    if (!weight_map)
+        return 0;
+    json_t *v = json_object_get(weight_map, name);
+    if (!v)
+        return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' is not in the index's weight_map", path,
+                          name);
+    if (!json_is_string(v) || strcmp(json_string_value(v), fname))
+        return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' is in this file but the index puts it "
+                          "in '%s'", path, name, json_is_string(v) ? json_string_value(v) : "?");
+    return 0;
+}
+
+/* Map every entry of safetensors file fi onto our tensors; check dtype and shape, that
+ * nothing is duplicated or unexpected, and that the index (weight_map, NULL: none) agrees. */
+static int map_entries(source *s, size_t fi, json_t *weight_map, const char *fname)
+{
+    const zfmt__st_file *f = s->st[fi];
     for (size_t i = 0; i < f->n; i++) {
         const zfmt__st_entry *e = &f->e[i];
         const char *name = e->name;
+        int tr = 0;
+        ZR_TRY(check_indexed(weight_map, name, fname, f->path));
         if (s->kind == SRC_HF) {
-            if (!(name = zfmt__gpt2_from_hf(name)))
-                continue; /* lm_head (tied to wte), causal-mask buffers */
+            if (!(name = zfmt__hf_to_ours(s->fam, name, &tr)))
+                continue; /* a buffer: causal masks, rotary frequencies */
         } else if (strchr(name, '/')) {
             continue; /* an optimizer state of an export: states start at zero */
         }
-        long x = flat_index(&s->c, name);
+        long x = flat_index(s, name);
+        if (x < 0 && s->kind == SRC_HF && zfmt__hf_is_head(s->fam, e->name))
+            continue; /* the output head of a tied model: the embedding */
         if (x < 0)
-            return zr_err_set(ZR_ECORRUPT, "%s: unexpected tensor '%s' (not part of a GPT-2 "
-                              "of %u layers)", f->path, e->name, s->c.layers);
+            return zr_err_set(ZR_ECORRUPT, "%s: unexpected tensor '%s' (not part of a %s of %u "
+                              "layers)", f->path, e->name, zck_arch_name(s->a.arch),
+                              zck_arch_layers(&s->a));
         if (s->map[x])
             return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' duplicated (as '%s' and '%s')",
                               f->path, s->t_info[x].name, s->map[x]->name, e->name);
@@ -167,8 +183,7 @@ static int map_entries(source *s)
         const zck_tensor_info *ti = &s->t_info[x];
         uint64_t want[ZCK_MAX_DIMS];
         memcpy(want, ti->shape, sizeof want);
-        int k = kind_of(s, (size_t)x);
-        if (s->kind == SRC_HF && k >= 0 && zfmt__gpt2_kind_is_conv1d((size_t)k)) {
+        if (tr) {
             want[0] = ti->shape[1];
             want[1] = ti->shape[0];
         }
@@ -180,16 +195,21 @@ static int map_entries(source *s)
             zfmt__shape_str(a, sizeof a, e->ndim, e->shape);
             zfmt__shape_str(b, sizeof b, ti->ndim, want);
             return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' has shape %s, expected %s%s",
-                              f->path, e->name, a, b,
-                              s->kind == SRC_HF && k >= 0 && zfmt__gpt2_kind_is_conv1d((size_t)k)
-                                  ? " (Conv1D: [in, out])" : "");
+                              f->path, e->name, a, b, tr ? " (Conv1D: [in, out])" : "");
         }
         s->map[x] = e;
+        s->map_file[x] = fi;
+        s->tr[x] = (unsigned char)tr;
     }
+    return 0;
+}
+
+/* After every file is mapped: ZR_ECORRUPT naming a tensor no file holds. */
+static int check_missing(const source *s, const char *where)
+{
     for (size_t i = 0; i < s->nt; i++)
         if (!s->map[i])
-            return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' missing", f->path,
-                              s->t_info[i].name);
+            return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' missing", where, s->t_info[i].name);
     return 0;
 }
 
@@ -215,57 +235,6 @@ static char *join(const char *a, const char *b)
     return p;
 }
 
-static int open_hf(source *s, const char *dir)
-{
-    char *cfg = join(dir, "config.json");
-    json_t *root = NULL;
-    int rc = 0;
-    if (!cfg || !(s->file_buf = join(dir, "model.safetensors"))) {
-        rc = zr_err_set(ZR_ENOMEM, "out of memory");
-        goto out;
-    }
-    s->file = s->file_buf;
-    json_error_t jerr;
-    int fd;
-    ZR_TRY_GOTO(zck_open_regular(&fd, cfg, ZCK_FOLLOW, NULL), rc, out);
-    root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
-    close(fd);
-    if (!root) {
-        rc = zr_err_set(ZR_ECORRUPT, "%s:%d: invalid JSON: %s", cfg, jerr.line, jerr.text);
-        goto out;
-    }
-    if (!json_is_object(root)) {
-        rc = zr_err_set(ZR_ECORRUPT, "%s: not a JSON object", cfg);
-        goto out;
-    }
-    ZR_TRY_GOTO(json_field_u32(&s->c.layers, root, "n_layer", cfg), rc, out);
-    ZR_TRY_GOTO(json_field_u32(&s->c.heads, root, "n_head", cfg), rc, out);
-    ZR_TRY_GOTO(json_field_u32(&s->c.dim, root, "n_embd", cfg), rc, out);
-    ZR_TRY_GOTO(json_field_u32(&s->c.ctx, root,
-                               json_object_get(root, "n_positions") ? "n_positions" : "n_ctx",
-                               cfg), rc, out);
-    ZR_TRY_GOTO(json_field_u32(&s->c.vocab, root, "vocab_size", cfg), rc, out);
-    json_t *inner = json_object_get(root, "n_inner");
-    if (inner && !json_is_null(inner) &&
-        (!json_is_integer(inner) || json_integer_value(inner) != 4 * (json_int_t)s->c.dim)) {
-        rc = zr_err_set(ZR_EUNSUPPORTED, "%s: n_inner other than 4 * n_embd is not supported",
-                        cfg);
-        goto out;
-    }
-    if (zfmt__gpt2_check(&s->c) < 0) {
-        zr_err_prefix("%s: ", cfg);
-        rc = zfmt__err_recode(ZR_ECORRUPT);
-        goto out;
-    }
-    ZR_TRY_GOTO(source_layout(s), rc, out);
-    ZR_TRY_GOTO(zfmt__st_open(&s->st, s->file), rc, out);
-    ZR_TRY_GOTO(map_entries(s), rc, out);
-out:
-    json_decref(root);
-    free(cfg);
-    return rc;
-}
-
 static const zfmt__st_entry *st_find(const zfmt__st_file *f, const char *name)
 {
     for (size_t i = 0; i < f->n; i++)
@@ -274,11 +243,269 @@ static const zfmt__st_entry *st_find(const zfmt__st_file *f, const char *name)
     return NULL;
 }
 
+/* Open safetensors file path as the source's next file. */
+static int add_st(source *s, const char *path)
+{
+    zfmt__st_file **st = realloc(s->st, (s->n_st + 1) * sizeof *st);
+    if (!st)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    s->st = st;
+    ZR_TRY(zfmt__st_open(&s->st[s->n_st], path));
+    s->n_st++;
+    return 0;
+}
+
+/* A JSON object from file path (*out: a new reference). */
+static int load_json(json_t **out, const char *path)
+{
+    json_error_t jerr;
+    int fd;
+    ZR_TRY(zck_open_regular(&fd, path, ZCK_FOLLOW, NULL));
+    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
+    close(fd);
+    if (!root)
+        return zr_err_set(ZR_ECORRUPT, "%s:%d: invalid JSON: %s", path, jerr.line, jerr.text);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return zr_err_set(ZR_ECORRUPT, "%s: not a JSON object", path);
+    }
+    *out = root;
+    return 0;
+}
+
+/* GPT2LMHeadModel's config.json (n_layer, n_head, n_embd, n_positions, vocab_size). */
+static int hf_config_gpt2(source *s, json_t *root, const char *cfg)
+{
+    ZR_TRY(json_field_u32(&s->c.layers, root, "n_layer", cfg));
+    ZR_TRY(json_field_u32(&s->c.heads, root, "n_head", cfg));
+    ZR_TRY(json_field_u32(&s->c.dim, root, "n_embd", cfg));
+    ZR_TRY(json_field_u32(&s->c.ctx, root,
+                          json_object_get(root, "n_positions") ? "n_positions" : "n_ctx", cfg));
+    ZR_TRY(json_field_u32(&s->c.vocab, root, "vocab_size", cfg));
+    json_t *inner = json_object_get(root, "n_inner");
+    if (inner && !json_is_null(inner) &&
+        (!json_is_integer(inner) || json_integer_value(inner) != 4 * (json_int_t)s->c.dim))
+        return zr_err_set(ZR_EUNSUPPORTED, "%s: n_inner other than 4 * n_embd is not supported",
+                          cfg);
+    zck_gpt2_to_arch(&s->a, &s->c);
+    return 0;
+}
+
+/* An optional field of config.json: absent or null gives def; else a number in (0, max]. */
+static int json_field_real(double *out, json_t *root, const char *name, double def, double max,
+                           const char *path)
+{
+    json_t *v = json_object_get(root, name);
+    *out = def;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_number(v) || !(json_number_value(v) > 0) || json_number_value(v) > max)
+        return zr_err_set(ZR_ECORRUPT, "%s: field '%s': expected a positive number", path, name);
+    *out = json_number_value(v);
+    return 0;
+}
+
+/* Fields of a Llama config.json that would change the maths unless at their neutral value:
+ * refused naming the field rather than silently ignored. */
+static int llama_refusals(json_t *root, uint32_t dim, uint32_t heads, const char *cfg)
+{
+    static const char *const must_be_null[] = {"rope_scaling", "sliding_window"};
+    static const char *const must_be_false[] = {"attention_bias", "mlp_bias"};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *v = json_object_get(root, must_be_null[i]);
+        if (v && !json_is_null(v))
+            return zr_err_set(ZR_EUNSUPPORTED, "%s: field '%s' is set: not supported (zero's "
+                              "Llama has plain rotary positions over the full context)", cfg,
+                              must_be_null[i]);
+        v = json_object_get(root, must_be_false[i]);
+        if (v && !json_is_false(v))
+            return zr_err_set(ZR_EUNSUPPORTED, "%s: field '%s' is not false: biases are not "
+                              "supported (zero's Llama has none)", cfg, must_be_false[i]);
+    }
+    json_t *act = json_object_get(root, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu")))
+        return zr_err_set(ZR_EUNSUPPORTED, "%s: field 'hidden_act' is %s: only \"silu\" "
+                          "(SwiGLU) is supported", cfg,
+                          json_is_string(act) ? json_string_value(act) : "not a string");
+    json_t *hd = json_object_get(root, "head_dim");
+    if (hd && !json_is_null(hd) &&
+        (!json_is_integer(hd) || json_integer_value(hd) != (json_int_t)(dim / heads)))
+        return zr_err_set(ZR_EUNSUPPORTED, "%s: field 'head_dim' is not hidden_size / "
+                          "num_attention_heads = %u: not supported", cfg, dim / heads);
+    json_t *rp = json_object_get(root, "rope_parameters"); /* transformers 5 */
+    json_t *rt = rp ? json_object_get(rp, "rope_type") : NULL;
+    if (rp && !json_is_null(rp) &&
+        (!json_is_object(rp) || (rt && (!json_is_string(rt) ||
+                                        strcmp(json_string_value(rt), "default")))))
+        return zr_err_set(ZR_EUNSUPPORTED, "%s: field 'rope_parameters': only rope_type "
+                          "\"default\" (no scaling) is supported", cfg);
+    return 0;
+}
+
+/* LlamaForCausalLM's config.json, with transformers' LlamaConfig defaults for what is absent
+ * (num_key_value_heads: num_attention_heads, rms_norm_eps 1e-6, rope_theta 10000, untied). */
+static int hf_config_llama(source *s, json_t *root, const char *cfg)
+{
+    static const struct {
+        const char *hf, *ours;
+    } ints[] = {{"num_hidden_layers", "layers"}, {"num_attention_heads", "heads"},
+                {"hidden_size", "dim"}, {"intermediate_size", "ffn"},
+                {"max_position_embeddings", "ctx"}, {"vocab_size", "vocab"},
+                {"num_key_value_heads", "kv_heads"}};
+    const zck_arch *llama;
+    ZR_TRY(zck_arch_find(&llama, "llama"));
+    zck_arch_config_init(&s->a, llama);
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+        uint32_t v;
+        json_t *j = json_object_get(root, ints[i].hf);
+        if (!strcmp(ints[i].ours, "kv_heads") && (!j || json_is_null(j)))
+            v = (uint32_t)zck_arch_config_get(&s->a, "heads");
+        else
+            ZR_TRY(json_field_u32(&v, root, ints[i].hf, cfg));
+        zck_arch_config_set(&s->a, ints[i].ours, v);
+    }
+    uint32_t dim = (uint32_t)zck_arch_config_get(&s->a, "dim");
+    uint32_t heads = (uint32_t)zck_arch_config_get(&s->a, "heads");
+    ZR_TRY(llama_refusals(root, dim, heads, cfg));
+    double theta, eps;
+    json_t *rp = json_object_get(root, "rope_parameters");
+    ZR_TRY(json_field_real(&theta, json_is_object(rp) && json_object_get(rp, "rope_theta") ? rp
+                           : root, "rope_theta", 10000, 1e12, cfg));
+    ZR_TRY(json_field_real(&eps, root, "rms_norm_eps", 1e-6, 0.1, cfg));
+    json_t *tied = json_object_get(root, "tie_word_embeddings");
+    if (tied && !json_is_boolean(tied))
+        return zr_err_set(ZR_ECORRUPT, "%s: field 'tie_word_embeddings': expected true or false",
+                          cfg);
+    zck_arch_config_set(&s->a, "rope_theta", theta);
+    zck_arch_config_set(&s->a, "norm_eps", eps);
+    zck_arch_config_set(&s->a, "tied", tied && json_is_true(tied));
+    return 0;
+}
+
+/* The family of a config.json from model_type and architectures (neither: GPT-2, as older
+ * files have it); unknown ones refused. */
+static int hf_family(source *s, json_t *root, const char *cfg)
+{
+    json_t *mt = json_object_get(root, "model_type"), *ar = json_object_get(root, "architectures");
+    if (ar && (!json_is_array(ar) || json_array_size(ar) != 1 ||
+               !json_is_string(json_array_get(ar, 0))))
+        return zr_err_set(ZR_EUNSUPPORTED, "%s: field 'architectures': expected one "
+                          "architecture", cfg);
+    if (mt && !json_is_string(mt))
+        return zr_err_set(ZR_ECORRUPT, "%s: field 'model_type': expected a string", cfg);
+    const char *type = mt ? json_string_value(mt) : NULL;
+    const char *arch = ar ? json_string_value(json_array_get(ar, 0)) : NULL;
+    for (size_t i = 0; i < zck_arch_count(); i++) {
+        const char *name = zck_arch_name(zck_arch_at(i));
+        const zfmt__hf_family *f = zfmt__hf_family_of(name);
+        if (f && (!type || !strcmp(type, name)) && (!arch || !strcmp(arch, zfmt__hf_arch(f))) &&
+            (type || arch || !strcmp(name, "gpt2"))) {
+            s->fam = f;
+            return 0;
+        }
+    }
+    return zr_err_set(ZR_EUNSUPPORTED, "%s: architecture %s (model_type %s) is not supported "
+                      "(expected GPT2LMHeadModel or LlamaForCausalLM)", cfg,
+                      arch ? arch : "not given", type ? type : "not given");
+}
+
+/* The shards of model.safetensors.index.json: every file its weight_map names, each tensor in
+ * the file the index says, and every tensor the index lists present. */
+static int open_hf_shards(source *s, const char *dir, const char *idx)
+{
+    json_t *root = NULL;
+    ZR_TRY(load_json(&root, idx));
+    json_t *wm = json_object_get(root, "weight_map");
+    int rc = 0;
+    if (!json_is_object(wm) || !json_object_size(wm)) {
+        rc = zr_err_set(ZR_ECORRUPT, "%s: no 'weight_map' object of tensor names", idx);
+        goto out;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(wm, key, v) {
+        const char *fn = json_is_string(v) ? json_string_value(v) : NULL;
+        if (!fn || !*fn || fn[0] == '.' || strchr(fn, '/')) {
+            rc = zr_err_set(ZR_ECORRUPT, "%s: weight_map['%s']: expected a file name in the "
+                            "directory", idx, key);
+            goto out;
+        }
+        char *path = join(dir, fn);
+        size_t k = 0;
+        while (path && k < s->n_st && strcmp(s->st[k]->path, path))
+            k++;
+        if (!path)
+            rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        else if (k == s->n_st && !(rc = add_st(s, path)))
+            rc = map_entries(s, k, wm, fn);
+        if (!rc && !st_find(s->st[k], key))
+            rc = zr_err_set(ZR_ECORRUPT, "%s: the index puts tensor '%s' in %s, which does "
+                            "not hold it", idx, key, fn);
+        free(path);
+        if (rc)
+            goto out;
+    }
+    rc = check_missing(s, idx);
+out:
+    json_decref(root);
+    return rc;
+}
+
+/* The weights: model.safetensors when there, else the shards of its index. */
+static int open_hf_weights(source *s, const char *dir)
+{
+    if (!(s->file_buf = join(dir, "model.safetensors")))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    s->file = s->file_buf;
+    struct stat st;
+    if (stat(s->file, &st) == 0 || errno != ENOENT) {
+        ZR_TRY(add_st(s, s->file));
+        ZR_TRY(map_entries(s, 0, NULL, NULL));
+        return check_missing(s, s->file);
+    }
+    char *idx = join(dir, "model.safetensors.index.json");
+    if (!idx)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    int rc;
+    if (stat(idx, &st) < 0 && errno == ENOENT)
+        rc = zr_err_set(ZR_ENOTFOUND, "%s: neither model.safetensors nor "
+                        "model.safetensors.index.json", dir);
+    else
+        rc = open_hf_shards(s, dir, idx);
+    free(idx);
+    return rc;
+}
+
+static int open_hf(source *s, const char *dir)
+{
+    char *cfg = join(dir, "config.json");
+    json_t *root = NULL;
+    int rc = 0;
+    if (!cfg)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    ZR_TRY_GOTO(load_json(&root, cfg), rc, out);
+    ZR_TRY_GOTO(hf_family(s, root, cfg), rc, out);
+    if (!strcmp(zfmt__hf_arch(s->fam), "GPT2LMHeadModel"))
+        ZR_TRY_GOTO(hf_config_gpt2(s, root, cfg), rc, out);
+    else
+        ZR_TRY_GOTO(hf_config_llama(s, root, cfg), rc, out);
+    if (zck_arch_config_check(&s->a, cfg) < 0) {
+        rc = zfmt__err_recode(ZR_ECORRUPT);
+        goto out;
+    }
+    ZR_TRY_GOTO(source_layout(s), rc, out);
+    ZR_TRY_GOTO(open_hf_weights(s, dir), rc, out);
+out:
+    json_decref(root);
+    free(cfg);
+    return rc;
+}
+
 /* A safetensors file of ours: config from metadata, else from the shapes and heads. */
 static int open_ours(source *s, const char *path, uint32_t heads, const char *why_not_llmc)
 {
     s->file = path;
-    int rc = zfmt__st_open(&s->st, path);
+    int rc = add_st(s, path);
     if (rc == ZR_ECORRUPT && why_not_llmc) {
         /* neither format: say both, so that a damaged llm.c file is not a mystery */
         char msg[1024];
@@ -291,9 +518,10 @@ static int open_ours(source *s, const char *path, uint32_t heads, const char *wh
                           path, why_not_llmc, msg);
     }
     ZR_TRY(rc);
-    const char *model = zfmt__st_meta(s->st, "zero.model");
+    const zfmt__st_file *f = s->st[0];
+    const char *model = zfmt__st_meta(f, "zero.model");
     if (model) {
-        if (zfmt_gpt2_config_from_json(&s->c, model) < 0) {
+        if (zck_arch_config_from_json(&s->a, model, NULL) < 0) {
             zr_err_prefix("%s: __metadata__ 'zero.model': ", path);
             return zr_err_code() == ZR_ENOMEM ? ZR_ENOMEM : zfmt__err_recode(ZR_ECORRUPT);
         }
@@ -301,7 +529,7 @@ static int open_ours(source *s, const char *path, uint32_t heads, const char *wh
         if (!heads)
             return zr_err_set(ZR_EINVAL, "%s: no 'zero.model' metadata to give the number of "
                               "heads: pass it (heads option)", path);
-        const zfmt__st_entry *wte = st_find(s->st, "wte"), *wpe = st_find(s->st, "wpe");
+        const zfmt__st_entry *wte = st_find(f, "wte"), *wpe = st_find(f, "wpe");
         if (!wte || !wpe)
             return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' missing", path,
                               wte ? "wpe" : "wte");
@@ -319,8 +547,8 @@ static int open_ours(source *s, const char *path, uint32_t heads, const char *wh
         s->c.ctx = (uint32_t)wpe->shape[0];
         s->c.heads = heads;
         uint32_t layers = 0;
-        for (size_t i = 0; i < s->st->n; i++) {
-            const char *p = s->st->e[i].name;
+        for (size_t i = 0; i < f->n; i++) {
+            const char *p = f->e[i].name;
             uint32_t l;
             if (!strncmp(p, "h.", 2) && !strchr(p, '/') && (p += 2, parse_uint(&p, &l) == 0) &&
                 *p == '.' && l >= layers)
@@ -329,9 +557,11 @@ static int open_ours(source *s, const char *path, uint32_t heads, const char *wh
         s->c.layers = layers;
         if (!layers)
             return zr_err_set(ZR_ECORRUPT, "%s: no layers (no tensor named h.0.*)", path);
+        zck_gpt2_to_arch(&s->a, &s->c);
     }
     ZR_TRY(source_layout(s));
-    return map_entries(s);
+    ZR_TRY(map_entries(s, 0, NULL, NULL));
+    return check_missing(s, path);
 }
 
 static int open_llmc(source *s, const char *path, int fd, uint64_t file_bytes)
@@ -365,6 +595,7 @@ static int open_llmc(source *s, const char *path, int fd, uint64_t file_bytes)
         zr_err_prefix("%s: ", path);
         return zfmt__err_recode(ZR_ECORRUPT);
     }
+    zck_gpt2_to_arch(&s->a, &s->c);
     uint64_t sizes[ZFMT__LLMC_ARRAYS], at = sizeof h;
     zfmt__llmc_sizes(&s->c, Vp, sizes);
     for (size_t i = 0; i < ZFMT__LLMC_ARRAYS; i++) {
@@ -439,13 +670,12 @@ static int source_load(source *s, size_t i)
             free(f);
             return zr_err_set(ZR_ENOMEM, "out of memory (tensor '%s')", ti->name);
         }
-        rc = zfmt__st_read(s->st, e, raw);
+        rc = zfmt__st_read(s->st[s->map_file[i]], e, raw);
         if (!rc && raw != f)
             rc = zfmt_convert(f, ZCK_F32, raw, e->dtype, n);
         if (raw != f)
             free(raw);
-        int k = kind_of(s, i);
-        if (!rc && s->kind == SRC_HF && k >= 0 && zfmt__gpt2_kind_is_conv1d((size_t)k)) {
+        if (!rc && s->tr[i]) {
             /* source [in, out] -> ours [out, in] */
             size_t O = (size_t)ti->shape[0], I = (size_t)ti->shape[1];
             float *t = malloc((n ? n : 1) * sizeof *t);
@@ -578,7 +808,7 @@ int zfmt_import(const char *src, const char *out_run_dir, const zfmt_import_opts
     float *zeros = NULL;
     int rc = 0;
     ZR_TRY_GOTO(source_open(&s, src, o), rc, out);
-    ZR_TRY_GOTO(zfmt_gpt2_config_to_json(&model, &s.c), rc, out);
+    ZR_TRY_GOTO(zck_arch_config_to_json(&model, &s.a), rc, out);
     json_t *tj = json_pack("{s:i, s:s}", "optimizer_step", 0, "imported_from", src);
     if (!tj) {
         rc = zr_err_set(ZR_EINVAL, "%s: the source path is not valid UTF-8", src);

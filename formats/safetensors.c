@@ -55,20 +55,18 @@ typedef struct {
     size_t g, s;
     zck_tensor_info ti;
     zck_dtype out_t;
-    uint64_t begin, end;  /* bytes in the data buffer */
+    uint64_t begin, end;  /* bytes in the data buffer of its file */
+    size_t shard;         /* which file (Hugging Face shards) */
     char *name;
     int transposed;       /* Hugging Face names: a 2-D weight written [in, out] */
 } item;
 
-/* How tensors are named in the file: ours ("<state>/<name>" beyond param, zero's metadata), or
- * Hugging Face's GPT-2 names (params only, Conv1D weights transposed, metadata format pt). */
-enum { NAMES_OURS, NAMES_HF };
-
 static int is_convertible(zck_dtype t) { return t == ZCK_F32 || t == ZCK_BF16 || t == ZCK_F16; }
 
-/* The header text, padded with spaces to a multiple of 8 bytes (malloc'ed). */
+/* The header of items it[0, n) (one file), padded with spaces to a multiple of 8 bytes
+ * (malloc'ed); fam: Hugging Face's names (metadata format pt), NULL: ours. */
 static int build_header(char **out, size_t *len, const item *it, size_t n, zck_reader *r,
-                        int names)
+                        const zfmt__hf_family *fam)
 {
     json_t *root = json_object();
     int rc = 0;
@@ -100,8 +98,7 @@ static int build_header(char **out, size_t *len, const item *it, size_t n, zck_r
     }
     char step[32];
     snprintf(step, sizeof step, "%llu", (unsigned long long)zck_reader_step(r));
-    json_t *meta = names == NAMES_HF
-                       ? json_pack("{s:s}", "format", "pt")
+    json_t *meta = fam ? json_pack("{s:s}", "format", "pt")
                        : json_pack("{s:s, s:s, s:s}", "format", "zero", "zero.model",
                                    zck_reader_model_json(r), "zero.step", step);
     if (!meta || json_object_set_new(root, "__metadata__", meta)) {
@@ -136,9 +133,9 @@ static void free_items(item *it, size_t n)
     free(it);
 }
 
-/* The tensors to export in header order (state by state, then layout order). */
+/* The tensors to export in header order (state by state, then layout order); fam as above. */
 static int plan_items(item **out, size_t *n_out, zck_reader *r, const zfmt_st_opts *o,
-                      int names)
+                      const zfmt__hf_family *fam)
 {
     const zck_layout *L = zck_reader_layout(r);
     size_t ns = zck_layout_n_states(L), ng = zck_layout_n_groups(L), cap = 0, n = 0;
@@ -176,8 +173,8 @@ static int plan_items(item **out, size_t *n_out, zck_reader *r, const zfmt_st_op
                     rc = zr_err_set(ZR_ENOMEM, "out of memory");
                     goto fail;
                 }
-                if (names == NAMES_HF)
-                    ZR_TRY_GOTO(zfmt__gpt2_hf_name(x->name, len, x->ti.name, &x->transposed),
+                if (fam)
+                    ZR_TRY_GOTO(zfmt__hf_name(fam, x->name, len, x->ti.name, &x->transposed),
                                 rc, fail);
                 else if (is_param)
                     snprintf(x->name, len, "%s", x->ti.name);
@@ -200,9 +197,30 @@ fail:
     return rc;
 }
 
+/* Split items into files of at most limit bytes of data (0: one file), as transformers does:
+ * a new file where the next tensor would pass the limit (a tensor larger than the limit has a
+ * file of its own); offsets become relative to each file. Returns the number of files. */
+static size_t assign_shards(item *it, size_t n, uint64_t limit)
+{
+    size_t shard = 0;
+    uint64_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t bytes = it[i].end - it[i].begin;
+        if (limit && at && at + bytes > limit) {
+            shard++;
+            at = 0;
+        }
+        it[i].shard = shard;
+        it[i].begin = at;
+        at += bytes;
+        it[i].end = at;
+    }
+    return shard + 1;
+}
+
 /* Read tensor x whole (it is 2-D), write it transposed through dbuf (as wide as the tensor). */
 static int write_transposed(zck_reader *r, const zck_read_opts *ro, const item *x,
-                            zck_dtype st, void *whole, void *tmp, zfmt__out *f, uint64_t at)
+                            zck_dtype st, void *whole, void *tmp, zfmt__out *f)
 {
     zck_read_req q = {x->g, x->s, x->ti.offset, x->ti.numel, whole};
     ZR_TRY(zck_reader_read(r, &q, 1, ro));
@@ -220,61 +238,89 @@ static int write_transposed(zck_reader *r, const zck_read_opts *ro, const item *
         }
         tmp = whole;
     }
-    return zfmt__out_pwrite(f, tmp, (size_t)x->ti.numel * zck_dtype_size(x->out_t), at);
+    return zfmt__out_write(f, tmp, (size_t)x->ti.numel * zck_dtype_size(x->out_t));
 }
 
-/* One pass over the stored data in the order of the shard files (the order the verification
- * thread reads them in, so that each byte comes from the disk once and the two streams share
- * the page cache): every extent of every shard, cut into the tensors it overlaps, converted
- * when asked, written at its place in the output. Transposed tensors are left out. */
+/* An export in progress: the source, the plan, the working memory, the open files. */
 typedef struct {
     zck_reader *r;
-    const zck_read_opts *ro;
-    const item *it;
-    size_t n;
-    zfmt__out *f;
-    uint64_t base;        /* bytes before the data buffer: length and header */
-    unsigned char *sbuf, *dbuf;
-    size_t chunk;         /* elements per read */
-    zfmt__prog *pr;
-    uint64_t *done;       /* output bytes written */
-    int fd;               /* the shard being read (a regular file), -1: through the reader */
-} st_pass;
+    zck_read_opts ro;
+    const zfmt__hf_family *fam;
+    item *it;
+    size_t n, chunk, n_files;
+    unsigned char *sbuf, *dbuf, *wbuf, *tbuf;
+    zfmt__out **f;
+    zfmt__prog pr;
+} st_job;
 
-/* Elements [a, b) of item x's (group, state), all inside x and inside extent e, to the
- * output: copied in the kernel when stored as exported, else through memory. */
-static int export_piece(const st_pass *ps, const item *x, const zck_extent_info *e,
-                        uint64_t a, uint64_t b)
+static int write_item(st_job *j, const item *x, zfmt__out *f)
 {
-    zck_dtype st = zck_layout_state_dtype(zck_reader_layout(ps->r), x->s);
-    size_t ds = zck_dtype_size(x->out_t);
+    zck_dtype st = zck_layout_state_dtype(zck_reader_layout(j->r), x->s);
     int conv = st != x->out_t;
-    if (!conv && ps->fd >= 0) {
-        int rc = zfmt__out_copy(ps->f, ps->fd, e->offset + (a - e->start) * ds, (b - a) * ds,
-                                ps->base + x->begin + (a - x->ti.offset) * ds);
-        if (rc <= 0) {
-            if (!rc) {
-                zfmt__prog_add(ps->pr, (b - a) * ds);
-                *ps->done += (b - a) * ds;
-            }
-            return rc;
-        }
+    size_t ds = zck_dtype_size(x->out_t);
+    if (x->transposed) {
+        ZR_TRY(write_transposed(j->r, &j->ro, x, st, j->wbuf, j->tbuf, f));
+        zfmt__prog_add(&j->pr, x->ti.numel * ds);
+        return 0;
     }
-    while (a < b) {
-        uint64_t k = b - a < ps->chunk ? b - a : ps->chunk;
-        zck_read_req q = {x->g, x->s, a, k, ps->sbuf};
-        ZR_TRY(zck_reader_read(ps->r, &q, 1, ps->ro));
+    for (uint64_t done = 0; done < x->ti.numel;) {
+        uint64_t k = x->ti.numel - done < j->chunk ? x->ti.numel - done : j->chunk;
+        zck_read_req q = {x->g, x->s, x->ti.offset + done, k, j->sbuf};
+        ZR_TRY(zck_reader_read(j->r, &q, 1, &j->ro));
         if (conv) {
-            int rc = zfmt_convert(ps->dbuf, x->out_t, ps->sbuf, st, (size_t)k);
+            int rc = zfmt_convert(j->dbuf, x->out_t, j->sbuf, st, (size_t)k);
             if (rc) {
                 zr_err_prefix("tensor '%s': ", x->name);
                 return rc;
             }
         }
+        ZR_TRY(zfmt__out_write(f, conv ? j->dbuf : j->sbuf, (size_t)k * ds));
+        zfmt__prog_add(&j->pr, k * ds);
+        done += k;
+    }
+    return 0;
+}
+
+/* Our single file, in one pass over the stored data in the order of the shard files (the
+ * order the verification thread reads them in, so that each byte comes from the disk once and
+ * both share the page cache): every extent of every shard, cut into the tensors it overlaps,
+ * written at its place in f (data from byte base on). Pieces stored as exported are copied in
+ * the kernel, the others converted through memory; the pieces must tile every tensor. */
+typedef struct {
+    st_job *j;
+    zfmt__out *f;
+    uint64_t base, done; /* bytes before the data buffer; data bytes written */
+    int fd;              /* the shard being read (a regular file), -1: through the reader */
+} st_pass;
+
+/* Elements [a, b) of item x's (group, state), inside x and inside extent e. */
+static int pass_piece(st_pass *ps, const item *x, const zck_extent_info *e, uint64_t a,
+                      uint64_t b)
+{
+    st_job *j = ps->j;
+    zck_dtype st = zck_layout_state_dtype(zck_reader_layout(j->r), x->s);
+    size_t ds = zck_dtype_size(x->out_t);
+    int conv = st != x->out_t, rc = 1;
+    if (!conv && ps->fd >= 0)
+        ZR_TRY(rc = zfmt__out_copy(ps->f, ps->fd, e->offset + (a - e->start) * ds,
+                                   (b - a) * ds, ps->base + x->begin + (a - x->ti.offset) * ds));
+    if (!rc) {
+        zfmt__prog_add(&j->pr, (b - a) * ds);
+        ps->done += (b - a) * ds;
+        return 0;
+    }
+    while (a < b) { /* through memory: converted, or no in-kernel copy here */
+        uint64_t k = b - a < j->chunk ? b - a : j->chunk;
+        zck_read_req q = {x->g, x->s, a, k, j->sbuf};
+        ZR_TRY(zck_reader_read(j->r, &q, 1, &j->ro));
+        if (conv && (rc = zfmt_convert(j->dbuf, x->out_t, j->sbuf, st, (size_t)k))) {
+            zr_err_prefix("tensor '%s': ", x->name);
+            return rc;
+        }
         uint64_t at = ps->base + x->begin + (a - x->ti.offset) * ds;
-        ZR_TRY(zfmt__out_pwrite(ps->f, conv ? ps->dbuf : ps->sbuf, (size_t)k * ds, at));
-        zfmt__prog_add(ps->pr, k * ds);
-        *ps->done += k * ds;
+        ZR_TRY(zfmt__out_pwrite(ps->f, conv ? j->dbuf : j->sbuf, (size_t)k * ds, at));
+        zfmt__prog_add(&j->pr, k * ds);
+        ps->done += k * ds;
         a += k;
     }
     return 0;
@@ -304,53 +350,185 @@ static int open_shard(zck_reader *r, const zck_shard *s)
     return fd;
 }
 
-static int export_in_file_order(st_pass *ps)
+/* One shard's extents in file order, each cut into the items it overlaps. */
+static int pass_shard(st_pass *ps, const zck_shard *s)
 {
+    size_t ne = zck_shard_n_extents(s);
+    zck_extent_info *e = calloc(ne ? ne : 1, sizeof *e);
+    if (!e)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < ne; i++)
+        zck_shard_extent(s, i, &e[i]);
+    qsort(e, ne, sizeof *e, cmp_extent_offset);
+    ps->fd = open_shard(ps->j->r, s);
     int rc = 0;
-    for (size_t sh = 0; sh < zck_reader_n_shards(ps->r) && !rc; sh++) {
-        const zck_shard *s = zck_reader_shard(ps->r, sh);
-        size_t ne = zck_shard_n_extents(s);
-        zck_extent_info *e = calloc(ne ? ne : 1, sizeof *e);
-        if (!e)
-            return zr_err_set(ZR_ENOMEM, "out of memory");
-        for (size_t i = 0; i < ne; i++)
-            zck_shard_extent(s, i, &e[i]);
-        qsort(e, ne, sizeof *e, cmp_extent_offset);
-        ps->fd = open_shard(ps->r, s);
-        for (size_t i = 0; i < ne && !rc; i++)
-            for (size_t j = 0; j < ps->n && !rc; j++) {
-                const item *x = &ps->it[j];
-                if (x->transposed || x->g != e[i].group || x->s != e[i].state)
-                    continue;
-                uint64_t a = e[i].start > x->ti.offset ? e[i].start : x->ti.offset;
-                uint64_t b = e[i].start + e[i].count, xe = x->ti.offset + x->ti.numel;
-                b = b < xe ? b : xe;
-                if (a < b)
-                    rc = export_piece(ps, x, &e[i], a, b);
-            }
-        if (ps->fd >= 0)
-            close(ps->fd);
-        ps->fd = -1;
-        free(e);
-    }
+    for (size_t i = 0; i < ne && !rc; i++)
+        for (size_t k = 0; k < ps->j->n && !rc; k++) {
+            const item *x = &ps->j->it[k];
+            if (x->g != e[i].group || x->s != e[i].state)
+                continue;
+            uint64_t a = e[i].start > x->ti.offset ? e[i].start : x->ti.offset;
+            uint64_t b = e[i].start + e[i].count, xe = x->ti.offset + x->ti.numel;
+            b = b < xe ? b : xe;
+            if (a < b)
+                rc = pass_piece(ps, x, &e[i], a, b);
+        }
+    if (ps->fd >= 0)
+        close(ps->fd);
+    ps->fd = -1;
+    free(e);
     return rc;
 }
 
-static int st_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o, int names);
+static int write_in_file_order(st_job *j, zfmt__out *f, uint64_t base)
+{
+    st_pass ps = {j, f, base, 0, -1};
+    uint64_t want = j->n ? j->it[j->n - 1].end : 0;
+    for (size_t sh = 0; sh < zck_reader_n_shards(j->r); sh++)
+        ZR_TRY(pass_shard(&ps, zck_reader_shard(j->r, sh)));
+    if (ps.done != want) /* the shards' extents must tile every exported tensor once */
+        return zr_err_set(ZR_ECORRUPT, "%s: the shards hold %llu bytes of the tensors to export, "
+                          "expected %llu (extents missing or overlapping)",
+                          zck_reader_path(j->r), (unsigned long long)ps.done,
+                          (unsigned long long)want);
+    return 0;
+}
+
+/* Working memory: one chunk as stored, plus one converted when converting; a whole tensor
+ * twice for a transposed one. */
+static int job_buffers(st_job *j, size_t buf_bytes)
+{
+    const zck_layout *L = zck_reader_layout(j->r);
+    size_t max_ss = 1, max_ds = 1, max_tr = 0;
+    for (size_t i = 0; i < j->n; i++) {
+        const item *x = &j->it[i];
+        size_t ss = zck_dtype_size(zck_layout_state_dtype(L, x->s));
+        size_t es = ss > zck_dtype_size(x->out_t) ? ss : zck_dtype_size(x->out_t);
+        size_t tb = x->transposed ? (size_t)x->ti.numel * es : 0;
+        max_tr = tb > max_tr ? tb : max_tr;
+        if (ss > max_ss)
+            max_ss = ss;
+        if (x->out_t != zck_layout_state_dtype(L, x->s) && zck_dtype_size(x->out_t) > max_ds)
+            max_ds = zck_dtype_size(x->out_t);
+    }
+    j->chunk = buf_bytes / (max_ss + max_ds);
+    if (!(j->sbuf = malloc(j->chunk * max_ss)) || !(j->dbuf = malloc(j->chunk * max_ds)) ||
+        (max_tr && (!(j->wbuf = malloc(max_tr)) || !(j->tbuf = malloc(max_tr)))))
+        return zr_err_set(ZR_ENOMEM, "out of memory (%zu bytes of buffers)", buf_bytes);
+    j->ro = (zck_read_opts)ZCK_READ_OPTS_INIT;
+    j->ro.verify = 0; /* verified in full alongside */
+    j->ro.jobs = 1;
+    size_t iob = buf_bytes / 8 / ZCK_FILE_ALIGN * ZCK_FILE_ALIGN;
+    j->ro.io.buf_bytes = iob < ZCK_FILE_ALIGN ? ZCK_FILE_ALIGN
+                         : iob > ((size_t)4 << 20) ? (size_t)4 << 20 : iob;
+    j->ro.io.queue_depth = 2;
+    j->ro.io.io = ZCK_IO_BUFFERED; /* from the page cache the verification filled */
+    return 0;
+}
+
+/* File k of the export: out itself (ours), or a file in directory out (Hugging Face's). */
+static void file_path(char *p, size_t cap, const st_job *j, const char *out, size_t k)
+{
+    if (!j->fam)
+        snprintf(p, cap, "%s", out);
+    else if (j->n_files == 1)
+        snprintf(p, cap, "%s/model.safetensors", out);
+    else
+        snprintf(p, cap, "%s/model-%05zu-of-%05zu.safetensors", out, k + 1, j->n_files);
+}
+
+/* Write file k (items of shard k, consecutive) up to its commit. */
+static int write_file(st_job *j, const char *out, size_t k, size_t *i)
+{
+    char path[4200];
+    file_path(path, sizeof path, j, out, k);
+    size_t i0 = *i, i1 = i0;
+    while (i1 < j->n && j->it[i1].shard == k)
+        i1++;
+    char *header = NULL;
+    size_t hlen = 0;
+    ZR_TRY(build_header(&header, &hlen, j->it + i0, i1 - i0, j->r, j->fam));
+    int rc = zfmt__out_open(&j->f[k], path);
+    unsigned char len8[8];
+    for (int b = 0; b < 8; b++)
+        len8[b] = (unsigned char)((uint64_t)hlen >> (8 * b));
+    if (!rc)
+        rc = zfmt__out_write(j->f[k], len8, 8);
+    if (!rc)
+        rc = zfmt__out_write(j->f[k], header, hlen);
+    free(header);
+    if (!j->fam && !rc) /* ours: one file, no transposed tensors */
+        rc = write_in_file_order(j, j->f[k], 8 + (uint64_t)hlen);
+    for (size_t x = i0; j->fam && !rc && x < i1; x++)
+        rc = write_item(j, &j->it[x], j->f[k]);
+    *i = i1;
+    return rc;
+}
+
+/* model.safetensors.index.json: {"metadata": {"total_size": bytes}, "weight_map": {name: file}}
+ * (opened as file n_files, committed with the others). */
+static int write_index(st_job *j, const char *out)
+{
+    json_t *wm = json_object(), *root = NULL;
+    uint64_t total = 0;
+    int bad = !wm;
+    char path[4200];
+    for (size_t i = 0; !bad && i < j->n; i++) {
+        file_path(path, sizeof path, j, "", j->it[i].shard);
+        bad = json_object_set_new(wm, j->it[i].name, json_string(path + 1));
+        total += j->it[i].end - j->it[i].begin;
+    }
+    if (!bad)
+        root = json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total,
+                         "weight_map", wm);
+    json_decref(wm);
+    char *text = root ? zfmt__json_dump(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(root);
+    if (!text)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", out);
+    size_t n = strlen(text);
+    text[n] = '\n'; /* json_dumps leaves room for its NUL: a final newline in its place */
+    int rc = zfmt__out_open(&j->f[j->n_files], path);
+    if (!rc)
+        rc = zfmt__out_write(j->f[j->n_files], text, n + 1);
+    free(text);
+    return rc;
+}
+
+/* The Hugging Face naming of the checkpoint's family. */
+static int ckpt_family(const zfmt__hf_family **out, zck_reader *r)
+{
+    zck_arch_config a;
+    if (zck_arch_config_from_json(&a, zck_reader_model_json(r), NULL) < 0) {
+        zr_err_prefix("%s: ", zck_reader_path(r));
+        return zfmt__err_recode(ZR_ECORRUPT);
+    }
+    if (!(*out = zfmt__hf_family_of(zck_arch_name(a.arch))))
+        return zr_err_set(ZR_EUNSUPPORTED, "%s: model family '%s' has no Hugging Face naming",
+                          zck_reader_path(r), zck_arch_name(a.arch));
+    return 0;
+}
+
+static int st_export(const char *ckpt, const char *out, const zfmt_st_opts *o, int hf,
+                     uint64_t shard_bytes);
+#define MAX_SHARDS 512
 
 int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o)
 {
-    return st_export(ckpt, out_file, o, NAMES_OURS);
+    return st_export(ckpt, out_file, o, 0, 0);
 }
 
-int zfmt__st_export_hf(const char *ckpt, const char *out_file, const zfmt_st_opts *o)
+int zfmt__st_export_hf(const char *ckpt, const char *out_dir, const zfmt_st_opts *o,
+                       uint64_t shard_bytes)
 {
     zfmt_st_opts opt = o ? *o : (zfmt_st_opts)ZFMT_ST_OPTS_INIT;
     opt.params_only = 1;
-    return st_export(ckpt, out_file, &opt, NAMES_HF);
+    return st_export(ckpt, out_dir, &opt, 1, shard_bytes);
 }
 
-static int st_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o, int names)
+static int st_export(const char *ckpt, const char *out, const zfmt_st_opts *o, int hf,
+                     uint64_t shard_bytes)
 {
     zfmt_st_opts def = ZFMT_ST_OPTS_INIT;
     if (!o)
@@ -365,92 +543,48 @@ static int st_export(const char *ckpt, const char *out_file, const zfmt_st_opts 
         return zr_err_set(ZR_EINVAL, "safetensors export: buffer of %zu bytes: at least 16",
                           opt.buf_bytes);
 
-    zck_reader *r = NULL;
-    item *it = NULL;
-    size_t n = 0, hlen = 0;
-    char *header = NULL;
-    unsigned char *sbuf = NULL, *dbuf = NULL, *wbuf = NULL, *tbuf = NULL;
-    zfmt__out *f = NULL;
+    st_job j = {0};
     int rc = 0;
     zfmt__verify *v = NULL;
-    ZR_TRY_GOTO(zfmt__open_verifying(&r, &v, ckpt), rc, out);
-    ZR_TRY_GOTO(plan_items(&it, &n, r, &opt, names), rc, out);
-    ZR_TRY_GOTO(build_header(&header, &hlen, it, n, r, names), rc, out);
-
-    /* working memory: one chunk as stored, plus one converted when converting */
-    const zck_layout *L = zck_reader_layout(r);
-    size_t max_ss = 1, max_ds = 1, max_tr = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t es = zck_dtype_size(zck_layout_state_dtype(L, it[i].s));
-        es = es > zck_dtype_size(it[i].out_t) ? es : zck_dtype_size(it[i].out_t);
-        size_t tb = it[i].transposed ? (size_t)it[i].ti.numel * es : 0;
-        max_tr = tb > max_tr ? tb : max_tr;
-        size_t ss = zck_dtype_size(zck_layout_state_dtype(L, it[i].s));
-        if (ss > max_ss)
-            max_ss = ss;
-        if (it[i].out_t != zck_layout_state_dtype(L, it[i].s) &&
-            zck_dtype_size(it[i].out_t) > max_ds)
-            max_ds = zck_dtype_size(it[i].out_t);
-    }
-    size_t chunk = opt.buf_bytes / (max_ss + max_ds);
-    if (!(sbuf = malloc(chunk * max_ss)) || !(dbuf = malloc(chunk * max_ds)) ||
-        (max_tr && (!(wbuf = malloc(max_tr)) || !(tbuf = malloc(max_tr))))) {
-        rc = zr_err_set(ZR_ENOMEM, "out of memory (%zu bytes of buffers)", opt.buf_bytes);
+    ZR_TRY_GOTO(zfmt__open_verifying(&j.r, &v, ckpt), rc, out);
+    if (hf)
+        ZR_TRY_GOTO(ckpt_family(&j.fam, j.r), rc, out);
+    ZR_TRY_GOTO(plan_items(&j.it, &j.n, j.r, &opt, j.fam), rc, out);
+    uint64_t total = j.n ? j.it[j.n - 1].end : 0;
+    j.n_files = hf ? assign_shards(j.it, j.n, shard_bytes) : 1;
+    if (j.n_files > MAX_SHARDS) { /* each stays open until the source verified */
+        rc = zr_err_set(ZR_EINVAL, "Hugging Face export: a shard size of %llu bytes makes %zu "
+                        "files (at most %d): choose a larger one",
+                        (unsigned long long)shard_bytes, j.n_files, MAX_SHARDS);
         goto out;
     }
-    zck_read_opts ro = ZCK_READ_OPTS_INIT;
-    ro.verify = 0; /* verified in full above */
-    ro.jobs = 1;
-    size_t iob = opt.buf_bytes / 8 / ZCK_FILE_ALIGN * ZCK_FILE_ALIGN;
-    ro.io.buf_bytes = iob < ZCK_FILE_ALIGN ? ZCK_FILE_ALIGN
-                      : iob > ((size_t)4 << 20) ? (size_t)4 << 20 : iob;
-    ro.io.queue_depth = 2;
-    ro.io.io = ZCK_IO_BUFFERED; /* from the page cache the verification filled */
-
-    ZR_TRY_GOTO(zfmt__out_open(&f, out_file), rc, out);
-    unsigned char len8[8];
-    for (int b = 0; b < 8; b++)
-        len8[b] = (unsigned char)((uint64_t)hlen >> (8 * b));
-    ZR_TRY_GOTO(zfmt__out_write(f, len8, 8), rc, out);
-    ZR_TRY_GOTO(zfmt__out_write(f, header, hlen), rc, out);
-
-    zfmt__prog pr;
-    zfmt__prog_init(&pr, &opt.progress, "export", n ? it[n - 1].end : 0);
-    uint64_t done = 0, want = 0;
-    st_pass ps = {r, &ro, it, n, f, 8 + (uint64_t)hlen, sbuf, dbuf, chunk, &pr, &done, -1};
-    ZR_TRY_GOTO(export_in_file_order(&ps), rc, out);
-    for (size_t i = 0; i < n; i++)
-        want += it[i].transposed ? 0 : it[i].end - it[i].begin;
-    if (done != want) { /* the shards' extents must tile every tensor exactly once */
-        rc = zr_err_set(ZR_ECORRUPT, "%s: the shards hold %llu bytes of the tensors to export, "
-                        "expected %llu (extents missing or overlapping)", zck_reader_path(r),
-                        (unsigned long long)done, (unsigned long long)want);
+    if (!(j.f = calloc(j.n_files + 1, sizeof *j.f))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
         goto out;
     }
-    for (size_t i = 0; i < n; i++) {
-        if (!it[i].transposed)
-            continue;
-        zck_dtype st = zck_layout_state_dtype(L, it[i].s);
-        ZR_TRY_GOTO(write_transposed(r, &ro, &it[i], st, wbuf, tbuf, f, ps.base + it[i].begin),
-                    rc, out);
-        zfmt__prog_add(&pr, it[i].ti.numel * zck_dtype_size(it[i].out_t));
-    }
+    ZR_TRY_GOTO(job_buffers(&j, opt.buf_bytes), rc, out);
+    zfmt__prog_init(&j.pr, &opt.progress, "export", total);
+    for (size_t k = 0, i = 0; k < j.n_files; k++)
+        ZR_TRY_GOTO(write_file(&j, out, k, &i), rc, out);
+    if (j.n_files > 1)
+        ZR_TRY_GOTO(write_index(&j, out), rc, out);
     rc = zfmt__verify_join(v);
     v = NULL;
-    if (rc)
-        goto out;
-    ZR_TRY_GOTO(zfmt__out_commit(f), rc, out);
+    for (size_t k = 0; !rc && k <= j.n_files; k++)
+        if (j.f[k])
+            rc = zfmt__out_commit(j.f[k]);
 out:
     if (v) /* a failed export still joins the verification, whose finding explains it best */
         rc = zfmt__verify_settle(v, rc);
-    zfmt__out_free(f); /* removes the temporary file unless committed */
-    free(sbuf);
-    free(dbuf);
-    free(wbuf);
-    free(tbuf);
-    free(header);
-    free_items(it, n);
-    zck_reader_free(r);
+    for (size_t k = 0; j.f && k <= j.n_files; k++)
+        zfmt__out_free(j.f[k]); /* removes the temporary file unless committed */
+    free(j.f);
+    free(j.sbuf);
+    free(j.dbuf);
+    free(j.wbuf);
+    free(j.tbuf);
+    free_items(j.it, j.n);
+    zck_reader_free(j.r);
     return rc;
 }
 

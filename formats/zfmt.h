@@ -83,20 +83,28 @@ typedef struct {
                             an export writes); anything else there is never replaced */
     const char *tokenizer_json; /* a tokenizer.json to put in the export; NULL: the checkpoint's
                                    own (zrun --tokenizer), verified, when it has one */
+    uint64_t shard_bytes; /* model.safetensors larger than this: shards and an index file (0: one
+                             file whatever its size) */
     zck_progress progress;
 } zfmt_hf_opts;
-#define ZFMT_HF_OPTS_INIT {.dtype = -1, .force = 0, .tokenizer_json = NULL}
+#define ZFMT_HF_SHARD_DEFAULT ((uint64_t)5000000000) /* transformers' "5GB" */
+#define ZFMT_HF_OPTS_INIT                                                                        \
+    {.dtype = -1, .force = 0, .tokenizer_json = NULL, .shard_bytes = ZFMT_HF_SHARD_DEFAULT}
 
 /*
- * Export the parameters of a GPT-2 checkpoint as a Hugging Face model directory that
- * transformers loads with GPT2LMHeadModel.from_pretrained: config.json (model_type gpt2, the
- * shape, gelu_new, layer_norm_epsilon 1e-5, tied embeddings) and model.safetensors (Hugging
- * Face's names, Conv1D weights [in, out], no lm_head: it is tied to wte), plus tokenizer.json
- * (the one given, else the checkpoint's own when it has one). Streaming, memory bounded by the largest Conv1D weight (read whole to transpose).
- * Written into "<out_dir>.tmp-<pid>" beside out_dir and renamed into place only after the source
- * verified (every shard hashed), so out_dir is either the old or the new export. ZR_EEXIST when
- * out_dir exists and is not empty (without force), or holds anything an export does not write;
- * ZR_EUNSUPPORTED for a model family Hugging Face export does not know.
+ * Export the parameters of a checkpoint as a Hugging Face model directory that transformers
+ * loads: GPT-2 with GPT2LMHeadModel.from_pretrained (config.json: model_type gpt2, the shape,
+ * gelu_new, layer_norm_epsilon 1e-5, tied embeddings; weights in Hugging Face's names, Conv1D
+ * weights [in, out], no lm_head: it is tied to wte), Llama with LlamaForCausalLM (config.json:
+ * model_type llama, the shape, rms_norm_eps, rope_theta, no scaling, no biases, silu,
+ * tie_word_embeddings; weights "model.<ours>", lm_head.weight unless tied). The weights go into
+ * model.safetensors, or past shard_bytes into model-0000k-of-0000n.safetensors with
+ * model.safetensors.index.json; plus tokenizer.json (the one given, else the checkpoint's own
+ * when it has one). Streaming, memory bounded by the largest Conv1D weight (read whole to
+ * transpose). Written into "<out_dir>.tmp-<pid>" beside out_dir and renamed into place only
+ * after the source verified (every shard hashed), so out_dir is either the old or the new
+ * export. ZR_EEXIST when out_dir exists and is not empty (without force), or holds anything an
+ * export does not write; ZR_EUNSUPPORTED for a model family Hugging Face export does not know.
  */
 int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o);
 
@@ -111,14 +119,16 @@ typedef struct {
 #define ZFMT_IMPORT_OPTS_INIT {.world = 1, .heads = 0}
 
 /*
- * Import a GPT-2 model as a new checkpoint at step 0 in run directory out_run_dir (created;
+ * Import a model as a new checkpoint at step 0 in run directory out_run_dir (created;
  * ZR_EEXIST if it holds a checkpoint already), committed atomically with `latest`. src is one
- * of: a safetensors file in our names (as zfmt_safetensors_export writes), a Hugging Face GPT-2
- * model directory (config.json + model.safetensors; Conv1D weights transposed to [out, in],
- * "transformer." prefixes, attn.bias / attn.masked_bias buffers and the tied lm_head ignored),
- * or an llm.c model file (padded vocabulary rows dropped). Optimizer states start at zero; the
- * training section is {"optimizer_step":0,"imported_from":"<src>"}. Every tensor missing,
- * duplicated or of the wrong shape is an error naming it.
+ * of: a safetensors file in our names (as zfmt_safetensors_export writes; any family by its
+ * zero.model metadata), a Hugging Face directory of GPT2LMHeadModel or LlamaForCausalLM
+ * (config.json + model.safetensors, or shards named by model.safetensors.index.json; GPT-2's
+ * Conv1D weights transposed to [out, in], the "transformer." / "model." prefixes, buffers and a
+ * tied head ignored; Llama config fields that change the maths refused naming the field,
+ * ZR_EUNSUPPORTED), or an llm.c model file (padded vocabulary rows dropped). Optimizer states
+ * start at zero; the training section is {"optimizer_step":0,"imported_from":"<src>"}. Every
+ * tensor missing, duplicated or of the wrong shape is an error naming it.
  */
 int zfmt_import(const char *src, const char *out_run_dir, const zfmt_import_opts *o);
 

@@ -586,3 +586,33 @@ ZT_TEST(tok_zgen_and_hf_export_use_the_runs_tokenizer)
     free(err);
     ZT_ERR(zfmt_hf_export("run", "hf2", NULL), ZR_ECORRUPT, "tokenizer.json");
 }
+
+/* zrun --sample-every encodes its prompt and decodes the samples with the run's tokenizer, the
+ * one given and, on a resume without --tokenizer, the checkpoint's */
+ZT_TEST(tok_zrun_samples_through_the_tokenizer)
+{
+    make_tok_and_data();
+    zt_zrun_ok("--nproc 2 --zero 3 " TINY " --data tok.bin --tokenizer tok.json --ckpt-dir run "
+               "--steps 2 --sample-every 2 --sample-tokens 4 --prompt 'The cat sat'", "a.log");
+    zt_zrun_ok("--nproc 1 " TINY " --data tok.bin --ckpt-dir run --steps 4 --sample-every 2 "
+               "--sample-tokens 4 --prompt 'The cat sat'", "b.log");
+    const char *logs[] = {"a.log", "b.log"};
+    for (int k = 0; k < 2; k++) {
+        char *log = zt_slurp(logs[k]);
+        if (!strstr(log, "sample at step 2: The cat sat") &&
+            !strstr(log, "sample at step 4: The cat sat"))
+            ZT_FAIL("%s: no sample decoded through the tokenizer:\n%s", logs[k], log);
+        free(log);
+    }
+    /* the prompt is checked in tokens against the context: 33 tokens > ctx 32 */
+    char longp[200] = "";
+    for (int i = 0; i < 40; i++)
+        strcat(longp, " x");
+    char args[1024];
+    snprintf(args, sizeof args, "--nproc 1 " TINY " --data tok.bin --tokenizer tok.json "
+             "--ckpt-dir run2 --steps 2 --sample-every 1 --prompt '%s'", longp);
+    ZT_CHECK(zt_zrun(args, "c.log") != 0);
+    char *log = zt_slurp("c.log");
+    ZT_CHECK(strstr(log, "--prompt: ") && strstr(log, "tokens, more than the model's context"));
+    free(log);
+}

@@ -1,6 +1,8 @@
 /*
- * generate.c: inference and sampling for the GPT-2 of model.c (zr.h, "generation"), from a full
- * fp32 parameter arena in the checkpoint layout (zr_gpt2_offsets). A KV cache keeps, per layer,
+ * generate.c: inference and sampling for the GPT-2 of model.c and the Llama of llama.c (zr.h,
+ * "generation"), from a full fp32 parameter arena in the checkpoint layout (zr_gpt2_offsets;
+ * zr__llama_offsets). Llama's cache holds the KV heads only (grouped-query attention: query
+ * head h reads KV head h / (H / KV)), its keys rotated at their cache position. A KV cache keeps, per layer,
  * the keys and values of every position fed so far, so a new token costs one position's
  * forward (its attention reads the cached positions): generating n tokens costs O(n) forwards
  * of one position, not O(n^2). The maths is model.c's (pre-LN blocks, tanh GELU, tied head);
@@ -19,7 +21,7 @@
  * Shapes in comments: n new rows, C channels, NH heads, hs = C / NH, V vocabulary, ctx the
  * cache's positions.
  */
-#include "model.h"
+#include "model_int.h"
 #include "fastmath.h"
 
 #include <assert.h>
@@ -32,50 +34,69 @@
 
 struct zr_gen {
     zr_gpt2_config c;
-    zr_gpt2_offsets off;
+    zr_gpt2_offsets off;     /* GPT-2 */
+    zr__llama_offsets loff;  /* Llama */
+    float *rcos, *rsin;      /* Llama: the rotary table [ctx, hd / 2] */
     const float *p;          /* the parameter arena (borrowed) */
     size_t pos;              /* positions in the cache */
     size_t max_rows;         /* rows a feed computes at once */
-    float *kcache, *vcache;  /* [L, ctx, C] each */
-    float *x, *ln, *qkv, *y, *h; /* [max_rows, C], [.., C], [.., 3C], [.., C], [.., 4C] */
+    float *kcache, *vcache;  /* [L, ctx, KVD] each (KVD = C for GPT-2) */
+    /* [max_rows, C], [.., C], [.., 3C] (Llama: q [.., C]), [.., C], [.., 4C] (Llama: gate and
+     * up [.., 2I]) */
+    float *x, *ln, *qkv, *y, *h;
     float *att;              /* [ctx]: one attention row */
     float *logits;           /* [V] */
 };
 
 #define ROWS_MAX 64 /* rows per chunk of a long feed (the prompt) */
 
+/* The parameters' offsets of c's family. */
+static int gen_offsets(zr_gen *g, const zr_config *c)
+{
+    if (c->family == ZR_FAMILY_LLAMA) {
+        ZR_TRY(zr__llama_offsets_get(&g->loff, c));
+        size_t half = c->dim / c->heads / 2;
+        if (!(g->rcos = malloc(c->ctx * half * sizeof(float) + 1)) ||
+            !(g->rsin = malloc(c->ctx * half * sizeof(float) + 1)))
+            return zr_err_set(ZR_ENOMEM, "generate: out of memory");
+        zr__llama_rope_table(g->rcos, g->rsin, c->ctx, 2 * half, c->rope_theta);
+        return 0;
+    }
+    return zr_gpt2_offsets_get(&g->off, c);
+}
+
 int zr_gen_new(zr_gen **out, const zr_gpt2_config *c, const float *params)
 {
     assert(out && c && params);
     *out = NULL;
-    if (c->family != ZR_FAMILY_GPT2) /* issue 17: a KV cache with grouped heads is to come */
-        return zr_err_set(ZR_EUNSUPPORTED, "generate: sampling knows GPT-2 models only (this "
-                          "one is a Llama)");
     zr_gen *g = calloc(1, sizeof *g);
     if (!g)
         return zr_err_set(ZR_ENOMEM, "generate: out of memory");
     g->c = *c;
     g->p = params;
-    int rc = zr_gpt2_offsets_get(&g->off, c);
+    int rc = gen_offsets(g, c);
     if (rc < 0) {
-        free(g);
+        zr_gen_free(g);
         return rc;
     }
+    int llama = c->family == ZR_FAMILY_LLAMA;
     size_t C = c->dim, L = c->layers, T = c->ctx, R = T < ROWS_MAX ? T : ROWS_MAX;
+    size_t KVD = llama ? (size_t)c->kv_heads * (C / c->heads) : C;
+    size_t HW = llama ? 2 * (size_t)c->ffn : 4 * C;
     g->max_rows = R;
-    double cache = 2.0 * L * T * C * sizeof(float);
+    double cache = 2.0 * L * T * KVD * sizeof(float);
     if (cache > 0x1p40) {
-        free(g);
+        zr_gen_free(g);
         return zr_err_set(ZR_EINVAL, "generate: a KV cache of %.3g bytes (layers %zu, ctx %zu, "
-                          "dim %zu) is too large", cache, L, T, C);
+                          "dim %zu) is too large", cache, L, T, KVD);
     }
-    g->kcache = malloc(L * T * C * sizeof(float));
-    g->vcache = malloc(L * T * C * sizeof(float));
+    g->kcache = malloc(L * T * KVD * sizeof(float));
+    g->vcache = malloc(L * T * KVD * sizeof(float));
     g->x = malloc(R * C * sizeof(float));
     g->ln = malloc(R * C * sizeof(float));
     g->qkv = malloc(R * 3 * C * sizeof(float));
     g->y = malloc(R * C * sizeof(float));
-    g->h = malloc(R * 4 * C * sizeof(float));
+    g->h = malloc(R * HW * sizeof(float));
     g->att = malloc(T * sizeof(float));
     g->logits = malloc((size_t)c->vocab * sizeof(float));
     if (!g->kcache || !g->vcache || !g->x || !g->ln || !g->qkv || !g->y || !g->h || !g->att ||
@@ -101,6 +122,8 @@ void zr_gen_free(zr_gen *g)
     free(g->h);
     free(g->att);
     free(g->logits);
+    free(g->rcos);
+    free(g->rsin);
     free(g);
 }
 
@@ -140,18 +163,21 @@ static void linear(float *out, const float *in, const float *W, const float *bia
 }
 
 /* y[r] = softmax(q k^T / sqrt(hs)) v per head over the cached positions 0..pos0 + r of layer
- * caches K, V [ctx, C]; q in qkv [n, 3C] */
-static void attend(zr_gen *g, const float *K, const float *V, size_t pos0, size_t n)
+ * caches K, V [ctx, KVD]; q in qkv, rows qs apart; query head h reads KV head h / group
+ * (grouped-query attention; GPT-2: group 1, KVD = C). */
+static void attend(zr_gen *g, const float *K, const float *V, size_t pos0, size_t n, size_t qs,
+                   size_t KVD, size_t group)
 {
     size_t C = g->c.dim, NH = g->c.heads, hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     for (size_t r = 0; r < n; r++) {
         size_t len = pos0 + r + 1;
         for (size_t h = 0; h < NH; h++) {
-            const float *q = g->qkv + r * 3 * C + h * hs;
+            const float *q = g->qkv + r * qs + h * hs;
             float *y = g->y + r * C + h * hs, maxv = -INFINITY, sum = 0;
+            size_t kh = h / group * hs;
             for (size_t t = 0; t < len; t++) {
-                const float *k = K + t * C + h * hs;
+                const float *k = K + t * KVD + kh;
                 float s = 0;
                 for (size_t i = 0; i < hs; i++)
                     s += q[i] * k[i];
@@ -164,7 +190,7 @@ static void attend(zr_gen *g, const float *K, const float *V, size_t pos0, size_
             }
             memset(y, 0, hs * sizeof *y);
             for (size_t t = 0; t < len; t++) {
-                const float *v = V + t * C + h * hs;
+                const float *v = V + t * KVD + kh;
                 float w = g->att[t] / sum;
                 for (size_t i = 0; i < hs; i++)
                     y[i] += w * v[i];
@@ -201,12 +227,86 @@ static void forward_rows(zr_gen *g, const int32_t *tok, size_t n)
             memcpy(K + (pos + r) * C, g->qkv + r * 3 * C + C, C * sizeof(float));
             memcpy(V + (pos + r) * C, g->qkv + r * 3 * C + 2 * C, C * sizeof(float));
         }
-        attend(g, K, V, pos, n);
+        attend(g, K, V, pos, n, 3 * C, C, 1);
         linear(g->x, g->y, W(ATTPROJW), W(ATTPROJB), n, C, C, 1);
         ln_rows(g->ln, g->x, W(LN2W), W(LN2B), n, C);
         linear(g->h, g->ln, W(FCW), W(FCB), n, C, 4 * C, 0);
         gelu(g->h, n * 4 * C);
         linear(g->x, g->h, W(FCPROJW), W(FCPROJB), n, 4 * C, C, 1);
+#undef W
+    }
+    g->pos += n;
+}
+
+/* ---------------------------------------------------------------- Llama rows */
+
+/* out[r, :] = in[r, :] / sqrt(mean(in[r, :]^2) + eps) w for n rows of C */
+static void rms_rows(float *out, const float *in, const float *w, size_t n, size_t C, float eps)
+{
+    for (size_t r = 0; r < n; r++) {
+        const float *x = in + r * C;
+        float ss = 0;
+        for (size_t i = 0; i < C; i++)
+            ss += x[i] * x[i];
+        float s = 1.0f / sqrtf(ss / (float)C + eps);
+        for (size_t i = 0; i < C; i++)
+            out[r * C + i] = x[i] * s * w[i];
+    }
+}
+
+/* out[n, OC] (rows ldo apart) = beta out + in[n, IC] W[OC, IC]^T */
+static void mm(float *out, const float *in, const float *W, size_t n, size_t IC, size_t OC,
+               size_t ldo, float beta)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)OC, (int)IC, 1.0f, in,
+                (int)IC, W, (int)IC, beta, out, (int)ldo);
+}
+
+/* Rotate-half rotary positions on nh heads of hd channels of row x at the table's row cs, sn. */
+static void rope_row(float *x, size_t nh, size_t hd, const float *cs, const float *sn)
+{
+    size_t half = hd / 2;
+    for (size_t h = 0; h < nh; h++, x += hd)
+        for (size_t i = 0; i < half; i++) {
+            float x1 = x[i], x2 = x[i + half];
+            x[i] = x1 * cs[i] - x2 * sn[i];
+            x[i + half] = x2 * cs[i] + x1 * sn[i];
+        }
+}
+
+/* Llama's rows pos .. pos+n-1 through the blocks (llama.c's maths): the cache filled, g->x the
+ * last residual stream of each row. */
+static void llama_rows(zr_gen *g, const int32_t *tok, size_t n)
+{
+    const zr_config *c = &g->c;
+    size_t C = c->dim, T = c->ctx, H = c->heads, KV = c->kv_heads, hd = C / H, KVD = KV * hd;
+    size_t FF = c->ffn, half = hd / 2, pos = g->pos;
+    const zr__llama_offsets *o = &g->loff;
+    float eps = (float)c->norm_eps;
+    for (size_t r = 0; r < n; r++)
+        memcpy(g->x + r * C, g->p + o->embed + (size_t)tok[r] * C, C * sizeof(float));
+    for (size_t l = 0; l < c->layers; l++) {
+        const float *P = g->p + o->layer0 + l * o->layer_numel;
+#define W(which) (P + o->role[ZR__LL_##which])
+        float *K = g->kcache + l * T * KVD, *V = g->vcache + l * T * KVD;
+        rms_rows(g->ln, g->x, W(LN1), n, C, eps);
+        mm(g->qkv, g->ln, W(Q), n, C, C, C, 0.0f);
+        mm(K + pos * KVD, g->ln, W(K), n, C, KVD, KVD, 0.0f);
+        mm(V + pos * KVD, g->ln, W(V), n, C, KVD, KVD, 0.0f);
+        for (size_t r = 0; r < n; r++) {
+            const float *cs = g->rcos + (pos + r) * half, *sn = g->rsin + (pos + r) * half;
+            rope_row(g->qkv + r * C, H, hd, cs, sn);
+            rope_row(K + (pos + r) * KVD, KV, hd, cs, sn);
+        }
+        attend(g, K, V, pos, n, C, KVD, H / KV);
+        mm(g->x, g->y, W(O), n, C, C, C, 1.0f);
+        rms_rows(g->ln, g->x, W(LN2), n, C, eps);
+        float *gate = g->h, *up = g->h + n * FF;
+        mm(gate, g->ln, W(GATE), n, C, FF, FF, 0.0f);
+        mm(up, g->ln, W(UP), n, C, FF, FF, 0.0f);
+        for (size_t i = 0; i < n * FF; i++)
+            gate[i] = gate[i] / (1.0f + zr_expf(-gate[i])) * up[i];
+        mm(g->x, gate, W(DOWN), n, FF, C, C, 1.0f);
 #undef W
     }
     g->pos += n;
@@ -228,13 +328,25 @@ int zr_gen_feed(zr_gen *g, const int32_t *tok, size_t n, const float **logits)
     size_t last = 0;
     for (size_t done = 0; done < n; done += last) {
         last = n - done < g->max_rows ? n - done : g->max_rows;
-        forward_rows(g, tok + done, last);
+        if (g->c.family == ZR_FAMILY_LLAMA)
+            llama_rows(g, tok + done, last);
+        else
+            forward_rows(g, tok + done, last);
     }
-    /* the head on the last row: ln_f, then logits [V] = wte [V, C] x */
-    const float *lnf = g->p + g->off.ln_f;
-    ln_rows(g->ln, g->x + (last - 1) * C, lnf + g->off.lnf_w, lnf + g->off.lnf_b, 1, C);
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)V, (int)C, 1.0f, g->p + g->off.wte, (int)C,
-                g->ln, 1, 0.0f, g->logits, 1);
+    /* the head on the last row: the final norm, then logits [V] = head [V, C] x (GPT-2: ln_f
+     * and wte; Llama: norm and lm_head, or embed_tokens when tied) */
+    const float *head;
+    if (g->c.family == ZR_FAMILY_LLAMA) {
+        rms_rows(g->ln, g->x + (last - 1) * C, g->p + g->loff.norm, 1, C,
+                 (float)g->c.norm_eps);
+        head = g->p + g->loff.head;
+    } else {
+        const float *lnf = g->p + g->off.ln_f;
+        ln_rows(g->ln, g->x + (last - 1) * C, lnf + g->off.lnf_w, lnf + g->off.lnf_b, 1, C);
+        head = g->p + g->off.wte;
+    }
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)V, (int)C, 1.0f, head, (int)C, g->ln, 1, 0.0f,
+                g->logits, 1);
     if (logits)
         *logits = g->logits;
     return 0;

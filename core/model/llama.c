@@ -34,7 +34,9 @@
 #define INIT_STD 0.02f /* Hugging Face's initializer_range */
 
 /* The roles of a layer's tensors, bound by name to the family table's. */
-enum { R_LN1, R_Q, R_K, R_V, R_O, R_LN2, R_GATE, R_UP, R_DOWN, R_COUNT };
+enum { R_LN1 = ZR__LL_LN1, R_Q = ZR__LL_Q, R_K = ZR__LL_K, R_V = ZR__LL_V, R_O = ZR__LL_O,
+       R_LN2 = ZR__LL_LN2, R_GATE = ZR__LL_GATE, R_UP = ZR__LL_UP, R_DOWN = ZR__LL_DOWN,
+       R_COUNT = ZR__LL_ROLES };
 static const char *const role_names[R_COUNT] = {
     "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.k_proj.weight",
     "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
@@ -195,15 +197,31 @@ out:
 
 /* cos and sin of position t times theta^(-2i / hd), i < hd / 2 (rotate-half: channel i and
  * i + hd/2 of a head turn by the same angle). */
-static void rope_table(zr__llama *m)
+void zr__llama_rope_table(float *cos_t, float *sin_t, size_t T, size_t hd, double theta)
 {
-    size_t half = m->hd / 2;
-    for (size_t t = 0; t < m->max_T; t++)
+    size_t half = hd / 2;
+    for (size_t t = 0; t < T; t++)
         for (size_t i = 0; i < half; i++) {
-            double f = pow(m->c.rope_theta, -(double)(2 * i) / (double)m->hd);
-            m->rope_cos[t * half + i] = (float)cos((double)t * f);
-            m->rope_sin[t * half + i] = (float)sin((double)t * f);
+            double f = pow(theta, -(double)(2 * i) / (double)hd);
+            cos_t[t * half + i] = (float)cos((double)t * f);
+            sin_t[t * half + i] = (float)sin((double)t * f);
         }
+}
+
+int zr__llama_offsets_get(zr__llama_offsets *out, const zr_config *c)
+{
+    zr__llama m;
+    memset(&m, 0, sizeof m);
+    set_dims(&m, c, 1, 1);
+    ZR_TRY(fill_offsets(&m));
+    out->embed = m.goff[0];
+    out->layer0 = m.goff[1];
+    out->layer_numel = m.goff[2] - m.goff[1];
+    out->norm = m.goff[m.L + 1];
+    out->head = m.goff[head_group(&m)];
+    memcpy(out->role, m.role, sizeof out->role);
+    free(m.goff);
+    return 0;
 }
 
 static int check_new(const zr_config *c, size_t max_B, size_t max_T, const zr_model_hooks *hooks)
@@ -253,7 +271,7 @@ int zr__llama_new(zr__llama **out, const zr_config *c, size_t max_B, size_t max_
         goto fail;
     m->acts_bytes = abytes;
     acts_layout(m, m->acts_mem, &acts_d);
-    rope_table(m);
+    zr__llama_rope_table(m->rope_cos, m->rope_sin, m->max_T, m->hd, m->c.rope_theta);
     *out = m;
     return 0;
 fail:

@@ -8,6 +8,7 @@
  * the same for every world size and stage that trained the same bits.
  */
 #include "sample.h"
+#include "train.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -26,24 +27,44 @@ struct zr_train__sampler {
     uint64_t at, left;
 };
 
-int zr_train__sample_check(const zr_gpt2_config *c, const char *prompt, uint32_t tokens)
+/* The ids of prompt through tc (*ids malloc'ed). */
+static int encode(const zr_train__codec *tc, const char *prompt, int32_t **ids, size_t *n)
 {
-    size_t n = prompt ? strlen(prompt) : 0;
-    if (c->family != ZR_FAMILY_GPT2)
-        return zr_err_set(ZR_EUNSUPPORTED, "--sample-every: sampling knows GPT-2 models only "
-                          "(this one is a Llama)");
-    if (!n)
+    size_t len = strlen(prompt);
+    if (tc && tc->ops)
+        return tc->ops->encode(tc->ctx, prompt, len, ids, n);
+    if (!(*ids = malloc((len ? len : 1) * sizeof **ids)))
+        return zr_err_set(ZR_ENOMEM, "sample: out of memory");
+    for (size_t i = 0; i < len; i++)
+        (*ids)[i] = (unsigned char)prompt[i];
+    *n = len;
+    return 0;
+}
+
+int zr_train__sample_check(const zr_gpt2_config *c, const char *prompt, uint32_t tokens,
+                           const zr_train__codec *tc)
+{
+    if (!prompt || !prompt[0])
         return zr_err_set(ZR_EINVAL, "--prompt: empty (the samples need at least one byte)");
-    if (n > c->ctx)
-        return zr_err_set(ZR_EINVAL, "--prompt: %zu bytes, more than the model's context of %u",
-                          n, c->ctx);
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)prompt[i] >= c->vocab)
-            return zr_err_set(ZR_EINVAL, "--prompt: byte %zu (%u) is not below the model's "
-                              "vocabulary of %u", i, (unsigned char)prompt[i], c->vocab);
     if (tokens < 1)
         return zr_err_set(ZR_EINVAL, "--sample-tokens 0: at least 1");
-    return 0;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = encode(tc, prompt, &ids, &n);
+    if (rc)
+        zr_err_prefix("--prompt: ");
+    else if (!n)
+        rc = zr_err_set(ZR_EINVAL, "--prompt: no tokens");
+    else if (n > c->ctx)
+        rc = zr_err_set(ZR_EINVAL, "--prompt: %zu %s, more than the model's context of %u", n,
+                        tc && tc->ops ? "tokens" : "bytes", c->ctx);
+    for (size_t i = 0; !rc && i < n; i++)
+        if (ids[i] < 0 || (uint32_t)ids[i] >= c->vocab)
+            rc = zr_err_set(ZR_EINVAL, "--prompt: %s %zu (%d) is not below the model's "
+                            "vocabulary of %u", tc && tc->ops ? "token" : "byte", i, ids[i],
+                            c->vocab);
+    free(ids);
+    return rc;
 }
 
 /* the sink of zr_zero_save_to: the param state's extents into the arena (rank 0) or into the
@@ -134,34 +155,41 @@ int zr_train__sample_gather(zr_train__sampler *s, zr_zero *z)
     return 0;
 }
 
-int zr_train__sample_text(zr_train__sampler *s, const char *prompt, uint32_t tokens,
-                          char **text, size_t *len, int32_t **ids)
+int zr_train__sample_text(zr_train__sampler *s, const char *prompt, const zr_train__codec *tc,
+                          uint32_t tokens, char **text, size_t *len, int32_t **ids)
 {
     *text = NULL;
     *ids = NULL;
-    size_t np = strlen(prompt), n = np + tokens;
-    int32_t *all = malloc(n * sizeof *all);
-    char *t = malloc(16 * n + 1);
+    int32_t *p = NULL, *all = NULL;
+    size_t np = 0;
     zr_gen *g = NULL;
-    int rc = !all || !t ? zr_err_set(ZR_ENOMEM, "sample: out of memory") : 0;
+    int rc = encode(tc, prompt, &p, &np);
+    if (!rc && !(all = malloc((np + tokens) * sizeof *all)))
+        rc = zr_err_set(ZR_ENOMEM, "sample: out of memory");
     if (!rc)
         rc = zr_gen_new(&g, &s->c, s->full);
     if (!rc) {
-        for (size_t i = 0; i < np; i++)
-            all[i] = (unsigned char)prompt[i];
+        memcpy(all, p, np * sizeof *p);
         zr_sample_opts o = ZR_SAMPLE_OPTS_INIT;
         o.temperature = 0; /* greedy: the most likely continuation, no randomness */
         rc = zr_gen_run(g, all + np, all, np, tokens, &o);
     }
     zr_gen_free(g);
+    free(p);
+    size_t n = np + tokens;
+    if (!rc && tc && tc->ops) {
+        rc = tc->ops->decode(tc->ctx, all, n, text, len);
+    } else if (!rc) {
+        if (!(*text = malloc(16 * n + 1)))
+            rc = zr_err_set(ZR_ENOMEM, "sample: out of memory");
+        else
+            *len = zr_gen_bytes_decode(*text, 16 * n + 1, all, n);
+    }
     if (rc) {
         free(all);
-        free(t);
         return rc;
     }
-    *len = zr_gen_bytes_decode(t, 16 * n + 1, all, n);
     memmove(all, all + np, tokens * sizeof *all);
-    *text = t;
     *ids = all;
     return 0;
 }

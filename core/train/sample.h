@@ -14,16 +14,24 @@
 
 typedef struct zr_train__sampler zr_train__sampler;
 
-/* The prompt's checks against the model: not empty, at most ctx bytes, each byte an id of the
+/* The samples' text codec: the caller's (ops and the context its open made), or bytes (ops
+ * NULL: the prompt's bytes are its ids, ids decode to bytes, >= 256 as <|id|>). */
+typedef struct {
+    const struct zr_text_codec *ops;
+    void *ctx;
+} zr_train__codec;
+
+/* The prompt's checks against the model: not empty, at most ctx tokens, each id below the
  * vocabulary. ZR_EINVAL naming --prompt. */
-int zr_train__sample_check(const zr_gpt2_config *c, const char *prompt, uint32_t tokens);
+int zr_train__sample_check(const zr_gpt2_config *c, const char *prompt, uint32_t tokens,
+                           const zr_train__codec *tc);
 int zr_train__sample_begin(zr_train__sampler **out, zr_zero *z, const zck_layout *L,
                            const zr_gpt2_config *c, int rank, int W);
 int zr_train__sample_gather(zr_train__sampler *s, zr_zero *z);
-/* Rank 0: the prompt continued by `tokens` greedy tokens, as bytes (an id >= 256 as <|id|>):
- * *text malloc'ed (NUL-terminated, *len bytes), *ids malloc'ed [tokens]. */
-int zr_train__sample_text(zr_train__sampler *s, const char *prompt, uint32_t tokens,
-                          char **text, size_t *len, int32_t **ids);
+/* Rank 0: the prompt continued by `tokens` greedy tokens, decoded by tc: *text malloc'ed
+ * (NUL-terminated, *len bytes; prompt and continuation), *ids malloc'ed [tokens]. */
+int zr_train__sample_text(zr_train__sampler *s, const char *prompt, const zr_train__codec *tc,
+                          uint32_t tokens, char **text, size_t *len, int32_t **ids);
 void zr_train__sample_free(zr_train__sampler *s);
 
 #endif

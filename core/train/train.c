@@ -69,6 +69,7 @@ typedef struct {
     char run_id[40];         /* this invocation's (o->run_id, else made here) */
     char ck_run_id[40];      /* the run id recorded in the checkpoint resumed from ("": none) */
     char *ck_tokenizer;      /* the tokenizer.json of the checkpoint resumed from (NULL: none) */
+    zr_train__codec codec;   /* the samples' text: the run's tokenizer, or bytes */
     size_t ck_tokenizer_bytes;
     zr_eval *eval;           /* validation data and set (--eval-every, eval.c) */
     zr_val_record val;       /* the last and best validation loss */
@@ -956,6 +957,8 @@ static void free_run(run *r, int failed)
     zr_train__eval_free(r->eval); /* before the data it may borrow from */
     zr_data_free(r->data);
     free(r->ck_tokenizer);
+    if (r->codec.ops)
+        r->codec.ops->close(r->codec.ctx);
     if (r->jlog)
         fclose(r->jlog);
     zck_reader_free(r->rd);
@@ -1240,6 +1243,20 @@ static int pick_tokenizer(run *r)
     return rc == ZR_ENOTFOUND ? 0 : rc;
 }
 
+/* The samples' codec: the caller's over the run's tokenizer (given, or the checkpoint's),
+ * else bytes. */
+static int open_codec(run *r)
+{
+    const zr_train_opts *o = r->o;
+    const char *json = o->tokenizer_json ? o->tokenizer_json : r->ck_tokenizer;
+    size_t n = o->tokenizer_json ? o->tokenizer_bytes : r->ck_tokenizer_bytes;
+    if (!json || !o->text_codec)
+        return 0;
+    ZR_TRY(o->text_codec->open(&r->codec.ctx, json, n));
+    r->codec.ops = o->text_codec;
+    return 0;
+}
+
 static const char *sample_prompt(const zr_train_opts *o)
 {
     return o->sample_prompt ? o->sample_prompt : "the ";
@@ -1270,10 +1287,12 @@ static int pick_start(run *r)
         lrc = zr_train__pick_config(&r->cfg, o, r->rd);
     if (!lrc)
         lrc = zr_train__seq(&r->T, o, &r->cfg);
-    if (!lrc && o->sample_every)
-        lrc = zr_train__sample_check(&r->cfg, sample_prompt(o), o->sample_tokens);
     if (!lrc)
         lrc = pick_tokenizer(r);
+    if (!lrc && o->sample_every)
+        lrc = open_codec(r);
+    if (!lrc && o->sample_every)
+        lrc = zr_train__sample_check(&r->cfg, sample_prompt(o), o->sample_tokens, &r->codec);
     r->mb = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)r->W;
     r->n_micro = o->batch / (uint32_t)r->W / r->mb;
     return lrc;
@@ -1470,7 +1489,7 @@ static int sample_now(run *r)
     if (!rc)
         rc = zr_train__sample_gather(s, r->zero);
     if (!rc)
-        rc = agree(r, r->rank == 0 ? zr_train__sample_text(s, sample_prompt(o),
+        rc = agree(r, r->rank == 0 ? zr_train__sample_text(s, sample_prompt(o), &r->codec,
                                                            o->sample_tokens, &text, &len, &ids)
                                    : 0);
     zr_train__sample_free(s);

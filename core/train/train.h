@@ -16,6 +16,17 @@ extern "C" {
 
 /* ---------------------------------------------------------------- training */
 
+/* A tokenizer for the samples' text, given by the caller (zrun passes formats/' byte-level
+ * BPE; core/ does not read tokenizer.json itself): open a codec of a tokenizer.json's bytes,
+ * encode text into ids (*ids malloc'ed), decode ids into bytes (*text malloc'ed), close. Each
+ * returns 0 or a ZR_E* code with the message set. */
+typedef struct zr_text_codec {
+    int (*open)(void **ctx, const char *json, size_t n_bytes);
+    int (*encode)(void *ctx, const char *text, size_t len, int32_t **ids, size_t *n);
+    int (*decode)(void *ctx, const int32_t *ids, size_t n, char **text, size_t *len);
+    void (*close)(void *ctx);
+} zr_text_codec;
+
 typedef struct {
     const char *model;       /* zr_gpt2_config_parse spec; NULL: the checkpoint's when resuming,
                                 else "tiny" */
@@ -90,6 +101,10 @@ typedef struct {
     size_t tokenizer_bytes;
     uint32_t tokenizer_vocab;
     const char *tokenizer_path; /* for messages */
+    /* how samples (sample_every) turn text into token ids and back when the run has a
+     * tokenizer (the one given above, or the checkpoint's on a resume); NULL, or no tokenizer:
+     * the prompt's bytes are its ids */
+    const struct zr_text_codec *text_codec;
 } zr_train_opts;
 enum { ZR_DEVICE_CPU = 0, ZR_DEVICE_CUDA = 1, ZR_DEVICE_AUTO = 2 };
 enum { ZR_VERIFY_FULL = 0, ZR_VERIFY_QUICK = 1, ZR_VERIFY_OFF = 2 };

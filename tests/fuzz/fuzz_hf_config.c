@@ -45,7 +45,11 @@ static void write_model(const char *path)
         char name[64];
         zfmt__gpt2_kind_shape(c, k, &nd, sh);
         snprintf(name, sizeof name, "h.0.%s", zfmt__gpt2_kind(k));
-        if (nd == 2 && zfmt__gpt2_kind_is_conv1d(k))
+        char hf[96];
+        int tr;
+        if (zfmt__hf_name(zfmt__hf_family_of("gpt2"), hf, sizeof hf, name, &tr) < 0)
+            abort();
+        if (tr)
             put(hdr, name, 2, sh[1], sh[0], &at);
         else
             put(hdr, name, nd, sh[0], sh[1], &at);

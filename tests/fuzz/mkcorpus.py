@@ -211,6 +211,21 @@ def gen_hf_config():
     put("hf_config", "array.json", "[]")
     put("hf_config", "broken.json", '{"n_layer": 1,')
     put("hf_config", "dupkey.json", '{"n_layer": 1, "n_layer": 1}')
+    # Llama configs (the model file is a GPT-2: each is refused, by a field or by its tensors)
+    llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": C,
+             "intermediate_size": 8, "num_hidden_layers": L, "num_attention_heads": NH,
+             "num_key_value_heads": NH, "max_position_embeddings": T, "vocab_size": V,
+             "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None,
+             "attention_bias": False, "mlp_bias": False, "hidden_act": "silu",
+             "tie_word_embeddings": True}
+    put("hf_config", "llama.json", json.dumps(llama, indent=2))
+    put("hf_config", "llama-rope-params.json", json.dumps(dict(
+        ((k, v) for k, v in llama.items() if k != "rope_theta"),
+        rope_parameters={"rope_theta": 5e5, "rope_type": "default"})))
+    put("hf_config", "llama-scaling.json", json.dumps(dict(
+        llama, rope_scaling={"rope_type": "llama3", "factor": 8.0})))
+    put("hf_config", "mistral.json", json.dumps(dict(
+        llama, architectures=["MistralForCausalLM"], model_type="mistral")))
 
 
 def gen_tokenizer():

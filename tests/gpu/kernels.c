@@ -606,7 +606,7 @@ static void check_groups(const char *what, const zr_model *cpu, const float *got
 
 static void test_model(void)
 {
-    zr_gpt2_config c = {2, 4, 64, 32, 97};
+    zr_gpt2_config c = ZR_GPT2(2, 4, 64, 32, 97);
     size_t B = 3, T = 29, N = B * T;
     zr_model *cpu;
     OK(zr_model_new_ext(&cpu, &c, B, T, NULL));
@@ -754,7 +754,7 @@ static void tensors_of(tensor_list *tl, const zr_gpt2_config *c)
 
 static void test_training(void)
 {
-    zr_gpt2_config c = {2, 4, 64, 64, 256};
+    zr_gpt2_config c = ZR_GPT2(2, 4, 64, 64, 256);
     size_t B = 8, T = 64, N = B * T, steps = 30;
     float lr = 3e-3f, clip = 1.0f;
     zr_adamw_hp hp = ZR_ADAMW_HP_INIT;
