@@ -20,6 +20,11 @@
 typedef struct zfmt__out zfmt__out;
 int zfmt__out_open(zfmt__out **out, const char *final_path);
 int zfmt__out_write(zfmt__out *o, const void *data, size_t n_bytes);
+/* n_bytes at byte offset at (write-back started at once for large writes) */
+int zfmt__out_pwrite(zfmt__out *o, const void *data, size_t n_bytes, uint64_t at);
+/* n_bytes of in_fd from in_off to byte offset at, in the kernel (copy_file_range); 1 when the
+ * filesystems cannot (nothing written: copy through memory instead) */
+int zfmt__out_copy(zfmt__out *o, int in_fd, uint64_t in_off, uint64_t n_bytes, uint64_t at);
 int zfmt__out_commit(zfmt__out *o);
 void zfmt__out_free(zfmt__out *o);
 /* fsync the directory that holds path (its entries: a rename, a new file). */

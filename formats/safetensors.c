@@ -281,6 +281,119 @@ static int write_item(st_job *j, const item *x, zfmt__out *f)
     return 0;
 }
 
+/* Our single file, in one pass over the stored data in the order of the shard files (the
+ * order the verification thread reads them in, so that each byte comes from the disk once and
+ * both share the page cache): every extent of every shard, cut into the tensors it overlaps,
+ * written at its place in f (data from byte base on). Pieces stored as exported are copied in
+ * the kernel, the others converted through memory; the pieces must tile every tensor. */
+typedef struct {
+    st_job *j;
+    zfmt__out *f;
+    uint64_t base, done; /* bytes before the data buffer; data bytes written */
+    int fd;              /* the shard being read (a regular file), -1: through the reader */
+} st_pass;
+
+/* Elements [a, b) of item x's (group, state), inside x and inside extent e. */
+static int pass_piece(st_pass *ps, const item *x, const zck_extent_info *e, uint64_t a,
+                      uint64_t b)
+{
+    st_job *j = ps->j;
+    zck_dtype st = zck_layout_state_dtype(zck_reader_layout(j->r), x->s);
+    size_t ds = zck_dtype_size(x->out_t);
+    int conv = st != x->out_t, rc = 1;
+    if (!conv && ps->fd >= 0)
+        ZR_TRY(rc = zfmt__out_copy(ps->f, ps->fd, e->offset + (a - e->start) * ds,
+                                   (b - a) * ds, ps->base + x->begin + (a - x->ti.offset) * ds));
+    if (!rc) {
+        zfmt__prog_add(&j->pr, (b - a) * ds);
+        ps->done += (b - a) * ds;
+        return 0;
+    }
+    while (a < b) { /* through memory: converted, or no in-kernel copy here */
+        uint64_t k = b - a < j->chunk ? b - a : j->chunk;
+        zck_read_req q = {x->g, x->s, a, k, j->sbuf};
+        ZR_TRY(zck_reader_read(j->r, &q, 1, &j->ro));
+        if (conv && (rc = zfmt_convert(j->dbuf, x->out_t, j->sbuf, st, (size_t)k))) {
+            zr_err_prefix("tensor '%s': ", x->name);
+            return rc;
+        }
+        uint64_t at = ps->base + x->begin + (a - x->ti.offset) * ds;
+        ZR_TRY(zfmt__out_pwrite(ps->f, conv ? j->dbuf : j->sbuf, (size_t)k * ds, at));
+        zfmt__prog_add(&j->pr, k * ds);
+        ps->done += k * ds;
+        a += k;
+    }
+    return 0;
+}
+
+static int cmp_extent_offset(const void *a, const void *b)
+{
+    const zck_extent_info *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* The shard file of s for in-kernel copies: a regular file at least as long as listed (a FIFO,
+ * a link or a short file: -1, and the reader reports what is wrong). */
+static int open_shard(zck_reader *r, const zck_shard *s)
+{
+    char path[4200];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", zck_reader_path(r), zck_shard_file(s));
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd >= 0 && (fstat(fd, &sb) || !S_ISREG(sb.st_mode) ||
+                    (uint64_t)sb.st_size < zck_shard_bytes(s))) {
+        close(fd);
+        fd = -1;
+    }
+    if (fd >= 0) /* read in file order: the larger read-ahead */
+        posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    return fd;
+}
+
+/* One shard's extents in file order, each cut into the items it overlaps. */
+static int pass_shard(st_pass *ps, const zck_shard *s)
+{
+    size_t ne = zck_shard_n_extents(s);
+    zck_extent_info *e = calloc(ne ? ne : 1, sizeof *e);
+    if (!e)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < ne; i++)
+        zck_shard_extent(s, i, &e[i]);
+    qsort(e, ne, sizeof *e, cmp_extent_offset);
+    ps->fd = open_shard(ps->j->r, s);
+    int rc = 0;
+    for (size_t i = 0; i < ne && !rc; i++)
+        for (size_t k = 0; k < ps->j->n && !rc; k++) {
+            const item *x = &ps->j->it[k];
+            if (x->g != e[i].group || x->s != e[i].state)
+                continue;
+            uint64_t a = e[i].start > x->ti.offset ? e[i].start : x->ti.offset;
+            uint64_t b = e[i].start + e[i].count, xe = x->ti.offset + x->ti.numel;
+            b = b < xe ? b : xe;
+            if (a < b)
+                rc = pass_piece(ps, x, &e[i], a, b);
+        }
+    if (ps->fd >= 0)
+        close(ps->fd);
+    ps->fd = -1;
+    free(e);
+    return rc;
+}
+
+static int write_in_file_order(st_job *j, zfmt__out *f, uint64_t base)
+{
+    st_pass ps = {j, f, base, 0, -1};
+    uint64_t want = j->n ? j->it[j->n - 1].end : 0;
+    for (size_t sh = 0; sh < zck_reader_n_shards(j->r); sh++)
+        ZR_TRY(pass_shard(&ps, zck_reader_shard(j->r, sh)));
+    if (ps.done != want) /* the shards' extents must tile every exported tensor once */
+        return zr_err_set(ZR_ECORRUPT, "%s: the shards hold %llu bytes of the tensors to export, "
+                          "expected %llu (extents missing or overlapping)",
+                          zck_reader_path(j->r), (unsigned long long)ps.done,
+                          (unsigned long long)want);
+    return 0;
+}
+
 /* Working memory: one chunk as stored, plus one converted when converting; a whole tensor
  * twice for a transposed one. */
 static int job_buffers(st_job *j, size_t buf_bytes)
@@ -344,7 +457,9 @@ static int write_file(st_job *j, const char *out, size_t k, size_t *i)
     if (!rc)
         rc = zfmt__out_write(j->f[k], header, hlen);
     free(header);
-    for (size_t x = i0; !rc && x < i1; x++)
+    if (!j->fam && !rc) /* ours: one file, no transposed tensors */
+        rc = write_in_file_order(j, j->f[k], 8 + (uint64_t)hlen);
+    for (size_t x = i0; j->fam && !rc && x < i1; x++)
         rc = write_item(j, &j->it[x], j->f[k]);
     *i = i1;
     return rc;

@@ -47,6 +47,13 @@ typedef struct {
     unsigned nbufs, aio_depth;
     uint64_t live_params;     /* zr_zero_opts' budget (0: the default) */
     float *gstage;            /* one partition for offloaded gathers (b.xbuf: nbufs x 3 chunks) */
+    /* the streamed optimizer step: its chunks, read tickets (rt) and write-back tickets (wt)
+     * per (staging set, file: 0 params, 1 optimizer), and how many chunks' optimizer states
+     * were read ahead during the backward (pre) */
+    zr_zchunk *ch;
+    size_t nch, pre;
+    int pre_done;             /* this step's read-ahead was started */
+    uint64_t *rt, *wt;
     size_t bytes_xbuf, bytes_gstage;
     size_t bytes_fullp, bytes_fullg, bytes_ownp, bytes_owng, bytes_mv;
     float **pslots, **gslots; /* free lists (stack) */
@@ -496,6 +503,8 @@ static void host_free(zr_zero *zz)
     zr__zero_base_free(&z->b);
     free(z->b.xbuf);
     free(z->gstage);
+    free(z->ch);
+    free(z->rt);
     pthread_mutex_destroy(&z->mu);
     pthread_cond_destroy(&z->cv);
     free(z);
@@ -512,6 +521,69 @@ static int host_attach(zr_zero *zz, const zr_model *m, zr_dev_model *dm, size_t 
 }
 
 /* ---------------------------------------------------------------- where the states are */
+
+/* ---------------------------------------------------------------- the streamed optimizer */
+
+/* chunk i's staging slot of state s (0 p, 1 m, 2 v): set i mod nbufs */
+static float *stage_slot(const zr_zhost *z, size_t i, int s)
+{
+    return z->b.xbuf + ((i % z->nbufs) * 3 + (size_t)s) * z->b.chunk;
+}
+
+/* The chunk list and ticket arrays, made at the first streamed step. */
+static int stream_prepare(zr_zhost *z)
+{
+    if (z->rt)
+        return 0;
+    ZR_TRY(zr__zero_chunks(&z->b, z->b.chunk, &z->ch, &z->nch));
+    if (!(z->rt = calloc(4 * (size_t)z->nbufs, sizeof *z->rt)))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    z->wt = z->rt + 2 * z->nbufs;
+    return 0;
+}
+
+/* Reads of states [s0, s1) of chunk i into its staging set, after the set's last write-back. */
+static int stream_read(zr_zhost *z, size_t i, int s0, int s1)
+{
+    size_t set = i % z->nbufs;
+    for (int f = 0; f < 2; f++) {
+        zck_swap *sw = f == 0 ? z->b.psw : z->b.osw;
+        if (sw && z->wt[2 * set + f])
+            ZR_TRY(zck_swap_wait(sw, z->wt[2 * set + f]));
+    }
+    for (int s = s0; s < s1; s++) {
+        uint64_t base;
+        zck_swap *sw = zr__zero_swap_of(&z->b, z->ch[i].g, s, &base);
+        if (sw)
+            ZR_TRY(zck_swap_read(sw, stage_slot(z, i, s),
+                                 zr__zero_grain_up(z->ch[i].cnt) * sizeof(float),
+                                 (base + z->ch[i].off) * sizeof(float), &z->rt[2 * set + (s > 0)]));
+    }
+    return 0;
+}
+
+/* At the start of the backward: the optimizer states (exp_avg, exp_avg_sq) of the first
+ * nbufs chunks, read while the backward runs; they do not depend on the gradients. Only the
+ * optimizer's swap file: the parameters' is the comm thread's during the backward. */
+static int stream_read_ahead(zr_zhost *z)
+{
+    z->pre_done = 1;
+    if (!z->off_opt)
+        return 0;
+    ZR_TRY(stream_prepare(z));
+    for (; z->pre < z->nch && z->pre < z->nbufs; z->pre++)
+        ZR_TRY(stream_read(z, z->pre, 1, 3));
+    return 0;
+}
+
+/* Nothing of the read-ahead left in flight (a step that ended before its update). */
+static int stream_settle(zr_zhost *z)
+{
+    int rc = z->pre && z->b.osw ? zck_swap_wait(z->b.osw, UINT64_MAX) : 0;
+    z->pre = 0;
+    z->pre_done = 0;
+    return rc;
+}
 
 /* ---------------------------------------------------------------- hooks */
 
@@ -581,6 +653,8 @@ static int hook_grads(void *ctx, size_t g, float **out)
 {
     zr_zhost *z = ctx;
     grp *p = &z->H[g];
+    if (!z->pre_done)
+        ZR_TRY(stream_read_ahead(z));
     if (z->b.stage < 2) {
         *out = z->b.fullg + z->b.G[g].foff;
         return 0;
@@ -660,6 +734,7 @@ static int host_begin_step(zr_zero *zz)
 {
     zr_zhost *z = (zr_zhost *)zz;
     ZR_TRY(drain(z));
+    ZR_TRY(stream_settle(z));
     if (z->b.stage >= 2) {
         pthread_mutex_lock(&z->mu);
         reset_buffers_locked(z);
@@ -833,67 +908,48 @@ static int host_adamw(zr_zero *zz, uint64_t t, float lr, float clip, const zr_ad
         return 0;
     }
     /* streamed: every chunk of every group in one pipeline over the staging sets; chunk k
-     * uses set k mod nbufs, read nbufs-1 chunks ahead, written back right after its update */
-    size_t nc = 0;
-    zr_zchunk *c = NULL;
-    ZR_TRY(zr__zero_chunks(&z->b, z->b.chunk, &c, &nc));
-    /* tickets per (staging set, file): index 2 set + (0 params, 1 optimizer) */
-    uint64_t *rt = calloc(4 * (size_t)z->nbufs, sizeof *rt), *wt = rt ? rt + 2 * z->nbufs : NULL;
-    int rc = rt ? 0 : zr_err_set(ZR_ENOMEM, "out of memory");
-    /* the swap file and staging slot of state s (1 m, 2 v, 0 p) of chunk i */
-#define SLOT(i, s) (z->b.xbuf + ((size_t)((i) % z->nbufs) * 3 + (s)) * z->b.chunk)
+     * uses set k mod nbufs, read nbufs-1 chunks ahead (the first ones' optimizer states
+     * already during the backward), written back right after its update */
+    int rc = stream_prepare(z);
     size_t ahead = 0;
-    for (size_t i = 0; i < nc && !rc; i++) {
-        /* keep the reads nbufs-1 chunks ahead */
-        for (; !rc && ahead < nc && ahead < i + z->nbufs; ahead++) {
-            size_t set = ahead % z->nbufs;
-            for (int f = 0; f < 2 && !rc; f++) { /* the set's last write-back first */
-                zck_swap *sw = f == 0 ? z->b.psw : z->b.osw;
-                if (sw && wt[2 * set + f])
-                    rc = zck_swap_wait(sw, wt[2 * set + f]);
-            }
-            for (int s = 0; s < 3 && !rc; s++) {
-                uint64_t base;
-                zck_swap *sw = zr__zero_swap_of(&z->b, c[ahead].g, s, &base);
-                if (sw)
-                    rc = zck_swap_read(sw, SLOT(ahead, s),
-                                       zr__zero_grain_up(c[ahead].cnt) * sizeof(float),
-                                       (base + c[ahead].off) * sizeof(float),
-                                       &rt[2 * set + (s > 0)]);
-            }
-        }
+    for (size_t i = 0; i < z->nch && !rc; i++) {
+        for (; !rc && ahead < z->nch && ahead < i + z->nbufs; ahead++)
+            rc = stream_read(z, ahead, 0, ahead < z->pre ? 1 : 3); /* read ahead: m, v */
         if (rc)
             break;
-        size_t set = i % z->nbufs, g = c[i].g;
+        size_t set = i % z->nbufs, g = z->ch[i].g;
         uint64_t lo, n;
         zr_zero_opt_range(&z->b, g, &lo, &n);
         float *ptr[3];
         for (int s = 0; s < 3 && !rc; s++) {
             uint64_t base;
             zck_swap *sw = zr__zero_swap_of(&z->b, g, s, &base);
-            ptr[s] = sw ? SLOT(i, s) : zr__zero_state(&z->b, g, s) + c[i].off;
+            ptr[s] = sw ? stage_slot(z, i, s) : zr__zero_state(&z->b, g, s) + z->ch[i].off;
             if (sw)
-                rc = zck_swap_wait(sw, rt[2 * set + (s > 0)]);
+                rc = zck_swap_wait(sw, z->rt[2 * set + (s > 0)]);
         }
         if (rc)
             break;
-        adamw_range(z, g, lo + c[i].off, c[i].cnt, ptr[0], ptr[1], ptr[2], t, lr, clip, hp);
+        adamw_range(z, g, lo + z->ch[i].off, z->ch[i].cnt, ptr[0], ptr[1], ptr[2], t, lr, clip,
+                    hp);
         for (int s = 0; s < 3 && !rc; s++) {
             uint64_t base;
             zck_swap *sw = zr__zero_swap_of(&z->b, g, s, &base);
             if (sw)
-                rc = zck_swap_write(sw, SLOT(i, s), zr__zero_grain_up(c[i].cnt) * sizeof(float),
-                                    (base + c[i].off) * sizeof(float), &wt[2 * set + (s > 0)]);
+                rc = zck_swap_write(sw, ptr[s], zr__zero_grain_up(z->ch[i].cnt) * sizeof(float),
+                                    (base + z->ch[i].off) * sizeof(float),
+                                    &z->wt[2 * set + (s > 0)]);
         }
     }
-#undef SLOT
-    for (int s = 0; s < 2 && !rc; s++) { /* everything written back */
+    for (int s = 0; s < 2; s++) { /* everything written back (and read: after a failure) */
         zck_swap *sw = s ? z->b.osw : z->b.psw;
-        if (sw)
-            rc = zck_swap_wait(sw, UINT64_MAX);
+        int rw = sw ? zck_swap_wait(sw, UINT64_MAX) : 0;
+        rc = rc ? rc : rw;
     }
-    free(rt);
-    free(c);
+    z->pre = 0;
+    z->pre_done = 0;
+    if (z->rt)
+        memset(z->rt, 0, 4 * (size_t)z->nbufs * sizeof *z->rt);
     return rc;
 }
 

@@ -74,9 +74,10 @@ say "GPT-2 124M, W=2, stage 3, 1 thread per rank, batch 4 x 64, $STEPS steps ($W
 run none
 run opt --offload-optimizer nvme --nvme-path "$s/swap"
 run all --offload-optimizer nvme --offload-params nvme --nvme-path "$s/swap"
-python3 - "$s" "$WARMUP" <<'EOF'
+python3 - "$s" "$WARMUP" "$fw" "$fr" <<'EOF'
 import json, sys
 d, w = sys.argv[1], int(sys.argv[2])
+fio = (float(sys.argv[3]) + float(sys.argv[4])) / 2
 res = {}
 for name in ("none", "opt", "all"):
     rows = [json.loads(l) for l in open("%s/%s.jsonl" % (d, name))]
@@ -90,4 +91,15 @@ for name, label, target in (("none", "none", None), ("opt", "optimizer", 1.3),
     verdict = "" if target is None else ("(target <= %.1f) %s" % (target, "PASS" if ms / base <= target else "BELOW"))
     print("[offload-bench] %-20s %7.0f  %7.2f  %21.0f  %13.0f  %s" %
           (label, ms, ms / base, rss / 2**20, nv / 2**20, verdict))
+# swap traffic per step and rank: the optimizer states (2/3 of the swap when the parameters
+# are there too) read and written once; the parameters read and written by the update and
+# read by the forward's and the backward's gathers
+for name, label in (("opt", "optimizer"), ("all", "optimizer + params")):
+    ms, rss, nv = res[name]
+    o = nv if name == "opt" else nv * 2 / 3
+    p = 0 if name == "opt" else nv / 3
+    moved = 2 * (2 * o + 4 * p)  # 2 ranks
+    print("[offload-bench] %-20s swap traffic %5.0f MB per step: %5.0f MB/s over the step, "
+          "%.2f of fio's %4.0f MB/s (mean of read and write)" %
+          (label, moved / 1e6, moved / (ms / 1e3) / 1e6, moved / (ms / 1e3) / fio, fio / 1e6))
 EOF

@@ -2,7 +2,8 @@
 # zckpt_bench.sh: part of `make bench`. On a checkpoint of BENCH_GIB GiB (default 1) in 4
 # shards, in one run: `zckpt reshard --world 16` against `cp -r` + sync, `zckpt verify` against
 # two parallel `openssl dgst -sha256`, `zckpt consolidate` to safetensors against `cat` of the
-# shards + sync, and the peak RSS of reshard and consolidate. Caches are dropped before each
+# shards + sync (medians of CS_ROUNDS alternating pairs, default 5), and the peak RSS of
+# reshard and consolidate. Caches are dropped before each
 # timed command when the machine allows it (said in the output). A benchmark: exits 0 whether or
 # not targets are met, non-zero only when a command fails.
 set -euo pipefail
@@ -10,6 +11,8 @@ set -euo pipefail
 ZCKPT=${ZCKPT:-$root/build/zckpt}
 MKCKPT=${MKCKPT:-$root/build/mkckpt}
 BENCH_GIB=${BENCH_GIB:-1}
+CS_ROUNDS=${CS_ROUNDS:-5}
+[[ $CS_ROUNDS =~ ^[1-9][0-9]*$ ]] || fail "CS_ROUNDS must be a positive integer"
 scratch zckpt
 
 cold() {
@@ -34,10 +37,23 @@ c3=$(cold); read -r t_ossl _ < <(timed bash -c \
     "openssl dgst -sha256 $ck/shard-0000[01]-*.bin >/dev/null & \
      openssl dgst -sha256 $ck/shard-0000[23]-*.bin >/dev/null; wait")
 c4=$(cold); read -r t_vf _ < <(timed "$ZCKPT" verify "$ck" --jobs 2)
-c5=$(cold); read -r t_cat _ < <(timed bash -c "cat $ck/shard-*.bin > '$s/cat.bin' && sync")
-rm -f "$s/cat.bin"
-c6=$(cold); read -r t_cs rss_cs < <(timed bash -c \
-    "'$ZCKPT' consolidate '$ck' -o '$s/all.safetensors' && sync")
+# consolidate and cat in CS_ROUNDS alternating pairs (the shared disk varies by 2x from one
+# command to the next): the medians
+t_cats=() t_css=() rss_cs=0
+for ((i = 0; i < CS_ROUNDS; i++)); do
+    c5=$(cold); read -r t _ < <(timed bash -c "cat $ck/shard-*.bin > '$s/cat.bin' && sync")
+    t_cats+=("$t")
+    rm -f "$s/cat.bin"
+    c6=$(cold); read -r t r < <(timed bash -c \
+        "'$ZCKPT' consolidate '$ck' -o '$s/all.safetensors' && sync")
+    t_css+=("$t")
+    ((r > rss_cs)) && rss_cs=$r
+    rm -f "$s/all.safetensors"
+    say "consolidate pair $((i + 1))/$CS_ROUNDS: cat + sync $(echo "${t_cats[-1]}") s, consolidate + sync $t s"
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+t_cat=$(median "${t_cats[@]}")
+t_cs=$(median "${t_css[@]}")
 
 python3 - "$bytes" "$t_cp" "$t_rs" "$rss_rs" "$t_ossl" "$t_vf" "$t_cat" "$t_cs" "$rss_cs" \
     "$c $c2 $c3 $c4 $c5 $c6" <<'PY'
