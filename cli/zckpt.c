@@ -161,6 +161,18 @@ static json_t *shards_holding(const zck_reader *r, size_t g, const zck_tensor_in
     return arr;
 }
 
+/* The checkpoint's other files (format 1.1: the run's tokenizer.json) as a JSON array. */
+static json_t *extra_files(const zck_reader *r)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < zck_reader_n_files(r); i++)
+        json_array_append_new(arr, json_pack("{s:s, s:I, s:s}", "file",
+                                             zck_reader_file_name(r, i), "bytes",
+                                             (json_int_t)zck_reader_file_bytes(r, i), "sha256",
+                                             zck_reader_file_sha256(r, i)));
+    return arr;
+}
+
 static int cmd_inspect(const void *args)
 {
     const zckpt_args *a = args;
@@ -224,6 +236,7 @@ static int cmd_inspect(const void *args)
                              zck_reader_zero_stage(r), "elements_per_state", (json_int_t)params,
                              "bytes", (json_int_t)bytes, "model", model, "training", training,
                              "states", states, "groups", groups, "shards", shards);
+    json_object_set_new(root, "files", extra_files(r));
     if (json) {
         print_json(root);
     } else {
@@ -245,6 +258,10 @@ static int cmd_inspect(const void *args)
                    zck_dtype_name(zck_layout_state_dtype(L, s)));
         printf("\nshards       %zu files, %s\n", zck_reader_n_shards(r),
                zcli_human(h, (double)bytes));
+        for (size_t i = 0; i < zck_reader_n_files(r); i++)
+            printf("%s %s, %s\n", i ? "            " : "files       ",
+                   zr_printable(b1, sizeof b1, zck_reader_file_name(r, i)),
+                   zcli_human(h, (double)zck_reader_file_bytes(r, i)));
         if (tensors) {
             printf("\n%-40s %-5s %-20s %s\n", "TENSOR", "DTYPE", "SHAPE", "SHARDS (param)");
             size_t gi = 0;

@@ -408,6 +408,15 @@ ZT_TEST(tok_zrun_records_tokenizer_in_checkpoints)
     ZT_CHECK(!strcmp(zck_reader_version(r), "1.1"));
     ZT_CHECK_EQ(zck_reader_n_files(r), 1);
     zck_reader_free(r);
+    if (getenv("ZT_ZCKPT")) { /* zckpt inspect lists it */
+        char *out;
+        ZT_CHECK_EQ(zt_zckpt(&out, "inspect run"), 0);
+        ZT_CHECK(strstr(out, "\nfiles        tokenizer.json, "));
+        free(out);
+        ZT_CHECK_EQ(zt_zckpt(&out, "inspect run --json"), 0);
+        ZT_CHECK(strstr(out, "\"file\": \"tokenizer.json\""));
+        free(out);
+    }
     /* a resume without --tokenizer keeps it; a reshard carries it */
     zt_zrun_ok("--nproc 1 " TINY " --data tok.bin --ckpt-dir run --steps 3", "b.log");
     ZT_OK(zck_ckpt_file_read(&got, &n, "run/step-00000003", "tokenizer.json"));
