@@ -377,7 +377,8 @@ int main(int argc, char **argv)
         rc = zcli_fail_lib(PROG, NULL);
         goto out;
     }
-    double tps = a.tokens / (now_s() - t0 > 0 ? now_s() - t0 : 1e-9);
+    double dt = now_s() - t0;
+    double tps = a.tokens / (dt > 0 ? dt : 1e-9);
     if (a.json)
         rc = print_json(&a, ckpt, prompt, np, out, &c, tps);
     else {
