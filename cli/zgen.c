@@ -261,8 +261,12 @@ static int print_json(const zgen_args *a, const char *ckpt, const int32_t *promp
     const char *pt = NULL, *ot = NULL;
     size_t pl = 0, ol = 0, n = a->tokens;
     int32_t *pp = (int32_t *)prompt, *op = (int32_t *)out;
-    if (text_codec(c, 0, &pt, &pl, &pp, &np) || text_codec(c, 0, &ot, &ol, &op, &n))
+    if (text_codec(c, 0, &pt, &pl, &pp, &np))
         return ZCLI_ERROR;
+    if (text_codec(c, 0, &ot, &ol, &op, &n)) {
+        free((char *)pt);
+        return ZCLI_ERROR;
+    }
     json_t *j = json_pack("{s:s, s:o, s:o, s:o, s:o, s:I, s:f, s:f, s:I, s:I}", "checkpoint",
                           ckpt, "prompt", pt ? json_bytes(pt, pl) : json_null(), "prompt_ids",
                           json_ids(prompt, np), "ids", json_ids(out, n), "text",
@@ -302,10 +306,9 @@ static int load(const char *path, float **params, zr_gpt2_config *cfg, char **ck
 static int prompt_ids(const zgen_args *a, const zr_gpt2_config *cfg, const codec *c,
                       int32_t **ids, size_t *n)
 {
-    if (!a->prompt == !a->prompt_ids)
+    if (a->prompt && a->prompt_ids) /* neither: main said so before reading the checkpoint */
         return zcli_fail(PROG, "give the text to continue with --prompt TEXT, or its ids with "
-                         "--prompt-ids 1,2,3", a->prompt ? "--prompt and --prompt-ids are "
-                         "exclusive" : "no prompt");
+                         "--prompt-ids 1,2,3", "--prompt and --prompt-ids are exclusive");
     if (a->prompt_ids && parse_ids(a->prompt_ids, cfg->vocab, ids, n))
         return ZCLI_ERROR;
     if (a->prompt) {
