@@ -123,10 +123,8 @@ static int text_codec(const codec *c, int encode, const char **text, size_t *len
         return ZCLI_OK;
     }
     if (encode) {
-        if (!(*ids = malloc((*len ? *len : 1) * sizeof **ids)))
-            return zcli_fail(PROG, NULL, "out of memory");
-        for (size_t i = 0; i < *len; i++)
-            (*ids)[i] = (unsigned char)(*text)[i];
+        if (zr_gen_bytes_encode(ids, *text, *len) < 0)
+            return zcli_fail_lib(PROG, NULL);
         *n = *len;
         return ZCLI_OK;
     }

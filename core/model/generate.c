@@ -484,6 +484,15 @@ int zr_gen_run(zr_gen *g, int32_t *out, const int32_t *prompt, size_t n_prompt, 
 
 /* ---------------------------------------------------------------- bytes as text */
 
+int zr_gen_bytes_encode(int32_t **ids, const char *text, size_t len)
+{
+    if (!(*ids = malloc((len ? len : 1) * sizeof **ids)))
+        return zr_err_set(ZR_ENOMEM, "out of memory for a prompt of %zu bytes", len);
+    for (size_t i = 0; i < len; i++)
+        (*ids)[i] = (unsigned char)text[i];
+    return 0;
+}
+
 size_t zr_gen_bytes_decode(char *out, size_t cap, const int32_t *ids, size_t n)
 {
     size_t w = 0;

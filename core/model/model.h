@@ -266,6 +266,9 @@ int zr_gen_run(zr_gen *g, int32_t *out, const int32_t *prompt, size_t n_prompt, 
  * (a damaged checkpoint: the file named), ZR_EVERSION, ZR_EINVAL (not a GPT-2 of the family
  * table, no f32 params), ZR_ENOMEM. */
 int zr_gen_load_params(float **out, zr_gpt2_config *cfg, const char *path, unsigned jobs);
+/* The bytes of text[len] as ids (the byte-level models' encoding) into *ids (malloc'ed, n = len).
+ * ZR_ENOMEM. */
+int zr_gen_bytes_encode(int32_t **ids, const char *text, size_t len);
 /* Ids as bytes (the byte-level models: id < 256 is that byte; any other id "<|id|>") into out
  * (NUL-terminated, cut at cap; 16 n + 1 bytes always suffice). Returns the bytes written
  * without the NUL (the text may hold NUL bytes). */

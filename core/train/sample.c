@@ -33,12 +33,8 @@ static int encode(const zr_train__codec *tc, const char *prompt, int32_t **ids, 
     size_t len = strlen(prompt);
     if (tc && tc->ops)
         return tc->ops->encode(tc->ctx, prompt, len, ids, n);
-    if (!(*ids = malloc((len ? len : 1) * sizeof **ids)))
-        return zr_err_set(ZR_ENOMEM, "sample: out of memory");
-    for (size_t i = 0; i < len; i++)
-        (*ids)[i] = (unsigned char)prompt[i];
     *n = len;
-    return 0;
+    return zr_gen_bytes_encode(ids, prompt, len);
 }
 
 int zr_train__sample_check(const zr_gpt2_config *c, const char *prompt, uint32_t tokens,
