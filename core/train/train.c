@@ -1501,8 +1501,7 @@ static int sample_now(run *r)
         return rc;
     const char *pr = sample_prompt(o);
     size_t plen = strlen(pr);
-    char *u = malloc(3 * (len + plen) + 2), *up = u ? u + 3 * len + 1 : NULL;
-    if (u && r->log) { /* one line: control characters (newlines too) shown as '?' */
+    if (r->log) { /* one line: control characters (newlines too) shown as '?' */
         char *p = malloc(len + 1);
         for (size_t i = 0; p && i <= len; i++)
             p[i] = i < len && !text[i] ? '?' : text[i];
@@ -1511,6 +1510,7 @@ static int sample_now(run *r)
                     zr_printable(p, len + 1, p));
         free(p);
     }
+    char *u = malloc(3 * (len + plen) + 2), *up = u ? u + 3 * len + 1 : NULL;
     if (u && r->jlog) {
         char when[32];
         json_t *a = json_array();
