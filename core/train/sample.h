@@ -21,9 +21,10 @@ typedef struct {
     void *ctx;
 } zr_train__codec;
 
-/* The prompt's checks against the model: not empty, at most ctx tokens, each id below the
- * vocabulary. ZR_EINVAL naming --prompt. */
-int zr_train__sample_check(const zr_gpt2_config *c, const char *prompt, uint32_t tokens,
+/* The prompt's checks against the model (zr_train__check_opts refused an empty prompt and
+ * --sample-tokens 0): encodes to some tokens, at most ctx, each id below the vocabulary.
+ * ZR_EINVAL naming --prompt. */
+int zr_train__sample_check(const zr_gpt2_config *c, const char *prompt,
                            const zr_train__codec *tc);
 int zr_train__sample_begin(zr_train__sampler **out, zr_zero *z, const zck_layout *L,
                            const zr_gpt2_config *c, int rank, int W);

@@ -1296,7 +1296,7 @@ static int pick_start(run *r)
     if (!lrc && o->sample_every)
         lrc = open_codec(r);
     if (!lrc && o->sample_every)
-        lrc = zr_train__sample_check(&r->cfg, sample_prompt(o), o->sample_tokens, &r->codec);
+        lrc = zr_train__sample_check(&r->cfg, sample_prompt(o), &r->codec);
     r->mb = o->micro_batch ? o->micro_batch : o->batch / (uint32_t)r->W;
     r->n_micro = o->batch / (uint32_t)r->W / r->mb;
     return lrc;
