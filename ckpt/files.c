@@ -35,7 +35,7 @@ int zck__files_write(zck__file **out, const char *staging, const zck_extra_file 
         return zr_err_set(ZR_ENOMEM, "out of memory");
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++) {
-        rc = zck__file_name_check(f[i].name, "extra file");
+        rc = zck__file_name_check(f[i].name, "extra file", ZR_EINVAL);
         for (size_t j = 0; j < i && !rc; j++)
             if (!strcmp(f[j].name, f[i].name))
                 rc = zr_err_set(ZR_EINVAL, "extra file '%s' given twice", f[i].name);
