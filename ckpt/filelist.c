@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int zck__file_name_check(const char *name, const char *what)
+int zck__file_name_check(const char *name, const char *what, int code)
 {
     size_t n = strlen(name);
     bool ok = n > 0 && n < 128 && name[0] != '.' && strcmp(name, "manifest.json") &&
@@ -19,7 +19,7 @@ int zck__file_name_check(const char *name, const char *what)
         ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
              c == '.' || c == '_' || c == '-';
     }
-    return ok ? 0 : zr_err_set(ZR_EINVAL, "%s: '%.128s' is not a name for an extra file of a "
+    return ok ? 0 : zr_err_set(code, "%s: '%.128s' is not a name for an extra file of a "
                                "checkpoint ([A-Za-z0-9._-], not hidden, not manifest.json, "
                                "SHA256SUMS or shard-*)", what, name);
 }
@@ -53,11 +53,8 @@ int zck__files_parse(zck__file **out, size_t *n, json_t *arr, const char *what)
                             "\"sha256\" (64 hex)}", ctx, ZCK_MAX_FILE_BYTES);
             break;
         }
-        if (zck__file_name_check(name, ctx) < 0) {
-            rc = ZR_ECORRUPT;
-            zr_err_set(ZR_ECORRUPT, "%s", zr_err_msg());
+        if ((rc = zck__file_name_check(name, ctx, ZR_ECORRUPT)) < 0)
             break;
-        }
         for (size_t j = 0; j < i && !rc; j++)
             if (!strcmp(f[j].file, name))
                 rc = zr_err_set(ZR_ECORRUPT, "%s: '%s' is listed twice", ctx, name);

@@ -35,7 +35,7 @@ int zck__files_write(zck__file **out, const char *staging, const zck_extra_file 
         return zr_err_set(ZR_ENOMEM, "out of memory");
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++) {
-        rc = zck__file_name_check(f[i].name, "extra file");
+        rc = zck__file_name_check(f[i].name, "extra file", ZR_EINVAL);
         for (size_t j = 0; j < i && !rc; j++)
             if (!strcmp(f[j].name, f[i].name))
                 rc = zr_err_set(ZR_EINVAL, "extra file '%s' given twice", f[i].name);
@@ -63,10 +63,9 @@ int zck__files_write(zck__file **out, const char *staging, const zck_extra_file 
     return 0;
 }
 
-int zck_ckpt_file_read(char **out, size_t *n_bytes, const char *ckpt, const char *name)
+/* Extra file name of the checkpoint r has open, read and checked against its manifest. */
+static int file_read(char **out, size_t *n_bytes, const zck_reader *r, const char *name)
 {
-    zck_reader *r;
-    ZR_TRY(zck_reader_open(&r, ckpt));
     const char *dir = zck_reader_path(r);
     const zck_manifest *m = zck__reader_manifest(r);
     const zck__file *f = NULL;
@@ -90,7 +89,6 @@ int zck_ckpt_file_read(char **out, size_t *n_bytes, const char *ckpt, const char
                             hex, f->sha256);
     }
     free(p);
-    zck_reader_free(r);
     if (rc) {
         free(buf);
         return rc;
@@ -98,6 +96,15 @@ int zck_ckpt_file_read(char **out, size_t *n_bytes, const char *ckpt, const char
     *out = buf;
     *n_bytes = n;
     return 0;
+}
+
+int zck_ckpt_file_read(char **out, size_t *n_bytes, const char *ckpt, const char *name)
+{
+    zck_reader *r;
+    ZR_TRY(zck_reader_open(&r, ckpt));
+    int rc = file_read(out, n_bytes, r, name);
+    zck_reader_free(r);
+    return rc;
 }
 
 int zck__files_carry(zck_commit_opts *co, const zck_reader *r)
@@ -114,7 +121,7 @@ int zck__files_carry(zck_commit_opts *co, const zck_reader *r)
     for (size_t i = 0; i < n; i++) {
         char *data;
         size_t bytes;
-        ZR_TRY(zck_ckpt_file_read(&data, &bytes, zck_reader_path(r), zck_reader_file_name(r, i)));
+        ZR_TRY(file_read(&data, &bytes, r, zck_reader_file_name(r, i)));
         f[i] = (zck_extra_file){zck_reader_file_name(r, i), data, bytes};
         co->n_files++;
     }

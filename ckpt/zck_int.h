@@ -109,8 +109,8 @@ int zck__files_write(zck__file **out, const char *staging, const zck_extra_file 
  * the same run keeps them: reshard, consolidate); zck__files_carry_free releases them. */
 int zck__files_carry(zck_commit_opts *co, const struct zck_reader *r);
 void zck__files_carry_free(zck_commit_opts *co);
-/* Check a name for an extra file (ZR_EINVAL naming it, what says where). */
-int zck__file_name_check(const char *name, const char *what);
+/* Check a name for an extra file (error code naming it, what says where). */
+int zck__file_name_check(const char *name, const char *what, int code);
 
 typedef struct {
     char version[16];

@@ -8,6 +8,7 @@
 #include "opts.h"
 #include "zfmt.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,8 @@ static int cmd_encode(const void *args)
 static int cmd_decode(const void *args)
 {
     const ztok_args *a = args;
+    if (a->files.n != 1)
+        return zcli_fail(PROG, NULL, "decode takes one token file (%zu given)", a->files.n);
     zfmt_tok *t;
     if (zfmt_tok_load(&t, a->tokenizer) < 0)
         return zcli_fail_lib(PROG, NULL);
@@ -123,9 +126,11 @@ static int cmd_decode(const void *args)
     FILE *f = a->out ? fopen(a->out, "wb") : stdout;
     int bad = !f || fwrite(text, 1, n, f) != n;
     bad |= f && (f == stdout ? fflush(f) : fclose(f)) != 0;
+    int e = errno;
     free(text);
     if (bad)
-        return zcli_fail(PROG, NULL, "%s: write failed", a->out ? a->out : "standard output");
+        return zcli_fail(PROG, NULL, "%s: %s", a->out ? a->out : "standard output",
+                         strerror(e));
     return ZCLI_OK;
 }
 

@@ -154,4 +154,8 @@ void zfmt__shape_str(char *out, size_t n, size_t ndim, const uint64_t *shape);
 /* Read exactly n bytes at off; ZR_ECORRUPT "truncated" at end of file. */
 int zfmt__pread_full(int fd, void *dst, size_t n, uint64_t off, const char *path);
 
+/* Read a whole regular file (FIFOs and devices refused without blocking) into *out (malloc'ed,
+ * one NUL byte beyond *n_bytes). */
+int zfmt__read_file(char **out, size_t *n_bytes, const char *path);
+
 #endif

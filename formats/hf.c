@@ -176,7 +176,7 @@ static json_t *llama_config(const zck_arch_config *a, int dtype, uint64_t step)
 #undef F
 }
 
-/* Copy src (a regular file, not followed if a link) to path. */
+/* Copy src (a regular file, a link followed: the user named it; a FIFO is refused) to path. */
 static int copy_file(const char *path, const char *src)
 {
     int fd;

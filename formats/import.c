@@ -226,15 +226,6 @@ static int json_field_u32(uint32_t *out, json_t *root, const char *name, const c
     return 0;
 }
 
-static char *join(const char *a, const char *b)
-{
-    size_t n = strlen(a) + strlen(b) + 2;
-    char *p = malloc(n);
-    if (p)
-        snprintf(p, n, "%s/%s", a, b);
-    return p;
-}
-
 static const zfmt__st_entry *st_find(const zfmt__st_file *f, const char *name)
 {
     for (size_t i = 0; i < f->n; i++)
@@ -430,7 +421,7 @@ static int open_hf_shards(source *s, const char *dir, const char *idx)
                             "directory", idx, key);
             goto out;
         }
-        char *path = join(dir, fn);
+        char *path = zck_path_join(dir, fn);
         size_t k = 0;
         while (path && k < s->n_st && strcmp(s->st[k]->path, path))
             k++;
@@ -454,7 +445,7 @@ out:
 /* The weights: model.safetensors when there, else the shards of its index. */
 static int open_hf_weights(source *s, const char *dir)
 {
-    if (!(s->file_buf = join(dir, "model.safetensors")))
+    if (!(s->file_buf = zck_path_join(dir, "model.safetensors")))
         return zr_err_set(ZR_ENOMEM, "out of memory");
     s->file = s->file_buf;
     struct stat st;
@@ -463,7 +454,7 @@ static int open_hf_weights(source *s, const char *dir)
         ZR_TRY(map_entries(s, 0, NULL, NULL));
         return check_missing(s, s->file);
     }
-    char *idx = join(dir, "model.safetensors.index.json");
+    char *idx = zck_path_join(dir, "model.safetensors.index.json");
     if (!idx)
         return zr_err_set(ZR_ENOMEM, "out of memory");
     int rc;
@@ -478,7 +469,7 @@ static int open_hf_weights(source *s, const char *dir)
 
 static int open_hf(source *s, const char *dir)
 {
-    char *cfg = join(dir, "config.json");
+    char *cfg = zck_path_join(dir, "config.json");
     json_t *root = NULL;
     int rc = 0;
     if (!cfg)
@@ -728,13 +719,13 @@ static void remove_staging(const char *staging, zck_shard **sh, uint32_t world)
     const char *extra[] = {"manifest.json", "SHA256SUMS"};
     for (uint32_t r = 0; r < world; r++)
         if (sh[r]) {
-            char *p = join(staging, zck_shard_file(sh[r]));
+            char *p = zck_path_join(staging, zck_shard_file(sh[r]));
             if (p)
                 unlink(p);
             free(p);
         }
     for (size_t i = 0; i < 2; i++) {
-        char *p = join(staging, extra[i]);
+        char *p = zck_path_join(staging, extra[i]);
         if (p)
             unlink(p);
         free(p);

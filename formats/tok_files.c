@@ -65,9 +65,9 @@ int zfmt_tok_encode_files(zfmt_tok_file_stats *out, zfmt_tok *t, const char *con
     uint32_t vocab = zfmt_tok_vocab(t);
     st.version = vocab > 65536 ? VERSION_U32 : VERSION_U16;
     size_t n_val = out_val ? (size_t)(o->val_fraction * (double)ids.n + 0.5) : 0;
-    if (rc == 0 && ids.n - n_val > INT32_MAX)
-        rc = zr_err_set(ZR_EINVAL, "%zu tokens: a token file holds at most %d", ids.n - n_val,
-                        INT32_MAX);
+    size_t most = ids.n - n_val > n_val ? ids.n - n_val : n_val;
+    if (rc == 0 && most > INT32_MAX)
+        rc = zr_err_set(ZR_EINVAL, "%zu tokens: a token file holds at most %d", most, INT32_MAX);
     if (rc == 0 && n_val && out_val)
         rc = write_tokens(out_val, ids.id + ids.n - n_val, n_val, vocab, st.version);
     if (rc == 0)

@@ -96,8 +96,4 @@ int zfmt__tok_check_utf8(const uint8_t *p, size_t n, const char *what);
  * ZR_ENOMEM naming what. */
 int zfmt__grow(void **p, size_t *cap, size_t need, size_t elem, size_t first, const char *what);
 
-/* Read a whole regular file (FIFOs and devices refused without blocking) into *out (malloc'ed,
- * one NUL byte beyond *n_bytes). */
-int zfmt__read_file(char **out, size_t *n_bytes, const char *path);
-
 #endif

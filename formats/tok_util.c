@@ -352,26 +352,3 @@ int zfmt__grow(void **p, size_t *cap, size_t need, size_t elem, size_t first, co
     *cap = c;
     return 0;
 }
-
-int zfmt__read_file(char **out, size_t *n_bytes, const char *path)
-{
-    int fd;
-    uint64_t size;
-    ZR_TRY(zck_open_regular(&fd, path, ZCK_FOLLOW, &size));
-    char *buf = size < SIZE_MAX ? malloc((size_t)size + 1) : NULL;
-    if (!buf) {
-        close(fd);
-        return zr_err_set(ZR_ENOMEM, "%s: out of memory (%llu bytes)", path,
-                          (unsigned long long)size);
-    }
-    int rc = zfmt__pread_full(fd, buf, (size_t)size, 0, path);
-    close(fd);
-    if (rc < 0) {
-        free(buf);
-        return rc;
-    }
-    buf[size] = 0;
-    *out = buf;
-    *n_bytes = (size_t)size;
-    return 0;
-}
