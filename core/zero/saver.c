@@ -79,8 +79,13 @@ int zr_saver_new(zr_saver **out, const zck_layout *L, int world, int rank, size_
     s->rank = rank;
     s->writing_area = -1;
     s->buf_cap = buffer / sizeof(float);
-    const char *t = zr_env(ZR_ENV_SAVE_THROTTLE_MS);
-    s->throttle_ms = t ? (unsigned)strtoul(t, NULL, 10) : 0;
+    int ms = 0, has;
+    int rc = zr_env_int(&ms, &has, ZR_ENV_SAVE_THROTTLE_MS, 0, 60000);
+    if (rc < 0) {
+        free(s);
+        return rc;
+    }
+    s->throttle_ms = (unsigned)ms;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     *out = s;
