@@ -5,7 +5,6 @@
  */
 #include "zck_int.h"
 
-#include <errno.h>
 #include <stdlib.h>
 
 static const struct {
@@ -87,20 +86,4 @@ const char *zr_env(zr_env_var v)
 {
     const char *s = v < ZR_ENV_COUNT ? getenv(table[v].name) : NULL;
     return s && *s ? s : NULL;
-}
-
-int zr_env_int(int *out, int *present, zr_env_var var, long lo, long hi)
-{
-    const char *s = zr_env(var), *name = zr_env_name(var);
-    *present = s != NULL;
-    if (!*present)
-        return 0;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi)
-        return zr_err_set(ZR_EINVAL, "%s='%s': expected an integer in [%ld, %ld]", name, s, lo,
-                          hi);
-    *out = (int)v;
-    return 0;
 }
