@@ -165,3 +165,20 @@ int zr_array_grow(void *arrp, size_t *cap, size_t n, size_t elem)
     *cap = nc;
     return 0;
 }
+
+/* here, not in env.c: error.c reads ZR_LOG through env.c */
+int zr_env_int(int *out, int *present, zr_env_var var, long lo, long hi)
+{
+    const char *s = zr_env(var), *name = zr_env_name(var);
+    *present = s != NULL;
+    if (!*present)
+        return 0;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi)
+        return zr_err_set(ZR_EINVAL, "%s='%s': expected an integer in [%ld, %ld]", name, s, lo,
+                          hi);
+    *out = (int)v;
+    return 0;
+}

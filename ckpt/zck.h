@@ -87,6 +87,9 @@ typedef enum {
 const char *zr_env(zr_env_var v);
 const char *zr_env_name(zr_env_var v);
 const char *zr_env_doc(zr_env_var v);
+/* v as a decimal integer in [lo, hi] into *out (left as is when unset or empty; *present says
+ * which); an error naming the variable and its value otherwise */
+int zr_env_int(int *out, int *present, zr_env_var v, long lo, long hi);
 
 #define ZR_TRY(x)                                                                              \
     do {                                                                                       \

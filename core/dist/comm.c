@@ -793,23 +793,6 @@ static uint64_t job_token(const char *master, int world)
     return h;
 }
 
-/* a decimal environment variable in [lo, hi]; *present 0 when unset or empty */
-static int env_int(int *out, int *present, zr_env_var var, long lo, long hi)
-{
-    const char *s = zr_env(var), *name = zr_env_name(var);
-    *present = s != NULL;
-    if (!*present)
-        return 0;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi)
-        return zr_err_set(ZR_EINVAL, "%s='%s': expected an integer in [%ld, %ld]", name, s, lo,
-                          hi);
-    *out = (int)v;
-    return 0;
-}
-
 static int open_shm(zr_comm *c, const char *name, int rank, int world)
 {
     int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
@@ -942,7 +925,7 @@ static int open_mpi(zr_comm *c, int rank, int world, int has_r, int has_w)
     const zr_mpi_plugin *p;
     ZR_TRY(mpi_plugin(&p));
     int win = 64 << 20, has;
-    ZR_TRY(env_int(&win, &has, ZR_ENV_COMM_MPI_WINDOW, 1024, 1 << 30));
+    ZR_TRY(zr_env_int(&win, &has, ZR_ENV_COMM_MPI_WINDOW, 1024, 1 << 30));
     /* more ranks than CPUs on this node: Open MPI's busy polling takes the CPUs from the ranks
      * that compute (an 8-rank job on 2 CPUs with polling forced ran 3 to 4 s per step instead
      * of 0.03 to 0.15 s); Open MPI yields by itself only when it knows the node oversubscribed
@@ -950,7 +933,7 @@ static int open_mpi(zr_comm *c, int rank, int world, int has_r, int has_w)
      * spinning; the user's own setting wins. */
     int local = 0, has_l;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    ZR_TRY(env_int(&local, &has_l, ZR_ENV_OMPI_LOCAL_SIZE, 1, 1 << 20));
+    ZR_TRY(zr_env_int(&local, &has_l, ZR_ENV_OMPI_LOCAL_SIZE, 1, 1 << 20));
     if (has_l && cpus > 0 && local > cpus)
         setenv(zr_env_name(ZR_ENV_OMPI_YIELD), "1", 0);
     const char *ver = "";
@@ -974,8 +957,8 @@ int zr_comm_open_env(zr_comm **out)
 {
     *out = NULL;
     int world = 1, rank = 0, has_w, has_r;
-    ZR_TRY(env_int(&world, &has_w, ZR_ENV_WORLD, 1, SHM_MAX_WORLD));
-    ZR_TRY(env_int(&rank, &has_r, ZR_ENV_RANK, 0, SHM_MAX_WORLD - 1));
+    ZR_TRY(zr_env_int(&world, &has_w, ZR_ENV_WORLD, 1, SHM_MAX_WORLD));
+    ZR_TRY(zr_env_int(&rank, &has_r, ZR_ENV_RANK, 0, SHM_MAX_WORLD - 1));
     if (!has_w)
         world = 1;
     if (has_r && rank >= world)
@@ -993,7 +976,7 @@ int zr_comm_open_env(zr_comm **out)
     if (world > 1 && !mpi && !tcp && (!name || !*name))
         return zr_err_set(ZR_EINVAL, "ZR_COMM_SHM is not set (ZR_WORLD=%d)", world);
     int timeout = 300, has_t;
-    ZR_TRY(env_int(&timeout, &has_t, ZR_ENV_COMM_TCP_TIMEOUT, 1, 86400));
+    ZR_TRY(zr_env_int(&timeout, &has_t, ZR_ENV_COMM_TCP_TIMEOUT, 1, 86400));
     zr_comm *c = calloc(1, sizeof *c);
     if (!c)
         return zr_err_set(ZR_ENOMEM, "out of memory");

@@ -79,8 +79,13 @@ int zr_saver_new(zr_saver **out, const zck_layout *L, int world, int rank, size_
     s->rank = rank;
     s->writing_area = -1;
     s->buf_cap = buffer / sizeof(float);
-    const char *t = zr_env(ZR_ENV_SAVE_THROTTLE_MS);
-    s->throttle_ms = t ? (unsigned)strtoul(t, NULL, 10) : 0;
+    int ms = 0, has;
+    int rc = zr_env_int(&ms, &has, ZR_ENV_SAVE_THROTTLE_MS, 0, 60000);
+    if (rc < 0) {
+        free(s);
+        return rc;
+    }
+    s->throttle_ms = (unsigned)ms;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     *out = s;
@@ -115,25 +120,10 @@ void zr_saver_free(zr_saver *s)
 
 /* ---------------------------------------------------------------- snapshot */
 
-/* Room for one more of n elements of `size` bytes in *arr (capacity *cap, doubled). */
-static int grow(void *arr, size_t *cap, size_t n, size_t size)
-{
-    void **p = arr;
-    if (n < *cap)
-        return 0;
-    size_t c = *cap ? 2 * *cap : 64;
-    void *q = realloc(*p, c * size);
-    if (!q)
-        return zr_err_set(ZR_ENOMEM, "out of memory");
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
 static int snap_begin(void *ctx, size_t g, size_t st, uint64_t start, uint64_t count)
 {
     area *a = ctx;
-    ZR_TRY(grow(&a->ext, &a->cap_ext, a->n_ext, sizeof *a->ext));
+    ZR_TRY(zr_array_grow(&a->ext, &a->cap_ext, a->n_ext, sizeof *a->ext));
     a->ext[a->n_ext++] = (extent){g, st, start, count, a->fill};
     return 0;
 }
@@ -219,7 +209,7 @@ static int live_write(void *ctx, const void *data, size_t bytes)
     const float *p = data;
     for (uint64_t n = bytes / sizeof(float), k; n; n -= k, p += k, r->off += k) {
         k = n < CHUNK_FLOATS ? n : CHUNK_FLOATS;
-        ZR_TRY(grow(&s->ch, &s->cap_ch, s->n_ch, sizeof *s->ch));
+        ZR_TRY(zr_array_grow(&s->ch, &s->cap_ch, s->n_ch, sizeof *s->ch));
         s->ch[s->n_ch++] = (chunk){s->a[0].n_ext - 1, r->off, k, p, CH_LIVE};
     }
     return 0;

@@ -167,8 +167,9 @@ static void account(const zr_zhost *z, zr_zero_bytes *out)
         out->buffers += round_bytes(zr__zero_grain_up(maxP));
     }
     if (z->off_opt || z->off_par) {
-        out->swap_staging = round_bytes((uint64_t)z->nbufs * 3 * z->b.chunk);
-        out->buffers += out->swap_staging;
+        size_t sets = round_bytes((uint64_t)z->nbufs * 3 * z->b.chunk);
+        out->swap_staging += sets;
+        out->buffers += sets;
     }
     for (size_t g = 0; g < z->b.ng; g++)
         out->part += 3 * z->b.G[g].n * sizeof(float);
