@@ -385,19 +385,6 @@ ZT_TEST(plot_robust_logs)
     ZT_CHECK(stat("g.svg", &st) == 0 && S_ISREG(st.st_mode) && stat(tmp, &st) < 0);
 }
 
-/* zckpt with args; its output in *out, exit status returned. */
-static int zckpt(char **out, const char *args)
-{
-    const char *bin = getenv("ZT_ZCKPT");
-    if (!bin)
-        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s > zckpt.out 2>&1", bin, args);
-    int st = system(cmd);
-    *out = zt_slurp("zckpt.out");
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
 ZT_TEST(plot_zckpt_plot_truncated_log)
 {
     ZT_CHECK_EQ(mkdir("run", 0755), 0);
@@ -407,24 +394,24 @@ ZT_TEST(plot_zckpt_plot_truncated_log)
     fputs("{\"step\":31,\"lo", f); /* a crash in the middle of a record */
     fclose(f);
     char *o;
-    int rc = zckpt(&o, "plot run");
+    int rc = zt_zckpt(&o, "plot run");
     if (rc != 0 || !strstr(o, "run/train.svg: 40 step records drawn, 1 resume or world-size "
                               "mark") || !strstr(o, "1 line skipped"))
         ZT_FAIL("zckpt plot run: exit %d:\n%s", rc, o);
     free(o);
     ZT_CHECK(xml_ok("run/train.svg") != 0);
-    rc = zckpt(&o, "plot run/train.jsonl -o other.svg");
+    rc = zt_zckpt(&o, "plot run/train.jsonl -o other.svg");
     ZT_CHECK(rc == 0 && strstr(o, "other.svg: 40 step records"));
     free(o);
-    rc = zckpt(&o, "plot run/train.jsonl");
+    rc = zt_zckpt(&o, "plot run/train.jsonl");
     ZT_CHECK(rc == 2 && strstr(o, "add -o FILE.svg"));
     free(o);
     zt_write_file("empty.jsonl", "");
-    rc = zckpt(&o, "plot empty.jsonl -o e.svg");
+    rc = zt_zckpt(&o, "plot empty.jsonl -o e.svg");
     ZT_CHECK(rc == 2 && strstr(o, "zckpt: error: empty.jsonl: no step records to plot"));
     free(o);
     ZT_CHECK_EQ(mkdir("bare", 0755), 0);
-    rc = zckpt(&o, "plot bare");
+    rc = zt_zckpt(&o, "plot bare");
     ZT_CHECK(rc == 2 && strstr(o, "bare/train.jsonl") && strstr(o, "--log FILE"));
     free(o);
 }
