@@ -357,6 +357,24 @@ char *zt_slurp(const char *path)
     return t;
 }
 
+bool zt_same_file(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    char x[1 << 16], y[1 << 16];
+    while (same) {
+        size_t nx = fread(x, 1, sizeof x, fa), ny = fread(y, 1, sizeof y, fb);
+        same = nx == ny && !memcmp(x, y, nx) && !ferror(fa) && !ferror(fb);
+        if (nx < sizeof x)
+            break;
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    return same;
+}
+
 static void file_check(const char *path, const char *text, bool want)
 {
     char *t = zt_slurp(path);

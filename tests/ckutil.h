@@ -6,6 +6,7 @@
 #ifndef ZT_CKUTIL_H
 #define ZT_CKUTIL_H
 
+#include <stdbool.h>
 #include <sys/types.h>
 #include "harness.h"
 #include "zr.h"
@@ -75,6 +76,8 @@ int zt_free_port(void);
 const char *zt_zrun_path(void);
 /* A whole small file (the test fails when it cannot be read); caller frees. */
 char *zt_slurp(const char *path);
+/* Whether the files at a and b exist and hold the same bytes. */
+bool zt_same_file(const char *a, const char *b);
 /* Fails the test, showing the file, unless the file at path has (lacks) text. */
 void zt_file_has(const char *path, const char *text);
 void zt_file_lacks(const char *path, const char *text);
