@@ -73,6 +73,8 @@ int zt_children(pid_t p, pid_t *out, int cap);
 int zt_rank_of(pid_t p);
 /* A TCP port free on 127.0.0.1 now (for ranks that rendezvous over TCP). */
 int zt_free_port(void);
+/* Seconds on the monotonic clock (for timing a test's steps). */
+double zt_now_s(void);
 const char *zt_zrun_path(void);
 /* A whole small file (the test fails when it cannot be read); caller frees. */
 char *zt_slurp(const char *path);
