@@ -254,10 +254,15 @@ void zt_truncate(const char *path, uint64_t size) { ZT_CHECK(truncate(path, (off
 
 void zt_write_file(const char *path, const char *text)
 {
-    FILE *f = fopen(path, "w");
+    zt_write_bytes(path, text, strlen(text));
+}
+
+void zt_write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
     ZT_CHECK(f);
-    fputs(text, f);
-    fclose(f);
+    ZT_CHECK(fwrite(p, 1, n, f) == n);
+    ZT_CHECK(fclose(f) == 0);
 }
 
 int zck__read_small_for_tests(char **out, const char *path)

@@ -52,6 +52,8 @@ int zt_read_all(const char *ckpt, int verify);
 void zt_flip_byte(const char *path, uint64_t off);
 void zt_truncate(const char *path, uint64_t size);
 void zt_write_file(const char *path, const char *text);
+/* Writes n bytes at p to path (the test fails when it cannot). */
+void zt_write_bytes(const char *path, const void *p, size_t n);
 /* Whole file as a NUL-terminated string (returns a ZR_ code). */
 int zck__read_small_for_tests(char **out, const char *path);
 int zck__mkdir_for_tests(const char *path);

@@ -20,14 +20,6 @@
 
 #define SMALL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
 
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ZT_CHECK(f);
-    ZT_CHECK(fwrite(p, 1, n, f) == n);
-    ZT_CHECK(fclose(f) == 0);
-}
-
 /* ---------------------------------------------------------------- the sampler */
 
 ZT_TEST(eval_held_out_tail_never_sampled)
@@ -40,7 +32,7 @@ ZT_TEST(eval_held_out_tail_never_sampled)
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         bytes[i] = (unsigned char)((i < N - N / 10 ? 'a' : 'A') + (s >> 33) % 26);
     }
-    write_bytes("corpus.txt", bytes, N);
+    zt_write_bytes("corpus.txt", bytes, N);
     zr_data *d, *v;
     ZT_OK(zr_data_open(&d, "corpus.txt", 256, T, 3));
     ZT_OK(zr_data_hold_out(&v, d));
@@ -90,7 +82,7 @@ ZT_TEST(eval_held_out_tail_never_sampled)
     zr_data_free(b);
 
     /* too short to split */
-    write_bytes("short.txt", bytes, 300);
+    zt_write_bytes("short.txt", bytes, 300);
     ZT_OK(zr_data_open(&d, "short.txt", 256, T, 3));
     ZT_ERR(zr_data_hold_out(&v, d), ZR_EINVAL, "too short to hold out a validation part (30 "
            "tokens)");
@@ -244,14 +236,14 @@ ZT_TEST(eval_bad_options)
     memcpy(tok, h, sizeof h);
     for (int i = 0; i < 100; i++)
         tok[1024 + 2 * i] = (unsigned char)(i == 40 ? 0 : 65), tok[1025 + 2 * i] = i == 40;
-    write_bytes("val.bin", tok, sizeof tok);
+    zt_write_bytes("val.bin", tok, sizeof tok);
     o.val_data = "val.bin";
     ZT_ERR(zr_train(&res, &o), ZR_EINVAL, "token 256 at position 40 is out of the model's "
            "vocabulary");
     /* a data file too short to hold out a tail, with evaluation: said, with the way out */
     static unsigned char bytes[300];
     memset(bytes, 'a', sizeof bytes);
-    write_bytes("short.txt", bytes, sizeof bytes);
+    zt_write_bytes("short.txt", bytes, sizeof bytes);
     o.val_data = NULL;
     o.data = "short.txt";
     ZT_ERR(zr_train(&res, &o), ZR_EINVAL, "give --val-data FILE");
