@@ -254,10 +254,15 @@ void zt_truncate(const char *path, uint64_t size) { ZT_CHECK(truncate(path, (off
 
 void zt_write_file(const char *path, const char *text)
 {
-    FILE *f = fopen(path, "w");
+    zt_write_bytes(path, text, strlen(text));
+}
+
+void zt_write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
     ZT_CHECK(f);
-    fputs(text, f);
-    fclose(f);
+    ZT_CHECK(fwrite(p, 1, n, f) == n);
+    ZT_CHECK(fclose(f) == 0);
 }
 
 int zck__read_small_for_tests(char **out, const char *path)
@@ -355,6 +360,31 @@ char *zt_slurp(const char *path)
     if (zck__read_small_for_tests(&t, path) != 0)
         ZT_FAIL("cannot read %s", path);
     return t;
+}
+
+double zt_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+bool zt_same_file(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    char x[1 << 16], y[1 << 16];
+    while (same) {
+        size_t nx = fread(x, 1, sizeof x, fa), ny = fread(y, 1, sizeof y, fb);
+        same = nx == ny && !memcmp(x, y, nx) && !ferror(fa) && !ferror(fb);
+        if (nx < sizeof x)
+            break;
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    return same;
 }
 
 static void file_check(const char *path, const char *text, bool want)

@@ -6,6 +6,7 @@
 #ifndef ZT_CKUTIL_H
 #define ZT_CKUTIL_H
 
+#include <stdbool.h>
 #include <sys/types.h>
 #include "harness.h"
 #include "zr.h"
@@ -51,6 +52,8 @@ int zt_read_all(const char *ckpt, int verify);
 void zt_flip_byte(const char *path, uint64_t off);
 void zt_truncate(const char *path, uint64_t size);
 void zt_write_file(const char *path, const char *text);
+/* Writes n bytes at p to path (the test fails when it cannot). */
+void zt_write_bytes(const char *path, const void *p, size_t n);
 /* Whole file as a NUL-terminated string (returns a ZR_ code). */
 int zck__read_small_for_tests(char **out, const char *path);
 int zck__mkdir_for_tests(const char *path);
@@ -72,9 +75,13 @@ int zt_children(pid_t p, pid_t *out, int cap);
 int zt_rank_of(pid_t p);
 /* A TCP port free on 127.0.0.1 now (for ranks that rendezvous over TCP). */
 int zt_free_port(void);
+/* Seconds on the monotonic clock (for timing a test's steps). */
+double zt_now_s(void);
 const char *zt_zrun_path(void);
 /* A whole small file (the test fails when it cannot be read); caller frees. */
 char *zt_slurp(const char *path);
+/* Whether the files at a and b exist and hold the same bytes. */
+bool zt_same_file(const char *a, const char *b);
 /* Fails the test, showing the file, unless the file at path has (lacks) text. */
 void zt_file_has(const char *path, const char *text);
 void zt_file_lacks(const char *path, const char *text);

@@ -37,13 +37,6 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -414,11 +407,11 @@ static void tcp_death_rank(zr_comm *c, int r, int W, void *ctx)
     if (r == 2)
         _exit(7);
     sleep_ms(200);
-    double t0 = now_s();
+    double t0 = zt_now_s();
     ZT_ERR(zr_comm_all_reduce(c, x, x, n, ZR_COMM_F32), ZR_EIO,
            r == 0 ? "tcp: rank 2 is gone" : "rank 2 is gone");
-    if (now_s() - t0 > 3.0)
-        ZT_FAIL("rank %d noticed the death after %.2f s", r, now_s() - t0);
+    if (zt_now_s() - t0 > 3.0)
+        ZT_FAIL("rank %d noticed the death after %.2f s", r, zt_now_s() - t0);
     ZT_ERR(zr_comm_barrier(c), ZR_EIO, "unusable after an earlier error");
     free(x);
 }
@@ -451,11 +444,11 @@ ZT_TEST(comm_tcp_dead_peer_and_rendezvous_errors)
     snprintf(master, sizeof master, "127.0.0.1:%d", zt_free_port());
     setenv("ZR_COMM_TCP", master, 1);
     set_rank_env(NULL, 1, 2);
-    double t0 = now_s();
+    double t0 = zt_now_s();
     ZT_ERR(zr_comm_open_env(&c), ZR_EIO, "cannot reach rank 0");
     set_rank_env(NULL, 0, 2);
     ZT_ERR(zr_comm_open_env(&c), ZR_EIO, "only 0 of the 1 other ranks connected");
-    ZT_CHECK(now_s() - t0 < 5.0);
+    ZT_CHECK(zt_now_s() - t0 < 5.0);
     setenv("ZR_COMM_TCP", "no-port-here", 1);
     ZT_ERR(zr_comm_open_env(&c), ZR_EINVAL, "expected HOST:PORT");
     setenv("ZR_COMM_TCP", "127.0.0.1:99999", 1);
@@ -475,9 +468,9 @@ static void check_rank(zr_comm *c, int r, int W, void *ctx)
     ZT_OK(zr_comm_barrier(c)); /* rank 1 leaves only after rank 0's checks */
     if (r == 1)
         _exit(0); /* gone, between calls */
-    double t0 = now_s();
+    double t0 = zt_now_s();
     while (zr_comm_check(c) == 0) {
-        if (now_s() - t0 > 3.0)
+        if (zt_now_s() - t0 > 3.0)
             ZT_FAIL("rank %d: the dead peer went unnoticed for 3 s", r);
         sleep_ms(20);
     }
@@ -572,9 +565,9 @@ static void death_rank(zr_comm *c, int r, int W, void *ctx)
         _exit(99);
     }
     sleep_ms(300); /* mode 1: rank 2 is waiting inside all_reduce, then killed */
-    double t0 = now_s();
+    double t0 = zt_now_s();
     ZT_ERR(zr_comm_all_reduce(c, x, x, n, ZR_COMM_F32), ZR_EIO, "rank 2 (pid");
-    double dt = now_s() - t0;
+    double dt = zt_now_s() - t0;
     ZT_CHECK(strstr(zr_err_msg(), "died"));
     if (k->mode == 0 && !strstr(zr_err_msg(), "exited with status 7"))
         fprintf(stderr, "  note: no exit status in '%s'\n", zr_err_msg());
@@ -635,10 +628,10 @@ ZT_TEST(comm_launcher_abort_wakes_waiters)
                 sleep_ms(20000); /* alive, never calls: only the abort ends rank 0's wait */
                 _exit(0);
             }
-            double t0 = now_s();
+            double t0 = zt_now_s();
             ZT_ERR(zr_comm_barrier(c), ZR_EIO,
                    "barrier: rank 1 exited with status 3 (reported by the launcher)");
-            double dt = now_s() - t0;
+            double dt = zt_now_s() - t0;
             ZT_CHECK(dt > 0.25 && dt < 2.0);
             /* later calls fail too */
             float x = 1;
@@ -679,9 +672,9 @@ ZT_TEST(comm_launcher_gone_fails_ranks)
                     sleep_ms(20000);
                     _exit(0);
                 }
-                double t0 = now_s();
+                double t0 = zt_now_s();
                 int rc = zr_comm_barrier(c);
-                dprintf(p[1], "%d %.3f %s\n", rc, now_s() - t0, zr_err_msg());
+                dprintf(p[1], "%d %.3f %s\n", rc, zt_now_s() - t0, zr_err_msg());
                 _exit(0);
             }
         }
@@ -693,8 +686,8 @@ ZT_TEST(comm_launcher_gone_fails_ranks)
     waitpid(mid, &st, 0);
     char buf[2048] = "";
     size_t len = 0;
-    double t0 = now_s();
-    while (count_of(buf, "\n") < 2 && now_s() - t0 < 10) {
+    double t0 = zt_now_s();
+    while (count_of(buf, "\n") < 2 && zt_now_s() - t0 < 10) {
         ssize_t k = read(p[0], buf + len, sizeof buf - 1 - len);
         if (k <= 0)
             break;
@@ -733,9 +726,9 @@ static launched launch(const zr_launch_opts *o, const char *const *argv)
     ZT_CHECK(so >= 0 && se >= 0 && fo >= 0 && fe >= 0);
     dup2(fo, 1);
     dup2(fe, 2);
-    double t0 = now_s();
+    double t0 = zt_now_s();
     L.rc = zr_launch(&L.code, o, (char *const *)argv);
-    L.secs = now_s() - t0;
+    L.secs = zt_now_s() - t0;
     fflush(NULL);
     dup2(so, 1);
     dup2(se, 2);
@@ -1047,8 +1040,8 @@ ZT_TEST(launch_e2e_abort)
         char path[64];
         snprintf(path, sizeof path, "rank%d.txt", r);
         char *s = NULL;
-        double t0 = now_s();
-        while (!(s = slurp(path)) && now_s() - t0 < 5)
+        double t0 = zt_now_s();
+        while (!(s = slurp(path)) && zt_now_s() - t0 < 5)
             sleep_ms(20);
         if (!s)
             EXPECT(L, !"rank result file");
@@ -1128,7 +1121,7 @@ ZT_TEST(comm_tcp_rendezvous_turns_away_strangers)
     char master[64];
     int port = zt_free_port();
     snprintf(master, sizeof master, "127.0.0.1:%d", port);
-    double t0 = now_s();
+    double t0 = zt_now_s();
     fflush(NULL);
     pid_t hub = tcp_job_rank(master, "job-a", 0);
     /* a silent client: connects and sends nothing */
@@ -1160,8 +1153,8 @@ ZT_TEST(comm_tcp_rendezvous_turns_away_strangers)
     ZT_CHECK(waitpid(mine, &st, 0) == mine && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     ZT_CHECK(waitpid(hub, &st, 0) == hub && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     close(s);
-    if (now_s() - t0 > 5.0)
-        ZT_FAIL("the rendezvous took %.1f s: a silent client held it up", now_s() - t0);
+    if (zt_now_s() - t0 > 5.0)
+        ZT_FAIL("the rendezvous took %.1f s: a silent client held it up", zt_now_s() - t0);
     clear_env();
 }
 
@@ -1248,9 +1241,9 @@ ZT_TEST(comm_mpi_mismatched_calls_fail_on_every_rank)
         mpi_rank(mode);
         return;
     }
-    double t0 = now_s();
+    double t0 = zt_now_s();
     mpi_world("comm_mpi_mismatched_calls_fail_on_every_rank", "mismatch", 3, "", "mm.log");
-    ZT_CHECK(now_s() - t0 < 60);
+    ZT_CHECK(zt_now_s() - t0 < 60);
     for (int r = 0; r < 3; r++) {
         char path[32];
         snprintf(path, sizeof path, "rank%d.txt", r);

@@ -7,6 +7,7 @@
  * squares whatever the thread count, and the data sources: the synthetic corpus, raw-byte files
  * and llm.c token files with each kind of damage.
  */
+#include "ckutil.h"
 #include "fastmath.h"
 #include "harness.h"
 #include "zfmt.h"
@@ -22,14 +23,6 @@ static int cfg_eq(const zr_gpt2_config *a, const zr_gpt2_config *b)
 {
     return a->layers == b->layers && a->heads == b->heads && a->dim == b->dim &&
            a->ctx == b->ctx && a->vocab == b->vocab;
-}
-
-static void write_bytes(const char *path, const void *data, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ZT_CHECK(f);
-    ZT_CHECK_EQ(fwrite(data, 1, n, f), n);
-    ZT_CHECK_EQ(fclose(f), 0);
 }
 
 /* The sampling rule of data.c, written out again: start = mix(mix(seed) ^ i) mod (N - T). */
@@ -672,7 +665,7 @@ ZT_TEST(engine_data_text_file)
         bytes[i] = (unsigned char)lcg(&s); /* every byte value, NUL and 0xff included */
     bytes[0] = 0;
     bytes[1] = 255;
-    write_bytes("corpus.txt", bytes, N);
+    zt_write_bytes("corpus.txt", bytes, N);
     zr_data *d;
     ZT_OK(zr_data_open(&d, "corpus.txt", 256, T, 77));
     ZT_CHECK(!strcmp(zr_data_describe(d), "file 'corpus.txt' as raw bytes (5000 tokens)"));
@@ -684,7 +677,7 @@ ZT_TEST(engine_data_text_file)
     zr_data_free(d);
 
     /* exactly T + 1 bytes: one possible sample, the whole file */
-    write_bytes("short.txt", bytes, T + 1);
+    zt_write_bytes("short.txt", bytes, T + 1);
     ZT_OK(zr_data_open(&d, "short.txt", 256, T, 5));
     int32_t x[T + 1];
     for (uint64_t i = 0; i < 10; i++) {
@@ -694,10 +687,10 @@ ZT_TEST(engine_data_text_file)
     zr_data_free(d);
 
     d = NULL;
-    write_bytes("shorter.txt", bytes, T);
+    zt_write_bytes("shorter.txt", bytes, T);
     ZT_ERR(zr_data_open(&d, "shorter.txt", 256, T, 5), ZR_EINVAL,
            "data file 'shorter.txt': 100 tokens (bytes), a sample needs T+1 = 101");
-    write_bytes("empty.txt", bytes, 0);
+    zt_write_bytes("empty.txt", bytes, 0);
     ZT_ERR(zr_data_open(&d, "empty.txt", 256, T, 5), ZR_EINVAL,
            "'empty.txt': 0 tokens (bytes), a sample needs T+1 = 101");
     ZT_ERR(zr_data_open(&d, "corpus.txt", 200, T, 5), ZR_EINVAL,
@@ -719,7 +712,7 @@ static void write_llmc(const char *path, int32_t magic, int32_t version, int32_t
     int32_t h[3] = {magic, version, count};
     memcpy(buf, h, sizeof h); /* little-endian hosts, as llm.c itself */
     memcpy(buf + 1024, tok, 2 * n_tok);
-    write_bytes(path, buf, bytes);
+    zt_write_bytes(path, buf, bytes);
     free(buf);
 }
 
@@ -778,7 +771,7 @@ ZT_TEST(engine_data_llmc_damaged)
     write_llmc("f.bin", 20240520, 1, -4, tok, N, 0);
     ZT_ERR(zr_data_open(&d, "f.bin", V, T, 1), ZR_ECORRUPT, "'f.bin': negative token count -4");
     int32_t h[2] = {20240520, 1};
-    write_bytes("f.bin", h, sizeof h); /* the header itself cut short */
+    zt_write_bytes("f.bin", h, sizeof h); /* the header itself cut short */
     ZT_ERR(zr_data_open(&d, "f.bin", V, T, 1), ZR_ECORRUPT,
            "'f.bin': truncated header (8 bytes, expected 1024)");
     /* a token outside the vocabulary: the first one is named with its position */

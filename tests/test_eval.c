@@ -20,14 +20,6 @@
 
 #define SMALL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
 
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ZT_CHECK(f);
-    ZT_CHECK(fwrite(p, 1, n, f) == n);
-    ZT_CHECK(fclose(f) == 0);
-}
-
 /* ---------------------------------------------------------------- the sampler */
 
 ZT_TEST(eval_held_out_tail_never_sampled)
@@ -40,7 +32,7 @@ ZT_TEST(eval_held_out_tail_never_sampled)
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         bytes[i] = (unsigned char)((i < N - N / 10 ? 'a' : 'A') + (s >> 33) % 26);
     }
-    write_bytes("corpus.txt", bytes, N);
+    zt_write_bytes("corpus.txt", bytes, N);
     zr_data *d, *v;
     ZT_OK(zr_data_open(&d, "corpus.txt", 256, T, 3));
     ZT_OK(zr_data_hold_out(&v, d));
@@ -90,7 +82,7 @@ ZT_TEST(eval_held_out_tail_never_sampled)
     zr_data_free(b);
 
     /* too short to split */
-    write_bytes("short.txt", bytes, 300);
+    zt_write_bytes("short.txt", bytes, 300);
     ZT_OK(zr_data_open(&d, "short.txt", 256, T, 3));
     ZT_ERR(zr_data_hold_out(&v, d), ZR_EINVAL, "too short to hold out a validation part (30 "
            "tokens)");
@@ -244,14 +236,14 @@ ZT_TEST(eval_bad_options)
     memcpy(tok, h, sizeof h);
     for (int i = 0; i < 100; i++)
         tok[1024 + 2 * i] = (unsigned char)(i == 40 ? 0 : 65), tok[1025 + 2 * i] = i == 40;
-    write_bytes("val.bin", tok, sizeof tok);
+    zt_write_bytes("val.bin", tok, sizeof tok);
     o.val_data = "val.bin";
     ZT_ERR(zr_train(&res, &o), ZR_EINVAL, "token 256 at position 40 is out of the model's "
            "vocabulary");
     /* a data file too short to hold out a tail, with evaluation: said, with the way out */
     static unsigned char bytes[300];
     memset(bytes, 'a', sizeof bytes);
-    write_bytes("short.txt", bytes, sizeof bytes);
+    zt_write_bytes("short.txt", bytes, sizeof bytes);
     o.val_data = NULL;
     o.data = "short.txt";
     ZT_ERR(zr_train(&res, &o), ZR_EINVAL, "give --val-data FILE");
@@ -385,19 +377,6 @@ ZT_TEST(plot_robust_logs)
     ZT_CHECK(stat("g.svg", &st) == 0 && S_ISREG(st.st_mode) && stat(tmp, &st) < 0);
 }
 
-/* zckpt with args; its output in *out, exit status returned. */
-static int zckpt(char **out, const char *args)
-{
-    const char *bin = getenv("ZT_ZCKPT");
-    if (!bin)
-        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s > zckpt.out 2>&1", bin, args);
-    int st = system(cmd);
-    *out = zt_slurp("zckpt.out");
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
 ZT_TEST(plot_zckpt_plot_truncated_log)
 {
     ZT_CHECK_EQ(mkdir("run", 0755), 0);
@@ -407,24 +386,24 @@ ZT_TEST(plot_zckpt_plot_truncated_log)
     fputs("{\"step\":31,\"lo", f); /* a crash in the middle of a record */
     fclose(f);
     char *o;
-    int rc = zckpt(&o, "plot run");
+    int rc = zt_zckpt(&o, "plot run");
     if (rc != 0 || !strstr(o, "run/train.svg: 40 step records drawn, 1 resume or world-size "
                               "mark") || !strstr(o, "1 line skipped"))
         ZT_FAIL("zckpt plot run: exit %d:\n%s", rc, o);
     free(o);
     ZT_CHECK(xml_ok("run/train.svg") != 0);
-    rc = zckpt(&o, "plot run/train.jsonl -o other.svg");
+    rc = zt_zckpt(&o, "plot run/train.jsonl -o other.svg");
     ZT_CHECK(rc == 0 && strstr(o, "other.svg: 40 step records"));
     free(o);
-    rc = zckpt(&o, "plot run/train.jsonl");
+    rc = zt_zckpt(&o, "plot run/train.jsonl");
     ZT_CHECK(rc == 2 && strstr(o, "add -o FILE.svg"));
     free(o);
     zt_write_file("empty.jsonl", "");
-    rc = zckpt(&o, "plot empty.jsonl -o e.svg");
+    rc = zt_zckpt(&o, "plot empty.jsonl -o e.svg");
     ZT_CHECK(rc == 2 && strstr(o, "zckpt: error: empty.jsonl: no step records to plot"));
     free(o);
     ZT_CHECK_EQ(mkdir("bare", 0755), 0);
-    rc = zckpt(&o, "plot bare");
+    rc = zt_zckpt(&o, "plot bare");
     ZT_CHECK(rc == 2 && strstr(o, "bare/train.jsonl") && strstr(o, "--log FILE"));
     free(o);
 }

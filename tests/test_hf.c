@@ -59,17 +59,6 @@ static void same_params(const char *a, const char *b)
     zck_reader_free(rb);
 }
 
-static int same_file(const char *a, const char *b)
-{
-    char *x = zt_slurp(a), *y = zt_slurp(b);
-    struct stat sa, sb;
-    int same = stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_size == sb.st_size &&
-               !memcmp(x, y, (size_t)sa.st_size);
-    free(x);
-    free(y);
-    return same;
-}
-
 /* Entries of dir whose name starts with prefix (temporary files left behind). */
 static int count_like(const char *dir, const char *prefix)
 {
@@ -103,8 +92,8 @@ ZT_TEST(hf_export_round_trip_and_world_sizes)
     free(out);
     ZT_OK(zfmt_hf_export("one", "hf1", NULL));
     ZT_OK(zfmt_hf_export("back", "hf2", NULL));
-    ZT_CHECK(same_file("hf/model.safetensors", "hf1/model.safetensors"));
-    ZT_CHECK(same_file("hf/model.safetensors", "hf2/model.safetensors"));
+    ZT_CHECK(zt_same_file("hf/model.safetensors", "hf1/model.safetensors"));
+    ZT_CHECK(zt_same_file("hf/model.safetensors", "hf2/model.safetensors"));
     /* bf16 export: half the bytes of the weights */
     zfmt_hf_opts ho = ZFMT_HF_OPTS_INIT;
     ho.dtype = ZCK_BF16;
@@ -275,7 +264,7 @@ ZT_TEST(hf_llama_export_import_round_trip)
     free(h);
     /* the import exports the same bytes */
     ZT_OK(zfmt_hf_export("back", "hf2", NULL));
-    ZT_CHECK(same_file("hf/model.safetensors", "hf2/model.safetensors"));
+    ZT_CHECK(zt_same_file("hf/model.safetensors", "hf2/model.safetensors"));
     /* sharded at 4 KiB: shards of at most 4 KiB (a larger tensor alone) and the index */
     llama_round_trip("run", "hs", "back_s", 4096);
     struct stat st;
@@ -302,7 +291,7 @@ ZT_TEST(hf_llama_export_import_round_trip)
     ZT_OK(zfmt_hf_export("run", "h16", &o));
     ZT_OK(zfmt_import("h16", "b16", NULL));
     ZT_OK(zfmt_hf_export("b16", "h16b", &o));
-    ZT_CHECK(same_file("h16/model.safetensors", "h16b/model.safetensors"));
+    ZT_CHECK(zt_same_file("h16/model.safetensors", "h16b/model.safetensors"));
     /* tied: no lm_head.weight */
     train_model("tied", LLAMA ",tied=1", 1, 0);
     llama_round_trip("tied", "ht", "back_t", ZFMT_HF_SHARD_DEFAULT);

@@ -248,11 +248,11 @@ static void grad_check(const char *spec, size_t max_B, size_t B, size_t T, uint6
     for (uint64_t i = 0; i < n; i++)
         pd[i] = pf[i];
     double ref = ref_loss(r, pd, in, tg, B, T, probs);
-    if (fabs(loss - ref) > 1e-5 * fabs(ref))
+    if (!(fabs(loss - ref) <= 1e-5 * fabs(ref)))
         ZT_FAIL("%s: loss %.9g, double reference %.12g", spec, loss, ref);
     const float *pr = zr_model_probs(m);
     for (size_t i = 0; i < B * T * c.vocab; i++)
-        if (fabs(pr[i] - probs[i]) > 1e-6)
+        if (!(fabs(pr[i] - probs[i]) <= 1e-6))
             ZT_FAIL("%s: probs[%zu] = %.9g, double reference %.12g", spec, i, pr[i], probs[i]);
     const double h = 1e-5;
     for (size_t k = 0; k < r->nt; k++) {
@@ -267,7 +267,7 @@ static void grad_check(const char *spec, size_t max_B, size_t B, size_t T, uint6
             double lm = ref_loss(r, pd, in, tg, B, T, NULL);
             pd[i] = save;
             double fd = (lp - lm) / (2 * h), err = fabs(gf[i] - fd);
-            if (err > 1e-6 + 1e-4 * fabs(fd))
+            if (!(err <= 1e-6 + 1e-4 * fabs(fd)))
                 ZT_FAIL("%s B=%zu T=%zu: d loss / d %s[%llu] = %.9g, finite difference %.9g",
                         spec, B, T, r->t[k].name, (unsigned long long)j, gf[i], fd);
             nz += fabs(fd) > 1e-4;
@@ -392,7 +392,7 @@ ZT_TEST(llama_trains_at_every_stage)
         llama_run(SMALL, dir, extra);
         ZT_CHECK_EQ(zt_jlog_losses(l, STEPS + 1, jl), STEPS);
         for (int k = 1; k <= STEPS; k++)
-            if (rel(l[k], ref[k]) > 1e-4)
+            if (!(rel(l[k], ref[k]) <= 1e-4))
                 ZT_FAIL("W=%d stage %d step %d: loss %.6f, %.6f at W=1 stage 0", runs[i].W,
                         runs[i].s, k, l[k], ref[k]);
         zt_same_latest(dir, "w1-s0", 1e-4, 1e-3);
@@ -427,7 +427,7 @@ ZT_TEST(llama_resume_at_another_world_and_zckpt)
     free(text);
     ZT_CHECK_EQ(zt_jlog_losses(l, STEPS + 1, "elastic.jsonl"), STEPS);
     for (int k = 1; k <= STEPS; k++)
-        if (rel(l[k], ref[k]) > 1e-4)
+        if (!(rel(l[k], ref[k]) <= 1e-4))
             ZT_FAIL("resumed at W=1: step %d loss %.6f, straight %.6f", k, l[k], ref[k]);
     zt_same_latest("elastic", "straight", 1e-4, 1e-3);
     /* zckpt works on Llama checkpoints unchanged */

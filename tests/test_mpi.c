@@ -22,13 +22,6 @@
 #define COMMON "--model " SMALL " --seq 32 --batch 8 --micro-batch 1 --threads 1 "
 #define MPIRUN "mpirun --oversubscribe --allow-run-as-root --bind-to none "
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void need_mpirun(void)
 {
     if (system("command -v mpirun >/dev/null 2>&1") != 0)
@@ -132,9 +125,9 @@ ZT_TEST(mpi_rank_killed_ends_the_job)
     pid_t victim = find_rank(mp[0], 1);
     ZT_CHECK(victim > 0);
     ZT_CHECK(kill(victim, SIGKILL) == 0);
-    double t1 = now_s();
+    double t1 = zt_now_s();
     int st = zt_wait_status(p);
-    double secs = now_s() - t1;
+    double secs = zt_now_s() - t1;
     char *t = zt_slurp("job.log");
     if (st == 0 || st == 124 || secs > 15 || !strstr(t, "process rank 1") || !strstr(t, "signal 9"))
         ZT_FAIL("status %d after %.1f s:\n%s", st, secs, t);

@@ -22,13 +22,6 @@
 #define COMMON "--model " SMALL " --seq 32 --batch 8 --micro-batch 2 --threads 1 "
 
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 ZT_TEST(multinode_two_nodes_match_one)
 {
     zt_zrun_ok(COMMON "--steps 8 --zero 2 --nproc 4 --ckpt-dir one", "one.log");
@@ -104,9 +97,9 @@ ZT_TEST(multinode_rank_killed_on_one_node_stops_the_other)
     if (nk != 2)
         ZT_SKIP("cannot find node 1's ranks (/proc/PID/task/PID/children: %d)", nk);
     ZT_CHECK(kill(kids[1], SIGKILL) == 0);
-    double tk = now_s();
+    double tk = zt_now_s();
     int s1 = zt_wait_status(p[1]), s0 = zt_wait_status(p[0]);
-    double dt = now_s() - tk;
+    double dt = zt_now_s() - tk;
     char *n0 = zt_slurp("node0.log"), *n1 = zt_slurp("node1.log");
     if (s1 == 0 || s0 == 0)
         ZT_FAIL("node exit statuses %d, %d:\n--- node 0\n%s\n--- node 1\n%s", s0, s1, n0, n1);

@@ -10,30 +10,6 @@
 
 static const uint64_t sizes[] = {70001, 4096, 65, 3, 1000};
 
-static bool same_file(const char *a, const char *b)
-{
-    char *x, *y;
-    size_t nx, ny;
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    if (!fa || !fb)
-        return false;
-    fseek(fa, 0, SEEK_END);
-    fseek(fb, 0, SEEK_END);
-    nx = (size_t)ftell(fa);
-    ny = (size_t)ftell(fb);
-    rewind(fa);
-    rewind(fb);
-    x = malloc(nx + 1);
-    y = malloc(ny + 1);
-    bool same = nx == ny && fread(x, 1, nx, fa) == nx && fread(y, 1, ny, fb) == ny &&
-                !memcmp(x, y, nx);
-    free(x);
-    free(y);
-    fclose(fa);
-    fclose(fb);
-    return same;
-}
-
 static char *reshard(const char *src, const char *out, uint32_t world, size_t buf)
 {
     zck_reshard_opts o = ZCK_RESHARD_OPTS_INIT;
@@ -72,7 +48,7 @@ ZT_TEST(reshard_roundtrip_is_byte_identical)
             char x[256], y[256];
             snprintf(x, sizeof x, "%s/shard-%05u-of-00004.bin", src, r);
             snprintf(y, sizeof y, "%s/shard-%05u-of-00004.bin", b, r);
-            if (!same_file(x, y))
+            if (!zt_same_file(x, y))
                 ZT_FAIL("4 -> %u -> 4: %s differs from %s", ws[i], y, x);
         }
         /* consolidating any resharding gives the same bytes */
@@ -82,7 +58,7 @@ ZT_TEST(reshard_roundtrip_is_byte_identical)
         char x[256], y[256];
         snprintf(x, sizeof x, "%s/shard-00000-of-00001.bin", c1);
         snprintf(y, sizeof y, "%s/shard-00000-of-00001.bin", c2);
-        ZT_CHECK(same_file(x, y));
+        ZT_CHECK(zt_same_file(x, y));
         zck_reader *r;
         ZT_OK(zck_reader_open(&r, m));
         ZT_CHECK_EQ(zck_reader_step(r), 9);

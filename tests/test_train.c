@@ -17,13 +17,6 @@
 
 #define SMALL ZT_SMALL
 
-static bool same_file(const char *a, const char *b)
-{
-    char cmd[8300];
-    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", a, b);
-    return system(cmd) == 0;
-}
-
 static void expect_same_final(const char *a, const char *b)
 {
     char *pa, *pb;
@@ -32,7 +25,7 @@ static void expect_same_final(const char *a, const char *b)
     char fa[4096], fb[4096];
     snprintf(fa, sizeof fa, "%s/shard-00000-of-00001.bin", pa);
     snprintf(fb, sizeof fb, "%s/shard-00000-of-00001.bin", pb);
-    if (!same_file(fa, fb))
+    if (!zt_same_file(fa, fb))
         ZT_FAIL("%s and %s differ", fa, fb);
     zck_diff *d;
     ZT_OK(zck_diff_run(&d, pa, pb, NULL));

@@ -21,13 +21,6 @@
 #define SMALL "gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256"
 #define MAX_STEPS 64
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 typedef struct {
     size_t n;
     double loss[MAX_STEPS + 1]; /* by step */
@@ -247,10 +240,10 @@ static void kill_one_rank(const char *dir, const char *extra, int delay_ms)
     struct timespec ts = {delay_ms / 1000, (long)(delay_ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
     ZT_CHECK(kill(victim, SIGKILL) == 0);
-    double t0 = now_s();
+    double t0 = zt_now_s();
     int status;
     ZT_CHECK(waitpid(pid, &status, 0) == pid);
-    double took = now_s() - t0;
+    double took = zt_now_s() - t0;
     printf("  %s: killed rank 1 after %d ms; zrun exited %d after %.2f s\n", dir, delay_ms,
            WIFEXITED(status) ? WEXITSTATUS(status) : -1, took);
     ZT_CHECK(took < 10.0);
