@@ -104,7 +104,8 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def run_variant(variant, cfg, B, T, steps, warmup, threads):
+def run_variant(variant, build, cfg, B, T, steps, warmup):
+    """build(cfg, sdpa) -> the model; the training loop shared with torch_llama.py"""
     torch.manual_seed(1337)
     parts = variant.split("-")
     compiled = parts[0] == "compile"
@@ -113,7 +114,7 @@ def run_variant(variant, cfg, B, T, steps, warmup, threads):
     if len(parts) != 2 or parts[0] not in ("sdpa", "manual") or parts[1] not in ("fused", "foreach"):
         raise ValueError(f"unknown variant {variant!r} (expected [compile-]sdpa|manual-fused|foreach)")
     attn, opt_kind = parts
-    model = GPT(cfg, sdpa=(attn == "sdpa"))
+    model = build(cfg, attn == "sdpa")
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
@@ -143,9 +144,12 @@ def run_variant(variant, cfg, B, T, steps, warmup, threads):
     return mean
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", choices=sorted(CONFIGS), default="tiny")
+def main(configs=None, build=None, doc=None):
+    """the command line of torch_gpt2.py, or of another model's script given its configs,
+    its builder (see run_variant) and its docstring"""
+    configs, build = configs or CONFIGS, build or (lambda c, sdpa: GPT(c, sdpa))
+    ap = argparse.ArgumentParser(description=(doc or __doc__).split("\n")[0])
+    ap.add_argument("--model", choices=sorted(configs), default="tiny")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=0, help="tokens per sequence (0: ctx)")
     ap.add_argument("--steps", type=int, default=12)
@@ -160,7 +164,7 @@ def main():
         torch.set_num_interop_threads(1)
     except RuntimeError:
         pass
-    cfg = CONFIGS[a.model]
+    cfg = configs[a.model]
     T = a.seq or cfg["ctx"]
     print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(),
                       "mkldnn": torch.backends.mkldnn.is_available(),
@@ -169,7 +173,7 @@ def main():
     best, best_v = -1.0, None
     for v in a.variants.split(","):
         try:
-            r = run_variant(v, cfg, a.batch, T, a.steps, a.warmup, a.threads)
+            r = run_variant(v, build, cfg, a.batch, T, a.steps, a.warmup)
         except Exception as e:  # a variant this torch cannot run (e.g. fused AdamW on CPU)
             print(json.dumps({"variant": v, "error": f"{type(e).__name__}: {e}"[:300]}),
                   flush=True)

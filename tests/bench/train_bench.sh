@@ -4,6 +4,9 @@
 #     (batch 4 x 64 tokens), fp32, BENCH_THREADS threads (2), the first WARMUP (2) steps
 #     excluded, read from zrun's --log-json; peak RSS of the 124M run (/usr/bin/time %M)
 #     against 16 bytes/param + activations;
+#   - zero on the Llama family (issue 17): llama-tiny (batch 8 x 128) and llama-124m (layers 12,
+#     heads 12, kv_heads 4, dim 768, ffn 2048, vocab 32000, untied: 124.7M parameters; batch
+#     4 x 64), against tests/bench/torch_llama.py (the same Llama, the same loop and variants);
 #   - PyTorch: tests/bench/torch_gpt2.py (the same GPT-2, nanoGPT style, AdamW fp32) on the
 #     same configs and thread count, best of a few variants (attention through SDPA or
 #     written out, fused or foreach AdamW), run with GLIBC_TUNABLES=glibc.malloc.hugetlb=1;
@@ -11,7 +14,7 @@
 #     Debian's python3-torch; without torch that comparison is skipped;
 #   - OpenBLAS: the 2-thread sgemm GFLOP/s (tests/bench/sgemm_bench.c, built here by hand),
 #     and zero's 124M model-FLOPs rate as a fraction of it.
-# Targets (issue 4): zero tokens/s >= 1.3x PyTorch's on both configs; zero's 124M model-FLOPs
+# Targets (issues 4, 16, 17): zero tokens/s >= 1.3x PyTorch's on every config; zero's 124M model-FLOPs
 # rate >= 65% of the best sgemm rate. A benchmark: prints PASS/BELOW and exits 0 either way,
 # non-zero only when a command fails.
 #   ZRUN           the zrun binary to measure (default: build/zrun, brought up to date with make)
@@ -19,6 +22,8 @@
 #   BENCH_DIR      scratch directory (build/bench-scratch); the 124M checkpoint (~1.5 GB) that
 #                  zrun saves at the end is written there and deleted
 #   TINY_STEPS, GPT2_STEPS, WARMUP   steps per run (12, 6) and leading steps not averaged (2)
+#   FAMILIES       the families measured, comma separated (gpt2,llama); the sgemm fraction
+#                  needs gpt2
 #   ROUNDS         zero and torch alternate this many times (2); each side's best round counts
 #   IDLE_WAIT      seconds each measurement waits for the CPUs to be idle, < 15% busy (60; 0: none)
 #   TORCH_PYTHON   a python3 that imports torch (skips the venv lookup and install)
@@ -37,6 +42,7 @@ TORCH_VENV=${TORCH_VENV:-$root/build/torch-venv}
 TORCH_INSTALL=${TORCH_INSTALL:-1}
 TORCH_VARIANTS=${TORCH_VARIANTS:-sdpa-foreach,sdpa-fused,manual-fused}
 ROUNDS=${ROUNDS:-2}
+FAMILIES=${FAMILIES:-gpt2,llama}
 IDLE_WAIT=${IDLE_WAIT:-60}
 LOGS=$root/build/train-bench
 
@@ -47,6 +53,8 @@ done
 [[ $WARMUP =~ ^[0-9]+$ ]] || fail "WARMUP=$WARMUP: expected an integer"
 [[ $IDLE_WAIT =~ ^[0-9]+$ ]] || fail "IDLE_WAIT=$IDLE_WAIT: expected an integer (seconds)"
 ((TINY_STEPS > WARMUP && GPT2_STEPS > WARMUP)) || fail "TINY_STEPS and GPT2_STEPS must exceed WARMUP"
+[[ $FAMILIES =~ ^(gpt2|llama)(,(gpt2|llama))*$ ]] ||
+    fail "FAMILIES=$FAMILIES: expected gpt2, llama or both, comma separated"
 mkdir -p "$BENCH_DIR" "$LOGS"
 rm -f "$LOGS"/*
 if [ -z "${ZRUN:-}" ]; then
@@ -136,33 +144,41 @@ zrun_bench() { # zrun_bench NAME STEPS ARGS...: a fresh run in scratch, log and 
         { cat "$LOGS/$name.out" >&2; fail "zrun $* failed"; }
     rm -rf "$s/$name" # the 124M checkpoint is ~1.5 GB
 }
-torch_bench() { # torch_bench NAME ARGS...
-    local name=$1; shift
+torch_bench() { # torch_bench NAME SCRIPT ARGS...: SCRIPT torch_gpt2.py or torch_llama.py
+    local name=$1 script=$2; shift 2
     [ -n "$torch_py" ] || return 0
     wait_idle "$name"
-    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "$torch_py" "$here/torch_gpt2.py" "$@" \
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "$torch_py" "$here/$script" "$@" \
         --threads "$BENCH_THREADS" --warmup "$WARMUP" --variants "$TORCH_VARIANTS" \
         >"$LOGS/$name.jsonl" 2>"$LOGS/$name.err" ||
-        { cat "$LOGS/$name.err" >&2; fail "torch_gpt2.py $* failed"; }
+        { cat "$LOGS/$name.err" >&2; fail "$script $* failed"; }
 }
 # zero and torch alternate, ROUNDS times, so that other work on the machine hits both alike
+# pair CFG ZRUN_MODEL SCRIPT TORCH_MODEL B T STEPS: one round of zero then torch on a config
+pair() {
+    local cfg=$1 zm=$2 script=$3 tm=$4 b=$5 t=$6 steps=$7
+    say "round $r/$ROUNDS: zero $cfg (zrun --model $zm --batch $b --seq $t, $steps steps)"
+    zrun_bench "zero-$cfg.$r" "$steps" --model "$zm" --batch "$b" --seq "$t"
+    [ -z "$torch_py" ] || say "round $r/$ROUNDS: torch $cfg ($script, variants $TORCH_VARIANTS)"
+    torch_bench "torch-$cfg.$r" "$script" --model "$tm" --batch "$b" --seq "$t" --steps "$steps"
+}
 for r in $(seq 1 "$ROUNDS"); do
-    say "round $r/$ROUNDS: zero tiny (zrun --model tiny --batch 8 --seq 128, $TINY_STEPS steps)"
-    zrun_bench "zero-tiny.$r" "$TINY_STEPS" --model tiny --batch 8 --seq 128
-    [ -z "$torch_py" ] || say "round $r/$ROUNDS: torch tiny (variants $TORCH_VARIANTS)"
-    torch_bench "torch-tiny.$r" --model tiny --batch 8 --seq 128 --steps "$TINY_STEPS"
-    say "round $r/$ROUNDS: zero 124M (zrun --model gpt2 --batch 4 --seq 64, $GPT2_STEPS steps)"
-    zrun_bench "zero-gpt2.$r" "$GPT2_STEPS" --model gpt2 --batch 4 --seq 64
-    [ -z "$torch_py" ] || say "round $r/$ROUNDS: torch 124M (variants $TORCH_VARIANTS)"
-    torch_bench "torch-gpt2.$r" --model gpt2 --batch 4 --seq 64 --steps "$GPT2_STEPS"
+    if [[ ,$FAMILIES, == *,gpt2,* ]]; then
+        pair tiny tiny torch_gpt2.py tiny 8 128 "$TINY_STEPS"
+        pair gpt2 gpt2 torch_gpt2.py gpt2 4 64 "$GPT2_STEPS"
+    fi
+    if [[ ,$FAMILIES, == *,llama,* ]]; then
+        pair llama-tiny llama-tiny torch_llama.py tiny 8 128 "$TINY_STEPS"
+        pair llama-124m llama-124m torch_llama.py 124m 4 64 "$GPT2_STEPS"
+    fi
 done
 say "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # ------------------------------------------------------------------ report
-python3 - "$LOGS" "$WARMUP" "$BENCH_THREADS" "$ROUNDS" "${torch_py:+1}" <<'PY'
+python3 - "$LOGS" "$WARMUP" "$BENCH_THREADS" "$ROUNDS" "${torch_py:+1}" "$FAMILIES" <<'PY'
 import json, os, sys
 logs, warmup, threads, rounds = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-have_torch = sys.argv[5] == "1"
+have_torch, families = sys.argv[5] == "1", sys.argv[6].split(",")
 
 def jl(name):
     return [json.loads(l) for l in open(os.path.join(logs, name)) if l.strip().startswith("{")]
@@ -196,59 +212,63 @@ def torch(cfg):
 sg = {l.split()[0]: float(l.split()[1]) for l in open(os.path.join(logs, "sgemm.txt"))
       if l.split()[0] in ("best", "mix124m")}
 busy = [l.split() for l in open(os.path.join(logs, "busy.txt"))]
-zt, zg = zero("tiny"), zero("gpt2")
-z_tiny, z_gpt = max(x[0] for x in zt), max(x[0] for x in zg)
-t_tiny, v_tiny = torch("tiny")
-t_gpt, v_gpt = torch("gpt2")
-
-# GPT-2 124M at B=4, T=64 (nanoGPT's estimate_mfu, from the PaLM paper): per token 6 N + 12 L C T,
-# N the parameters less the position embedding (the tied wte counts: it is the head's matmul);
-# per step x B T tokens. The attention term counts the whole T x T (no causal halving).
-L, NH, C, V, CTX, B, T = 12, 12, 768, 50257, 1024, 4, 64
-n_params = (V + CTX + 2) * C + L * 12 * C * C + L * 13 * C
-n_flop = n_params - CTX * C
-flops_step = 6 * n_flop * B * T + 12 * L * C * T * T * B
-gflops = flops_step * (z_gpt / (B * T)) / 1e9
 
 def ratio_line(what, z, t, need):
     if t is None:
-        return f"  {what:<20} zero {z:8.1f} tok/s   torch  (skipped: no torch)"
+        return f"  {what:<24} zero {z:8.1f} tok/s   torch  (skipped: no torch)"
     r = z / t
-    return (f"  {what:<20} zero {z:8.1f} tok/s   torch {t:8.1f} tok/s   ratio {r:5.2f}  "
+    return (f"  {what:<24} zero {z:8.1f} tok/s   torch {t:8.1f} tok/s   ratio {r:5.2f}  "
             f"target >= {need}x  {'PASS' if r >= need else 'BELOW'}")
 
 print(f"[train-bench] results: {threads} threads, fp32; tokens/s = mean over the steps after the "
       f"first {warmup}, best of {rounds} round(s) (and, for torch, of its variants)")
-print(ratio_line("tiny B=8 T=128", z_tiny, t_tiny, 1.3))
-print(f"      zero per round (tok/s): {'/'.join(f'{x[0]:.0f}' for x in zt)}, step "
-      f"{min(x[1] for x in zt):.1f} ms; torch per variant and round: {v_tiny or '-'}")
-print(ratio_line("gpt2 124M B=4 T=64", z_gpt, t_gpt, 1.3))
-print(f"      zero per round (tok/s): {'/'.join(f'{x[0]:.1f}' for x in zg)}, step "
-      f"{min(x[1] for x in zg):.0f} ms; torch per variant and round: {v_gpt or '-'}")
-frac = gflops / sg["best"]
-print(f"  124M model FLOPs: 6 x {n_flop/1e6:.2f}M params x {B*T} tokens + 12 x L x C x T^2 x B = "
-      f"{flops_step/1e9:.1f} GFLOP/step -> zero {gflops:.1f} GFLOP/s")
-print(f"  sgemm ({threads} threads, OpenBLAS): best {sg['best']:.1f} GFLOP/s, 124M step mix "
-      f"{sg['mix124m']:.1f} GFLOP/s; zero / best = {frac:.2f}  target >= 0.65  "
-      f"{'PASS' if frac >= 0.65 else 'BELOW'}   (zero / mix = {gflops / sg['mix124m']:.2f})")
+CONFIGS = {"gpt2": [("tiny", "tiny B=8 T=128"), ("gpt2", "gpt2 124M B=4 T=64")],
+           "llama": [("llama-tiny", "llama-tiny B=8 T=128"), ("llama-124m", "llama-124m B=4 T=64")]}
+for fam in families:
+    for cfg, what in CONFIGS[fam]:
+        zs = zero(cfg)
+        t, v = torch(cfg)
+        print(ratio_line(what, max(x[0] for x in zs), t, 1.3))
+        print(f"      zero per round (tok/s): {'/'.join(f'{x[0]:.1f}' for x in zs)}, step "
+              f"{min(x[1] for x in zs):.1f} ms; torch per variant and round: {v or '-'}")
 
-# memory: params + grads + AdamW m and v = 16 bytes/param; activations as zero allocates them
-# (the log's mem.activations: since 769c986 the arena is sized for batch x --seq) and as B x T
-# needs them (the buffers of core/model/model.c's acts_layout at T)
-sixteen = 16 * n_params
-def acts(Tn):
-    N = B * Tn
-    per_layer = 16 * N * C + 4 * N + B * NH * Tn * Tn
-    rows = min(max((1 << 24) // V, 1), N)
-    return 4 * (L * per_layer + 2 * N * C + 2 * N + N * V + N + 2 * N + 9 * N * C + rows * V + 2 * Tn)
-rss = max(x[4] for x in zg) * 1024
-arena = zg[0][2]["activations"]
-print(f"  124M peak RSS {rss/2**30:.2f} GiB; 16 B/param {sixteen/2**30:.2f} GiB + activations "
-      f"{arena/2**30:.2f} GiB as allocated = {(sixteen+arena)/2**30:.2f} GiB "
-      f"(RSS / that = {rss/(sixteen+arena):.2f}); with activations for B x T={T} "
-      f"({acts(T)/2**30:.2f} GiB): {(sixteen+acts(T))/2**30:.2f} GiB")
-print(f"  zrun 124M wall time {min(x[3] for x in zg):.1f} s for {len(jl('zero-gpt2.1.jsonl'))} "
-      f"steps (init, steps, final checkpoint)")
+def gpt2_report():
+    zg = zero("gpt2")
+    z_gpt = max(x[0] for x in zg)
+    # GPT-2 124M at B=4, T=64 (nanoGPT's estimate_mfu, from the PaLM paper): per token
+    # 6 N + 12 L C T, N the parameters less the position embedding (the tied wte counts: it is
+    # the head's matmul); per step x B T tokens. The attention term counts the whole T x T.
+    L, NH, C, V, CTX, B, T = 12, 12, 768, 50257, 1024, 4, 64
+    n_params = (V + CTX + 2) * C + L * 12 * C * C + L * 13 * C
+    n_flop = n_params - CTX * C
+    flops_step = 6 * n_flop * B * T + 12 * L * C * T * T * B
+    gflops = flops_step * (z_gpt / (B * T)) / 1e9
+    frac = gflops / sg["best"]
+    print(f"  124M model FLOPs: 6 x {n_flop/1e6:.2f}M params x {B*T} tokens + 12 x L x C x T^2 x B = "
+          f"{flops_step/1e9:.1f} GFLOP/step -> zero {gflops:.1f} GFLOP/s")
+    print(f"  sgemm ({threads} threads, OpenBLAS): best {sg['best']:.1f} GFLOP/s, 124M step mix "
+          f"{sg['mix124m']:.1f} GFLOP/s; zero / best = {frac:.2f}  target >= 0.65  "
+          f"{'PASS' if frac >= 0.65 else 'BELOW'}   (zero / mix = {gflops / sg['mix124m']:.2f})")
+    # memory: params + grads + AdamW m and v = 16 bytes/param; activations as zero allocates them
+    # (the log's mem.activations: since 769c986 the arena is sized for batch x --seq) and as B x T
+    # needs them (the buffers of core/model/model.c's acts_layout at T)
+    sixteen = 16 * n_params
+    def acts(Tn):
+        N = B * Tn
+        per_layer = 16 * N * C + 4 * N + B * NH * Tn * Tn
+        rows = min(max((1 << 24) // V, 1), N)
+        return 4 * (L * per_layer + 2 * N * C + 2 * N + N * V + N + 2 * N + 9 * N * C + rows * V + 2 * Tn)
+    rss = max(x[4] for x in zg) * 1024
+    arena = zg[0][2]["activations"]
+    print(f"  124M peak RSS {rss/2**30:.2f} GiB; 16 B/param {sixteen/2**30:.2f} GiB + activations "
+          f"{arena/2**30:.2f} GiB as allocated = {(sixteen+arena)/2**30:.2f} GiB "
+          f"(RSS / that = {rss/(sixteen+arena):.2f}); with activations for B x T={T} "
+          f"({acts(T)/2**30:.2f} GiB): {(sixteen+acts(T))/2**30:.2f} GiB")
+    print(f"  zrun 124M wall time {min(x[3] for x in zg):.1f} s for {len(jl('zero-gpt2.1.jsonl'))} "
+          f"steps (init, steps, final checkpoint)")
+
+if "gpt2" in families:
+    gpt2_report()
 print("  CPU busy with other work when each measurement started (%): " +
       ", ".join(f"{b[0]} {b[1]}" + (f" (after {b[2]} s)" if b[2] != "0" else "") for b in busy))
 PY
