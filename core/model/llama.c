@@ -51,7 +51,8 @@ typedef struct {
     float *atty;             /* [N, C] attention output before o_proj */
     float *res2;             /* [N, C] residual after attention */
     float *rstd2, *xn2;      /* [N], [N, C]: RMSNorm before the MLP */
-    float *gate, *up, *hmlp; /* [N, I]: gate(x), up(x), silu(gate) * up */
+    float *gu;               /* [N, 2I]: a row's gate(x), then its up(x) (one matmul) */
+    float *hmlp;             /* [N, I]: silu(gate) * up */
     float *res3;             /* [N, C] layer output */
 } ll_acts;
 
@@ -75,7 +76,8 @@ struct zr__llama {
     float *probs, *losses;      /* [N, V], [N] */
     int32_t *inputs, *targets;  /* [N] */
     float *dres, *dC, *dqkv;    /* [N, C], [N, C], [N, QL] */
-    float *dI1, *dI2;           /* [N, I] */
+    float *dI;                  /* [N, I]: the gradient of hmlp */
+    float *dgu;                 /* [N, 2I]: of gu */
     float *dlogits, *drow;      /* [dlogits_rows, V], [B H, T] */
     size_t dlogits_rows;
 
@@ -105,8 +107,7 @@ static size_t acts_layout(zr__llama *m, unsigned char *base, double *total)
         a.res2 = zr__carve(base, &off, total, N * C);
         a.rstd2 = zr__carve(base, &off, total, N);
         a.xn2 = zr__carve(base, &off, total, N * C);
-        a.gate = zr__carve(base, &off, total, N * I);
-        a.up = zr__carve(base, &off, total, N * I);
+        a.gu = zr__carve(base, &off, total, N * 2 * I);
         a.hmlp = zr__carve(base, &off, total, N * I);
         a.res3 = zr__carve(base, &off, total, N * C);
         if (base)
@@ -121,8 +122,8 @@ static size_t acts_layout(zr__llama *m, unsigned char *base, double *total)
     m->dres = zr__carve(base, &off, total, N * C);
     m->dC = zr__carve(base, &off, total, N * C);
     m->dqkv = zr__carve(base, &off, total, N * m->QL);
-    m->dI1 = zr__carve(base, &off, total, N * I);
-    m->dI2 = zr__carve(base, &off, total, N * I);
+    m->dI = zr__carve(base, &off, total, N * I);
+    m->dgu = zr__carve(base, &off, total, N * 2 * I);
     m->dlogits = zr__carve(base, &off, total, m->dlogits_rows * m->V);
     m->drow = zr__carve(base, &off, total, m->max_B * m->H * T);
     return off;
@@ -190,6 +191,12 @@ static int fill_offsets(zr__llama *m)
         }
         m->role[r] = ti.offset;
     }
+    /* the forward and backward take q, k, v as one [QL, C] matrix and gate, up as one
+     * [2I, C]: the family table keeps them adjacent, in that order */
+    if (m->role[R_K] != m->role[R_Q] + m->C * m->C ||
+        m->role[R_V] != m->role[R_K] + m->KVD * m->C ||
+        m->role[R_UP] != m->role[R_GATE] + m->I * m->C)
+        rc = zr_err_set(ZR_EINVAL, "llama layout: q, k, v or gate, up are not adjacent");
 out:
     zck_layout_free(lay);
     return rc;
@@ -502,30 +509,47 @@ static void rope(const zr__llama *m, float *x, size_t N, size_t T, int inverse)
     par_for(N, ROWS_GRAIN, rope_rows, &a);
 }
 
-/* SwiGLU: h = silu(g) u, silu(g) = g sigmoid(g). Backward: du = dh silu(g);
- * dg = dh u sigmoid(g) (1 + g (1 - sigmoid(g))). */
+/* SwiGLU over rows of gu [N, 2I] (gate in columns [0, I), up in [I, 2I)): h = silu(g) u,
+ * silu(g) = g sigmoid(g). Backward: du = dh silu(g); dg = dh u sigmoid(g) (1 + g (1 -
+ * sigmoid(g))), into dgu laid out as gu. */
 typedef struct {
-    float *h, *dg, *du;
-    const float *g, *u, *dh;
+    float *h, *dgu;
+    const float *gu, *dh;
+    size_t I;
 } swiglu_args;
 
-ZR_VEC_CLONES static void swiglu_forward_elems(void *p, size_t i0, size_t i1)
+ZR_VEC_CLONES static void swiglu_forward_rows(void *p, size_t n0, size_t n1)
 {
     const swiglu_args *a = p;
-    for (size_t i = i0; i < i1; i++) {
-        float g = a->g[i];
-        a->h[i] = g / (1.0f + zr_expf(-g)) * a->u[i];
+    size_t I = a->I;
+    for (size_t n = n0; n < n1; n++) {
+        const float *restrict g = a->gu + n * 2 * I, *restrict u = g + I;
+        float *restrict h = a->h + n * I;
+        for (size_t i = 0; i < I; i++)
+            h[i] = g[i] / (1.0f + zr_expf(-g[i])) * u[i];
     }
 }
 
-ZR_VEC_CLONES static void swiglu_backward_elems(void *p, size_t i0, size_t i1)
+ZR_VEC_CLONES static void swiglu_backward_rows(void *p, size_t n0, size_t n1)
 {
     const swiglu_args *a = p;
-    for (size_t i = i0; i < i1; i++) {
-        float g = a->g[i], sg = 1.0f / (1.0f + zr_expf(-g)), d = a->dh[i];
-        a->du[i] = d * g * sg;
-        a->dg[i] = d * a->u[i] * sg * (1.0f + g * (1.0f - sg));
+    size_t I = a->I;
+    for (size_t n = n0; n < n1; n++) {
+        const float *restrict g = a->gu + n * 2 * I, *restrict u = g + I;
+        const float *restrict dh = a->dh + n * I;
+        float *restrict dg = a->dgu + n * 2 * I, *restrict du = dg + I;
+        for (size_t i = 0; i < I; i++) {
+            float sg = 1.0f / (1.0f + zr_expf(-g[i])), d = dh[i];
+            du[i] = d * g[i] * sg;
+            dg[i] = d * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+        }
     }
+}
+
+static void swiglu(const swiglu_args *a, size_t N, int backward)
+{
+    size_t grain = ELEMS_GRAIN / a->I ? ELEMS_GRAIN / a->I : 1;
+    par_for(N, grain, backward ? swiglu_backward_rows : swiglu_forward_rows, (void *)a);
 }
 
 /* ---------------------------------------------------------------- forward and backward */
@@ -539,21 +563,19 @@ static zr__att_geom att_geom(const zr__llama *m)
 /* One block: res3 = res2 + mlp(rms2(res2)), res2 = res + o(attn(rope(qkv(rms1(res))))). */
 static void layer_forward(zr__llama *m, ll_acts *a, const float *res, const float *P)
 {
-    size_t N = m->B * m->T, C = m->C, KVD = m->KVD, I = m->I, QL = m->QL;
+    size_t N = m->B * m->T, C = m->C, I = m->I, QL = m->QL;
     float eps = (float)m->c.norm_eps;
     rmsnorm_forward(a->xn1, a->rstd1, res, P + m->role[R_LN1], N, C, eps);
-    zr__gemm(0, 1, N, C, C, a->xn1, C, P + m->role[R_Q], C, 0.0f, a->qkv, QL);
-    zr__gemm(0, 1, N, KVD, C, a->xn1, C, P + m->role[R_K], C, 0.0f, a->qkv + C, QL);
-    zr__gemm(0, 1, N, KVD, C, a->xn1, C, P + m->role[R_V], C, 0.0f, a->qkv + C + KVD, QL);
+    /* q, k, v in one matmul: their weights are one [QL, C] matrix (fill_offsets) */
+    zr__gemm(0, 1, N, QL, C, a->xn1, C, P + m->role[R_Q], C, 0.0f, a->qkv, QL);
     rope(m, a->qkv, N, m->T, 0);
     zr__att_geom g = att_geom(m);
     zr__attention_forward(&g, a->atty, a->att, a->qkv);
     zr__matmul_forward(a->res2, res, a->atty, P + m->role[R_O], NULL, N, C, C);
     rmsnorm_forward(a->xn2, a->rstd2, a->res2, P + m->role[R_LN2], N, C, eps);
-    zr__gemm(0, 1, N, I, C, a->xn2, C, P + m->role[R_GATE], C, 0.0f, a->gate, I);
-    zr__gemm(0, 1, N, I, C, a->xn2, C, P + m->role[R_UP], C, 0.0f, a->up, I);
-    swiglu_args sa = {a->hmlp, NULL, NULL, a->gate, a->up, NULL};
-    par_for(N * I, ELEMS_GRAIN, swiglu_forward_elems, &sa);
+    zr__gemm(0, 1, N, 2 * I, C, a->xn2, C, P + m->role[R_GATE], C, 0.0f, a->gu, 2 * I);
+    swiglu_args sa = {a->hmlp, NULL, a->gu, NULL, I};
+    swiglu(&sa, N, 0);
     zr__matmul_forward(a->res3, a->res2, a->hmlp, P + m->role[R_DOWN], NULL, N, I, C);
 }
 
@@ -561,16 +583,15 @@ static void layer_forward(zr__llama *m, ll_acts *a, const float *res, const floa
 static void layer_backward(zr__llama *m, const ll_acts *a, const float *res, const float *P,
                            float *G)
 {
-    size_t N = m->B * m->T, C = m->C, KVD = m->KVD, I = m->I, QL = m->QL;
+    size_t N = m->B * m->T, C = m->C, I = m->I, QL = m->QL;
     /* MLP */
-    zr__matmul_backward(m->dI1, G + m->role[R_DOWN], NULL, m->dres, a->hmlp, P + m->role[R_DOWN],
+    zr__matmul_backward(m->dI, G + m->role[R_DOWN], NULL, m->dres, a->hmlp, P + m->role[R_DOWN],
                         N, I, C);
-    swiglu_args sa = {NULL, m->dI1, m->dI2, a->gate, a->up, m->dI1}; /* dg in place of dh */
-    par_for(N * I, ELEMS_GRAIN, swiglu_backward_elems, &sa);
-    zr__gemm(0, 0, N, C, I, m->dI1, I, P + m->role[R_GATE], C, 0.0f, m->dC, C);
-    zr__gemm(0, 0, N, C, I, m->dI2, I, P + m->role[R_UP], C, 1.0f, m->dC, C);
-    zr__gemm(1, 0, I, C, N, m->dI1, I, a->xn2, C, 1.0f, G + m->role[R_GATE], C);
-    zr__gemm(1, 0, I, C, N, m->dI2, I, a->xn2, C, 1.0f, G + m->role[R_UP], C);
+    swiglu_args sa = {NULL, m->dgu, a->gu, m->dI, I};
+    swiglu(&sa, N, 1);
+    /* gate and up as one [2I, C] matrix, as in the forward */
+    zr__gemm(0, 0, N, C, 2 * I, m->dgu, 2 * I, P + m->role[R_GATE], C, 0.0f, m->dC, C);
+    zr__gemm(1, 0, 2 * I, C, N, m->dgu, 2 * I, a->xn2, C, 1.0f, G + m->role[R_GATE], C);
     rmsnorm_backward(m->dres, G + m->role[R_LN2], m->dC, a->res2, a->rstd2, P + m->role[R_LN2],
                      N, C);
     /* attention */
@@ -579,13 +600,9 @@ static void layer_backward(zr__llama *m, const ll_acts *a, const float *res, con
     zr__att_geom g = att_geom(m);
     zr__attention_backward(&g, m->dqkv, m->drow, m->dC, a->qkv, a->att);
     rope(m, m->dqkv, N, m->T, 1);
-    const float *dq = m->dqkv, *dk = m->dqkv + C, *dv = m->dqkv + C + KVD;
-    zr__gemm(0, 0, N, C, C, dq, QL, P + m->role[R_Q], C, 0.0f, m->dC, C);
-    zr__gemm(0, 0, N, C, KVD, dk, QL, P + m->role[R_K], C, 1.0f, m->dC, C);
-    zr__gemm(0, 0, N, C, KVD, dv, QL, P + m->role[R_V], C, 1.0f, m->dC, C);
-    zr__gemm(1, 0, C, C, N, dq, QL, a->xn1, C, 1.0f, G + m->role[R_Q], C);
-    zr__gemm(1, 0, KVD, C, N, dk, QL, a->xn1, C, 1.0f, G + m->role[R_K], C);
-    zr__gemm(1, 0, KVD, C, N, dv, QL, a->xn1, C, 1.0f, G + m->role[R_V], C);
+    /* q, k, v as one [QL, C] matrix, as in the forward */
+    zr__gemm(0, 0, N, C, QL, m->dqkv, QL, P + m->role[R_Q], C, 0.0f, m->dC, C);
+    zr__gemm(1, 0, QL, C, N, m->dqkv, QL, a->xn1, C, 1.0f, G + m->role[R_Q], C);
     rmsnorm_backward(m->dres, G + m->role[R_LN1], m->dC, res, a->rstd1, P + m->role[R_LN1], N,
                      C);
 }
