@@ -273,6 +273,7 @@ typedef struct {
     size_t lda, ldb, ldc;
     float beta;
     float *C;
+    const zr__gemm_hook *pre, *post;
 } gemm_args;
 
 static void gemm_part(void *p, size_t b0, size_t b1)
@@ -292,17 +293,41 @@ static void gemm_part(void *p, size_t b0, size_t b1)
         C += i0 * g->ldc;
         M = i1 - i0;
     }
+    /* the block of C this part owns: rows r0.., columns c0.. */
+    size_t r0 = g->by_cols ? 0 : i0, c0 = g->by_cols ? i0 : 0;
+    if (g->pre)
+        g->pre->fn(g->pre->ctx, r0, r0 + M, c0, c0 + N);
     cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans,
                 g->tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)g->K, 1.0f, A,
                 (int)g->lda, B, (int)g->ldb, g->beta, C, (int)g->ldc);
+    if (g->post)
+        g->post->fn(g->post->ctx, r0, r0 + M, c0, c0 + N);
+}
+
+void zr__gemm_hooked(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
+                     const float *B, size_t ldb, float beta, float *C, size_t ldc,
+                     const zr__gemm_hook *pre, const zr__gemm_hook *post)
+{
+    gemm_args g = {ta, tb, N > M, M, N, K, A, B, lda, ldb, ldc, beta, C, pre, post};
+    size_t n = g.by_cols ? N : M;
+    par_for((n + GEMM_BLOCK - 1) / GEMM_BLOCK, 1, gemm_part, &g);
+}
+
+void zr__elems_hook_fn(void *hook, size_t r0, size_t r1, size_t c0, size_t c1)
+{
+    const zr__elems_hook *h = hook;
+    if (c0 == 0 && c1 == h->ld) { /* whole rows: one range */
+        h->elems(h->ctx, r0 * h->ld, r1 * h->ld);
+        return;
+    }
+    for (size_t r = r0; r < r1; r++)
+        h->elems(h->ctx, r * h->ld + c0, r * h->ld + c1);
 }
 
 void zr__gemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
               const float *B, size_t ldb, float beta, float *C, size_t ldc)
 {
-    gemm_args g = {ta, tb, N > M, M, N, K, A, B, lda, ldb, ldc, beta, C};
-    size_t n = g.by_cols ? N : M;
-    par_for((n + GEMM_BLOCK - 1) / GEMM_BLOCK, 1, gemm_part, &g);
+    zr__gemm_hooked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, NULL, NULL);
 }
 
 /* out[n, :] = (res ? res[n, :] : 0) + bias, the rows a matmul then adds onto */
@@ -312,34 +337,44 @@ typedef struct {
     size_t OC;
 } bias_rows_args;
 
-static void bias_rows(void *p, size_t n0, size_t n1)
+/* the block rows n0..n1, columns j0..j1 of out, before the matmul adds onto it (a gemm_part
+ * fills the block it then computes, while it is in its cache) */
+static void bias_block(void *p, size_t n0, size_t n1, size_t j0, size_t j1)
 {
     const bias_rows_args *a = p;
-    size_t OC = a->OC;
+    size_t OC = a->OC, w = (j1 - j0) * sizeof(float);
     for (size_t n = n0; n < n1; n++) {
-        float *o = a->out + n * OC;
+        float *o = a->out + n * OC + j0;
         if (!a->res && !a->bias) {
-            memset(o, 0, OC * sizeof(float));
+            memset(o, 0, w);
         } else if (!a->res) {
-            memcpy(o, a->bias, OC * sizeof(float));
+            memcpy(o, a->bias + j0, w);
         } else if (!a->bias) {
-            memcpy(o, a->res + n * OC, OC * sizeof(float));
+            memcpy(o, a->res + n * OC + j0, w);
         } else {
             const float *r = a->res + n * OC;
-            for (size_t j = 0; j < OC; j++)
+            for (size_t j = j0; j < j1; j++)
                 o[j] = r[j] + a->bias[j];
         }
     }
 }
 
 /* out[N, OC] = (res ? res : 0) + inp[N, IC] W[OC, IC]^T + (b ? b[OC] : 0): res [N, OC] is the
- * residual the output adds onto (it may not alias out). */
-void zr__matmul_forward(float *out, const float *res, const float *inp, const float *W,
-                           const float *bias, size_t N, size_t IC, size_t OC)
+ * residual the output adds onto (it may not alias out); then post, if any, on each block of
+ * out as soon as it is computed. */
+void zr__matmul_forward_hooked(float *out, const float *res, const float *inp, const float *W,
+                               const float *bias, size_t N, size_t IC, size_t OC,
+                               const zr__gemm_hook *post)
 {
     bias_rows_args a = {out, res, bias, OC};
-    par_for(N, ROWS_GRAIN, bias_rows, &a);
-    zr__gemm(0, 1, N, OC, IC, inp, IC, W, IC, 1.0f, out, OC);
+    zr__gemm_hook pre = {bias_block, &a};
+    zr__gemm_hooked(0, 1, N, OC, IC, inp, IC, W, IC, 1.0f, out, OC, &pre, post);
+}
+
+void zr__matmul_forward(float *out, const float *res, const float *inp, const float *W,
+                        const float *bias, size_t N, size_t IC, size_t OC)
+{
+    zr__matmul_forward_hooked(out, res, inp, W, bias, N, IC, OC, NULL);
 }
 
 /* db[OC] += column sums of dout [N, OC]: split by channel block, rows summed in order */
@@ -363,15 +398,22 @@ ZR_VEC_CLONES static void bias_grad_cols(void *p, size_t b0, size_t b1)
 
 /* dinp[N, IC] = dout W (overwritten); dW[OC, IC] += dout^T inp; db[OC] += column sums (no db:
  * no bias). */
-void zr__matmul_backward(float *dinp, float *dW, float *db, const float *dout,
-                            const float *inp, const float *W, size_t N, size_t IC, size_t OC)
+void zr__matmul_backward_hooked(float *dinp, float *dW, float *db, const float *dout,
+                                const float *inp, const float *W, size_t N, size_t IC, size_t OC,
+                                const zr__gemm_hook *post)
 {
-    zr__gemm(0, 0, N, IC, OC, dout, OC, W, IC, 0.0f, dinp, IC);
+    zr__gemm_hooked(0, 0, N, IC, OC, dout, OC, W, IC, 0.0f, dinp, IC, NULL, post);
     zr__gemm(1, 0, OC, IC, N, dout, OC, inp, IC, 1.0f, dW, IC);
     if (!db)
         return;
     bias_grad_args a = {db, dout, N, OC};
     par_for(col_blocks(OC), 1, bias_grad_cols, &a);
+}
+
+void zr__matmul_backward(float *dinp, float *dW, float *db, const float *dout,
+                         const float *inp, const float *W, size_t N, size_t IC, size_t OC)
+{
+    zr__matmul_backward_hooked(dinp, dW, db, dout, inp, W, N, IC, OC, NULL);
 }
 
 /* Single-threaded sgemm, row-major, for the attention blocks (they run inside a par_for

@@ -530,7 +530,9 @@ ZR_VEC_CLONES static void swiglu_forward_rows(void *p, size_t n0, size_t n1)
     }
 }
 
-ZR_VEC_CLONES static void swiglu_backward_rows(void *p, size_t n0, size_t n1)
+/* rows n0..n1, columns i0..i1 of dh: a gemm hook on the matmul that computes dh */
+ZR_VEC_CLONES static void swiglu_backward_block(void *p, size_t n0, size_t n1, size_t i0,
+                                                size_t i1)
 {
     const swiglu_args *a = p;
     size_t I = a->I;
@@ -538,7 +540,7 @@ ZR_VEC_CLONES static void swiglu_backward_rows(void *p, size_t n0, size_t n1)
         const float *restrict g = a->gu + n * 2 * I, *restrict u = g + I;
         const float *restrict dh = a->dh + n * I;
         float *restrict dg = a->dgu + n * 2 * I, *restrict du = dg + I;
-        for (size_t i = 0; i < I; i++) {
+        for (size_t i = i0; i < i1; i++) {
             float sg = 1.0f / (1.0f + zr_expf(-g[i])), d = dh[i];
             du[i] = d * g[i] * sg;
             dg[i] = d * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
@@ -546,11 +548,7 @@ ZR_VEC_CLONES static void swiglu_backward_rows(void *p, size_t n0, size_t n1)
     }
 }
 
-static void swiglu(const swiglu_args *a, size_t N, int backward)
-{
-    size_t grain = ELEMS_GRAIN / a->I ? ELEMS_GRAIN / a->I : 1;
-    par_for(N, grain, backward ? swiglu_backward_rows : swiglu_forward_rows, (void *)a);
-}
+
 
 /* ---------------------------------------------------------------- forward and backward */
 
@@ -575,7 +573,7 @@ static void layer_forward(zr__llama *m, ll_acts *a, const float *res, const floa
     rmsnorm_forward(a->xn2, a->rstd2, a->res2, P + m->role[R_LN2], N, C, eps);
     zr__gemm(0, 1, N, 2 * I, C, a->xn2, C, P + m->role[R_GATE], C, 0.0f, a->gu, 2 * I);
     swiglu_args sa = {a->hmlp, NULL, a->gu, NULL, I};
-    swiglu(&sa, N, 0);
+    par_for(N, ELEMS_GRAIN / I ? ELEMS_GRAIN / I : 1, swiglu_forward_rows, &sa);
     zr__matmul_forward(a->res3, a->res2, a->hmlp, P + m->role[R_DOWN], NULL, N, I, C);
 }
 
@@ -585,10 +583,11 @@ static void layer_backward(zr__llama *m, const ll_acts *a, const float *res, con
 {
     size_t N = m->B * m->T, C = m->C, I = m->I, QL = m->QL;
     /* MLP */
-    zr__matmul_backward(m->dI, G + m->role[R_DOWN], NULL, m->dres, a->hmlp, P + m->role[R_DOWN],
-                        N, I, C);
+    /* dI, then SwiGLU's backward into dgu on each block of dI once computed */
     swiglu_args sa = {NULL, m->dgu, a->gu, m->dI, I};
-    swiglu(&sa, N, 1);
+    zr__gemm_hook swb = {swiglu_backward_block, &sa};
+    zr__matmul_backward_hooked(m->dI, G + m->role[R_DOWN], NULL, m->dres, a->hmlp,
+                               P + m->role[R_DOWN], N, I, C, &swb);
     /* gate and up as one [2I, C] matrix, as in the forward */
     zr__gemm(0, 0, N, C, 2 * I, m->dgu, 2 * I, P + m->role[R_GATE], C, 0.0f, m->dC, C);
     zr__gemm(1, 0, 2 * I, C, N, m->dgu, 2 * I, a->xn2, C, 1.0f, G + m->role[R_GATE], C);

@@ -642,11 +642,6 @@ ZR_VEC_CLONES static void gelu_forward_elems(void *p, size_t i0, size_t i1)
         out[i] = 0.5f * inp[i] * (1.0f + gelu_tanh(inp[i]));
 }
 
-static void gelu_forward(float *out, const float *inp, size_t n)
-{
-    gelu_args a = {out, inp};
-    par_for(n, ELEMS_GRAIN, gelu_forward_elems, &a);
-}
 
 /* d[i] *= gelu'(inp[i]), in place */
 ZR_VEC_CLONES static void gelu_backward_elems(void *p, size_t i0, size_t i1)
@@ -663,11 +658,6 @@ ZR_VEC_CLONES static void gelu_backward_elems(void *p, size_t i0, size_t i1)
     }
 }
 
-static void gelu_backward(float *d, const float *inp, size_t n)
-{
-    gelu_args a = {d, inp};
-    par_for(n, ELEMS_GRAIN, gelu_backward_elems, &a);
-}
 
 
 /* ---------------------------------------------------------------- forward and backward */
@@ -706,8 +696,12 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
                        C, C);
         layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, TENSOR(P, LN2W),
                           TENSOR(P, LN2B), N, C);
-        zr__matmul_forward(a->fch, NULL, a->ln2, TENSOR(P, FCW), TENSOR(P, FCB), N, C, 4 * C);
-        gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
+        /* GELU on each block of fch as soon as the matmul has computed it */
+        gelu_args ga = {a->fch_gelu, a->fch};
+        zr__elems_hook gh = {gelu_forward_elems, &ga, 4 * C};
+        zr__gemm_hook gelu = {zr__elems_hook_fn, &gh};
+        zr__matmul_forward_hooked(a->fch, NULL, a->ln2, TENSOR(P, FCW), TENSOR(P, FCB), N, C,
+                                  4 * C, &gelu);
         /* res3 = res2 + mlp */
         zr__matmul_forward(a->res3, a->res2, a->fch_gelu, TENSOR(P, FCPROJW), TENSOR(P, FCPROJB),
                        N, 4 * C, C);
@@ -763,9 +757,11 @@ int zr_model_backward(zr_model *m, float scale)
         ZR_TRY(params_get(m, l + 2, &P));
         ZR_TRY(grads_get(m, l + 2, &G));
         /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
-        zr__matmul_backward(m->d4C, TENSOR(G, FCPROJW), TENSOR(G, FCPROJB), m->dres,
-                        a->fch_gelu, TENSOR(P, FCPROJW), N, 4 * C, C);
-        gelu_backward(m->d4C, a->fch, N * 4 * C);
+        gelu_args ga = {m->d4C, a->fch}; /* d4C *= gelu'(fch), on each block once computed */
+        zr__elems_hook gh = {gelu_backward_elems, &ga, 4 * C};
+        zr__gemm_hook gelu = {zr__elems_hook_fn, &gh};
+        zr__matmul_backward_hooked(m->d4C, TENSOR(G, FCPROJW), TENSOR(G, FCPROJB), m->dres,
+                                   a->fch_gelu, TENSOR(P, FCPROJW), N, 4 * C, C, &gelu);
         zr__matmul_backward(m->dC, TENSOR(G, FCW), TENSOR(G, FCB), m->d4C, a->ln2,
                         TENSOR(P, FCW), N, C, 4 * C);
         layernorm_backward(m->dres, TENSOR(G, LN2W), TENSOR(G, LN2B), m->dC, a->res2,

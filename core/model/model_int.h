@@ -61,12 +61,38 @@ int zr__backward_check(int fwd_targets);
 /* C[M, N] = op(A) op(B) + beta C, row-major, on the par_for threads */
 void zr__gemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
               const float *B, size_t ldb, float beta, float *C, size_t ldc);
+/* A hook on the block of C (rows r0..r1, columns c0..c1) one part of a matmul owns, run on the
+ * thread that computes it: pre before its product, post right after (while the block is in that
+ * thread's cache). The blocks are disjoint and cover C; an elementwise hook gives the same bits
+ * as a separate pass over C. */
+typedef struct {
+    void (*fn)(void *ctx, size_t r0, size_t r1, size_t c0, size_t c1);
+    void *ctx;
+} zr__gemm_hook;
+void zr__gemm_hooked(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
+                     const float *B, size_t ldb, float beta, float *C, size_t ldc,
+                     const zr__gemm_hook *pre, const zr__gemm_hook *post);
 /* out[N, OC] = (res ? res : 0) + inp[N, IC] W[OC, IC]^T + (bias ? bias : 0) */
 void zr__matmul_forward(float *out, const float *res, const float *inp, const float *W,
                         const float *bias, size_t N, size_t IC, size_t OC);
 /* dinp[N, IC] = dout W (overwritten); dW += dout^T inp; db (may be NULL) += column sums */
 void zr__matmul_backward(float *dinp, float *dW, float *db, const float *dout, const float *inp,
                          const float *W, size_t N, size_t IC, size_t OC);
+/* An elementwise kernel over flat indices [i0, i1) of a [rows, ld] buffer (a par_for chunk
+ * function) as a gemm hook: zr__elems_hook_fn runs it on each row's part of the block. */
+typedef struct {
+    void (*elems)(void *ctx, size_t i0, size_t i1);
+    void *ctx;
+    size_t ld;
+} zr__elems_hook;
+void zr__elems_hook_fn(void *hook, size_t r0, size_t r1, size_t c0, size_t c1);
+/* the same with post (may be NULL) on each block of out / dinp once computed (see above) */
+void zr__matmul_forward_hooked(float *out, const float *res, const float *inp, const float *W,
+                               const float *bias, size_t N, size_t IC, size_t OC,
+                               const zr__gemm_hook *post);
+void zr__matmul_backward_hooked(float *dinp, float *dW, float *db, const float *dout,
+                                const float *inp, const float *W, size_t N, size_t IC, size_t OC,
+                                const zr__gemm_hook *post);
 
 /* Causal attention over rows of a [N, ld] buffer: query head h at columns [h hs, (h+1) hs),
  * its key and value head h / grp at koff + (h / grp) hs and voff + (h / grp) hs (grp query
