@@ -436,9 +436,8 @@ static void sgemm1(int ta, int tb, size_t M, size_t N, size_t K, float alpha, co
  * with zeros above the diagonal inside the diagonal blocks (columns t < t2 < the block's end),
  * so those products can take whole blocks; columns past the block are never written or read.
  * The backward keeps one dP / dS block on its thread's stack (ATT_BLOCK^2 floats) and never
- * writes att (a second backward of the same forward must see it unchanged). It recomputes
- * y = P v into dq's place to get D (dq is written afterwards), and keeps D in `rows`
- * ([B NH, T]: row bh for pair bh).
+ * writes att (a second backward of the same forward must see it unchanged). It reads y, the
+ * forward's output, for D, and keeps D in `rows` ([B NH, T]: row bh for pair bh).
  *
  * par_for splits the B NH pairs, whose outputs are disjoint (head h owns channels
  * [h hs, (h+1) hs) of q, k, v and y, at the positions of b). Each pair is computed by one
@@ -448,7 +447,7 @@ static void sgemm1(int ta, int tb, size_t M, size_t N, size_t K, float alpha, co
 
 typedef struct {
     float *out, *att, *dqkv, *rows;
-    const float *qkv, *dout;
+    const float *qkv, *dout, *y;
     zr__att_geom g;
 } attention_args;
 
@@ -479,7 +478,7 @@ ZR_VEC_CLONES static void attention_forward_pairs(void *p, size_t bh0, size_t bh
 
 void zr__attention_forward(const zr__att_geom *g, float *out, float *att, const float *qkv)
 {
-    attention_args a = {out, att, NULL, NULL, qkv, NULL, *g};
+    attention_args a = {out, att, NULL, NULL, qkv, NULL, NULL, *g};
     par_for(g->B * g->NH, 1, attention_forward_pairs, &a);
 }
 
@@ -494,15 +493,12 @@ ZR_VEC_CLONES static void attention_backward_head(const attention_args *A, size_
     const float *q = A->qkv + row0 + h * hs, *k = A->qkv + row0 + A->g.koff + kvo;
     const float *v = A->qkv + row0 + A->g.voff + kvo;
     const float *P = A->att + bh * T * T, *dy = A->dout + b * T * C + h * hs;
+    const float *y = A->y + b * T * C + h * hs;
     float *dq = A->dqkv + row0 + h * hs, *dk = A->dqkv + row0 + A->g.koff + kvo;
     float *dv = A->dqkv + row0 + A->g.voff + kvo;
     float *D = A->rows + bh * T;
-    for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) { /* y = P v into dq, then D */
-        size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-        sgemm1(0, 0, r1 - r0, hs, r1, 1.0f, P + r0 * T, T, v, C3, 0.0f, dq + r0 * C3, C3);
-        for (size_t t = r0; t < r1; t++)
-            D[t] = zr__dot8(dy + t * C, dq + t * C3, hs);
-    }
+    for (size_t t = 0; t < T; t++)
+        D[t] = zr__dot8(dy + t * C, y + t * C, hs);
     for (size_t c0 = 0; c0 < T; c0 += ATT_BLOCK) { /* dv[c] = P[c.., c]^T dy[c..] */
         size_t c1 = c0 + ATT_BLOCK < T ? c0 + ATT_BLOCK : T;
         sgemm1(1, 0, c1 - c0, hs, T - c0, 1.0f, P + c0 * T + c0, T, dy + c0 * C, C, b0,
@@ -546,9 +542,9 @@ ZR_VEC_CLONES static void attention_backward_pairs(void *p, size_t p0, size_t p1
 }
 
 void zr__attention_backward(const zr__att_geom *g, float *dqkv, float *rows, const float *dout,
-                            const float *qkv, const float *att)
+                            const float *qkv, const float *att, const float *y)
 {
-    attention_args a = {NULL, (float *)att, dqkv, rows, qkv, dout, *g};
+    attention_args a = {NULL, (float *)att, dqkv, rows, qkv, dout, y, *g};
     par_for(g->B * (g->NH / g->grp), 1, attention_backward_pairs, &a);
 }
 

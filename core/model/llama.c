@@ -597,7 +597,7 @@ static void layer_backward(zr__llama *m, const ll_acts *a, const float *res, con
     zr__matmul_backward(m->dC, G + m->role[R_O], NULL, m->dres, a->atty, P + m->role[R_O], N, C,
                         C);
     zr__att_geom g = att_geom(m);
-    zr__attention_backward(&g, m->dqkv, m->drow, m->dC, a->qkv, a->att);
+    zr__attention_backward(&g, m->dqkv, m->drow, m->dC, a->qkv, a->att, a->atty);
     rope(m, m->dqkv, N, m->T, 1);
     /* q, k, v as one [QL, C] matrix, as in the forward */
     zr__gemm(0, 0, N, C, QL, m->dqkv, QL, P + m->role[R_Q], C, 0.0f, m->dC, C);

@@ -770,7 +770,7 @@ int zr_model_backward(zr_model *m, float scale)
         zr__matmul_backward(m->dC, TENSOR(G, ATTPROJW), TENSOR(G, ATTPROJB), m->dres, a->atty,
                         TENSOR(P, ATTPROJW), N, C, C);
         zr__att_geom ag = {B, T, NH, C / NH, 1, 3 * C, C, 2 * C};
-        zr__attention_backward(&ag, m->dqkv, m->drow, m->dC, a->qkv, a->att);
+        zr__attention_backward(&ag, m->dqkv, m->drow, m->dC, a->qkv, a->att, a->atty);
         zr__matmul_backward(m->dC, TENSOR(G, QKVW), TENSOR(G, QKVB), m->dqkv, a->ln1,
                         TENSOR(P, QKVW), N, C, 3 * C);
         layernorm_backward(m->dres, TENSOR(G, LN1W), TENSOR(G, LN1B), m->dC, res,

@@ -102,9 +102,10 @@ typedef struct {
     size_t B, T, NH, hs, grp, ld, koff, voff;
 } zr__att_geom;
 void zr__attention_forward(const zr__att_geom *g, float *out, float *att, const float *qkv);
-/* dqkv [N, ld] (the q, k, v columns overwritten) from dout [N, NH hs]; rows: [B NH, T] */
+/* dqkv [N, ld] (the q, k, v columns overwritten) from dout [N, NH hs]; rows: [B NH, T]; att
+ * and y [N, NH hs]: what the forward wrote */
 void zr__attention_backward(const zr__att_geom *g, float *dqkv, float *rows, const float *dout,
-                            const float *qkv, const float *att);
+                            const float *qkv, const float *att, const float *y);
 
 /* Rows of logits [N, V] -> probabilities in place; losses[n] = -log p[n, targets[n]]. */
 void zr__softmax_xent_forward(float *probs, float *losses, const int32_t *targets, size_t N,
