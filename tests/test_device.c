@@ -511,7 +511,7 @@ ZT_TEST(device_hostsim_model_matches_cpu_bits)
 
     /* lent parameters (hooks): model_param is NULL, the loss the same bits */
     hs_lender l = {cm, 0, 0};
-    zr_model_hooks hk = {&l, hs_params, hs_params_done, NULL, NULL};
+    zr_model_hooks hk = {.ctx = &l, .params = hs_params, .params_done = hs_params_done};
     ZT_OK(zr_device_model_new(ops, &dm, &c, B, T, &hk));
     ZT_CHECK(ops->model_param(dm, 0) == NULL && ops->model_grad(dm, 0) != NULL);
     ops->model_bytes(dm, &pb, &gb, NULL);

@@ -642,15 +642,23 @@ int zr__llama_backward(zr__llama *m, float scale)
     size_t N = m->B * m->T, L = m->L, C = m->C, hg = head_group(m);
     const zr_model_hooks *h = &m->h;
     const float *P, *res_last = L ? m->layer[L - 1].res3 : m->encoded;
-    float *G, *demb = NULL;
-    /* head; a tied head's gradient is the embedding's, kept until the embedding adds to it */
+    float *G = NULL, *demb = NULL;
+    /* head; a tied head's gradient is the embedding's, kept until the embedding adds to it.
+     * A gradient the hooks lend in pieces is added piece by piece: an untied head's right
+     * away, the embedding's (with a tied head's) at the end. */
+    int ph = zr__grad_piece_rows(h, hg, C) > 0, pe = zr__grad_piece_rows(h, 0, C) > 0;
+    zr__grad_src src = {N, C, m->V, m->T, m->probs, m->xnf, m->targets, m->dlogits,
+                        m->dlogits_rows, scale / (float)N, NULL, NULL};
     ZR_TRY(zr__params_get(h, own_param(m, hg), hg, &P));
-    ZR_TRY(zr__grads_get(h, own_grad(m, hg), hg, &G));
+    if (!ph)
+        ZR_TRY(zr__grads_get(h, own_grad(m, hg), hg, &G));
     zr__head_backward(m->dC, G, m->dlogits, m->dlogits_rows, m->probs, m->targets, P, m->xnf, N,
                       C, m->V, scale / (float)N);
     ZR_TRY(zr__params_put(h, hg));
     if (m->c.tied)
         demb = G;
+    else if (ph)
+        ZR_TRY(zr__grad_pieces(h, hg, &src));
     else
         ZR_TRY(zr__grads_put(h, hg));
     zr__par_zero(m->dres, N * C);
@@ -665,6 +673,13 @@ int zr__llama_backward(zr__llama *m, float scale)
         layer_backward(m, &m->layer[l], l ? m->layer[l - 1].res3 : m->encoded, P, G);
         ZR_TRY(zr__params_put(h, l + 1));
         ZR_TRY(zr__grads_put(h, l + 1));
+    }
+    if (pe) { /* the embedding's rows (and a tied head's) piece by piece */
+        if (!m->c.tied)
+            src.probs = NULL;
+        src.dout = m->dres;
+        src.inp = m->inputs;
+        return zr__grad_pieces(h, 0, &src);
     }
     if (!demb)
         ZR_TRY(zr__grads_get(h, own_grad(m, 0), 0, &demb));

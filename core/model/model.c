@@ -476,7 +476,7 @@ static void encoder_forward(float *out, const int32_t *inp, const float *wte, co
 }
 
 /* dwte[inp[n], :] += dout[n, :], dwpe[n % T, :] += dout[n, :]: split by channel, each chunk
- * adding every position in order (repeated tokens add to the same row). */
+ * adding every position in order (repeated tokens add to the same row); either may be NULL. */
 typedef struct {
     float *dwte, *dwpe;
     const float *dout;
@@ -490,10 +490,17 @@ static void encoder_backward_cols(void *p, size_t b0, size_t b1)
     size_t C = a->C, i0 = b0 * COLS_BLOCK, i1 = b1 * COLS_BLOCK < C ? b1 * COLS_BLOCK : C;
     for (size_t n = 0; n < a->N; n++) {
         const float *d = a->dout + n * C;
-        float *dwe = a->dwte + (size_t)a->inp[n] * C, *dpe = a->dwpe + (n % a->T) * C;
-        for (size_t i = i0; i < i1; i++) {
-            dwe[i] += d[i];
-            dpe[i] += d[i];
+        float *dwe = a->dwte ? a->dwte + (size_t)a->inp[n] * C : NULL;
+        float *dpe = a->dwpe ? a->dwpe + (n % a->T) * C : NULL;
+        if (dwe && dpe) {
+            for (size_t i = i0; i < i1; i++) {
+                dwe[i] += d[i];
+                dpe[i] += d[i];
+            }
+        } else if (dwe || dpe) { /* the other comes in pieces (zr__grad_pieces) */
+            float *dst = dwe ? dwe : dpe;
+            for (size_t i = i0; i < i1; i++)
+                dst[i] += d[i];
         }
     }
 }
@@ -501,6 +508,8 @@ static void encoder_backward_cols(void *p, size_t b0, size_t b1)
 static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp,
                              size_t B, size_t T, size_t C)
 {
+    if (!dwte && !dwpe)
+        return;
     encoder_bwd_args a = {dwte, dwpe, dout, inp, B * T, T, C};
     par_for(col_blocks(C), 1, encoder_backward_cols, &a);
 }
@@ -742,9 +751,13 @@ int zr_model_backward(zr_model *m, float scale)
 
     /* head, in chunks of rows: dlogits = scale (probs - onehot) / N; dlnf = dlogits wte
      * (into dC); dwte += dlogits^T lnf. wte's gradient buffer stays until the embedding's
-     * backward adds its second contribution. */
+     * backward adds its second contribution; or, when the hooks lend wte's gradient in pieces,
+     * both contributions are added piece by piece at the end. */
+    int pw = zr__grad_piece_rows(&m->h, 0, C) > 0, pp = zr__grad_piece_rows(&m->h, 1, C) > 0;
+    dwte = dwpe = NULL;
     ZR_TRY(params_get(m, 0, &wte));
-    ZR_TRY(grads_get(m, 0, &dwte));
+    if (!pw)
+        ZR_TRY(grads_get(m, 0, &dwte));
     zr__head_backward(m->dC, dwte, m->dlogits, m->dlogits_rows, m->probs, m->targets, wte,
                       m->lnf, N, C, V, scale / (float)N);
     ZR_TRY(params_put(m, 0));
@@ -782,9 +795,12 @@ int zr_model_backward(zr_model *m, float scale)
         ZR_TRY(params_put(m, l + 2));
         ZR_TRY(grads_put(m, l + 2));
     }
-    ZR_TRY(grads_get(m, 1, &dwpe));
+    if (!pp)
+        ZR_TRY(grads_get(m, 1, &dwpe));
     encoder_backward(dwte, dwpe, m->dres, m->inputs, B, T, C);
-    ZR_TRY(grads_put(m, 1));
-    ZR_TRY(grads_put(m, 0));
-    return 0;
+    zr__grad_src src = {N, C, m->c.ctx, T, NULL, NULL, NULL, NULL, 0, 0.0f, m->dres, NULL};
+    ZR_TRY(pp ? zr__grad_pieces(&m->h, 1, &src) : grads_put(m, 1));
+    src = (zr__grad_src){N, C, V, T, m->probs, m->lnf, m->targets, m->dlogits, m->dlogits_rows,
+                         scale / (float)N, m->dres, m->inputs};
+    return pw ? zr__grad_pieces(&m->h, 0, &src) : grads_put(m, 0);
 }

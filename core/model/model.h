@@ -110,6 +110,14 @@ int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B);
  * a ZR_E* code with the error set, which the forward or backward returns. Either pair may be
  * NULL: then that side lives in the model's own arena (zr_model_param/grad return NULL for a
  * side that is lent).
+ * Pieces (optional, all three or none, with grads): grad_piece_numel says how many elements of
+ * group g's gradient one piece may hold (0: none, grads lends the whole group). An embedding
+ * (GPT-2's wte and wpe, Llama's embed_tokens, and lm_head) whose group has pieces gets its
+ * gradient in pieces of whole rows at the end of the backward instead: grad_piece lends a
+ * zeroed buffer for elements [off, off + n) of the group, the model adds every contribution
+ * to those rows into it (the head's and the embedding's, in the order and with the bits of
+ * the whole buffer), and grad_piece_done says the piece is complete. Pieces come in order and
+ * one at a time.
  */
 typedef struct {
     void *ctx;
@@ -117,6 +125,9 @@ typedef struct {
     int (*params_done)(void *ctx, size_t g);
     int (*grads)(void *ctx, size_t g, float **out);
     int (*grads_done)(void *ctx, size_t g);
+    uint64_t (*grad_piece_numel)(void *ctx, size_t g);
+    int (*grad_piece)(void *ctx, size_t g, uint64_t off, uint64_t n, float **out);
+    int (*grad_piece_done)(void *ctx, size_t g, uint64_t off, uint64_t n);
 } zr_model_hooks;
 /* As zr_model_new, activations sized for max_T <= ctx tokens per sequence, with hooks (or
  * NULL). */

@@ -44,6 +44,10 @@ static inline int zr__new_problem(char *why, size_t cap, size_t max_B, size_t ma
              (!hooks->params != !hooks->params_done || !hooks->grads != !hooks->grads_done))
         snprintf(why, cap, "model: hooks come in pairs (params with params_done, grads with "
                            "grads_done)");
+    else if (hooks && (!hooks->grad_piece_numel != !hooks->grad_piece ||
+                       !hooks->grad_piece != !hooks->grad_piece_done ||
+                       (hooks->grad_piece && !hooks->grads)))
+        snprintf(why, cap, "model: the gradient piece hooks come together, and with grads");
     else
         return 0;
     return 1;

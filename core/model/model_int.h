@@ -85,10 +85,28 @@ void zr__softmax_xent_forward(float *probs, float *losses, const int32_t *target
                               size_t V);
 /* The head's backward in chunks of rows of the dlogits scratch ([rows_cap, V]):
  * dlogits = k (probs - onehot(targets)); dx [N, C] = dlogits W (overwritten);
- * dW [V, C] += dlogits^T x. */
+ * dW [V, C] += dlogits^T x (dW NULL: not computed). */
 void zr__head_backward(float *dx, float *dW, float *dlogits, size_t rows_cap, const float *probs,
                        const int32_t *targets, const float *W, const float *x, size_t N,
                        size_t C, size_t V, float k);
+/* The gradient of a group of V rows of C (an embedding, a head, or both when tied) in the
+ * pieces the hooks lend (model.h): the head's dW rows from the forward's probs (k, targets, x,
+ * the dlogits scratch of rows_cap rows; probs NULL: no head), then the embedding's rows from
+ * dout (the gradient at its output [N, C]: row inp[n], or n mod T without inp; dout NULL: no
+ * embedding). zr__grad_piece_rows: rows per piece (a multiple of the 64-row blocks the
+ * head's gradient is computed in), 0 when group g has none. */
+typedef struct {
+    size_t N, C, V, T;
+    const float *probs, *x;
+    const int32_t *targets;
+    float *dlogits;
+    size_t rows_cap;
+    float k;
+    const float *dout;
+    const int32_t *inp;
+} zr__grad_src;
+uint64_t zr__grad_piece_rows(const zr_model_hooks *h, size_t g, size_t C);
+int zr__grad_pieces(const zr_model_hooks *h, size_t g, const zr__grad_src *s);
 /* the dlogits scratch rows for N positions of vocabulary V (at most 64 MiB, at least 1 row) */
 size_t zr__dlogits_rows(size_t N, size_t V);
 
