@@ -283,10 +283,10 @@ static const zcli_opt zrun_table[] = {
     ZCLI_INTEGER(U32, "--prefetch", o.prefetch, "N", 0, 64, NULL,
                  "stage 3: group gathers in flight ahead of use"),
     ZCLI_INTEGER(U64, "--max-live-params", o.max_live_params, "N", 0, UINT64_MAX,
-                 "0, the rank's partition",
+                 "0, a quarter of the rank's partition",
                  "stages 2-3 on the CPU: parameters the ordinary gather and gradient buffers hold "
                  "together at most (at least two gathers and two gradients; --prefetch is cut to "
-                 "fit; the embeddings keep buffers of their own)"),
+                 "fit; the embeddings' gradients come in pieces of a gradient buffer)"),
     ZCLI_ENUM("--log-ranks", log_all, ranks_names, ranks_values, NULL,
               "0: rank 0's output; all: every rank's, prefixed"),
     ZCLI_INTEGER(U32, "--nnodes", no.nnodes, "N", 1, 1024, NULL,

@@ -15,6 +15,10 @@
 
 #define QCAP 256           /* comm ops queued at most (the issuer waits for room) */
 #define GRAD_SLOTS 3       /* stage 2-3: gradient buffers of ordinary groups */
+/* the default parameter budget of the ordinary buffers: the rank's partition / this, so that at
+ * stage 3 they stay below a sixteenth of its model states (16 bytes per parameter) unless the
+ * minimum of two gather and two gradient buffers is more */
+#define DEFAULT_BUDGET_DIV 4
 #define BIG_ARRAY (4u << 20) /* arrays from this many bytes up are 2 MiB aligned, THP advised */
 
 /* A group's own buffers, when larger than a slot, and what the model holds now. A big group's
@@ -123,7 +127,7 @@ static void slot_counts(const zr_zhost *z, size_t *np, size_t *ng)
     *np = *ng = 0;
     if (s < 2)
         return;
-    uint64_t budget = z->live_params ? z->live_params : z->b.sum_P;
+    uint64_t budget = z->live_params ? z->live_params : z->b.sum_P / DEFAULT_BUDGET_DIV;
     uint64_t fit = z->b.slot ? budget / z->b.slot : GRAD_SLOTS + z->b.prefetch + 2;
     if (s == 3) {
         size_t want = z->b.prefetch + 2;
