@@ -459,17 +459,18 @@ static void pieces_run(jlog *j, const char *model, int s, const char *dir)
     ZT_CHECK_EQ(j->n, 3);
 }
 
-/* Embeddings larger than a layer (GPT-2's wte and wpe, a tied Llama's embed_tokens) get their
- * gradient in pieces of an ordinary gradient slot at stages 2-3 (16 and 2 pieces for GPT-2's
- * here, 16 for Llama's), not in a buffer of their own: the same bits as stage 0's whole
- * buffers, every loss and every state of the checkpoint, and stage 2's buffers smaller than
- * one embedding. */
+/* Embeddings larger than a layer (GPT-2's wte and wpe, Llama's embed_tokens and an untied
+ * lm_head) get their gradient in pieces of an ordinary gradient slot at stages 2-3 (11 and 2
+ * pieces for GPT-2's here, 16 for each of Llama's), not in a buffer of their own: the same
+ * bits as stage 0's whole buffers, every loss and every state of the checkpoint, and stage 2's
+ * buffers smaller than one embedding. */
 ZT_TEST(zero_embedding_gradient_in_pieces)
 {
     static const char *models[] = {
         "gpt2:layers=2,heads=2,dim=32,ctx=512,vocab=4096",
-        "llama:layers=2,heads=2,kv_heads=1,dim=32,ffn=64,ctx=64,vocab=4096,tied=1"};
-    for (size_t i = 0; i < 2; i++) {
+        "llama:layers=2,heads=2,kv_heads=1,dim=32,ffn=64,ctx=64,vocab=4096,tied=1",
+        "llama:layers=2,heads=2,kv_heads=1,dim=32,ffn=64,ctx=64,vocab=4096,tied=0"};
+    for (size_t i = 0; i < 3; i++) {
         static jlog ref, j;
         char d0[32], d[32];
         snprintf(d0, sizeof d0, "m%zu-s0", i);
