@@ -34,9 +34,9 @@
 #define INIT_STD 0.02f /* Hugging Face's initializer_range */
 
 /* The roles of a layer's tensors, bound by name to the family table's. */
-enum { R_LN1 = ZR__LL_LN1, R_Q = ZR__LL_Q, R_K = ZR__LL_K, R_V = ZR__LL_V, R_O = ZR__LL_O,
-       R_LN2 = ZR__LL_LN2, R_GATE = ZR__LL_GATE, R_UP = ZR__LL_UP, R_DOWN = ZR__LL_DOWN,
-       R_COUNT = ZR__LL_ROLES };
+enum { R_LN1 = ZR_LL_LN1, R_Q = ZR_LL_Q, R_K = ZR_LL_K, R_V = ZR_LL_V, R_O = ZR_LL_O,
+       R_LN2 = ZR_LL_LN2, R_GATE = ZR_LL_GATE, R_UP = ZR_LL_UP, R_DOWN = ZR_LL_DOWN,
+       R_COUNT = ZR_LL_ROLES };
 static const char *const role_names[R_COUNT] = {
     "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.k_proj.weight",
     "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
@@ -208,7 +208,7 @@ void zr__llama_rope_table(float *cos_t, float *sin_t, size_t T, size_t hd, doubl
         }
 }
 
-int zr__llama_offsets_get(zr__llama_offsets *out, const zr_config *c)
+int zr_llama_offsets_get(zr_llama_offsets *out, const zr_config *c)
 {
     zr__llama m;
     memset(&m, 0, sizeof m);
@@ -219,6 +219,7 @@ int zr__llama_offsets_get(zr__llama_offsets *out, const zr_config *c)
     out->layer_numel = m.goff[2] - m.goff[1];
     out->norm = m.goff[m.L + 1];
     out->head = m.goff[head_group(&m)];
+    out->numel = m.goff[m.n_groups];
     memcpy(out->role, m.role, sizeof out->role);
     free(m.goff);
     return 0;

@@ -1,6 +1,6 @@
 /*
  * model.cu: GPT-2 on the GPU with zr_model's contract (zr.h; device.h says what differs):
- * the same groups and tensor offsets (zr_gpt2_offsets, handed over by the host: the table of
+ * the same groups and tensor offsets (zr_model_offsets' GPT-2 part, handed over by the host: the table of
  * names and shapes is ckpt's, never restated here), the same hooks and fetch order, the same
  * forward (mean cross-entropy) and backward(scale) adding into fp32 gradients.
  *
@@ -54,7 +54,7 @@ typedef struct {
 } layer_acts;
 
 struct zr_dev_model {
-    zr_gpt2_config c;
+    zr_config c;
     size_t max_B, max_T, max_N, Vp, xent_rows;
     zr_model_hooks h;
     zr_gpt2_offsets off; /* from the host (the layout of ckpt's family table) */
@@ -343,7 +343,7 @@ static size_t acts_layout(zr_dev_model *m, unsigned char *base, double *total)
     return off;
 }
 
-static void setup_shape(zr_dev_model *m, const zr_gpt2_config *c, const zr_gpt2_offsets *off,
+static void setup_shape(zr_dev_model *m, const zr_config *c, const zr_gpt2_offsets *off,
                         size_t max_B, size_t max_T)
 {
     m->c = *c;
@@ -355,22 +355,27 @@ static void setup_shape(zr_dev_model *m, const zr_gpt2_config *c, const zr_gpt2_
     m->off = *off;
 }
 
-uint64_t zrc_activation_bytes(const zr_gpt2_config *c, const zr_gpt2_offsets *off, size_t max_B,
+uint64_t zrc_activation_bytes(const zr_config *c, const zr_model_offsets *off, size_t max_B,
                               size_t max_T)
 {
+    if (off->family != ZR_FAMILY_GPT2)
+        return zrc_llama_activation_bytes(c, &off->llama, max_B, max_T);
     zr_dev_model m;
     memset(&m, 0, sizeof m);
-    setup_shape(&m, c, off, max_B, max_T);
+    setup_shape(&m, c, &off->gpt2, max_B, max_T);
     double total;
     return acts_layout(&m, NULL, &total);
 }
 
 /* ---------------------------------------------------------------- construction */
 
-int zrc_model_new(zr_dev_model **out, const zr_gpt2_config *c, const zr_gpt2_offsets *off,
+int zrc_model_new(zr_dev_model **out, const zr_config *c, const zr_model_offsets *moff,
                   size_t max_B, size_t max_T, const zr_model_hooks *hooks)
 {
     *out = NULL;
+    if (moff->family != ZR_FAMILY_GPT2 || c->family != ZR_FAMILY_GPT2)
+        return zrc_llama_new(out, c, moff, max_B, max_T, hooks);
+    const zr_gpt2_offsets *off = &moff->gpt2;
     char why[160];
     if (zr__config_problem(why, sizeof why, c) ||
         zr__new_problem(why, sizeof why, max_B, max_T, c->ctx, hooks))

@@ -174,9 +174,9 @@ size_t zrc_token_plan(const int32_t *tok, size_t N, size_t V, int32_t *pos, int3
 
 /* ---------------------------------------------------------------- model (model.cu) */
 
-uint64_t zrc_activation_bytes(const zr_gpt2_config *c, const zr_gpt2_offsets *off, size_t max_B,
+uint64_t zrc_activation_bytes(const zr_config *c, const zr_model_offsets *off, size_t max_B,
                               size_t max_T);
-int zrc_model_new(zr_dev_model **out, const zr_gpt2_config *c, const zr_gpt2_offsets *off,
+int zrc_model_new(zr_dev_model **out, const zr_config *c, const zr_model_offsets *off,
                   size_t max_B, size_t max_T, const zr_model_hooks *hooks);
 void zrc_model_free(zr_dev_model *m);
 zr_dev_stream *zrc_model_stream(zr_dev_model *m);
@@ -193,6 +193,15 @@ int zrc_model_loss(zr_dev_model *m, float *loss);
 int zrc_model_backward(zr_dev_model *m, float scale);
 int zrc_model_probs(zr_dev_model *m, float *host_dst);
 void zrc_model_bytes(const zr_dev_model *m, uint64_t *params, uint64_t *grads, uint64_t *acts);
+
+/* ---------------------------------------------------------------- Llama (llama.cu) */
+
+/* The Llama family's model behind the same zrc_model_* calls (model.cu hands a Llama config
+ * over to these). */
+uint64_t zrc_llama_activation_bytes(const zr_config *c, const zr_llama_offsets *off,
+                                    size_t max_B, size_t max_T);
+int zrc_llama_new(zr_dev_model **out, const zr_config *c, const zr_model_offsets *off,
+                  size_t max_B, size_t max_T, const zr_model_hooks *hooks);
 
 /* ---------------------------------------------------------------- communicator (nccl.cu) */
 
