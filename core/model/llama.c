@@ -18,6 +18,7 @@
  * (a row of q, k, v side by side).
  */
 #include "model_int.h"
+#include "model_check.h"
 #include "par.h"
 
 #include "fastmath.h" /* zr_expf */
@@ -199,13 +200,7 @@ out:
  * i + hd/2 of a head turn by the same angle). */
 void zr__llama_rope_table(float *cos_t, float *sin_t, size_t T, size_t hd, double theta)
 {
-    size_t half = hd / 2;
-    for (size_t t = 0; t < T; t++)
-        for (size_t i = 0; i < half; i++) {
-            double f = pow(theta, -(double)(2 * i) / (double)hd);
-            cos_t[t * half + i] = (float)cos((double)t * f);
-            sin_t[t * half + i] = (float)sin((double)t * f);
-        }
+    zr__rope_table(cos_t, sin_t, T, hd, theta); /* model_check.h: shared with the device */
 }
 
 int zr_llama_offsets_get(zr_llama_offsets *out, const zr_config *c)
