@@ -223,24 +223,6 @@ int zr_gpt2_offsets_get(zr_gpt2_offsets *out, const zr_gpt2_config *c)
     return rc;
 }
 
-int zr_model_offsets_get(zr_model_offsets *out, const zr_config *c)
-{
-    zr_model_offsets o;
-    memset(&o, 0, sizeof o); /* compared with memcmp (hostsim): no stray padding bytes */
-    o.family = c->family;
-    if (c->family == ZR_FAMILY_LLAMA) {
-        ZR_TRY(zr_llama_offsets_get(&o.llama, c));
-        o.n_groups = c->layers + (c->tied ? 2u : 3u);
-        o.numel = o.llama.numel;
-    } else {
-        ZR_TRY(zr_gpt2_offsets_get(&o.gpt2, c));
-        o.n_groups = c->layers + 3u;
-        o.numel = o.gpt2.numel;
-    }
-    *out = o;
-    return 0;
-}
-
 /* The groups and tensors of a checkpoint's layout against the model's (states aside). */
 int zr_gpt2_layout_check(const zck_layout *ck, const zck_layout *want, const char *path)
 {

@@ -220,6 +220,25 @@ int zr_llama_offsets_get(zr_llama_offsets *out, const zr_config *c)
     return 0;
 }
 
+/* Either family's offsets (here rather than in config.c, which llama.c calls). */
+int zr_model_offsets_get(zr_model_offsets *out, const zr_config *c)
+{
+    zr_model_offsets o;
+    memset(&o, 0, sizeof o); /* compared with memcmp (hostsim): no stray padding bytes */
+    o.family = c->family;
+    if (c->family == ZR_FAMILY_LLAMA) {
+        ZR_TRY(zr_llama_offsets_get(&o.llama, c));
+        o.n_groups = c->layers + (c->tied ? 2u : 3u);
+        o.numel = o.llama.numel;
+    } else {
+        ZR_TRY(zr_gpt2_offsets_get(&o.gpt2, c));
+        o.n_groups = c->layers + 3u;
+        o.numel = o.gpt2.numel;
+    }
+    *out = o;
+    return 0;
+}
+
 static int check_new(const zr_config *c, size_t max_B, size_t max_T, const zr_model_hooks *hooks)
 {
     ZR_TRY(zr__check_new(max_B, max_T, c->ctx, hooks));

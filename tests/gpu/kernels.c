@@ -6,11 +6,13 @@
  *     in double precision, on random inputs of awkward sizes (not multiples of 32, T = 1,
  *     odd vocabularies, several chunks in the head);
  *   - AdamW and the sum of squares: the same bits as zr_adamw_update and zr_sumsq;
- *   - the device model against the CPU model (core/model/model.c through zr_model): loss,
+ *   - the device model against the CPU model (core/model/model.c through zr_model; for the
+ *     Llama family, core/device/cuda/llama.cu against core/model/llama.c, "llama"): loss,
  *     probabilities, every group's gradient; determinism; the hooks (fetch order, at most two
  *     groups lent at once, the same results as the own arenas); accumulation; argument errors;
  *   - 30 training steps (device model + device AdamW and norm clipping, against zr_model +
- *     zr_adamw_update, the same loop here): the losses agree within bf16 tolerance;
+ *     zr_adamw_update, the same loop here): the losses agree within bf16 tolerance (GPT-2,
+ *     then Llama);
  *   - the NCCL communicator at world 1, and at world 2 when two GPUs are visible (two
  *     processes: this program again with --nccl-child).
  *
@@ -604,10 +606,10 @@ static void check_groups(const char *what, const zr_model *cpu, const float *got
     }
 }
 
-static void test_model(void)
+/* the device model of c's family (GPT-2: model.cu; Llama: llama.cu) against the CPU's */
+static void test_model(zr_config c, size_t B, size_t T)
 {
-    zr_gpt2_config c = ZR_GPT2(2, 4, 64, 32, 97);
-    size_t B = 3, T = 29, N = B * T;
+    size_t N = B * T;
     zr_model *cpu;
     OK(zr_model_new_ext(&cpu, &c, B, T, NULL));
     zr_model_init_weights(cpu, 7);
@@ -752,9 +754,8 @@ static void tensors_of(tensor_list *tl, const zr_gpt2_config *c)
     zck_layout_free(L);
 }
 
-static void test_training(void)
+static void test_training(zr_config c)
 {
-    zr_gpt2_config c = ZR_GPT2(2, 4, 64, 64, 256);
     size_t B = 8, T = 64, N = B * T, steps = 30;
     float lr = 3e-3f, clip = 1.0f;
     zr_adamw_hp hp = ZR_ADAMW_HP_INIT;
@@ -1021,9 +1022,29 @@ int main(int argc, char **argv)
     if (wanted("sumsq"))
         test_sumsq();
     if (wanted("model"))
-        test_model();
+        test_model((zr_config)ZR_GPT2(2, 4, 64, 32, 97), 3, 29);
     if (wanted("training"))
-        test_training();
+        test_training((zr_config)ZR_GPT2(2, 4, 64, 64, 256));
+    /* Llama (llama.cu): grouped-query attention with 2 and with 4 query heads a KV head,
+     * untied and tied head, odd vocabulary and sequence; then 30 training steps */
+    if (wanted("llama")) {
+        static const char *const specs[2] = {
+            "llama:layers=2,heads=4,kv_heads=2,dim=64,ffn=96,ctx=32,vocab=97",
+            "llama:layers=3,heads=8,kv_heads=2,dim=128,ffn=200,ctx=40,vocab=131,tied=1,"
+            "rope_theta=500000",
+        };
+        for (int i = 0; i < 2; i++) {
+            zr_config lc;
+            OK(zr_gpt2_config_parse(&lc, specs[i]));
+            printf("== llama model %s\n", specs[i]);
+            test_model(lc, i ? 2 : 3, i ? 37 : 29);
+        }
+        zr_config lt;
+        OK(zr_gpt2_config_parse(&lt, "llama:layers=2,heads=4,kv_heads=2,dim=64,ffn=176,ctx=64,"
+                                     "vocab=256"));
+        printf("== llama training\n");
+        test_training(lt);
+    }
     if (wanted("nccl")) {
         char self[4096];
         ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);

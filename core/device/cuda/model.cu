@@ -1,5 +1,9 @@
 /*
- * model.cu: GPT-2 on the GPU with zr_model's contract (zr.h; device.h says what differs):
+ * model.cu: the device model (devmodel.h) and GPT-2 on it. What does not depend on the family
+ * (construction, arenas, hooks, token staging, the chunked head and its backward, the groups,
+ * the matmul helpers) is here and shared with the Llama family's llama.cu, which the
+ * zrc_model_* calls hand a Llama to. GPT-2 on the GPU with zr_model's contract (zr.h; device.h
+ * says what differs):
  * the same groups and tensor offsets (zr_model_offsets' GPT-2 part, handed over by the host: the table of
  * names and shapes is ckpt's, never restated here), the same hooks and fetch order, the same
  * forward (mean cross-entropy) and backward(scale) adding into fp32 gradients.
