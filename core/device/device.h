@@ -94,6 +94,20 @@ typedef struct zr_device_kernels {
     int (*classifier)(float *losses, float *probs, float *dlnf, float *dwte, const float *lnf,
                       const float *wte, const int32_t *targets_host, size_t N, size_t C,
                       size_t V, float scale, size_t chunk_rows);
+    /* Llama (llama.c's shapes: H query heads, KV key/value heads, hd = C / H, QL = C + 2 KV hd).
+     * RMSNorm: out[N,C] (bf16-rounded), rstd[N] out; backward from dout: dinp +=, dw += */
+    int (*rmsnorm)(float *out, float *rstd, float *dinp, float *dw, const float *inp,
+                   const float *w, const float *dout, size_t N, size_t C, float eps);
+    /* the attention path of a layer: rows qkv[N, QL] (q, k, v before the rotation; rounded to
+     * bf16 after it) -> rotary positions of base theta on q and k -> causal grouped-query
+     * attention: y[N, C] out, att[B, H, T, T] out; backward from dy[N, C]: dqkv[N, QL] (the
+     * gradient of the rows before the rotation, overwritten) */
+    int (*rope_attention)(float *y, float *att, float *dqkv, const float *qkv, const float *dy,
+                          size_t B, size_t T, size_t C, size_t H, size_t KV, double theta);
+    /* SwiGLU: h[n] = silu(g) u (bf16-rounded; g and u are fp32, kept rounded to bf16 for the
+     * backward); backward from dh: dg, du (overwritten) */
+    int (*swiglu)(float *h, float *dg, float *du, const float *g, const float *u,
+                  const float *dh, size_t n);
 } zr_device_kernels;
 
 typedef struct zr_device_ops {

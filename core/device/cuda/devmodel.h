@@ -106,6 +106,11 @@ int zrc_mm_dw(cublasHandle_t h, float *dW, const bf16 *dout, size_t ldd, const b
 /* Next buffer of an arena (base NULL: only counts); *total in double for overflow checks. */
 void *zrc_carve(unsigned char *base, size_t *off, double *total, size_t bytes);
 #define ZRC_CARVE(type, n) ((type *)zrc_carve(base, &off, total, (size_t)(n) * sizeof(type)))
+/* The buffers both families carve alike (the final norm's output and 1 / rms or rstd, the
+ * head's, the tokens, the weight slot, attention scratch of att elements, the residual
+ * stream's gradients), from *off on. */
+void zrc_carve_common(zr_dev_model *m, unsigned char *base, size_t *off, double *total,
+                      size_t att);
 
 /* Where group g starts in an arena (either family). */
 uint64_t zrc_group_offset(const zr_dev_model *m, size_t g);

@@ -206,10 +206,10 @@ size_t row_chunks(size_t N)
     return R < 1 ? 1 : R > 64 ? 64 : R;
 }
 
-/* block (32 columns, chunk r), threads (32, 8): thread (tx, ty) sums rows n0+ty, n0+ty+8, ...
- * of column c; the 8 partial sums are added in ty order */
-template <typename T>
-__global__ void k_colsum_partial(float *partial, const T *x, size_t N, size_t OC, size_t R)
+/* block (32 columns, chunk r), threads (32, 8): thread (tx, ty) sums f(n, c) over rows n0+ty,
+ * n0+ty+8, ... of column c; the 8 partial sums are added in ty order */
+template <typename F>
+__global__ void k_colsum_partial(float *partial, F f, size_t N, size_t OC, size_t R)
 {
     __shared__ float sh[8][33];
     unsigned tx = threadIdx.x, ty = threadIdx.y;
@@ -218,7 +218,7 @@ __global__ void k_colsum_partial(float *partial, const T *x, size_t N, size_t OC
     float acc = 0.0f;
     if (c < OC)
         for (size_t n = n0 + ty; n < n1; n += 8)
-            acc += tof(x[n * OC + c]);
+            acc += f(n, c);
     sh[ty][tx] = acc;
     __syncthreads();
     if (ty == 0 && c < OC) {
@@ -228,6 +228,21 @@ __global__ void k_colsum_partial(float *partial, const T *x, size_t N, size_t OC
         partial[r * OC + c] = s;
     }
 }
+
+/* the summands: a matrix's elements (bias gradients), the RMSNorm's d x r (its dw) */
+template <typename T> struct elem_of {
+    const T *x;
+    size_t OC;
+    __device__ float operator()(size_t n, size_t c) const { return tof(x[n * OC + c]); }
+};
+struct rms_dw_of {
+    const float *d, *x, *r;
+    size_t C;
+    __device__ float operator()(size_t n, size_t c) const
+    {
+        return d[n * C + c] * x[n * C + c] * r[n];
+    }
+};
 
 /* the LayerNorm's dw (sum of dout * norm) and db (sum of dout), as k_colsum_partial */
 __global__ void k_ln_param_partial(float *pw, float *pb, const float *dout, const float *inp,
@@ -481,28 +496,6 @@ __global__ void k_rmsnorm_backward_dinp(float *dinp, const float *dout, const fl
         dx[c] += r * w[c] * d[c] - x[c] * k;
 }
 
-/* the RMSNorm's dw (sum over rows of d x r), as k_colsum_partial */
-__global__ void k_rms_param_partial(float *pw, const float *dout, const float *inp,
-                                    const float *rstd, size_t N, size_t C, size_t R)
-{
-    __shared__ float sh[8][33];
-    unsigned tx = threadIdx.x, ty = threadIdx.y;
-    size_t c = (size_t)blockIdx.x * 32 + tx, r = blockIdx.y;
-    size_t n0 = N * r / R, n1 = N * (r + 1) / R;
-    float acc = 0.0f;
-    if (c < C)
-        for (size_t n = n0 + ty; n < n1; n += 8)
-            acc += dout[n * C + c] * inp[n * C + c] * rstd[n];
-    sh[ty][tx] = acc;
-    __syncthreads();
-    if (ty == 0 && c < C) {
-        float sw = sh[0][tx];
-        for (int k = 1; k < 8; k++)
-            sw += sh[k][tx];
-        pw[r * C + c] = sw;
-    }
-}
-
 /* The geometry of a row of q, k, v [N, QL] (q: H heads from column 0, k: KV heads from C, v:
  * KV heads from C + KVD) against the permuted [B, heads, T, hd] tensors. */
 struct qkv_geom {
@@ -700,7 +693,8 @@ static int colsum(float *db, float *partial, const T *x, size_t N, size_t OC, cu
         return 0;
     size_t R = row_chunks(N);
     dim3 grid((unsigned)((OC + 31) / 32), (unsigned)R), block(32, 8);
-    k_colsum_partial<T><<<grid, block, 0, s>>>(partial, x, N, OC, R);
+    elem_of<T> f = {x, OC};
+    k_colsum_partial<<<grid, block, 0, s>>>(partial, f, N, OC, R);
     ZRC_LAUNCHED("bias gradient");
     k_colsum_finish<<<(unsigned)((OC + kThreads - 1) / kThreads), kThreads, 0, s>>>(db, partial,
                                                                                   OC, R);
@@ -858,7 +852,8 @@ int zrk_rmsnorm_backward(float *dinp, float *dw, float *partial, const float *do
     ZRC_LAUNCHED("rmsnorm backward");
     size_t R = row_chunks(N);
     dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
-    k_rms_param_partial<<<grid, block, 0, s>>>(partial, dout, inp, rstd, N, C, R);
+    rms_dw_of f = {dout, inp, rstd, C};
+    k_colsum_partial<<<grid, block, 0, s>>>(partial, f, N, C, R);
     ZRC_LAUNCHED("rmsnorm backward (weights)");
     k_colsum_finish<<<(unsigned)((C + kThreads - 1) / kThreads), kThreads, 0, s>>>(dw, partial,
                                                                                  C, R);

@@ -13,11 +13,12 @@
  * scores, logits, losses and every gradient that is summed; bf16 what a matmul reads (the norms'
  * outputs, q, k, v, probabilities, gate, up, silu(gate) up, the gradients flowing into matmuls).
  *
- * Grouped-query attention without copies of K and V: in [B, H, T, hd] the G = H / KV query
- * heads that share KV head j are contiguous, so the G T rows of a group are one matrix against
- * that head's [T, hd]: every product (S = q k^T, y = P v, and backward dv = P^T dy, dP = dy
- * v^T, dq = dS k, dk = dS^T q, the last two summing over the group inside the GEMM) is one
- * strided batched cuBLAS call over the B KV groups.
+ * Grouped-query attention without copies of K and V (model.cu's zrc_gqa_forward / backward,
+ * which GPT-2's attention is the KV = H case of): in [B, H, T, hd] the G = H / KV query heads
+ * that share KV head j are contiguous, so the G T rows of a group are one matrix against that
+ * head's [T, hd]: every product (S = q k^T, y = P v, and backward dv = P^T dy, dP = dy v^T,
+ * dq = dS k, dk = dS^T q, the last two summing over the group inside the GEMM) is one strided
+ * batched cuBLAS call over the B KV groups.
  *
  * These kernels have not run on a GPU yet: tests/gpu/kernels.c checks them against the CPU
  * model where one is present (tests/gpu/run.sh).
@@ -117,23 +118,8 @@ size_t zrc_llama_acts_layout(zr_dev_model *m, unsigned char *base, double *total
         if (base)
             m->ll[l] = a;
     }
-    m->lnf = ZRC_CARVE(bf16, N * C);
-    m->lnf_rstd = ZRC_CARVE(float, N);
-    m->dl = ZRC_CARVE(bf16, N * m->Vp);
-    m->losses = ZRC_CARVE(float, N);
-    m->loss_sum = ZRC_CARVE(double, 1);
-    m->tok = ZRC_CARVE(int32_t, 5 * N + 1);
-    m->wslot = ZRC_CARVE(bf16, m->layer_numel);
-    m->wte_bf = ZRC_CARVE(bf16, d.V * C);
+    zrc_carve_common(m, base, &off, total, att);
     m->scratch = ZRC_CARVE(float, N * wide);
-    m->S = ZRC_CARVE(float, att);
-    m->dS = ZRC_CARVE(bf16, att);
-    m->tmp = ZRC_CARVE(bf16, N * C);
-    m->logits = ZRC_CARVE(float, m->xent_rows * m->Vp);
-    m->dres = ZRC_CARVE(float, N * C);
-    m->dC = ZRC_CARVE(float, N * C);
-    m->dres_bf = ZRC_CARVE(bf16, N * C);
-    m->datty = ZRC_CARVE(bf16, N * C);
     m->d4C = ZRC_CARVE(bf16, 2 * N * I);
     m->dqkvp = ZRC_CARVE(bf16, N * d.QL);
     m->dqkv = ZRC_CARVE(bf16, N * d.QL);
@@ -143,65 +129,25 @@ size_t zrc_llama_acts_layout(zr_dev_model *m, unsigned char *base, double *total
     return off;
 }
 
-/* The rotary table of core/model/llama.c (zr__rope_table, model_check.h), uploaded once. */
-int zrc_llama_setup(zr_dev_model *m)
+int zrc_rope_upload(float *cos_dev, float *sin_dev, size_t T, size_t hd, double theta)
 {
-    ll_dims d = dims(m);
-    size_t n = m->max_T * (d.hd / 2);
+    size_t n = T * (hd / 2);
     float *host = (float *)malloc(2 * n * sizeof(float) + 1);
     if (!host)
         return zrc_err(ZR_ENOMEM, "model: out of memory");
-    zr__rope_table(host, host + n, m->max_T, d.hd, m->c.rope_theta);
-    cudaError_t e = cudaMemcpy(m->rope_cos, host, n * sizeof(float), cudaMemcpyHostToDevice);
+    zr__rope_table(host, host + n, T, hd, theta); /* core/model/llama.c's bits */
+    cudaError_t e = cudaMemcpy(cos_dev, host, n * sizeof(float), cudaMemcpyHostToDevice);
     if (e == cudaSuccess)
-        e = cudaMemcpy(m->rope_sin, host + n, n * sizeof(float), cudaMemcpyHostToDevice);
+        e = cudaMemcpy(sin_dev, host + n, n * sizeof(float), cudaMemcpyHostToDevice);
     free(host);
     return e == cudaSuccess ? 0 : zrc_cuda_err(e, "copying the rotary table");
 }
 
-/* ---------------------------------------------------------------- grouped-query attention */
-
-/* q [B, H, T, hd], k, v [B, KV, T, hd] (rotated, bf16): P [B, H, T, T] out, y [N, C] bf16 out;
- * S [B, H, T, T] fp32 and yp [B, H, T, hd] bf16 scratch. */
-static int gqa_forward(zr_dev_model *m, const ll_dims *d, ll_acts *a, size_t B, size_t T)
+/* The rotary table, uploaded once. */
+int zrc_llama_setup(zr_dev_model *m)
 {
-    cublasHandle_t h = m->blas;
-    size_t G = d->H / d->KV, GT = G * T, BKV = B * d->KV, hd = d->hd;
-    long long sq = (long long)(GT * hd), skv = (long long)(T * hd), sp = (long long)(GT * T);
-    float scale = 1.0f / sqrtf((float)hd);
-    if (BKV > INT_MAX || GT > INT_MAX)
-        return zrc_err(ZR_EINVAL, "cuda: attention batch %zu x %zu exceeds cuBLAS's range", BKV,
-                       GT);
-    /* S = scale q k^T: the G T rows of a group against its KV head */
-    ZRC_TRY(zrc_gemm(h, 0, 1, GT, T, hd, scale, a->q, BF, hd, sq, a->k, BF, hd, skv, 0.0f, m->S,
-                     F32, T, sp, (int)BKV));
-    ZRC_TRY(zrk_attn_softmax_forward(a->att, m->S, B * d->H, T, m->stream));
-    ZRC_TRY(zrc_gemm(h, 0, 0, GT, hd, T, 1.0f, a->att, BF, T, sp, a->v, BF, hd, skv, 0.0f, m->tmp,
-                     BF, hd, sq, (int)BKV));
-    return zrk_heads_unpermute(a->atty, d->C, m->tmp, B, T, d->C, d->H, m->stream);
-}
-
-/* From datty [N, C] bf16: dq [B, H, T, hd], dk, dv [B, KV, T, hd] bf16 into m->dqkvp. */
-static int gqa_backward(zr_dev_model *m, const ll_dims *d, const ll_acts *a, size_t B, size_t T)
-{
-    cublasHandle_t h = m->blas;
-    cudaStream_t s = m->stream;
-    size_t G = d->H / d->KV, GT = G * T, BKV = B * d->KV, hd = d->hd, N = B * T;
-    long long sq = (long long)(GT * hd), skv = (long long)(T * hd), sp = (long long)(GT * T);
-    float scale = 1.0f / sqrtf((float)hd);
-    bf16 *dq = m->dqkvp, *dk = dq + N * d->C, *dv = dk + N * d->KVD;
-    ZRC_TRY(zrk_heads_permute(m->tmp, m->datty, d->C, B, T, d->C, d->H, s));
-    /* dv = P^T dy (summed over the group's heads), dP = dy v^T */
-    ZRC_TRY(zrc_gemm(h, 1, 0, T, hd, GT, 1.0f, a->att, BF, T, sp, m->tmp, BF, hd, sq, 0.0f, dv,
-                     BF, hd, skv, (int)BKV));
-    ZRC_TRY(zrc_gemm(h, 0, 1, GT, T, hd, 1.0f, m->tmp, BF, hd, sq, a->v, BF, hd, skv, 0.0f, m->S,
-                     F32, T, sp, (int)BKV));
-    ZRC_TRY(zrk_attn_softmax_backward(m->dS, m->S, a->att, B * d->H, T, scale, s));
-    /* dq = dS k, dk = dS^T q (summed over the group's heads) */
-    ZRC_TRY(zrc_gemm(h, 0, 0, GT, hd, T, 1.0f, m->dS, BF, T, sp, a->k, BF, hd, skv, 0.0f, dq, BF,
-                     hd, sq, (int)BKV));
-    return zrc_gemm(h, 1, 0, T, hd, GT, 1.0f, m->dS, BF, T, sp, a->q, BF, hd, sq, 0.0f, dk, BF,
-                    hd, skv, (int)BKV);
+    ll_dims d = dims(m);
+    return zrc_rope_upload(m->rope_cos, m->rope_sin, m->max_T, d.hd, m->c.rope_theta);
 }
 
 /* ---------------------------------------------------------------- layers */
@@ -224,7 +170,8 @@ static int layer_forward(zr_dev_model *m, const ll_dims *d, ll_acts *a, const fl
     ZRC_TRY(zrc_mm_fwd(h, x + C + KVD, F32, QL, 0.0f, a->xn1, W16(V), N, C, KVD));
     ZRC_TRY(zrk_rope_permute(a->q, a->k, a->v, x, m->rope_cos, m->rope_sin, B, T, d->H, d->KV,
                              d->hd, s));
-    ZRC_TRY(gqa_forward(m, d, a, B, T));
+    ZRC_TRY(zrc_gqa_forward(h, s, a->atty, a->att, m->S, m->tmp, a->q, a->k, a->v, B, T, C, d->H,
+                            d->KV));
     ZRC_TRY(zrk_rows_init(a->res2, res, NULL, N, C, s));
     ZRC_TRY(zrc_mm_fwd(h, a->res2, F32, C, 1.0f, a->atty, W16(O), N, C, C));
     ZRC_TRY(zrk_rmsnorm_forward(a->xn2, a->rstd2, a->res2, V32(P, LN2), N, C, eps, s));
@@ -243,7 +190,7 @@ static int layer_backward(zr_dev_model *m, const ll_dims *d, const ll_acts *a, c
     cudaStream_t s = m->stream;
     size_t N = B * T, C = d->C, KVD = d->KVD, QL = d->QL, I = d->I;
     bf16 *dg = m->d4C, *du = m->d4C + N * I, *dx = m->dqkv;
-    const bf16 *dq = m->dqkvp, *dk = dq + N * C, *dv = dk + N * KVD;
+    bf16 *dq = m->dqkvp, *dk = dq + N * C, *dv = dk + N * KVD;
     ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->layer_numel, s));
     /* MLP: dh = dres down, then SwiGLU's backward, then gate and up */
     ZRC_TRY(zrk_cast_bf16(m->dres_bf, m->dres, N * C, s));
@@ -260,7 +207,8 @@ static int layer_backward(zr_dev_model *m, const ll_dims *d, const ll_acts *a, c
     ZRC_TRY(zrk_cast_bf16(m->dres_bf, m->dres, N * C, s));
     ZRC_TRY(zrc_mm_dinp(h, m->datty, BF, 0.0f, m->dres_bf, C, W16(O), N, C, C, 1.0f));
     ZRC_TRY(zrc_mm_dw(h, V32(G, O), m->dres_bf, C, a->atty, N, C, C, 1.0f));
-    ZRC_TRY(gqa_backward(m, d, a, B, T));
+    ZRC_TRY(zrc_gqa_backward(h, s, dq, dk, dv, m->datty, a->q, a->k, a->v, a->att, m->tmp, m->S,
+                             m->dS, B, T, C, d->H, d->KV));
     ZRC_TRY(zrk_rope_unpermute(dx, dq, dk, dv, m->rope_cos, m->rope_sin, B, T, d->H, d->KV,
                                d->hd, s));
     ZRC_TRY(zrc_mm_dinp(h, m->dC, F32, 0.0f, dx, QL, W16(Q), N, C, C, 1.0f));

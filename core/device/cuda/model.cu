@@ -138,23 +138,75 @@ int zrc_mm_dw(cublasHandle_t h, float *dW, const bf16 *dout, size_t ldd, const b
 
 /* ---------------------------------------------------------------- attention */
 
+/* The G = H / KV query heads sharing KV head j are contiguous in [B, H, T, hd]: a group's G T
+ * rows are one matrix against that head's [T, hd], every product one strided batched GEMM over
+ * the B KV groups (GPT-2: KV = H, G = 1). */
+typedef struct {
+    size_t G, GT, BKV, hd;
+    long long sq, skv, sp;
+    float scale;
+} gqa_geom;
+
+static int gqa_geom_of(gqa_geom *g, size_t B, size_t T, size_t C, size_t H, size_t KV)
+{
+    g->G = H / KV;
+    g->GT = g->G * T;
+    g->BKV = B * KV;
+    g->hd = C / H;
+    g->sq = (long long)(g->GT * g->hd);
+    g->skv = (long long)(T * g->hd);
+    g->sp = (long long)(g->GT * T);
+    g->scale = 1.0f / sqrtf((float)g->hd);
+    if (g->BKV > INT_MAX || g->GT > INT_MAX)
+        return zrc_err(ZR_EINVAL, "cuda: attention batch %zu x %zu exceeds cuBLAS's range",
+                       g->BKV, g->GT);
+    return 0;
+}
+
+int zrc_gqa_forward(cublasHandle_t h, cudaStream_t s, bf16 *y, bf16 *P, float *S, bf16 *yp,
+                    const bf16 *q, const bf16 *k, const bf16 *v, size_t B, size_t T, size_t C,
+                    size_t H, size_t KV)
+{
+    gqa_geom g;
+    ZRC_TRY(gqa_geom_of(&g, B, T, C, H, KV));
+    int nb = (int)g.BKV;
+    /* S = scale q k^T */
+    ZRC_TRY(zrc_gemm(h, 0, 1, g.GT, T, g.hd, g.scale, q, BF, g.hd, g.sq, k, BF, g.hd, g.skv, 0.0f,
+                     S, F32, T, g.sp, nb));
+    ZRC_TRY(zrk_attn_softmax_forward(P, S, B * H, T, s));
+    /* yp = P v */
+    ZRC_TRY(zrc_gemm(h, 0, 0, g.GT, g.hd, T, 1.0f, P, BF, T, g.sp, v, BF, g.hd, g.skv, 0.0f, yp,
+                     BF, g.hd, g.sq, nb));
+    return zrk_heads_unpermute(y, C, yp, B, T, C, H, s);
+}
+
+int zrc_gqa_backward(cublasHandle_t h, cudaStream_t s, bf16 *dq, bf16 *dk, bf16 *dv,
+                     const bf16 *dy, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *P,
+                     bf16 *dyp, float *dP, bf16 *dS, size_t B, size_t T, size_t C, size_t H,
+                     size_t KV)
+{
+    gqa_geom g;
+    ZRC_TRY(gqa_geom_of(&g, B, T, C, H, KV));
+    int nb = (int)g.BKV;
+    ZRC_TRY(zrk_heads_permute(dyp, dy, C, B, T, C, H, s));
+    /* dv = P^T dy (the group's heads summed by the GEMM), dP = dy v^T */
+    ZRC_TRY(zrc_gemm(h, 1, 0, T, g.hd, g.GT, 1.0f, P, BF, T, g.sp, dyp, BF, g.hd, g.sq, 0.0f, dv,
+                     BF, g.hd, g.skv, nb));
+    ZRC_TRY(zrc_gemm(h, 0, 1, g.GT, T, g.hd, 1.0f, dyp, BF, g.hd, g.sq, v, BF, g.hd, g.skv, 0.0f,
+                     dP, F32, T, g.sp, nb));
+    ZRC_TRY(zrk_attn_softmax_backward(dS, dP, P, B * H, T, g.scale, s));
+    /* dq = dS k, dk = dS^T q (summed over the group's heads) */
+    ZRC_TRY(zrc_gemm(h, 0, 0, g.GT, g.hd, T, 1.0f, dS, BF, T, g.sp, k, BF, g.hd, g.skv, 0.0f, dq,
+                     BF, g.hd, g.sq, nb));
+    return zrc_gemm(h, 1, 0, T, g.hd, g.GT, 1.0f, dS, BF, T, g.sp, q, BF, g.hd, g.sq, 0.0f, dk, BF,
+                    g.hd, g.skv, nb);
+}
+
 int zrc_attention_forward(cublasHandle_t h, cudaStream_t s, bf16 *y, bf16 *P, float *S, bf16 *yp,
                           const bf16 *q, const bf16 *k, const bf16 *v, size_t B, size_t T,
                           size_t C, size_t NH)
 {
-    size_t hs = C / NH, BNH = B * NH;
-    long long sq = (long long)(T * hs), sp = (long long)(T * T);
-    float scale = 1.0f / sqrtf((float)hs);
-    if (BNH > INT_MAX)
-        return zrc_err(ZR_EINVAL, "cuda: attention batch %zu exceeds cuBLAS's range", BNH);
-    /* S = scale q k^T */
-    ZRC_TRY(zrc_gemm(h, 0, 1, T, T, hs, scale, q, BF, hs, sq, k, BF, hs, sq, 0.0f, S, F32, T, sp,
-                     (int)BNH));
-    ZRC_TRY(zrk_attn_softmax_forward(P, S, BNH, T, s));
-    /* yp = P v */
-    ZRC_TRY(zrc_gemm(h, 0, 0, T, hs, T, 1.0f, P, BF, T, sp, v, BF, hs, sq, 0.0f, yp, BF, hs, sq,
-                     (int)BNH));
-    return zrk_heads_unpermute(y, C, yp, B, T, C, NH, s);
+    return zrc_gqa_forward(h, s, y, P, S, yp, q, k, v, B, T, C, NH, NH);
 }
 
 int zrc_attention_backward(cublasHandle_t h, cudaStream_t s, bf16 *dqkv, const bf16 *dy,
@@ -162,25 +214,9 @@ int zrc_attention_backward(cublasHandle_t h, cudaStream_t s, bf16 *dqkv, const b
                            float *dP, bf16 *dS, bf16 *dqkvp, size_t B, size_t T, size_t C,
                            size_t NH)
 {
-    size_t hs = C / NH, BNH = B * NH, NC = B * T * C;
-    long long sq = (long long)(T * hs), sp = (long long)(T * T);
-    float scale = 1.0f / sqrtf((float)hs);
+    size_t NC = B * T * C;
     bf16 *dq = dqkvp, *dk = dqkvp + NC, *dv = dqkvp + 2 * NC;
-    if (BNH > INT_MAX)
-        return zrc_err(ZR_EINVAL, "cuda: attention batch %zu exceeds cuBLAS's range", BNH);
-    ZRC_TRY(zrk_heads_permute(dyp, dy, C, B, T, C, NH, s));
-    /* dv = P^T dy */
-    ZRC_TRY(zrc_gemm(h, 1, 0, T, hs, T, 1.0f, P, BF, T, sp, dyp, BF, hs, sq, 0.0f, dv, BF, hs, sq,
-                     (int)BNH));
-    /* dP = dy v^T */
-    ZRC_TRY(zrc_gemm(h, 0, 1, T, T, hs, 1.0f, dyp, BF, hs, sq, v, BF, hs, sq, 0.0f, dP, F32, T,
-                     sp, (int)BNH));
-    ZRC_TRY(zrk_attn_softmax_backward(dS, dP, P, BNH, T, scale, s));
-    /* dq = dS k, dk = dS^T q */
-    ZRC_TRY(zrc_gemm(h, 0, 0, T, hs, T, 1.0f, dS, BF, T, sp, k, BF, hs, sq, 0.0f, dq, BF, hs, sq,
-                     (int)BNH));
-    ZRC_TRY(zrc_gemm(h, 1, 0, T, hs, T, 1.0f, dS, BF, T, sp, q, BF, hs, sq, 0.0f, dk, BF, hs, sq,
-                     (int)BNH));
+    ZRC_TRY(zrc_gqa_backward(h, s, dq, dk, dv, dy, q, k, v, P, dyp, dP, dS, B, T, C, NH, NH));
     ZRC_TRY(zrk_heads_unpermute(dqkv, 3 * C, dq, B, T, C, NH, s));
     ZRC_TRY(zrk_heads_unpermute(dqkv + C, 3 * C, dk, B, T, C, NH, s));
     return zrk_heads_unpermute(dqkv + 2 * C, 3 * C, dv, B, T, C, NH, s);
@@ -248,10 +284,33 @@ void *zrc_carve(unsigned char *base, size_t *off, double *total, size_t bytes)
 
 #define CARVE ZRC_CARVE
 
+void zrc_carve_common(zr_dev_model *m, unsigned char *base, size_t *offp, double *total,
+                      size_t att)
+{
+    size_t N = m->max_N, C = m->c.dim, off = *offp;
+    m->lnf = CARVE(bf16, N * C);
+    m->lnf_rstd = CARVE(float, N);
+    m->dl = CARVE(bf16, N * m->Vp);
+    m->losses = CARVE(float, N);
+    m->loss_sum = CARVE(double, 1);
+    m->tok = CARVE(int32_t, 5 * N + 1);
+    m->wslot = CARVE(bf16, m->layer_numel);
+    m->wte_bf = CARVE(bf16, (size_t)m->c.vocab * C);
+    m->S = CARVE(float, att);
+    m->dS = CARVE(bf16, att);
+    m->tmp = CARVE(bf16, N * C);
+    m->logits = CARVE(float, m->xent_rows * m->Vp);
+    m->dres = CARVE(float, N * C);
+    m->dC = CARVE(float, N * C);
+    m->dres_bf = CARVE(bf16, N * C);
+    m->datty = CARVE(bf16, N * C);
+    *offp = off;
+}
+
 static size_t acts_layout(zr_dev_model *m, unsigned char *base, double *total)
 {
-    size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, T = m->max_T;
-    size_t N = m->max_N, Vp = m->Vp, off = 0;
+    size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, T = m->max_T;
+    size_t N = m->max_N, off = 0;
     size_t att = m->max_B * NH * T * T; /* counted in double below as well */
     *total = 0;
     *total += (double)m->max_B * NH * T * T * (double)(L * 2 + 6); /* overflow guard */
@@ -276,24 +335,9 @@ static size_t acts_layout(zr_dev_model *m, unsigned char *base, double *total)
         if (base)
             m->layer[l] = a;
     }
-    m->lnf = CARVE(bf16, N * C);
+    zrc_carve_common(m, base, &off, total, att);
     m->lnf_mean = CARVE(float, N);
-    m->lnf_rstd = CARVE(float, N);
-    m->dl = CARVE(bf16, N * Vp);
-    m->losses = CARVE(float, N);
-    m->loss_sum = CARVE(double, 1);
-    m->tok = CARVE(int32_t, 5 * N + 1);
-    m->wslot = CARVE(bf16, m->layer_numel);
-    m->wte_bf = CARVE(bf16, V * C);
     m->scratch = CARVE(float, N * 4 * C);
-    m->S = CARVE(float, att);
-    m->dS = CARVE(bf16, att);
-    m->tmp = CARVE(bf16, N * C);
-    m->logits = CARVE(float, m->xent_rows * Vp);
-    m->dres = CARVE(float, N * C);
-    m->dC = CARVE(float, N * C);
-    m->dres_bf = CARVE(bf16, N * C);
-    m->datty = CARVE(bf16, N * C);
     m->d4C = CARVE(bf16, N * 4 * C);
     m->dqkvp = CARVE(bf16, 3 * N * C);
     m->dqkv = CARVE(bf16, 3 * N * C);

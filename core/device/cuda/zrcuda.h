@@ -185,6 +185,22 @@ int zrc_attention_backward(cublasHandle_t h, cudaStream_t s, bf16 *dqkv, const b
                            float *dP, bf16 *dS, bf16 *dqkvp, size_t B, size_t T, size_t C,
                            size_t NH);
 
+/* Causal grouped-query attention (Llama; GPT-2 is KV = H): q [B, H, T, hd], k, v [B, KV, T,
+ * hd] bf16 (hd = C / H; the H / KV query heads of KV head j are heads j H/KV ..): P [B, H, T,
+ * T] bf16 out, S scratch [B, H, T, T] fp32, yp scratch [B, H, T, hd] bf16, y [N, C] bf16 out.
+ * Backward from dy [N, C] bf16: dq [B, H, T, hd], dk, dv [B, KV, T, hd] bf16 out (dk and dv
+ * summed over each group's heads); scratch dyp [B, H, T, hd] bf16, dP [B, H, T, T] fp32, dS
+ * [B, H, T, T] bf16. No copy of K or V per query head. */
+int zrc_gqa_forward(cublasHandle_t h, cudaStream_t s, bf16 *y, bf16 *P, float *S, bf16 *yp,
+                    const bf16 *q, const bf16 *k, const bf16 *v, size_t B, size_t T, size_t C,
+                    size_t H, size_t KV);
+int zrc_gqa_backward(cublasHandle_t h, cudaStream_t s, bf16 *dq, bf16 *dk, bf16 *dv,
+                     const bf16 *dy, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *P,
+                     bf16 *dyp, float *dP, bf16 *dS, size_t B, size_t T, size_t C, size_t H,
+                     size_t KV);
+/* The rotary table of c (zr__rope_table: cos and sin [T, hd / 2]) into device memory. */
+int zrc_rope_upload(float *cos_dev, float *sin_dev, size_t T, size_t hd, double theta);
+
 /* Rows of the head's logits scratch: at most ZRC_XENT_BYTES of fp32 logits. */
 #define ZRC_XENT_BYTES ((size_t)256 << 20)
 size_t zrc_xent_chunk_rows(size_t N, size_t Vp);
