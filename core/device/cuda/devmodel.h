@@ -88,7 +88,7 @@ struct zr_dev_model {
     int fwd_targets; /* -1: no complete forward; 0: without targets; 1: with */
 };
 
-/* ---------------------------------------------------------------- shared by the families (model.cu) */
+/* ------------------------------------------------------- shared by the families (model.cu) */
 
 #define ZRC_BF CUDA_R_16BF
 #define ZRC_F32 CUDA_R_32F

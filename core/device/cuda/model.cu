@@ -3,10 +3,10 @@
  * (construction, arenas, hooks, token staging, the chunked head and its backward, the groups,
  * the matmul helpers) is here and shared with the Llama family's llama.cu, which the
  * zrc_model_* calls hand a Llama to. GPT-2 on the GPU with zr_model's contract (zr.h; device.h
- * says what differs):
- * the same groups and tensor offsets (zr_model_offsets' GPT-2 part, handed over by the host: the table of
- * names and shapes is ckpt's, never restated here), the same hooks and fetch order, the same
- * forward (mean cross-entropy) and backward(scale) adding into fp32 gradients.
+ * says what differs): the same groups and tensor offsets (zr_model_offsets' GPT-2 part,
+ * handed over by the host: the table of names and shapes is ckpt's, never restated here), the
+ * same hooks and fetch order, the same forward (mean cross-entropy) and backward(scale) adding
+ * into fp32 gradients.
  *
  * Precision: fp32 master parameters (own arena or lent), each group's weights cast to bf16 in
  * a scratch slot when the group is fetched; matmuls in cuBLAS with bf16 operands and fp32
@@ -131,7 +131,8 @@ int zrc_mm_dw(cublasHandle_t h, float *dW, const bf16 *dout, size_t ldd, const b
 }
 
 /* GPT-2's matmuls: dense rows */
-#define mm_fwd(h, out, ot, beta, inp, W, N, IC, OC) zrc_mm_fwd(h, out, ot, OC, beta, inp, W, N, IC, OC)
+#define mm_fwd(h, out, ot, beta, inp, W, N, IC, OC)                                           \
+    zrc_mm_fwd(h, out, ot, OC, beta, inp, W, N, IC, OC)
 #define mm_dinp(h, dinp, dt, dout, W, N, IC, OC, alpha)                                        \
     zrc_mm_dinp(h, dinp, dt, 0.0f, dout, OC, W, N, IC, OC, alpha)
 #define mm_dw(h, dW, dout, inp, N, IC, OC, alpha) zrc_mm_dw(h, dW, dout, OC, inp, N, IC, OC, alpha)
@@ -389,7 +390,8 @@ static int model_problem(const zr_config *c, const zr_model_offsets *off, size_t
 {
     char why[160];
     int llama = c->family == ZR_FAMILY_LLAMA;
-    if (zr__config_problem(why, sizeof why, c) || (llama && zrc_llama_problem(why, sizeof why, c)) ||
+    if (zr__config_problem(why, sizeof why, c) ||
+        (llama && zrc_llama_problem(why, sizeof why, c)) ||
         zr__new_problem(why, sizeof why, max_B, max_T, c->ctx, hooks))
         return zrc_err(ZR_EINVAL, "%s", why);
     uint32_t groups = c->layers + (llama ? (c->tied ? 2u : 3u) : 3u);
