@@ -188,7 +188,7 @@ static const zcli_opt zrun_table[] = {
                 "tiny, gpt2, gpt2-medium, gpt2:layers=4,heads=4,dim=256,ctx=128,vocab=256, "
                 "llama (llama-tiny), llama-124m, smollm-135m, tinyllama-1.1b, or "
                 "llama:layers=2,heads=4,kv_heads=2,dim=64,ffn=176,ctx=64,vocab=256"
-                "[,rope_theta=R,norm_eps=E,tied=0|1] (Llama: CPU only for now)"),
+                "[,rope_theta=R,norm_eps=E,tied=0|1]"),
     ZCLI_STRING("--data", o.data, "SPEC", NULL,
                 "synthetic (a built-in learnable corpus), a text file (bytes, vocab 256) or an "
                 "llm.c token file (uint16 or uint32 tokens, as ztok encode writes)"),

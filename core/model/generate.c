@@ -1,7 +1,7 @@
 /*
  * generate.c: inference and sampling for the GPT-2 of model.c and the Llama of llama.c (zr.h,
  * "generation"), from a full fp32 parameter arena in the checkpoint layout (zr_gpt2_offsets;
- * zr__llama_offsets). Llama's cache holds the KV heads only (grouped-query attention: query
+ * zr_llama_offsets). Llama's cache holds the KV heads only (grouped-query attention: query
  * head h reads KV head h / (H / KV)), its keys rotated at their cache position. A KV cache keeps, per layer,
  * the keys and values of every position fed so far, so a new token costs one position's
  * forward (its attention reads the cached positions): generating n tokens costs O(n) forwards
@@ -35,7 +35,7 @@
 struct zr_gen {
     zr_gpt2_config c;
     zr_gpt2_offsets off;     /* GPT-2 */
-    zr__llama_offsets loff;  /* Llama */
+    zr_llama_offsets loff;  /* Llama */
     float *rcos, *rsin;      /* Llama: the rotary table [ctx, hd / 2] */
     const float *p;          /* the parameter arena (borrowed) */
     size_t pos;              /* positions in the cache */
@@ -54,7 +54,7 @@ struct zr_gen {
 static int gen_offsets(zr_gen *g, const zr_config *c)
 {
     if (c->family == ZR_FAMILY_LLAMA) {
-        ZR_TRY(zr__llama_offsets_get(&g->loff, c));
+        ZR_TRY(zr_llama_offsets_get(&g->loff, c));
         size_t half = c->dim / c->heads / 2;
         if (!(g->rcos = malloc(c->ctx * half * sizeof(float) + 1)) ||
             !(g->rsin = malloc(c->ctx * half * sizeof(float) + 1)))
@@ -281,13 +281,13 @@ static void llama_rows(zr_gen *g, const int32_t *tok, size_t n)
     const zr_config *c = &g->c;
     size_t C = c->dim, T = c->ctx, H = c->heads, KV = c->kv_heads, hd = C / H, KVD = KV * hd;
     size_t FF = c->ffn, half = hd / 2, pos = g->pos;
-    const zr__llama_offsets *o = &g->loff;
+    const zr_llama_offsets *o = &g->loff;
     float eps = (float)c->norm_eps;
     for (size_t r = 0; r < n; r++)
         memcpy(g->x + r * C, g->p + o->embed + (size_t)tok[r] * C, C * sizeof(float));
     for (size_t l = 0; l < c->layers; l++) {
         const float *P = g->p + o->layer0 + l * o->layer_numel;
-#define W(which) (P + o->role[ZR__LL_##which])
+#define W(which) (P + o->role[ZR_LL_##which])
         float *K = g->kcache + l * T * KVD, *V = g->vcache + l * T * KVD;
         rms_rows(g->ln, g->x, W(LN1), n, C, eps);
         mm(g->qkv, g->ln, W(Q), n, C, C, C, 0.0f);

@@ -18,6 +18,7 @@
  * (a row of q, k, v side by side).
  */
 #include "model_int.h"
+#include "model_check.h"
 #include "par.h"
 
 #include "fastmath.h" /* zr_expf */
@@ -34,9 +35,9 @@
 #define INIT_STD 0.02f /* Hugging Face's initializer_range */
 
 /* The roles of a layer's tensors, bound by name to the family table's. */
-enum { R_LN1 = ZR__LL_LN1, R_Q = ZR__LL_Q, R_K = ZR__LL_K, R_V = ZR__LL_V, R_O = ZR__LL_O,
-       R_LN2 = ZR__LL_LN2, R_GATE = ZR__LL_GATE, R_UP = ZR__LL_UP, R_DOWN = ZR__LL_DOWN,
-       R_COUNT = ZR__LL_ROLES };
+enum { R_LN1 = ZR_LL_LN1, R_Q = ZR_LL_Q, R_K = ZR_LL_K, R_V = ZR_LL_V, R_O = ZR_LL_O,
+       R_LN2 = ZR_LL_LN2, R_GATE = ZR_LL_GATE, R_UP = ZR_LL_UP, R_DOWN = ZR_LL_DOWN,
+       R_COUNT = ZR_LL_ROLES };
 static const char *const role_names[R_COUNT] = {
     "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.k_proj.weight",
     "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
@@ -199,16 +200,10 @@ out:
  * i + hd/2 of a head turn by the same angle). */
 void zr__llama_rope_table(float *cos_t, float *sin_t, size_t T, size_t hd, double theta)
 {
-    size_t half = hd / 2;
-    for (size_t t = 0; t < T; t++)
-        for (size_t i = 0; i < half; i++) {
-            double f = pow(theta, -(double)(2 * i) / (double)hd);
-            cos_t[t * half + i] = (float)cos((double)t * f);
-            sin_t[t * half + i] = (float)sin((double)t * f);
-        }
+    zr__rope_table(cos_t, sin_t, T, hd, theta); /* model_check.h: shared with the device */
 }
 
-int zr__llama_offsets_get(zr__llama_offsets *out, const zr_config *c)
+int zr_llama_offsets_get(zr_llama_offsets *out, const zr_config *c)
 {
     zr__llama m;
     memset(&m, 0, sizeof m);
@@ -219,8 +214,28 @@ int zr__llama_offsets_get(zr__llama_offsets *out, const zr_config *c)
     out->layer_numel = m.goff[2] - m.goff[1];
     out->norm = m.goff[m.L + 1];
     out->head = m.goff[head_group(&m)];
+    out->numel = m.goff[m.n_groups];
     memcpy(out->role, m.role, sizeof out->role);
     free(m.goff);
+    return 0;
+}
+
+/* Either family's offsets (here rather than in config.c, which llama.c calls). */
+int zr_model_offsets_get(zr_model_offsets *out, const zr_config *c)
+{
+    zr_model_offsets o;
+    memset(&o, 0, sizeof o); /* compared with memcmp (hostsim): no stray padding bytes */
+    o.family = c->family;
+    if (c->family == ZR_FAMILY_LLAMA) {
+        ZR_TRY(zr_llama_offsets_get(&o.llama, c));
+        o.n_groups = c->layers + (c->tied ? 2u : 3u);
+        o.numel = o.llama.numel;
+    } else {
+        ZR_TRY(zr_gpt2_offsets_get(&o.gpt2, c));
+        o.n_groups = c->layers + 3u;
+        o.numel = o.gpt2.numel;
+    }
+    *out = o;
     return 0;
 }
 

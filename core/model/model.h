@@ -85,6 +85,31 @@ typedef struct {
  * is not a GPT-2 config). */
 int zr_gpt2_offsets_get(zr_gpt2_offsets *out, const zr_gpt2_config *c);
 
+/* Where a Llama's tensors are in a full parameter arena (the layout's groups end to end): the
+ * embedding, layer l's group at layer0 + l layer_numel with its tensors at role[ZR_LL_*]
+ * inside it, the final norm, the head (the embedding when tied), numel in all. Computed from
+ * the layout (ckpt's family table) by llama.c; the KV-cache generator and the device models
+ * address the arena with it. ZR_EINVAL for a config that is not a valid Llama. */
+enum { ZR_LL_LN1, ZR_LL_Q, ZR_LL_K, ZR_LL_V, ZR_LL_O, ZR_LL_LN2, ZR_LL_GATE, ZR_LL_UP,
+       ZR_LL_DOWN, ZR_LL_ROLES };
+typedef struct {
+    uint64_t embed, layer0, layer_numel, norm, head, numel;
+    uint64_t role[ZR_LL_ROLES];
+} zr_llama_offsets;
+int zr_llama_offsets_get(zr_llama_offsets *out, const zr_config *c);
+
+/* The family-neutral description of a model's arena that the device ABI carries (device.h's
+ * model_new): the family, its group count and size, and the offsets of that family (the other
+ * member zeroed). Filled by zr_model_offsets_get from c (ZR_EINVAL as the family's call). */
+typedef struct {
+    zr_family family;
+    uint32_t n_groups;
+    uint64_t numel;
+    zr_gpt2_offsets gpt2;   /* family ZR_FAMILY_GPT2 */
+    zr_llama_offsets llama; /* family ZR_FAMILY_LLAMA */
+} zr_model_offsets;
+int zr_model_offsets_get(zr_model_offsets *out, const zr_config *c);
+
 /* ---------------------------------------------------------------- model */
 
 /*

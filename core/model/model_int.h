@@ -147,17 +147,7 @@ const float *zr__llama_probs(const zr__llama *m);
 void zr__llama_zero_grad(zr__llama *m);
 void zr__llama_bytes(const zr__llama *m, uint64_t *params, uint64_t *grads, uint64_t *acts);
 
-/* Where a Llama's tensors are in a full parameter arena (the layout's groups end to end), for
- * the KV-cache generator (generate.c): the embedding, layer l's group at layer0 + l *
- * layer_numel with its tensors at role[ZR__LL_*] inside it, the final norm, the head (the
- * embedding when tied). */
-enum { ZR__LL_LN1, ZR__LL_Q, ZR__LL_K, ZR__LL_V, ZR__LL_O, ZR__LL_LN2, ZR__LL_GATE, ZR__LL_UP,
-       ZR__LL_DOWN, ZR__LL_ROLES };
-typedef struct {
-    uint64_t embed, layer0, layer_numel, norm, head;
-    uint64_t role[ZR__LL_ROLES];
-} zr__llama_offsets;
-int zr__llama_offsets_get(zr__llama_offsets *out, const zr_config *c);
+/* zr_llama_offsets (model.h) are computed in llama.c from the same layout as the model. */
 /* The rotary table of llama.c: cos and sin [T, hd / 2] of position t times
  * theta^(-2i / hd) (angles in double, rounded to float). */
 void zr__llama_rope_table(float *cos_t, float *sin_t, size_t T, size_t hd, double theta);
