@@ -298,6 +298,10 @@ int zck_open_regular(int *out, const char *path, int nofollow, uint64_t *bytes);
  * RENAME_NOREPLACE (checked, then renamed). */
 char *zck_path_join(const char *a, const char *b);
 int zck_fsync_dir(const char *dir);
+/* A small file replaced whole or not at all: data into a temporary beside it (.NAME.tmp-PID,
+ * whatever had that name removed first), fsync'ed, renamed over path, the directory fsync'ed;
+ * on failure the temporary is removed and the message names path. */
+int zck_write_file_atomic(const char *path, const void *data, size_t len);
 int zck_rename_noreplace(const char *from, const char *to);
 
 /* ---------------------------------------------------------------- writing a checkpoint */

@@ -371,7 +371,7 @@ ZT_TEST(plot_robust_logs)
     ZT_OK(zr_plot_write(&info, "t.jsonl", "f.svg"));
     ZT_CHECK(stat("f.svg", &st) == 0 && S_ISREG(st.st_mode));
     char tmp[64];
-    snprintf(tmp, sizeof tmp, "g.svg.tmp.%ld", (long)getpid());
+    snprintf(tmp, sizeof tmp, ".g.svg.tmp-%ld", (long)getpid());
     ZT_CHECK_EQ(mkfifo(tmp, 0600), 0);
     ZT_OK(zr_plot_write(&info, "t.jsonl", "g.svg"));
     ZT_CHECK(stat("g.svg", &st) == 0 && S_ISREG(st.st_mode) && stat(tmp, &st) < 0);
