@@ -246,7 +246,8 @@ ZT_TEST(tok_files_uint32_and_vocab_checks)
            "'tok.bin' was written for a vocabulary of 70001 tokens, the model has 50000");
     ZT_CHECK(!d);
     zt_truncate("tok.bin", 1024 + 4 * a.n - 2);
-    ZT_ERR(zfmt_tok_file_read(&b, &vocab, "tok.bin"), ZR_ECORRUPT, "tok.bin: the header says");
+    ZT_ERR(zfmt_tok_file_read(&b, &vocab, "tok.bin"), ZR_ECORRUPT,
+           "llm.c token file 'tok.bin': truncated (header says");
     zfmt_tok_ids_free(&a);
     zfmt_tok_ids_free(&b);
     zfmt_tok_free(t);
