@@ -1211,3 +1211,54 @@ ZT_TEST(formats_llmc_export_refuses_non_gpt2)
     zck_layout_free(L);
     free(p);
 }
+
+/* Whether the JSON header of the safetensors file at path (after its 8-byte length) has text. */
+static int st_has(const char *path, const char *text)
+{
+    char *t = zt_slurp(path);
+    int has = t && strstr(t + 8, text) != NULL;
+    free(t);
+    return has;
+}
+
+/* An HF export without a dtype writes the tensors as stored, and config.json's torch_dtype says
+ * what they are: a checkpoint whose param state is bf16 gives bfloat16 (it said float32). */
+ZT_TEST(formats_hf_export_dtype_as_stored)
+{
+    zck_gpt2_config c = {.layers = 1, .heads = 2, .dim = 8, .ctx = 8, .vocab = 256};
+    zck_layout *A, *L;
+    ZT_OK(zck_gpt2_layout(&A, &c));
+    ZT_OK(zck_layout_new(&L));
+    ZT_OK(zck_layout_add_state(L, "param", ZCK_BF16));
+    for (size_t g = 0; g < zck_layout_n_groups(A); g++) {
+        size_t gi;
+        ZT_OK(zck_layout_add_group(L, &gi, zck_layout_group_name(A, g)));
+        for (size_t t = 0; t < zck_layout_group_n_tensors(A, g); t++) {
+            zck_tensor_info ti;
+            zck_layout_tensor(A, g, t, &ti);
+            ZT_OK(zck_layout_add_tensor(L, gi, ti.name, ti.dtype, ti.ndim, ti.shape));
+        }
+    }
+    char *json;
+    ZT_OK(zck_gpt2_to_json(&json, &c));
+    zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
+    o.world = 1;
+    o.step = 3;
+    o.model_json = json;
+    uint64_t seed = 7;
+    free(zt_save_as("run", L, &o, zt_seed_fill, &seed));
+    ZT_OK(zfmt_hf_export("run", "as", NULL));
+    zt_file_has("as/config.json", "\"torch_dtype\": \"bfloat16\"");
+    ZT_CHECK(st_has("as/model.safetensors", "\"dtype\":\"BF16\""));
+    ZT_CHECK(!st_has("as/model.safetensors", "\"dtype\":\"F32\""));
+    /* converted: what it was converted to */
+    zfmt_hf_opts h = ZFMT_HF_OPTS_INIT;
+    h.dtype = ZCK_F32;
+    ZT_OK(zfmt_hf_export("run", "f32", &h));
+    zt_file_has("f32/config.json", "\"torch_dtype\": \"float32\"");
+    ZT_CHECK(st_has("f32/model.safetensors", "\"dtype\":\"F32\"") &&
+             !st_has("f32/model.safetensors", "\"dtype\":\"BF16\""));
+    free(json);
+    zck_layout_free(A);
+    zck_layout_free(L);
+}
