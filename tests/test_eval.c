@@ -213,6 +213,20 @@ ZT_TEST(eval_best_kept_across_resume)
                                   "\"best_val_step\":-3}"));
     ZT_CHECK(!sec.has_val && !sec.has_best);
     zr_train__section_clear(&sec);
+    /* a bad sample-order key: the order is unknown, and no error is left behind for a later
+     * message to show (it left "'seed' is not a non-negative integer" set) */
+    zr_err_clear();
+    ZT_OK(zr_train__section_parse(&sec, "{\"optimizer_step\":6,\"seed\":-1,\"batch\":2}"));
+    ZT_CHECK(!sec.order_known && sec.optimizer_step == 6);
+    ZT_CHECK_EQ(zr_err_code(), 0);
+    ZT_CHECK(!strcmp(zr_err_msg(), ""));
+    zr_train__section_clear(&sec);
+    /* not JSON: the message says where */
+    ZT_ERR(zr_train__section_parse(&sec, "{\"optimizer_step\":6,"), ZR_ECORRUPT,
+           "training section: not JSON (line 1:");
+    ZT_ERR(zr_train__section_parse(&sec, "{\"optimizer_step\":-6}"), ZR_ECORRUPT,
+           "training section: 'optimizer_step' is not a non-negative integer");
+    zr_train__section_clear(&sec);
 }
 
 ZT_TEST(eval_bad_options)
