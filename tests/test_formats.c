@@ -128,11 +128,11 @@ static void val_fill(void *ctx, const zck_layout *L, size_t g, size_t s, uint64_
         b[i] = val(*(const uint64_t *)ctx, g, s, start + i);
 }
 
-/* Save a GPT-2 checkpoint of config c at step 5 by world ranks, as an engine would. */
-static char *save_gpt2(const char *run, const zfmt_gpt2_config *c, uint32_t world, uint64_t seed)
+/* Save a checkpoint of layout L (GPT-2 config c) at step 5 by world ranks, as an engine would,
+ * its elements from fill. */
+static char *save_layout(const char *run, const zck_layout *L, const zfmt_gpt2_config *c,
+                         uint32_t world, zt_fill_fn fill, void *ctx)
 {
-    zck_layout *L;
-    ZT_OK(zfmt_gpt2_layout(&L, c));
     char *model;
     ZT_OK(zfmt_gpt2_config_to_json(&model, c));
     zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
@@ -141,8 +141,17 @@ static char *save_gpt2(const char *run, const zfmt_gpt2_config *c, uint32_t worl
     o.zero_stage = 3;
     o.model_json = model;
     o.training_json = "{\"optimizer_step\":5}";
-    char *final = zt_save_as(run, L, &o, val_fill, &seed);
+    char *final = zt_save_as(run, L, &o, fill, ctx);
     free(model);
+    return final;
+}
+
+/* Save a GPT-2 checkpoint of config c (its own layout, f32 states) holding val. */
+static char *save_gpt2(const char *run, const zfmt_gpt2_config *c, uint32_t world, uint64_t seed)
+{
+    zck_layout *L;
+    ZT_OK(zfmt_gpt2_layout(&L, c));
+    char *final = save_layout(run, L, c, world, val_fill, &seed);
     zck_layout_free(L);
     return final;
 }
@@ -1239,14 +1248,8 @@ ZT_TEST(formats_hf_export_dtype_as_stored)
             ZT_OK(zck_layout_add_tensor(L, gi, ti.name, ti.dtype, ti.ndim, ti.shape));
         }
     }
-    char *json;
-    ZT_OK(zck_gpt2_to_json(&json, &c));
-    zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
-    o.world = 1;
-    o.step = 3;
-    o.model_json = json;
     uint64_t seed = 7;
-    free(zt_save_as("run", L, &o, zt_seed_fill, &seed));
+    free(save_layout("run", L, &c, 1, zt_seed_fill, &seed));
     ZT_OK(zfmt_hf_export("run", "as", NULL));
     zt_file_has("as/config.json", "\"torch_dtype\": \"bfloat16\"");
     ZT_CHECK(st_has("as/model.safetensors", "\"dtype\":\"BF16\""));
@@ -1258,7 +1261,6 @@ ZT_TEST(formats_hf_export_dtype_as_stored)
     zt_file_has("f32/config.json", "\"torch_dtype\": \"float32\"");
     ZT_CHECK(st_has("f32/model.safetensors", "\"dtype\":\"F32\"") &&
              !st_has("f32/model.safetensors", "\"dtype\":\"BF16\""));
-    free(json);
     zck_layout_free(A);
     zck_layout_free(L);
 }
