@@ -162,16 +162,11 @@ ZT_TEST(eval_same_at_any_world_and_stage)
 
 ZT_TEST(eval_best_kept_across_resume)
 {
-    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
-    o.model = SMALL;
-    o.batch = 4;
-    o.steps = 12;
-    o.lr = 3e-3f;
+    zr_train_opts o = zt_small_opts("straight", 12);
+    o.micro_batch = 0; /* the whole batch in one forward */
     o.warmup = 2;
-    o.threads = 1;
     o.eval_every = 3;
     o.eval_batches = 2;
-    o.ckpt_dir = "straight";
     o.log_json = "straight.jsonl";
     zr_train_result res;
     ZT_OK(zr_train(&res, &o));
