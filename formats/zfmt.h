@@ -216,11 +216,10 @@ int zfmt_tok_train(const char *out_json, const char *const *files, size_t n_file
 
 /* ---------------------------------------------------------------- llm.c token files
  *
- * int32 header[256] little-endian: [0] magic 20240520, [1] version, [2] token count, [3] the
- * tokenizer's vocabulary size (0: not said, as llm.c writes), then the tokens: version 1 uint16,
- * version 2 uint32 (written when the vocabulary exceeds 65536).
+ * The format and its header parser are zck.h's ("llm.c token files"): the engine reads them
+ * too. Version 2 (uint32 tokens) is written when the vocabulary exceeds 65536.
  */
-#define ZFMT_TOKENS_MAGIC 20240520
+#define ZFMT_TOKENS_MAGIC ZCK_TOKENS_MAGIC
 
 typedef struct {
     double val_fraction;   /* the tail of the tokens to out_val instead, 0..1 */

@@ -252,17 +252,20 @@ ZT_TEST(dev_engine_errors)
     }
     setenv("ZR_CUDA_LIB", "hostsim", 1);
     static const struct {
-        const char *args, *env, *want;
+        const char *args, *var, *val, *want;
     } bad[] = {
-        {"--nproc 2", "bogus", "ZR_DEVICE_COMM=bogus: expected nccl or shm"},
-        {"--zero 3 --offload-params cpu", NULL, "needs --offload-optimizer cpu or nvme"},
-        {"--zero 3 --offload-params nvme --nvme-path swap", NULL, "--offload-params nvme on "
-                                                                  "the GPU needs"},
-        {"--device mps", NULL, "--device 'mps': expected cpu, cuda or auto"},
+        {"--nproc 2", "ZR_DEVICE_COMM", "bogus", "ZR_DEVICE_COMM=bogus: expected nccl or shm"},
+        {"--zero 3 --offload-params cpu", NULL, NULL, "needs --offload-optimizer cpu or nvme"},
+        {"--zero 3 --offload-params nvme --nvme-path swap", NULL, NULL,
+         "--offload-params nvme on the GPU needs"},
+        {"--device mps", NULL, NULL, "--device 'mps': expected cpu, cuda or auto"},
+        /* the GPU's index on the node: a number, not atoi's 0 for anything else */
+        {"", "ZR_LOCAL_RANK", "1x", "ZR_LOCAL_RANK='1x': expected an integer in [0, "},
+        {"", "ZR_LOCAL_RANK", "-1", "ZR_LOCAL_RANK='-1': expected an integer in [0, "},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        if (bad[i].env)
-            setenv("ZR_DEVICE_COMM", bad[i].env, 1);
+        if (bad[i].var)
+            setenv(bad[i].var, bad[i].val, 1);
         char args[512];
         snprintf(args, sizeof args, "--model " SMALL " --steps 2 --batch 2 --seq 16 --device "
                  "cuda --ckpt-dir e%zu %s", i, bad[i].args);
@@ -271,7 +274,8 @@ ZT_TEST(dev_engine_errors)
         if (st == 0 || !strstr(t, bad[i].want))
             ZT_FAIL("zrun %s: status %d, wanted \"%s\":\n%s", args, st, bad[i].want, t);
         free(t);
-        unsetenv("ZR_DEVICE_COMM");
+        if (bad[i].var)
+            unsetenv(bad[i].var);
     }
 }
 

@@ -128,11 +128,11 @@ static void val_fill(void *ctx, const zck_layout *L, size_t g, size_t s, uint64_
         b[i] = val(*(const uint64_t *)ctx, g, s, start + i);
 }
 
-/* Save a GPT-2 checkpoint of config c at step 5 by world ranks, as an engine would. */
-static char *save_gpt2(const char *run, const zfmt_gpt2_config *c, uint32_t world, uint64_t seed)
+/* Save a checkpoint of layout L (GPT-2 config c) at step 5 by world ranks, as an engine would,
+ * its elements from fill. */
+static char *save_layout(const char *run, const zck_layout *L, const zfmt_gpt2_config *c,
+                         uint32_t world, zt_fill_fn fill, void *ctx)
 {
-    zck_layout *L;
-    ZT_OK(zfmt_gpt2_layout(&L, c));
     char *model;
     ZT_OK(zfmt_gpt2_config_to_json(&model, c));
     zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
@@ -141,8 +141,17 @@ static char *save_gpt2(const char *run, const zfmt_gpt2_config *c, uint32_t worl
     o.zero_stage = 3;
     o.model_json = model;
     o.training_json = "{\"optimizer_step\":5}";
-    char *final = zt_save_as(run, L, &o, val_fill, &seed);
+    char *final = zt_save_as(run, L, &o, fill, ctx);
     free(model);
+    return final;
+}
+
+/* Save a GPT-2 checkpoint of config c (its own layout, f32 states) holding val. */
+static char *save_gpt2(const char *run, const zfmt_gpt2_config *c, uint32_t world, uint64_t seed)
+{
+    zck_layout *L;
+    ZT_OK(zfmt_gpt2_layout(&L, c));
+    char *final = save_layout(run, L, c, world, val_fill, &seed);
     zck_layout_free(L);
     return final;
 }
@@ -1210,4 +1219,48 @@ ZT_TEST(formats_llmc_export_refuses_non_gpt2)
     check_no_file_like(".", "m.bin");
     zck_layout_free(L);
     free(p);
+}
+
+/* Whether the JSON header of the safetensors file at path (after its 8-byte length) has text. */
+static int st_has(const char *path, const char *text)
+{
+    char *t = zt_slurp(path);
+    int has = t && strstr(t + 8, text) != NULL;
+    free(t);
+    return has;
+}
+
+/* An HF export without a dtype writes the tensors as stored, and config.json's torch_dtype says
+ * what they are: a checkpoint whose param state is bf16 gives bfloat16 (it said float32). */
+ZT_TEST(formats_hf_export_dtype_as_stored)
+{
+    zck_gpt2_config c = {.layers = 1, .heads = 2, .dim = 8, .ctx = 8, .vocab = 256};
+    zck_layout *A, *L;
+    ZT_OK(zck_gpt2_layout(&A, &c));
+    ZT_OK(zck_layout_new(&L));
+    ZT_OK(zck_layout_add_state(L, "param", ZCK_BF16));
+    for (size_t g = 0; g < zck_layout_n_groups(A); g++) {
+        size_t gi;
+        ZT_OK(zck_layout_add_group(L, &gi, zck_layout_group_name(A, g)));
+        for (size_t t = 0; t < zck_layout_group_n_tensors(A, g); t++) {
+            zck_tensor_info ti;
+            zck_layout_tensor(A, g, t, &ti);
+            ZT_OK(zck_layout_add_tensor(L, gi, ti.name, ti.dtype, ti.ndim, ti.shape));
+        }
+    }
+    uint64_t seed = 7;
+    free(save_layout("run", L, &c, 1, zt_seed_fill, &seed));
+    ZT_OK(zfmt_hf_export("run", "as", NULL));
+    zt_file_has("as/config.json", "\"torch_dtype\": \"bfloat16\"");
+    ZT_CHECK(st_has("as/model.safetensors", "\"dtype\":\"BF16\""));
+    ZT_CHECK(!st_has("as/model.safetensors", "\"dtype\":\"F32\""));
+    /* converted: what it was converted to */
+    zfmt_hf_opts h = ZFMT_HF_OPTS_INIT;
+    h.dtype = ZCK_F32;
+    ZT_OK(zfmt_hf_export("run", "f32", &h));
+    zt_file_has("f32/config.json", "\"torch_dtype\": \"float32\"");
+    ZT_CHECK(st_has("f32/model.safetensors", "\"dtype\":\"F32\"") &&
+             !st_has("f32/model.safetensors", "\"dtype\":\"BF16\""));
+    zck_layout_free(A);
+    zck_layout_free(L);
 }

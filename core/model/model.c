@@ -514,7 +514,8 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout, const 
     par_for(col_blocks(C), 1, encoder_backward_cols, &a);
 }
 
-/* out = (inp - mean) * rstd * w + b per row of C; mean, rstd [N] kept for backward. */
+/* out = (inp - mean) * rstd * w + b per row of C; mean, rstd [N] kept for backward (NULL: not
+ * kept, as generate.c's inference). */
 typedef struct {
     float *out, *mean, *rstd;
     const float *inp, *w, *bias;
@@ -542,12 +543,14 @@ ZR_VEC_CLONES static void layernorm_forward_rows(void *p, size_t n0, size_t n1)
         float s = 1.0f / sqrtf(var + LN_EPS);
         for (i = 0; i < C; i++)
             o[i] = (x[i] - mu) * s * w[i] + bias[i];
-        a->mean[n] = mu;
-        a->rstd[n] = s;
+        if (a->mean) {
+            a->mean[n] = mu;
+            a->rstd[n] = s;
+        }
     }
 }
 
-static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+void zr__layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *bias, size_t N, size_t C)
 {
     layernorm_fwd_args a = {out, mean, rstd, inp, w, bias, C};
@@ -651,7 +654,7 @@ ZR_VEC_CLONES static void gelu_forward_elems(void *p, size_t i0, size_t i1)
         out[i] = 0.5f * inp[i] * (1.0f + gelu_tanh(inp[i]));
 }
 
-static void gelu_forward(float *out, const float *inp, size_t n)
+void zr__gelu_forward(float *out, const float *inp, size_t n)
 {
     gelu_args a = {out, inp};
     par_for(n, ELEMS_GRAIN, gelu_forward_elems, &a);
@@ -705,7 +708,7 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &m->layer[l];
         ZR_TRY(params_get(m, l + 2, &P));
-        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, TENSOR(P, LN1W),
+        zr__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, TENSOR(P, LN1W),
                           TENSOR(P, LN1B), N, C);
         zr__matmul_forward(a->qkv, NULL, a->ln1, TENSOR(P, QKVW), TENSOR(P, QKVB), N, C, 3 * C);
         zr__att_geom ag = {B, T, NH, C / NH, 1, 3 * C, C, 2 * C};
@@ -713,10 +716,10 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
         /* res2 = res + c_proj(atty) */
         zr__matmul_forward(a->res2, res, a->atty, TENSOR(P, ATTPROJW), TENSOR(P, ATTPROJB), N,
                        C, C);
-        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, TENSOR(P, LN2W),
+        zr__layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, TENSOR(P, LN2W),
                           TENSOR(P, LN2B), N, C);
         zr__matmul_forward(a->fch, NULL, a->ln2, TENSOR(P, FCW), TENSOR(P, FCB), N, C, 4 * C);
-        gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
+        zr__gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
         /* res3 = res2 + mlp */
         zr__matmul_forward(a->res3, a->res2, a->fch_gelu, TENSOR(P, FCPROJW), TENSOR(P, FCPROJB),
                        N, 4 * C, C);
@@ -724,7 +727,8 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
         res = a->res3;
     }
     ZR_TRY(params_get(m, L + 2, &P));
-    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P + m->off.lnf_w, P + m->off.lnf_b,
+    zr__layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P + m->off.lnf_w,
+                          P + m->off.lnf_b,
                       N, C);
     ZR_TRY(params_put(m, L + 2));
     /* logits [N, V] = lnf [N, C] wte[V, C]^T: the head is tied to the token embedding */

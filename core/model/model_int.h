@@ -61,6 +61,12 @@ int zr__backward_check(int fwd_targets);
 /* C[M, N] = op(A) op(B) + beta C, row-major, on the par_for threads */
 void zr__gemm(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
               const float *B, size_t ldb, float beta, float *C, size_t ldc);
+/* model.c's LayerNorm over N rows of C (mean, rstd [N] kept when not NULL) and tanh GELU of n
+ * elements (out may be inp), on the par_for threads: the training forward's, and inference's
+ * (generate.c), so both compute the same numbers. */
+void zr__layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                           const float *w, const float *bias, size_t N, size_t C);
+void zr__gelu_forward(float *out, const float *inp, size_t n);
 /* out[N, OC] = (res ? res : 0) + inp[N, IC] W[OC, IC]^T + (bias ? bias : 0) */
 void zr__matmul_forward(float *out, const float *res, const float *inp, const float *W,
                         const float *bias, size_t N, size_t IC, size_t OC);
