@@ -332,7 +332,7 @@ static int hf_refuse_fields(json_t *root, const hf_rule *rules, size_t n, const 
         json_t *v = json_object_get(root, rules[i].field);
         if (!v || hf_rule_ok(&rules[i], v))
             continue;
-        char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+        char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(9));
         int rc = zr_err_set(ZR_EUNSUPPORTED, "%s: field '%s' is %.80s%s: not supported (%s)",
                             cfg, rules[i].field, text ? text : "?",
                             text && strlen(text) > 80 ? "..." : "", rules[i].why);
