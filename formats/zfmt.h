@@ -122,11 +122,12 @@ typedef struct {
  * Import a model as a new checkpoint at step 0 in run directory out_run_dir (created;
  * ZR_EEXIST if it holds a checkpoint already), committed atomically with `latest`. src is one
  * of: a safetensors file in our names (as zfmt_safetensors_export writes; any family by its
- * zero.model metadata), a Hugging Face directory of GPT2LMHeadModel or LlamaForCausalLM
+ * zero.model metadata), a Hugging Face directory of GPT2LMHeadModel (or GPT2Model) or
+ * LlamaForCausalLM
  * (config.json + model.safetensors, or shards named by model.safetensors.index.json; GPT-2's
  * Conv1D weights transposed to [out, in], the "transformer." / "model." prefixes, buffers and a
- * tied head ignored; Llama config fields that change the maths refused naming the field,
- * ZR_EUNSUPPORTED), or an llm.c model file (padded vocabulary rows dropped). Optimizer states
+ * tied head ignored; config.json fields that change the maths refused naming the field,
+ * ZR_EUNSUPPORTED: docs/CLI.md `import`), or an llm.c model file (padded vocabulary rows dropped). Optimizer states
  * start at zero; the training section is {"optimizer_step":0,"imported_from":"<src>"}. Every
  * tensor missing, duplicated or of the wrong shape is an error naming it.
  */

@@ -792,16 +792,26 @@ static void make_model(const char *path, const zfmt_gpt2_config *c, const hf_opt
     zck_layout_free(L);
 }
 
+/* dir/config.json of a GPT-2 of config c: architectures [arch], model_type gpt2, the shape,
+ * then the fields in extra (",\"name\":value..." or ""). */
+static void write_gpt2_config(const char *dir, const zfmt_gpt2_config *c, const char *arch,
+                              const char *extra)
+{
+    char p[512], cfg[1024];
+    snprintf(cfg, sizeof cfg, "{\"architectures\":[\"%s\"],\"model_type\":\"gpt2\","
+             "\"n_layer\":%u,\"n_head\":%u,\"n_embd\":%u,\"n_positions\":%u,\"n_ctx\":%u,"
+             "\"vocab_size\":%u%s}\n", arch, c->layers, c->heads, c->dim, c->ctx, c->ctx,
+             c->vocab, extra);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    zt_write_file(p, cfg);
+}
+
 static void make_hf(const char *dir, const zfmt_gpt2_config *c, const hf_opts *o)
 {
     ZT_CHECK(mkdir(dir, 0755) == 0);
-    char p[512], cfg[512];
-    snprintf(cfg, sizeof cfg, "{\"architectures\":[\"GPT2LMHeadModel\"],\"model_type\":\"gpt2\","
-             "\"n_layer\":%u,\"n_head\":%u,\"n_embd\":%u,\"n_positions\":%u,\"n_ctx\":%u,"
-             "\"vocab_size\":%u,\"n_inner\":null,\"activation_function\":\"gelu_new\"}\n",
-             c->layers, c->heads, c->dim, c->ctx, c->ctx, c->vocab);
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    zt_write_file(p, cfg);
+    char p[512];
+    write_gpt2_config(dir, c, "GPT2LMHeadModel",
+                      ",\"n_inner\":null,\"activation_function\":\"gelu_new\"");
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     make_model(p, c, o, "{\"format\":\"pt\"}");
 }
@@ -967,6 +977,83 @@ ZT_TEST(formats_import_hf_errors)
     ZT_ERR(zfmt_import("hfc", "run", &io), ZR_ENOTFOUND, "hfc/config.json");
     ZT_ERR(zfmt_import("nothing-here", "run", &io), ZR_ENOTFOUND, "nothing-here");
     ZT_CHECK(file_size("run") < 0);
+}
+
+/* GPT-2 config.json fields that change the maths: each refused naming config.json, the field
+ * and its value, nothing written; transformers' defaults, written out or left out, and the
+ * values that are the same maths in float32 are accepted. */
+ZT_TEST(formats_import_hf_gpt2_refuses_naming_the_field)
+{
+    hf_opts o = {0};
+    make_hf("hf", &tiny, &o);
+    static const struct {
+        const char *arch, *extra;
+        int code;
+        const char *msg;
+    } bad[] = {
+        {"GPT2LMHeadModel", ",\"activation_function\":\"gelu\"", ZR_EUNSUPPORTED,
+         "field 'activation_function' is \"gelu\": not supported"},
+        {"GPT2LMHeadModel", ",\"activation_function\":\"relu\"", ZR_EUNSUPPORTED,
+         "field 'activation_function' is \"relu\""},
+        {"GPT2LMHeadModel", ",\"activation_function\":null", ZR_EUNSUPPORTED,
+         "field 'activation_function' is null"},
+        {"GPT2LMHeadModel", ",\"layer_norm_epsilon\":1e-6", ZR_EUNSUPPORTED,
+         "field 'layer_norm_epsilon' is 1e-6"},
+        {"GPT2LMHeadModel", ",\"layer_norm_epsilon\":\"1e-5\"", ZR_EUNSUPPORTED,
+         "field 'layer_norm_epsilon' is \"1e-5\""},
+        {"GPT2LMHeadModel", ",\"scale_attn_weights\":false", ZR_EUNSUPPORTED,
+         "field 'scale_attn_weights' is false"},
+        {"GPT2LMHeadModel", ",\"scale_attn_by_inverse_layer_idx\":true", ZR_EUNSUPPORTED,
+         "field 'scale_attn_by_inverse_layer_idx' is true"},
+        {"GPT2LMHeadModel", ",\"add_cross_attention\":true", ZR_EUNSUPPORTED,
+         "field 'add_cross_attention' is true"},
+        {"GPT2LMHeadModel", ",\"n_inner\":16", ZR_EUNSUPPORTED, "field 'n_inner' is 16"},
+        {"GPT2LMHeadModel", ",\"n_inner\":32.0", ZR_EUNSUPPORTED, "field 'n_inner' is 32.0"},
+        {"GPT2LMHeadModel", ",\"tie_word_embeddings\":false", ZR_EUNSUPPORTED,
+         "field 'tie_word_embeddings' is false"},
+        {"GPT2ForSequenceClassification", "", ZR_EUNSUPPORTED,
+         "field 'architectures' is \"GPT2ForSequenceClassification\""},
+        {"LlamaForCausalLM", "", ZR_ECORRUPT,
+         "field 'architectures' (LlamaForCausalLM) and field 'model_type' (gpt2) disagree"},
+    };
+    struct stat st;
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_gpt2_config("hf", &tiny, bad[i].arch, bad[i].extra);
+        ZT_ERR(zfmt_import("hf", "run", NULL), bad[i].code, bad[i].msg);
+        if (!strstr(zr_err_msg(), "hf/config.json"))
+            ZT_FAIL("message '%s' does not name hf/config.json", zr_err_msg());
+        ZT_CHECK(lstat("run", &st) < 0); /* nothing written */
+    }
+    /* through the program: the message and a non-zero exit, nothing written */
+    write_gpt2_config("hf", &tiny, "GPT2LMHeadModel", ",\"scale_attn_weights\":false");
+    char *out = NULL;
+    ZT_CHECK(zt_zckpt(&out, "import hf -o run") != 0);
+    ZT_CHECK(strstr(out, "hf/config.json") && strstr(out, "'scale_attn_weights'"));
+    free(out);
+    ZT_CHECK(lstat("run", &st) < 0);
+    /* accepted: no field; transformers' defaults written out; the same maths */
+    static const struct {
+        const char *arch, *extra;
+    } good[] = {
+        {"GPT2LMHeadModel", ""},
+        {"GPT2LMHeadModel", ",\"activation_function\":\"gelu_new\",\"layer_norm_epsilon\":1e-05,"
+                            "\"scale_attn_weights\":true,\"scale_attn_by_inverse_layer_idx\":false,"
+                            "\"reorder_and_upcast_attn\":false,\"add_cross_attention\":false,"
+                            "\"n_inner\":null,\"tie_word_embeddings\":true"},
+        {"GPT2LMHeadModel", ",\"activation_function\":\"gelu_pytorch_tanh\",\"n_inner\":32,"
+                            "\"layer_norm_epsilon\":0.00001,\"reorder_and_upcast_attn\":true"},
+        {"GPT2LMHeadModel", ",\"activation_function\":\"gelu_python_tanh\","
+                            "\"layer_norm_epsilon\":null"},
+        {"GPT2LMHeadModel", ",\"activation_function\":\"gelu_fast\""},
+        {"GPT2Model", ""},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        char run[32];
+        snprintf(run, sizeof run, "ok%zu", i);
+        write_gpt2_config("hf", &tiny, good[i].arch, good[i].extra);
+        ZT_OK(zfmt_import("hf", run, NULL));
+        check_imported(run, &tiny, 1, "hf");
+    }
 }
 
 ZT_TEST(formats_import_our_safetensors)
