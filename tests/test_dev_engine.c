@@ -122,7 +122,7 @@ ZT_TEST(dev_engine_llama_stages_match_cpu)
     setenv("ZR_CUDA_LIB", "hostsim", 1);
     for (int s = 0; s <= 3; s++) {
         const char *model = s == 2 ? LLAMA ",tied=1" : LLAMA;
-        char log[32], cj[32], dj[32], cd[8], dd[8];
+        char log[32], cj[32], dj[32], cd[16], dd[16];
         snprintf(log, sizeof log, "c%d.log", s);
         zt_zrunf_ok(log, "--model %s " LL_COMMON "--device cpu --zero %d --ckpt-dir c%d "
                     "--log-json c%d.json", model, s, s, s);
