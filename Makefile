@@ -263,17 +263,31 @@ $(BUILD)/zt: $(TEST_OBJ) $(BUILD)/cli/common.o $(BUILD)/libzr.a $(BUILD)/libzfmt
 
 # The oracles from outside (tests that compare with the reference Python libraries): a venv in
 # build/venv with Hugging Face `tokenizers` (tests/tok/oracle.py), `transformers`, `safetensors`
-# and numpy (tests/formats/hf_gpt2_ref.py), and openai-whisper without its dependencies for the
-# GPT-2 ranks it ships; made once when PyPI is reachable (the tests that need it skip otherwise).
+# and numpy, and openai-whisper without its dependencies for the GPT-2 ranks it ships; then, as a
+# second step with its own marker, torch (PyPI's wheel, used on the CPU) for the HF oracles of
+# tests/formats/hf_torch.py, so that a failed torch install leaves the others working (those
+# tests then skip). Each step runs once when PyPI is reachable; a failed torch install is
+# remembered in .oracle-torch-failed (remove it to try again). ZT_VENV=DIR (a ready venv with
+# these packages) makes both steps do nothing and the tests use DIR instead.
 ORACLE_VENV := build/venv
 ORACLE_PKGS := tokenizers transformers safetensors numpy
+ORACLE_TORCH_TIMEOUT ?= 1200
 oracle-venv:
-	@test -f $(ORACLE_VENV)/.oracle-ready || { \
+	@if [ -n "$$ZT_VENV" ]; then echo "oracle-venv: the tests use ZT_VENV=$$ZT_VENV"; exit 0; fi; \
+	test -f $(ORACLE_VENV)/.oracle-ready || { \
 	  { test -x $(ORACLE_VENV)/bin/python || python3 -m venv $(ORACLE_VENV); } >/dev/null 2>&1 && \
 	  timeout 600 $(ORACLE_VENV)/bin/pip install -q $(ORACLE_PKGS) >/dev/null 2>&1 && \
 	  { timeout 300 $(ORACLE_VENV)/bin/pip install -q --no-deps openai-whisper >/dev/null 2>&1 || \
 	    true; } && touch $(ORACLE_VENV)/.oracle-ready || \
-	  echo "oracle-venv: no venv with $(ORACLE_PKGS) (PyPI not reachable?): oracle tests will skip"; }
+	  echo "oracle-venv: no venv with $(ORACLE_PKGS) (PyPI not reachable?): oracle tests will skip"; }; \
+	test ! -f $(ORACLE_VENV)/.oracle-ready -o -f $(ORACLE_VENV)/.oracle-torch -o \
+	  -f $(ORACLE_VENV)/.oracle-torch-failed || { \
+	  echo "oracle-venv: installing torch into $(ORACLE_VENV) (about 5 GB, a few minutes)"; \
+	  timeout $(ORACLE_TORCH_TIMEOUT) $(ORACLE_VENV)/bin/pip install -q torch \
+	    > $(ORACLE_VENV)/.oracle-torch-log 2>&1 && \
+	  $(ORACLE_VENV)/bin/python -c 'import torch; torch.zeros(1)' >> $(ORACLE_VENV)/.oracle-torch-log 2>&1 && \
+	  touch $(ORACLE_VENV)/.oracle-torch || { touch $(ORACLE_VENV)/.oracle-torch-failed; \
+	  echo "oracle-venv: torch did not install (see $(ORACLE_VENV)/.oracle-torch-log): the torch oracles will skip"; }; }
 
 # the CLI tests run the real zckpt, zrun, zgen and ztok binaries (ZT_ZCKPT, ZT_ZRUN, ZT_ZGEN,
 # ZT_ZTOK)

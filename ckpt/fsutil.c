@@ -170,6 +170,30 @@ int zck__write_small(const char *path, const void *data, size_t len)
     return 0;
 }
 
+int zck_write_file_atomic(const char *path, const void *data, size_t len)
+{
+    const char *slash = strrchr(path, '/');
+    size_t dl = slash ? (size_t)(slash - path) + 1 : 0; /* the directory, its '/' included */
+    char *dir = dl ? strndup(path, dl) : strdup("."), *tmp = malloc(strlen(path) + 40);
+    int rc = 0;
+    if (!dir || !tmp) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    snprintf(tmp, strlen(path) + 40, "%.*s.%s.tmp-%ld", (int)dl, path, path + dl,
+             (long)getpid());
+    unlink(tmp); /* a temporary of ours left by a crash, or a FIFO that would block the open */
+    if ((rc = zck__write_small(tmp, data, len)) || (rc = zck__rename(tmp, path)) ||
+        (rc = zck_fsync_dir(dir))) {
+        unlink(tmp);
+        zr_err_prefix("%s: ", path);
+    }
+out:
+    free(dir);
+    free(tmp);
+    return rc;
+}
+
 const char *zck__file_type_name(mode_t m)
 {
     return S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) ? "a character device"

@@ -102,22 +102,12 @@ out:
 
 int zck__write_latest(const char *run_dir, const char *name)
 {
-    char tmpname[64], line[64];
-    snprintf(tmpname, sizeof tmpname, ".latest.tmp-%ld", (long)getpid());
+    char line[64];
     snprintf(line, sizeof line, "%s\n", name);
-    char *tmp = zck_path_join(run_dir, tmpname), *dst = zck_path_join(run_dir, "latest");
-    int rc = 0;
-    if (!tmp || !dst) {
-        rc = ZR_ENOMEM;
-        goto out;
-    }
-    ZR_TRY_GOTO(zck__write_small(tmp, line, strlen(line)), rc, out);
-    ZR_TRY_GOTO(zck__rename(tmp, dst), rc, out);
-    ZR_TRY_GOTO(zck_fsync_dir(run_dir), rc, out);
-out:
-    if (rc && tmp)
-        unlink(tmp);
-    free(tmp);
+    char *dst = zck_path_join(run_dir, "latest");
+    if (!dst)
+        return ZR_ENOMEM;
+    int rc = zck_write_file_atomic(dst, line, strlen(line)); /* its temporary: .latest.tmp-PID */
     free(dst);
     return rc;
 }

@@ -270,6 +270,25 @@ int zck_gpt2_layout(zck_layout **out, const zck_gpt2_config *c);
 int zck_gpt2_to_json(char **out, const zck_gpt2_config *c);
 int zck_gpt2_from_json(zck_gpt2_config *out, const char *json);
 
+/* ---------------------------------------------------------------- llm.c token files (tokfile.c)
+ *
+ * int32 header[256] little-endian: [0] magic 20240520, [1] version, [2] token count, [3] the
+ * tokenizer's vocabulary size (0: not said, as llm.c writes), then the tokens: version 1 uint16,
+ * version 2 uint32 (ztok's, for vocabularies over 65536); the file is exactly header and tokens.
+ * zck_token_header_parse: the header of a file of size bytes at data, checked against the size;
+ * errors (ZR_ECORRUPT) name path. */
+#define ZCK_TOKENS_MAGIC 20240520
+#define ZCK_TOKENS_U16 1
+#define ZCK_TOKENS_U32 2
+#define ZCK_TOKENS_HEADER_BYTES 1024
+typedef struct {
+    uint32_t version, vocab; /* vocab: 0 when the header does not say */
+    int width;               /* bytes a token: 2 or 4 */
+    uint64_t count;          /* tokens after the header */
+} zck_token_header;
+int zck_token_header_parse(zck_token_header *out, const void *data, size_t size,
+                           const char *path);
+
 /* ---------------------------------------------------------------- progress */
 
 /* Long operations report progress through this callback (the CLI draws a bar from it).
@@ -298,6 +317,10 @@ int zck_open_regular(int *out, const char *path, int nofollow, uint64_t *bytes);
  * RENAME_NOREPLACE (checked, then renamed). */
 char *zck_path_join(const char *a, const char *b);
 int zck_fsync_dir(const char *dir);
+/* A small file replaced whole or not at all: data into a temporary beside it (.NAME.tmp-PID,
+ * whatever had that name removed first), fsync'ed, renamed over path, the directory fsync'ed;
+ * on failure the temporary is removed and the message names path. */
+int zck_write_file_atomic(const char *path, const void *data, size_t len);
 int zck_rename_noreplace(const char *from, const char *to);
 
 /* ---------------------------------------------------------------- writing a checkpoint */

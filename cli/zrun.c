@@ -188,7 +188,7 @@ static const zcli_opt zrun_table[] = {
                 "tiny, gpt2, gpt2-medium, gpt2:layers=4,heads=4,dim=256,ctx=128,vocab=256, "
                 "llama (llama-tiny), llama-124m, smollm-135m, tinyllama-1.1b, or "
                 "llama:layers=2,heads=4,kv_heads=2,dim=64,ffn=176,ctx=64,vocab=256"
-                "[,rope_theta=R,norm_eps=E,tied=0|1] (Llama: CPU only for now)"),
+                "[,rope_theta=R,norm_eps=E,tied=0|1]"),
     ZCLI_STRING("--data", o.data, "SPEC", NULL,
                 "synthetic (a built-in learnable corpus), a text file (bytes, vocab 256) or an "
                 "llm.c token file (uint16 or uint32 tokens, as ztok encode writes)"),
@@ -283,10 +283,10 @@ static const zcli_opt zrun_table[] = {
     ZCLI_INTEGER(U32, "--prefetch", o.prefetch, "N", 0, 64, NULL,
                  "stage 3: group gathers in flight ahead of use"),
     ZCLI_INTEGER(U64, "--max-live-params", o.max_live_params, "N", 0, UINT64_MAX,
-                 "0, the rank's partition",
+                 "0, a quarter of the rank's partition",
                  "stages 2-3 on the CPU: parameters the ordinary gather and gradient buffers hold "
                  "together at most (at least two gathers and two gradients; --prefetch is cut to "
-                 "fit; the embeddings keep buffers of their own)"),
+                 "fit; the embeddings' gradients come in pieces of a gradient buffer)"),
     ZCLI_ENUM("--log-ranks", log_all, ranks_names, ranks_values, NULL,
               "0: rank 0's output; all: every rank's, prefixed"),
     ZCLI_INTEGER(U32, "--nnodes", no.nnodes, "N", 1, 1024, NULL,

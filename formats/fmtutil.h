@@ -76,6 +76,9 @@ typedef struct zfmt__hf_family zfmt__hf_family;
 const zfmt__hf_family *zfmt__hf_family_of(const char *arch);
 /* config.json's architecture ("GPT2LMHeadModel", "LlamaForCausalLM"). */
 const char *zfmt__hf_arch(const zfmt__hf_family *f);
+/* 1 when the import takes config.json's architecture hf_arch as family f: its own, or the model
+ * without its head where the head is tied ("GPT2Model"). */
+int zfmt__hf_arch_imports(const zfmt__hf_family *f, const char *hf_arch);
 /* Hugging Face's name of one of our tensors ("transformer.h.0.attn.c_attn.weight"), into out;
  * *transposed is 1 for a weight Hugging Face stores [in, out] (GPT-2's Conv1D). */
 int zfmt__hf_name(const zfmt__hf_family *f, char *out, size_t n, const char *ours,

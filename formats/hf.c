@@ -216,10 +216,15 @@ static int ckpt_tokenizer(const char *path, const char *ckpt)
 }
 
 /* The model config and step of a checkpoint (its manifest only). */
-static int read_config(zck_arch_config *a, uint64_t *step, const char *ckpt)
+static int read_config(zck_arch_config *a, uint64_t *step, int *param_dtype, const char *ckpt)
 {
     zck_reader *r = NULL;
     ZR_TRY(zck_reader_open(&r, ckpt));
+    const zck_layout *L = zck_reader_layout(r);
+    *param_dtype = ZCK_F32;
+    for (size_t s = 0; s < zck_layout_n_states(L); s++)
+        if (!strcmp(zck_layout_state_name(L, s), "param"))
+            *param_dtype = (int)zck_layout_state_dtype(L, s);
     int rc = zck_arch_config_from_json(a, zck_reader_model_json(r), NULL);
     if (rc) { /* the message is formatted into the error record it reads: copy it first */
         char why[512];
@@ -276,11 +281,12 @@ int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o)
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp-%ld", dir, (long)getpid()) >= sizeof tmp)
         return zr_err_set(ZR_EINVAL, "%s: path too long", out_dir);
 
-    int exists;
+    int exists, stored;
     zck_arch_config c;
     uint64_t step;
     ZR_TRY(check_target(dir, o->force, &exists));
-    ZR_TRY(read_config(&c, &step, ckpt));
+    ZR_TRY(read_config(&c, &step, &stored, ckpt));
+    int dtype = o->dtype < 0 ? stored : o->dtype; /* config.json says what the tensors are */
     if (mkdir(tmp, 0755) < 0)
         return zr_err_sys(errno, "%s: create", tmp);
 
@@ -292,8 +298,8 @@ int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o)
     if (!rc) {
         snprintf(path, sizeof path, "%s/config.json", tmp);
         rc = write_json(path, !strcmp(zck_arch_name(c.arch), "llama")
-                                  ? llama_config(&c, o->dtype, step)
-                                  : gpt2_config(&c, o->dtype, step));
+                                  ? llama_config(&c, dtype, step)
+                                  : gpt2_config(&c, dtype, step));
     }
     if (!rc) {
         snprintf(path, sizeof path, "%s/tokenizer.json", tmp);

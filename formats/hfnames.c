@@ -17,6 +17,7 @@
 struct zfmt__hf_family {
     const char *arch;          /* ckpt's family name */
     const char *hf_arch;       /* config.json's architectures[0] */
+    const char *hf_bare;       /* the model without its head, also imported, or NULL */
     const char *prefix;        /* before our names in Hugging Face's */
     const char *outside;       /* a name kept outside the prefix (as ours), or NULL */
     const char *head;          /* the output head: skipped on import when ours is tied */
@@ -32,6 +33,7 @@ static const zfmt__hf_family families[] = {
     {
         .arch = "gpt2",
         .hf_arch = "GPT2LMHeadModel",
+        .hf_bare = "GPT2Model", /* its head is tied: the same model */
         .prefix = "transformer.",
         .head = "lm_head.weight",
         .renamed = {{"wte", "wte.weight"}, {"wpe", "wpe.weight"}},
@@ -62,6 +64,11 @@ const zfmt__hf_family *zfmt__hf_family_of(const char *arch)
 }
 
 const char *zfmt__hf_arch(const zfmt__hf_family *f) { return f->hf_arch; }
+
+int zfmt__hf_arch_imports(const zfmt__hf_family *f, const char *hf_arch)
+{
+    return !strcmp(hf_arch, f->hf_arch) || (f->hf_bare && !strcmp(hf_arch, f->hf_bare));
+}
 
 /* The kind of a per-layer name "<layers>.<digits>.<kind>", or NULL. */
 static const char *layer_kind(const zfmt__hf_family *f, const char *name)

@@ -1,7 +1,8 @@
 /*
  * import.c: import a model as a new checkpoint at step 0 (zfmt_import). Three sources:
- *   - a Hugging Face directory of GPT2LMHeadModel or LlamaForCausalLM: config.json (the family
- *     from model_type / architectures; Llama fields that change the maths refused naming them)
+ *   - a Hugging Face directory of GPT2LMHeadModel (or GPT2Model) or LlamaForCausalLM:
+ *     config.json (the family from model_type / architectures; fields that change the maths
+ *     refused naming them)
  *     + model.safetensors, or the shards model.safetensors.index.json names; the names are
  *     mapped by the family's table (hfnames.c: prefixes, GPT-2's Conv1D weights stored [in, out]
  *     and transposed to our [out, in], buffers and a tied head ignored);
@@ -264,24 +265,6 @@ static int load_json(json_t **out, const char *path)
     return 0;
 }
 
-/* GPT2LMHeadModel's config.json (n_layer, n_head, n_embd, n_positions, vocab_size). */
-static int hf_config_gpt2(source *s, json_t *root, const char *cfg)
-{
-    ZR_TRY(json_field_u32(&s->c.layers, root, "n_layer", cfg));
-    ZR_TRY(json_field_u32(&s->c.heads, root, "n_head", cfg));
-    ZR_TRY(json_field_u32(&s->c.dim, root, "n_embd", cfg));
-    ZR_TRY(json_field_u32(&s->c.ctx, root,
-                          json_object_get(root, "n_positions") ? "n_positions" : "n_ctx", cfg));
-    ZR_TRY(json_field_u32(&s->c.vocab, root, "vocab_size", cfg));
-    json_t *inner = json_object_get(root, "n_inner");
-    if (inner && !json_is_null(inner) &&
-        (!json_is_integer(inner) || json_integer_value(inner) != 4 * (json_int_t)s->c.dim))
-        return zr_err_set(ZR_EUNSUPPORTED, "%s: n_inner other than 4 * n_embd is not supported",
-                          cfg);
-    zck_gpt2_to_arch(&s->a, &s->c);
-    return 0;
-}
-
 /* An optional field of config.json: absent or null gives def; else a number in (0, max]. */
 static int json_field_real(double *out, json_t *root, const char *name, double def, double max,
                            const char *path)
@@ -296,33 +279,127 @@ static int json_field_real(double *out, json_t *root, const char *name, double d
     return 0;
 }
 
-/* Fields of a Llama config.json that would change the maths unless at their neutral value:
- * refused naming the field rather than silently ignored. */
+/* ---------------------------------------------------------------- config.json refusals
+ * A field of config.json that would change the maths unless at its neutral value is refused
+ * naming the field (and what it holds) rather than silently ignored. Each family lists its
+ * fields in a table of rules; absent is always transformers' default, which zero computes. */
+
+enum hf_want {
+    HF_NULL,   /* absent or null */
+    HF_FALSE,  /* absent or false */
+    HF_TRUE,   /* absent or true */
+    HF_ONE_OF, /* absent, or one of names */
+    HF_INT,    /* absent, null, or the integer value */
+    HF_F32     /* absent, null, or a number equal to value in float32 (zero computes in f32) */
+};
+
+typedef struct {
+    const char *field;
+    enum hf_want want;
+    const char *const *names; /* HF_ONE_OF: the accepted strings, NULL-terminated */
+    double value;             /* HF_INT, HF_F32: the accepted number */
+    const char *why;          /* what zero computes instead, for the message */
+} hf_rule;
+
+static int hf_rule_ok(const hf_rule *r, json_t *v)
+{
+    switch (r->want) {
+    case HF_NULL:
+        return json_is_null(v);
+    case HF_FALSE:
+        return json_is_false(v);
+    case HF_TRUE:
+        return json_is_true(v);
+    case HF_ONE_OF:
+        for (size_t i = 0; json_is_string(v) && r->names[i]; i++)
+            if (!strcmp(json_string_value(v), r->names[i]))
+                return 1;
+        return 0;
+    case HF_INT:
+        return json_is_null(v) || (json_is_integer(v) && json_integer_value(v) == r->value);
+    case HF_F32:
+        return json_is_null(v) ||
+               (json_is_number(v) && (float)json_number_value(v) == (float)r->value);
+    }
+    return 0;
+}
+
+/* ZR_EUNSUPPORTED naming cfg, the first field of rules[n] that root holds at another value, the
+ * value and the rule's reason; 0 when every field is absent or neutral. */
+static int hf_refuse_fields(json_t *root, const hf_rule *rules, size_t n, const char *cfg)
+{
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_object_get(root, rules[i].field);
+        if (!v || hf_rule_ok(&rules[i], v))
+            continue;
+        char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(9));
+        int rc = zr_err_set(ZR_EUNSUPPORTED, "%s: field '%s' is %.80s%s: not supported (%s)",
+                            cfg, rules[i].field, text ? text : "?",
+                            text && strlen(text) > 80 ? "..." : "", rules[i].why);
+        free(text);
+        return rc;
+    }
+    return 0;
+}
+
+/* GPT-2's config.json: besides the shape, transformers' GPT2Config fields that change what the
+ * model computes. reorder_and_upcast_attn is accepted: in transformers it only moves the 1 /
+ * sqrt(head size) scale into the q k^T product (baddbmm's alpha) and computes that product and
+ * the softmax in float32, so in float32, as zero computes, it changes rounding, not the maths
+ * (and only in the "eager" attention; the others ignore it). */
+static int gpt2_refusals(json_t *root, uint32_t dim, const char *cfg)
+{
+    /* transformers' names of the tanh approximation of GELU, zero's: the formula written out
+     * (gelu_new, gelu_python_tanh), torch's gelu(approximate="tanh") (gelu_pytorch_tanh), the
+     * same with sqrt(2 / pi) as 0.7978845608 (gelu_fast: the same float32 constant) */
+    static const char *const tanh_gelu[] = {"gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh",
+                                            "gelu_fast", NULL};
+    const hf_rule rules[] = {
+        {"activation_function", HF_ONE_OF, tanh_gelu, 0,
+         "zero's GPT-2 has the tanh approximation of GELU: gelu_new, gelu_pytorch_tanh, "
+         "gelu_python_tanh or gelu_fast"},
+        {"n_inner", HF_INT, NULL, 4.0 * dim, "zero's GPT-2 MLP is 4 * n_embd wide"},
+        {"layer_norm_epsilon", HF_F32, NULL, 1e-5, "zero's GPT-2 LayerNorm epsilon is 1e-5"},
+        {"scale_attn_weights", HF_TRUE, NULL, 0,
+         "zero scales attention scores by 1 / sqrt(head size)"},
+        {"scale_attn_by_inverse_layer_idx", HF_FALSE, NULL, 0,
+         "zero does not scale attention scores by 1 / (layer + 1)"},
+        {"add_cross_attention", HF_FALSE, NULL, 0,
+         "zero's GPT-2 is decoder-only, without cross-attention"},
+        {"tie_word_embeddings", HF_TRUE, NULL, 0, "zero's GPT-2 head is wte (tied)"},
+    };
+    return hf_refuse_fields(root, rules, sizeof rules / sizeof *rules, cfg);
+}
+
+/* GPT2LMHeadModel's config.json (n_layer, n_head, n_embd, n_positions, vocab_size). */
+static int hf_config_gpt2(source *s, json_t *root, const char *cfg)
+{
+    ZR_TRY(json_field_u32(&s->c.layers, root, "n_layer", cfg));
+    ZR_TRY(json_field_u32(&s->c.heads, root, "n_head", cfg));
+    ZR_TRY(json_field_u32(&s->c.dim, root, "n_embd", cfg));
+    ZR_TRY(json_field_u32(&s->c.ctx, root,
+                          json_object_get(root, "n_positions") ? "n_positions" : "n_ctx", cfg));
+    ZR_TRY(json_field_u32(&s->c.vocab, root, "vocab_size", cfg));
+    ZR_TRY(gpt2_refusals(root, s->c.dim, cfg));
+    zck_gpt2_to_arch(&s->a, &s->c);
+    return 0;
+}
+
+/* Llama's config.json: transformers' LlamaConfig fields that change what the model computes. */
 static int llama_refusals(json_t *root, uint32_t dim, uint32_t heads, const char *cfg)
 {
-    static const char *const must_be_null[] = {"rope_scaling", "sliding_window"};
-    static const char *const must_be_false[] = {"attention_bias", "mlp_bias"};
-    for (size_t i = 0; i < 2; i++) {
-        json_t *v = json_object_get(root, must_be_null[i]);
-        if (v && !json_is_null(v))
-            return zr_err_set(ZR_EUNSUPPORTED, "%s: field '%s' is set: not supported (zero's "
-                              "Llama has plain rotary positions over the full context)", cfg,
-                              must_be_null[i]);
-        v = json_object_get(root, must_be_false[i]);
-        if (v && !json_is_false(v))
-            return zr_err_set(ZR_EUNSUPPORTED, "%s: field '%s' is not false: biases are not "
-                              "supported (zero's Llama has none)", cfg, must_be_false[i]);
-    }
-    json_t *act = json_object_get(root, "hidden_act");
-    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu")))
-        return zr_err_set(ZR_EUNSUPPORTED, "%s: field 'hidden_act' is %s: only \"silu\" "
-                          "(SwiGLU) is supported", cfg,
-                          json_is_string(act) ? json_string_value(act) : "not a string");
-    json_t *hd = json_object_get(root, "head_dim");
-    if (hd && !json_is_null(hd) &&
-        (!json_is_integer(hd) || json_integer_value(hd) != (json_int_t)(dim / heads)))
-        return zr_err_set(ZR_EUNSUPPORTED, "%s: field 'head_dim' is not hidden_size / "
-                          "num_attention_heads = %u: not supported", cfg, dim / heads);
+    static const char *const silu[] = {"silu", NULL};
+    const hf_rule rules[] = {
+        {"rope_scaling", HF_NULL, NULL, 0,
+         "zero's Llama has plain rotary positions over the full context"},
+        {"sliding_window", HF_NULL, NULL, 0, "zero's Llama attends over the full context"},
+        {"attention_bias", HF_FALSE, NULL, 0, "zero's Llama has no biases"},
+        {"mlp_bias", HF_FALSE, NULL, 0, "zero's Llama has no biases"},
+        {"hidden_act", HF_ONE_OF, silu, 0, "only \"silu\" (SwiGLU) is supported"},
+        {"head_dim", HF_INT, NULL, dim / heads, "zero's head size is hidden_size / "
+         "num_attention_heads"},
+    };
+    ZR_TRY(hf_refuse_fields(root, rules, sizeof rules / sizeof *rules, cfg));
     json_t *rp = json_object_get(root, "rope_parameters"); /* transformers 5 */
     json_t *rt = rp ? json_object_get(rp, "rope_type") : NULL;
     if (rp && !json_is_null(rp) &&
@@ -386,18 +463,26 @@ static int hf_family(source *s, json_t *root, const char *cfg)
         return zr_err_set(ZR_ECORRUPT, "%s: field 'model_type': expected a string", cfg);
     const char *type = mt ? json_string_value(mt) : NULL;
     const char *arch = ar ? json_string_value(json_array_get(ar, 0)) : NULL;
+    const zfmt__hf_family *by_arch = NULL, *by_type = NULL;
     for (size_t i = 0; i < zck_arch_count(); i++) {
         const char *name = zck_arch_name(zck_arch_at(i));
         const zfmt__hf_family *f = zfmt__hf_family_of(name);
-        if (f && (!type || !strcmp(type, name)) && (!arch || !strcmp(arch, zfmt__hf_arch(f))) &&
-            (type || arch || !strcmp(name, "gpt2"))) {
-            s->fam = f;
-            return 0;
-        }
+        if (f && arch && zfmt__hf_arch_imports(f, arch))
+            by_arch = f;
+        if (f && type && !strcmp(type, name))
+            by_type = f;
     }
-    return zr_err_set(ZR_EUNSUPPORTED, "%s: architecture %s (model_type %s) is not supported "
-                      "(expected GPT2LMHeadModel or LlamaForCausalLM)", cfg,
-                      arch ? arch : "not given", type ? type : "not given");
+    if (arch && !by_arch)
+        return zr_err_set(ZR_EUNSUPPORTED, "%s: field 'architectures' is \"%s\": not supported "
+                          "(expected GPT2LMHeadModel, GPT2Model or LlamaForCausalLM)", cfg, arch);
+    if (type && !by_type)
+        return zr_err_set(ZR_EUNSUPPORTED, "%s: field 'model_type' is \"%s\": not supported "
+                          "(expected gpt2 or llama)", cfg, type);
+    if (by_arch && by_type && by_arch != by_type)
+        return zr_err_set(ZR_ECORRUPT, "%s: field 'architectures' (%s) and field 'model_type' "
+                          "(%s) disagree", cfg, arch, type);
+    s->fam = by_arch ? by_arch : by_type ? by_type : zfmt__hf_family_of("gpt2");
+    return 0;
 }
 
 /* The shards of model.safetensors.index.json: every file its weight_map names, each tensor in

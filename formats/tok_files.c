@@ -9,15 +9,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define HEADER_INTS 256
-#define VERSION_U16 1
-#define VERSION_U32 2
+#define HEADER_INTS (ZCK_TOKENS_HEADER_BYTES / 4)
+#define VERSION_U16 ZCK_TOKENS_U16
+#define VERSION_U32 ZCK_TOKENS_U32
 
 static int write_tokens(const char *path, const uint32_t *ids, size_t n, uint32_t vocab,
                         int version)
 {
     int32_t h[HEADER_INTS] = {0};
-    h[0] = ZFMT_TOKENS_MAGIC;
+    h[0] = ZCK_TOKENS_MAGIC;
     h[1] = version;
     h[2] = (int32_t)n;
     h[3] = (int32_t)vocab;
@@ -90,28 +90,16 @@ int zfmt_tok_file_read(zfmt_tok_ids *out, uint32_t *vocab, const char *path)
     char *buf;
     size_t n;
     ZR_TRY(zfmt__read_file(&buf, &n, path));
-    const uint8_t *p = (const uint8_t *)buf;
-    int rc = 0;
-    uint32_t version = n >= HEADER_INTS * 4 ? le32(p + 4) : 0, count = 0;
-    size_t width = version == VERSION_U32 ? 4 : 2;
-    if (n < HEADER_INTS * 4 || le32(p) != ZFMT_TOKENS_MAGIC)
-        rc = zr_err_set(ZR_ECORRUPT, "%s: not an llm.c token file (magic %d)", path,
-                        ZFMT_TOKENS_MAGIC);
-    else if (version != VERSION_U16 && version != VERSION_U32)
-        rc = zr_err_set(ZR_ECORRUPT, "%s: token file version %u (expected 1 or 2)", path,
-                        version);
-    else if ((count = le32(p + 8)) > INT32_MAX ||
-             (uint64_t)count * width + HEADER_INTS * 4 != n)
-        rc = zr_err_set(ZR_ECORRUPT, "%s: the header says %u tokens of %zu bytes, the file has "
-                        "%zu bytes after the header", path, count, width, n - HEADER_INTS * 4);
-    if (rc == 0 && !(out->id = malloc((count ? count : 1) * sizeof *out->id)))
+    zck_token_header h;
+    int rc = zck_token_header_parse(&h, buf, n, path);
+    if (rc == 0 && !(out->id = malloc((h.count ? h.count : 1) * sizeof *out->id)))
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
     if (rc == 0) {
-        const uint8_t *q = p + HEADER_INTS * 4;
-        for (size_t i = 0; i < count; i++)
-            out->id[i] = width == 4 ? le32(q + 4 * i) : (uint32_t)q[2 * i] | q[2 * i + 1] << 8;
-        out->n = out->cap = count;
-        *vocab = le32(p + 12);
+        const uint8_t *q = (const uint8_t *)buf + ZCK_TOKENS_HEADER_BYTES;
+        for (size_t i = 0; i < h.count; i++)
+            out->id[i] = h.width == 4 ? le32(q + 4 * i) : (uint32_t)q[2 * i] | q[2 * i + 1] << 8;
+        out->n = out->cap = h.count;
+        *vocab = h.vocab;
     }
     free(buf);
     return rc;

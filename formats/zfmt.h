@@ -122,11 +122,12 @@ typedef struct {
  * Import a model as a new checkpoint at step 0 in run directory out_run_dir (created;
  * ZR_EEXIST if it holds a checkpoint already), committed atomically with `latest`. src is one
  * of: a safetensors file in our names (as zfmt_safetensors_export writes; any family by its
- * zero.model metadata), a Hugging Face directory of GPT2LMHeadModel or LlamaForCausalLM
+ * zero.model metadata), a Hugging Face directory of GPT2LMHeadModel (or GPT2Model) or
+ * LlamaForCausalLM
  * (config.json + model.safetensors, or shards named by model.safetensors.index.json; GPT-2's
  * Conv1D weights transposed to [out, in], the "transformer." / "model." prefixes, buffers and a
- * tied head ignored; Llama config fields that change the maths refused naming the field,
- * ZR_EUNSUPPORTED), or an llm.c model file (padded vocabulary rows dropped). Optimizer states
+ * tied head ignored; config.json fields that change the maths refused naming the field,
+ * ZR_EUNSUPPORTED: docs/CLI.md `import`), or an llm.c model file (padded vocabulary rows dropped). Optimizer states
  * start at zero; the training section is {"optimizer_step":0,"imported_from":"<src>"}. Every
  * tensor missing, duplicated or of the wrong shape is an error naming it.
  */
@@ -216,11 +217,10 @@ int zfmt_tok_train(const char *out_json, const char *const *files, size_t n_file
 
 /* ---------------------------------------------------------------- llm.c token files
  *
- * int32 header[256] little-endian: [0] magic 20240520, [1] version, [2] token count, [3] the
- * tokenizer's vocabulary size (0: not said, as llm.c writes), then the tokens: version 1 uint16,
- * version 2 uint32 (written when the vocabulary exceeds 65536).
+ * The format and its header parser are zck.h's ("llm.c token files"): the engine reads them
+ * too. Version 2 (uint32 tokens) is written when the vocabulary exceeds 65536.
  */
-#define ZFMT_TOKENS_MAGIC 20240520
+#define ZFMT_TOKENS_MAGIC ZCK_TOKENS_MAGIC
 
 typedef struct {
     double val_fraction;   /* the tail of the tokens to out_val instead, 0..1 */

@@ -520,7 +520,11 @@ const char *zt_venv_python(const char *modules)
     snprintf(mods, sizeof mods, "%s", modules);
     for (char *m = strtok_r(mods, " ", &save); m; m = strtok_r(NULL, " ", &save))
         snprintf(imports + strlen(imports), sizeof imports - strlen(imports), "import %s; ", m);
-    snprintf(py, sizeof py, "%s/build/venv/bin/python", zt_root());
+    const char *venv = getenv("ZT_VENV");
+    if (venv && *venv)
+        snprintf(py, sizeof py, "%s/bin/python", venv);
+    else
+        snprintf(py, sizeof py, "%s/build/venv/bin/python", zt_root());
     snprintf(cmd, sizeof cmd, "'%s' -c '%s' >/dev/null 2>&1", py, imports);
     return access(py, X_OK) == 0 && system(cmd) == 0 ? py : NULL;
 }

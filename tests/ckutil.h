@@ -113,8 +113,8 @@ double zt_ref_xent(const double *lg, const int32_t *tg, size_t N, size_t V, doub
  * rtol |b|; 0, 0: exactly), whatever their world sizes. */
 void zt_same_latest(const char *a, const char *b, double atol, double rtol);
 /* The python of the oracles' venv (ZT_ROOT/build/venv, made by `make oracle-venv`, which make
- * test runs) when `import MODULES` (space-separated) works there; NULL otherwise (the caller
- * skips with one line). */
+ * test runs; $ZT_VENV instead when set) when `import MODULES` (space-separated) works there;
+ * NULL otherwise (the caller skips with one line). */
 const char *zt_venv_python(const char *modules);
 
 /* A small GPT-2 that trains in milliseconds, and the options of such a run into dir: batch 4 of

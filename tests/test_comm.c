@@ -162,14 +162,26 @@ static void run_world(int W, size_t seg, rank_fn fn, void *ctx)
             _exit(0);
         }
     }
+    /* reaped in the order they end: the first rank that fails ends the others at once (a rank
+     * whose peer died before the rendezvous would otherwise wait out the TCP timeout) */
     int bad = -1, bad_st = 0;
-    for (int r = 0; r < W; r++) {
+    for (int left = W; left > 0; left--) {
         int st;
-        while (waitpid(pids[r], &st, 0) < 0 && errno == EINTR)
+        pid_t p;
+        while ((p = waitpid(-1, &st, 0)) < 0 && errno == EINTR)
             ;
+        ZT_CHECK(p > 0);
+        int r = 0;
+        while (r < W && pids[r] != p)
+            r++;
+        ZT_CHECK(r < W);
+        pids[r] = -1;
         if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && bad < 0) {
             bad = r;
             bad_st = st;
+            for (int q = 0; q < W; q++)
+                if (pids[q] > 0)
+                    kill(pids[q], SIGKILL);
         }
     }
     zr_comm_shm_unlink(name);

@@ -110,6 +110,50 @@ ZT_TEST(dev_engine_stages_match_cpu)
     ZT_CHECK(last_mem("d23nccl.json", "params") * 3 / 2 < last_mem("d20nccl.json", "params"));
 }
 
+/* A Llama (grouped-query attention, untied head; then tied) through the device engine: the
+ * device ABI carries the family and its offsets (zr_model_offsets), hostsim runs the CPU Llama
+ * behind it, so every stage at world 2 has the CPU engine's losses and checkpoint bits; a run
+ * stopped at stage 3 on the device resumes at stage 1 on the device, and on the CPU at stage
+ * 0, with the bits of an uninterrupted run. */
+#define LLAMA "llama:layers=2,heads=4,kv_heads=2,dim=32,ffn=64,ctx=32,vocab=256"
+#define LL_COMMON "--seq 32 --batch 8 --micro-batch 4 --threads 1 --steps 6 --nproc 2 "
+ZT_TEST(dev_engine_llama_stages_match_cpu)
+{
+    setenv("ZR_CUDA_LIB", "hostsim", 1);
+    for (int s = 0; s <= 3; s++) {
+        const char *model = s == 2 ? LLAMA ",tied=1" : LLAMA;
+        char log[32], cj[32], dj[32], cd[16], dd[16];
+        snprintf(log, sizeof log, "c%d.log", s);
+        zt_zrunf_ok(log, "--model %s " LL_COMMON "--device cpu --zero %d --ckpt-dir c%d "
+                    "--log-json c%d.json", model, s, s, s);
+        setenv("ZR_DEVICE_COMM", s % 2 ? "nccl" : "shm", 1);
+        snprintf(log, sizeof log, "d%d.log", s);
+        zt_zrunf_ok(log, "--model %s " LL_COMMON "--device cuda --zero %d --ckpt-dir d%d "
+                    "--log-json d%d.json", model, s, s, s);
+        unsetenv("ZR_DEVICE_COMM");
+        zt_file_has(log, "device: hostsim");
+        zt_file_has(log, "Llama");
+        snprintf(cj, sizeof cj, "c%d.json", s);
+        snprintf(dj, sizeof dj, "d%d.json", s);
+        same_losses(cj, dj);
+        snprintf(cd, sizeof cd, "c%d", s);
+        snprintf(dd, sizeof dd, "d%d", s);
+        zt_same_latest(cd, dd, 0, 0);
+    }
+    /* the device's parameters at stage 3 are half of stage 0's (the CPU engine's figures) */
+    ZT_CHECK_EQ(last_mem("d3.json", "params"), last_mem("c3.json", "params"));
+    ZT_CHECK(last_mem("d3.json", "params") * 3 / 2 < last_mem("d0.json", "params"));
+    /* resume at another stage: device stage 3 -> device stage 1 -> CPU stage 0 */
+    zt_zrun_ok("--model " LLAMA " " LL_COMMON "--device cuda --zero 3 --ckpt-dir r "
+               "--stop-after 2", "r1.log");
+    zt_zrun_ok("--model " LLAMA " " LL_COMMON "--device cuda --zero 1 --ckpt-dir r "
+               "--stop-after 2", "r2.log"); /* two more steps: 3 and 4 */
+    zt_file_has("r2.log", "resumed from r/step-00000002 (world 2, ZeRO 3");
+    zt_zrun_ok("--model " LLAMA " " LL_COMMON "--device cpu --zero 0 --ckpt-dir r", "r3.log");
+    zt_file_has("r3.log", "resumed from r/step-00000004 (world 2, ZeRO 1");
+    zt_same_latest("c0", "r", 0, 0);
+}
+
 ZT_TEST(dev_engine_offload_optimizer)
 {
     setenv("ZR_CUDA_LIB", "hostsim", 1);
@@ -208,17 +252,20 @@ ZT_TEST(dev_engine_errors)
     }
     setenv("ZR_CUDA_LIB", "hostsim", 1);
     static const struct {
-        const char *args, *env, *want;
+        const char *args, *var, *val, *want;
     } bad[] = {
-        {"--nproc 2", "bogus", "ZR_DEVICE_COMM=bogus: expected nccl or shm"},
-        {"--zero 3 --offload-params cpu", NULL, "needs --offload-optimizer cpu or nvme"},
-        {"--zero 3 --offload-params nvme --nvme-path swap", NULL, "--offload-params nvme on "
-                                                                  "the GPU needs"},
-        {"--device mps", NULL, "--device 'mps': expected cpu, cuda or auto"},
+        {"--nproc 2", "ZR_DEVICE_COMM", "bogus", "ZR_DEVICE_COMM=bogus: expected nccl or shm"},
+        {"--zero 3 --offload-params cpu", NULL, NULL, "needs --offload-optimizer cpu or nvme"},
+        {"--zero 3 --offload-params nvme --nvme-path swap", NULL, NULL,
+         "--offload-params nvme on the GPU needs"},
+        {"--device mps", NULL, NULL, "--device 'mps': expected cpu, cuda or auto"},
+        /* the GPU's index on the node: a number, not atoi's 0 for anything else */
+        {"", "ZR_LOCAL_RANK", "1x", "ZR_LOCAL_RANK='1x': expected an integer in [0, "},
+        {"", "ZR_LOCAL_RANK", "-1", "ZR_LOCAL_RANK='-1': expected an integer in [0, "},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        if (bad[i].env)
-            setenv("ZR_DEVICE_COMM", bad[i].env, 1);
+        if (bad[i].var)
+            setenv(bad[i].var, bad[i].val, 1);
         char args[512];
         snprintf(args, sizeof args, "--model " SMALL " --steps 2 --batch 2 --seq 16 --device "
                  "cuda --ckpt-dir e%zu %s", i, bad[i].args);
@@ -227,7 +274,8 @@ ZT_TEST(dev_engine_errors)
         if (st == 0 || !strstr(t, bad[i].want))
             ZT_FAIL("zrun %s: status %d, wanted \"%s\":\n%s", args, st, bad[i].want, t);
         free(t);
-        unsetenv("ZR_DEVICE_COMM");
+        if (bad[i].var)
+            unsetenv(bad[i].var);
     }
 }
 

@@ -511,7 +511,7 @@ ZT_TEST(device_hostsim_model_matches_cpu_bits)
 
     /* lent parameters (hooks): model_param is NULL, the loss the same bits */
     hs_lender l = {cm, 0, 0};
-    zr_model_hooks hk = {&l, hs_params, hs_params_done, NULL, NULL};
+    zr_model_hooks hk = {.ctx = &l, .params = hs_params, .params_done = hs_params_done};
     ZT_OK(zr_device_model_new(ops, &dm, &c, B, T, &hk));
     ZT_CHECK(ops->model_param(dm, 0) == NULL && ops->model_grad(dm, 0) != NULL);
     ops->model_bytes(dm, &pb, &gb, NULL);
@@ -694,4 +694,76 @@ ZT_TEST(device_hostsim_comm_world_of_two)
     zr_comm_shm_unlink(seg);
     free(seg);
     ZT_CHECK(!bad);
+}
+
+/* The device ABI's family-neutral offsets (zr_model_offsets): the family, the group count and
+ * size, and each group's start are the CPU model's, for GPT-2 and for a Llama (untied: its
+ * lm_head; tied: the head is the embedding); hostsim runs a Llama behind the table with the CPU
+ * model's bits, and refuses offsets of another model. */
+ZT_TEST(device_model_offsets_carry_the_family)
+{
+    const zr_device_ops *ops = hs_open();
+    static const char *const specs[3] = {
+        "gpt2:layers=2,heads=2,dim=32,ctx=16,vocab=64",
+        "llama:layers=2,heads=4,kv_heads=2,dim=32,ffn=48,ctx=16,vocab=64",
+        "llama:layers=3,heads=4,kv_heads=1,dim=32,ffn=40,ctx=16,vocab=64,tied=1",
+    };
+    zr_model_offsets gpt2_off;
+    for (int i = 0; i < 3; i++) {
+        zr_config c;
+        ZT_OK(zr_gpt2_config_parse(&c, specs[i]));
+        zr_model *cm;
+        ZT_OK(zr_model_new_ext(&cm, &c, 2, 16, NULL));
+        zr_model_init_weights(cm, 5);
+        zr_model_offsets o;
+        ZT_OK(zr_model_offsets_get(&o, &c));
+        ZT_CHECK_EQ(o.family, c.family);
+        ZT_CHECK_EQ(o.n_groups, zr_model_n_groups(cm));
+        ZT_CHECK_EQ(o.numel, zr_model_numel(cm));
+        const float *p0 = zr_model_param(cm, 0);
+        size_t G = zr_model_n_groups(cm);
+        for (size_t g = 0; g < G; g++) {
+            uint64_t at = (uint64_t)(zr_model_param(cm, g) - p0), want;
+            if (c.family == ZR_FAMILY_GPT2)
+                want = g == 0       ? o.gpt2.wte
+                       : g == 1     ? o.gpt2.wpe
+                       : g == G - 1 ? o.gpt2.ln_f
+                                    : o.gpt2.h0 + (g - 2) * o.gpt2.layer_numel;
+            else
+                want = g == 0                ? o.llama.embed
+                       : g <= c.layers       ? o.llama.layer0 + (g - 1) * o.llama.layer_numel
+                       : g == c.layers + 1u ? o.llama.norm
+                                            : o.llama.head;
+            if (at != want)
+                ZT_FAIL("%s: group %zu at %llu, the offsets say %llu", specs[i], g,
+                        (unsigned long long)at, (unsigned long long)want);
+        }
+        if (c.family == ZR_FAMILY_GPT2) {
+            gpt2_off = o;
+        } else {
+            uint64_t head = c.tied ? o.llama.embed : o.numel - (uint64_t)c.vocab * c.dim;
+            ZT_CHECK_EQ(o.llama.head, head);
+            /* another model's offsets are refused; the right ones give the CPU's loss bits */
+            zr_dev_model *dm = NULL;
+            ZT_ERR(ops->model_new(&dm, &c, &gpt2_off, 2, 16, NULL), ZR_EINVAL,
+                   "tensor offsets that are not the layout's");
+            ZT_CHECK(dm == NULL);
+            ZT_OK(zr_device_model_new(ops, &dm, &c, 2, 16, NULL));
+            for (size_t g = 0; g < G; g++)
+                ZT_OK(ops->memcpy(ops->model_param(dm, g), zr_model_param(cm, g),
+                                  zr_model_group_numel(cm, g) * sizeof(float), ZR_DEV_H2D, NULL));
+            int32_t in[32], tg[32];
+            uint64_t seed = 3;
+            for (size_t k = 0; k < 32; k++) {
+                in[k] = (int32_t)(hs_rng(&seed) % c.vocab);
+                tg[k] = (int32_t)(hs_rng(&seed) % c.vocab);
+            }
+            float lc = -1.0f, ld = -2.0f;
+            ZT_OK(zr_model_forward(cm, in, tg, 2, 16, &lc));
+            ZT_OK(ops->model_forward(dm, in, tg, 2, 16, &ld));
+            ZT_CHECK(lc > 0.0f && !memcmp(&lc, &ld, sizeof lc));
+            ops->model_free(dm);
+        }
+        zr_model_free(cm);
+    }
 }

@@ -162,16 +162,11 @@ ZT_TEST(eval_same_at_any_world_and_stage)
 
 ZT_TEST(eval_best_kept_across_resume)
 {
-    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
-    o.model = SMALL;
-    o.batch = 4;
-    o.steps = 12;
-    o.lr = 3e-3f;
+    zr_train_opts o = zt_small_opts("straight", 12);
+    o.micro_batch = 0; /* the whole batch in one forward */
     o.warmup = 2;
-    o.threads = 1;
     o.eval_every = 3;
     o.eval_batches = 2;
-    o.ckpt_dir = "straight";
     o.log_json = "straight.jsonl";
     zr_train_result res;
     ZT_OK(zr_train(&res, &o));
@@ -212,6 +207,20 @@ ZT_TEST(eval_best_kept_across_resume)
                                   "\"val_loss\":\"x\",\"val_step\":6,\"best_val_loss\":1,"
                                   "\"best_val_step\":-3}"));
     ZT_CHECK(!sec.has_val && !sec.has_best);
+    zr_train__section_clear(&sec);
+    /* a bad sample-order key: the order is unknown, and no error is left behind for a later
+     * message to show (it left "'seed' is not a non-negative integer" set) */
+    zr_err_clear();
+    ZT_OK(zr_train__section_parse(&sec, "{\"optimizer_step\":6,\"seed\":-1,\"batch\":2}"));
+    ZT_CHECK(!sec.order_known && sec.optimizer_step == 6);
+    ZT_CHECK_EQ(zr_err_code(), 0);
+    ZT_CHECK(!strcmp(zr_err_msg(), ""));
+    zr_train__section_clear(&sec);
+    /* not JSON: the message says where */
+    ZT_ERR(zr_train__section_parse(&sec, "{\"optimizer_step\":6,"), ZR_ECORRUPT,
+           "training section: not JSON (line 1:");
+    ZT_ERR(zr_train__section_parse(&sec, "{\"optimizer_step\":-6}"), ZR_ECORRUPT,
+           "training section: 'optimizer_step' is not a non-negative integer");
     zr_train__section_clear(&sec);
 }
 
@@ -371,7 +380,7 @@ ZT_TEST(plot_robust_logs)
     ZT_OK(zr_plot_write(&info, "t.jsonl", "f.svg"));
     ZT_CHECK(stat("f.svg", &st) == 0 && S_ISREG(st.st_mode));
     char tmp[64];
-    snprintf(tmp, sizeof tmp, "g.svg.tmp.%ld", (long)getpid());
+    snprintf(tmp, sizeof tmp, ".g.svg.tmp-%ld", (long)getpid());
     ZT_CHECK_EQ(mkfifo(tmp, 0600), 0);
     ZT_OK(zr_plot_write(&info, "t.jsonl", "g.svg"));
     ZT_CHECK(stat("g.svg", &st) == 0 && S_ISREG(st.st_mode) && stat(tmp, &st) < 0);

@@ -128,11 +128,11 @@ static void val_fill(void *ctx, const zck_layout *L, size_t g, size_t s, uint64_
         b[i] = val(*(const uint64_t *)ctx, g, s, start + i);
 }
 
-/* Save a GPT-2 checkpoint of config c at step 5 by world ranks, as an engine would. */
-static char *save_gpt2(const char *run, const zfmt_gpt2_config *c, uint32_t world, uint64_t seed)
+/* Save a checkpoint of layout L (GPT-2 config c) at step 5 by world ranks, as an engine would,
+ * its elements from fill. */
+static char *save_layout(const char *run, const zck_layout *L, const zfmt_gpt2_config *c,
+                         uint32_t world, zt_fill_fn fill, void *ctx)
 {
-    zck_layout *L;
-    ZT_OK(zfmt_gpt2_layout(&L, c));
     char *model;
     ZT_OK(zfmt_gpt2_config_to_json(&model, c));
     zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
@@ -141,8 +141,17 @@ static char *save_gpt2(const char *run, const zfmt_gpt2_config *c, uint32_t worl
     o.zero_stage = 3;
     o.model_json = model;
     o.training_json = "{\"optimizer_step\":5}";
-    char *final = zt_save_as(run, L, &o, val_fill, &seed);
+    char *final = zt_save_as(run, L, &o, fill, ctx);
     free(model);
+    return final;
+}
+
+/* Save a GPT-2 checkpoint of config c (its own layout, f32 states) holding val. */
+static char *save_gpt2(const char *run, const zfmt_gpt2_config *c, uint32_t world, uint64_t seed)
+{
+    zck_layout *L;
+    ZT_OK(zfmt_gpt2_layout(&L, c));
+    char *final = save_layout(run, L, c, world, val_fill, &seed);
     zck_layout_free(L);
     return final;
 }
@@ -783,16 +792,26 @@ static void make_model(const char *path, const zfmt_gpt2_config *c, const hf_opt
     zck_layout_free(L);
 }
 
+/* dir/config.json of a GPT-2 of config c: architectures [arch], model_type gpt2, the shape,
+ * then the fields in extra (",\"name\":value..." or ""). */
+static void write_gpt2_config(const char *dir, const zfmt_gpt2_config *c, const char *arch,
+                              const char *extra)
+{
+    char p[512], cfg[1024];
+    snprintf(cfg, sizeof cfg, "{\"architectures\":[\"%s\"],\"model_type\":\"gpt2\","
+             "\"n_layer\":%u,\"n_head\":%u,\"n_embd\":%u,\"n_positions\":%u,\"n_ctx\":%u,"
+             "\"vocab_size\":%u%s}\n", arch, c->layers, c->heads, c->dim, c->ctx, c->ctx,
+             c->vocab, extra);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    zt_write_file(p, cfg);
+}
+
 static void make_hf(const char *dir, const zfmt_gpt2_config *c, const hf_opts *o)
 {
     ZT_CHECK(mkdir(dir, 0755) == 0);
-    char p[512], cfg[512];
-    snprintf(cfg, sizeof cfg, "{\"architectures\":[\"GPT2LMHeadModel\"],\"model_type\":\"gpt2\","
-             "\"n_layer\":%u,\"n_head\":%u,\"n_embd\":%u,\"n_positions\":%u,\"n_ctx\":%u,"
-             "\"vocab_size\":%u,\"n_inner\":null,\"activation_function\":\"gelu_new\"}\n",
-             c->layers, c->heads, c->dim, c->ctx, c->ctx, c->vocab);
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    zt_write_file(p, cfg);
+    char p[512];
+    write_gpt2_config(dir, c, "GPT2LMHeadModel",
+                      ",\"n_inner\":null,\"activation_function\":\"gelu_new\"");
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     make_model(p, c, o, "{\"format\":\"pt\"}");
 }
@@ -958,6 +977,83 @@ ZT_TEST(formats_import_hf_errors)
     ZT_ERR(zfmt_import("hfc", "run", &io), ZR_ENOTFOUND, "hfc/config.json");
     ZT_ERR(zfmt_import("nothing-here", "run", &io), ZR_ENOTFOUND, "nothing-here");
     ZT_CHECK(file_size("run") < 0);
+}
+
+/* GPT-2 config.json fields that change the maths: each refused naming config.json, the field
+ * and its value, nothing written; transformers' defaults, written out or left out, and the
+ * values that are the same maths in float32 are accepted. */
+ZT_TEST(formats_import_hf_gpt2_refuses_naming_the_field)
+{
+    hf_opts o = {0};
+    make_hf("hf", &tiny, &o);
+    static const struct {
+        const char *arch, *extra;
+        int code;
+        const char *msg;
+    } bad[] = {
+        {"GPT2LMHeadModel", ",\"activation_function\":\"gelu\"", ZR_EUNSUPPORTED,
+         "field 'activation_function' is \"gelu\": not supported"},
+        {"GPT2LMHeadModel", ",\"activation_function\":\"relu\"", ZR_EUNSUPPORTED,
+         "field 'activation_function' is \"relu\""},
+        {"GPT2LMHeadModel", ",\"activation_function\":null", ZR_EUNSUPPORTED,
+         "field 'activation_function' is null"},
+        {"GPT2LMHeadModel", ",\"layer_norm_epsilon\":1e-6", ZR_EUNSUPPORTED,
+         "field 'layer_norm_epsilon' is 1e-6"},
+        {"GPT2LMHeadModel", ",\"layer_norm_epsilon\":\"1e-5\"", ZR_EUNSUPPORTED,
+         "field 'layer_norm_epsilon' is \"1e-5\""},
+        {"GPT2LMHeadModel", ",\"scale_attn_weights\":false", ZR_EUNSUPPORTED,
+         "field 'scale_attn_weights' is false"},
+        {"GPT2LMHeadModel", ",\"scale_attn_by_inverse_layer_idx\":true", ZR_EUNSUPPORTED,
+         "field 'scale_attn_by_inverse_layer_idx' is true"},
+        {"GPT2LMHeadModel", ",\"add_cross_attention\":true", ZR_EUNSUPPORTED,
+         "field 'add_cross_attention' is true"},
+        {"GPT2LMHeadModel", ",\"n_inner\":16", ZR_EUNSUPPORTED, "field 'n_inner' is 16"},
+        {"GPT2LMHeadModel", ",\"n_inner\":32.0", ZR_EUNSUPPORTED, "field 'n_inner' is 32.0"},
+        {"GPT2LMHeadModel", ",\"tie_word_embeddings\":false", ZR_EUNSUPPORTED,
+         "field 'tie_word_embeddings' is false"},
+        {"GPT2ForSequenceClassification", "", ZR_EUNSUPPORTED,
+         "field 'architectures' is \"GPT2ForSequenceClassification\""},
+        {"LlamaForCausalLM", "", ZR_ECORRUPT,
+         "field 'architectures' (LlamaForCausalLM) and field 'model_type' (gpt2) disagree"},
+    };
+    struct stat st;
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_gpt2_config("hf", &tiny, bad[i].arch, bad[i].extra);
+        ZT_ERR(zfmt_import("hf", "run", NULL), bad[i].code, bad[i].msg);
+        if (!strstr(zr_err_msg(), "hf/config.json"))
+            ZT_FAIL("message '%s' does not name hf/config.json", zr_err_msg());
+        ZT_CHECK(lstat("run", &st) < 0); /* nothing written */
+    }
+    /* through the program: the message and a non-zero exit, nothing written */
+    write_gpt2_config("hf", &tiny, "GPT2LMHeadModel", ",\"scale_attn_weights\":false");
+    char *out = NULL;
+    ZT_CHECK(zt_zckpt(&out, "import hf -o run") != 0);
+    ZT_CHECK(strstr(out, "hf/config.json") && strstr(out, "'scale_attn_weights'"));
+    free(out);
+    ZT_CHECK(lstat("run", &st) < 0);
+    /* accepted: no field; transformers' defaults written out; the same maths */
+    static const struct {
+        const char *arch, *extra;
+    } good[] = {
+        {"GPT2LMHeadModel", ""},
+        {"GPT2LMHeadModel", ",\"activation_function\":\"gelu_new\",\"layer_norm_epsilon\":1e-05,"
+                            "\"scale_attn_weights\":true,\"scale_attn_by_inverse_layer_idx\":false,"
+                            "\"reorder_and_upcast_attn\":false,\"add_cross_attention\":false,"
+                            "\"n_inner\":null,\"tie_word_embeddings\":true"},
+        {"GPT2LMHeadModel", ",\"activation_function\":\"gelu_pytorch_tanh\",\"n_inner\":32,"
+                            "\"layer_norm_epsilon\":0.00001,\"reorder_and_upcast_attn\":true"},
+        {"GPT2LMHeadModel", ",\"activation_function\":\"gelu_python_tanh\","
+                            "\"layer_norm_epsilon\":null"},
+        {"GPT2LMHeadModel", ",\"activation_function\":\"gelu_fast\""},
+        {"GPT2Model", ""},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        char run[32];
+        snprintf(run, sizeof run, "ok%zu", i);
+        write_gpt2_config("hf", &tiny, good[i].arch, good[i].extra);
+        ZT_OK(zfmt_import("hf", run, NULL));
+        check_imported(run, &tiny, 1, "hf");
+    }
 }
 
 ZT_TEST(formats_import_our_safetensors)
@@ -1210,4 +1306,48 @@ ZT_TEST(formats_llmc_export_refuses_non_gpt2)
     check_no_file_like(".", "m.bin");
     zck_layout_free(L);
     free(p);
+}
+
+/* Whether the JSON header of the safetensors file at path (after its 8-byte length) has text. */
+static int st_has(const char *path, const char *text)
+{
+    char *t = zt_slurp(path);
+    int has = t && strstr(t + 8, text) != NULL;
+    free(t);
+    return has;
+}
+
+/* An HF export without a dtype writes the tensors as stored, and config.json's torch_dtype says
+ * what they are: a checkpoint whose param state is bf16 gives bfloat16 (it said float32). */
+ZT_TEST(formats_hf_export_dtype_as_stored)
+{
+    zck_gpt2_config c = {.layers = 1, .heads = 2, .dim = 8, .ctx = 8, .vocab = 256};
+    zck_layout *A, *L;
+    ZT_OK(zck_gpt2_layout(&A, &c));
+    ZT_OK(zck_layout_new(&L));
+    ZT_OK(zck_layout_add_state(L, "param", ZCK_BF16));
+    for (size_t g = 0; g < zck_layout_n_groups(A); g++) {
+        size_t gi;
+        ZT_OK(zck_layout_add_group(L, &gi, zck_layout_group_name(A, g)));
+        for (size_t t = 0; t < zck_layout_group_n_tensors(A, g); t++) {
+            zck_tensor_info ti;
+            zck_layout_tensor(A, g, t, &ti);
+            ZT_OK(zck_layout_add_tensor(L, gi, ti.name, ti.dtype, ti.ndim, ti.shape));
+        }
+    }
+    uint64_t seed = 7;
+    free(save_layout("run", L, &c, 1, zt_seed_fill, &seed));
+    ZT_OK(zfmt_hf_export("run", "as", NULL));
+    zt_file_has("as/config.json", "\"torch_dtype\": \"bfloat16\"");
+    ZT_CHECK(st_has("as/model.safetensors", "\"dtype\":\"BF16\""));
+    ZT_CHECK(!st_has("as/model.safetensors", "\"dtype\":\"F32\""));
+    /* converted: what it was converted to */
+    zfmt_hf_opts h = ZFMT_HF_OPTS_INIT;
+    h.dtype = ZCK_F32;
+    ZT_OK(zfmt_hf_export("run", "f32", &h));
+    zt_file_has("f32/config.json", "\"torch_dtype\": \"float32\"");
+    ZT_CHECK(st_has("f32/model.safetensors", "\"dtype\":\"F32\"") &&
+             !st_has("f32/model.safetensors", "\"dtype\":\"BF16\""));
+    zck_layout_free(A);
+    zck_layout_free(L);
 }

@@ -444,18 +444,3 @@ ZT_TEST(llama_resume_at_another_world_and_zckpt)
     ZT_CHECK(zt_zrun("--model " SMALL " --steps 40 --device cpu --ckpt-dir w3", "other.log"));
     zt_file_has("other.log", "checkpoint of another model shape");
 }
-
-/* The device backends compute GPT-2 only for now: a Llama on a device (the host simulation of
- * one here, as on a GPU) is refused before anything is written, naming the way out (sampling
- * works: test_zgen.c). */
-ZT_TEST(llama_device_refused)
-{
-    ZT_CHECK(setenv("ZR_CUDA_LIB", "hostsim", 1) == 0);
-    int st = zt_zrun("--model " SMALL " --device cuda --steps 2 --ckpt-dir dev", "dev.log");
-    ZT_CHECK_EQ(st, 2);
-    char *text = zt_slurp("dev.log");
-    if (!strstr(text, "the Llama family runs on the CPU only for now (use --device cpu)"))
-        ZT_FAIL("dev.log:\n%s", text);
-    free(text);
-    ZT_CHECK(access("dev/latest", F_OK) != 0);
-}

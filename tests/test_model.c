@@ -584,7 +584,7 @@ ZT_TEST(model_params_done_failure_is_returned)
     zr_model *src = new_model(1, 2, 8, 4, 11, 2), *m;
     zr_model_init_weights(src, 1);
     failing_lender l = {src, 0, 2};
-    zr_model_hooks hk = {&l, fl_params, fl_params_done, NULL, NULL};
+    zr_model_hooks hk = {.ctx = &l, .params = fl_params, .params_done = fl_params_done};
     zr_gpt2_config c = ZR_GPT2(1, 2, 8, 4, 11);
     ZT_OK(zr_model_new_ext(&m, &c, 2, 4, &hk));
     int32_t in[8] = {1, 2, 3, 4, 5, 6, 7, 8}, tg[8] = {0};

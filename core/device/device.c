@@ -143,31 +143,20 @@ int zr_device_cuda_available(void)
     return zr_device_open(&ops) == 0;
 }
 
-/* The device backends compute GPT-2 only for now (issue 17: Llama kernels are to come). */
-static int check_family(const zr_device_ops *ops, const zr_gpt2_config *c)
-{
-    if (c->family != ZR_FAMILY_GPT2)
-        return zr_err_set(ZR_EUNSUPPORTED, "device %s: the Llama family runs on the CPU only "
-                          "for now (use --device cpu)", ops->name);
-    return 0;
-}
-
-int zr_device_model_new(const zr_device_ops *ops, zr_dev_model **out, const zr_gpt2_config *c,
+int zr_device_model_new(const zr_device_ops *ops, zr_dev_model **out, const zr_config *c,
                         size_t max_B, size_t max_T, const zr_model_hooks *hooks)
 {
-    zr_gpt2_offsets off;
+    zr_model_offsets off;
     *out = NULL;
-    ZR_TRY(check_family(ops, c));
-    ZR_TRY(zr_gpt2_offsets_get(&off, c));
+    ZR_TRY(zr_model_offsets_get(&off, c));
     return ops->model_new(out, c, &off, max_B, max_T, hooks);
 }
 
-int zr_device_activation_bytes(uint64_t *out, const zr_device_ops *ops, const zr_gpt2_config *c,
+int zr_device_activation_bytes(uint64_t *out, const zr_device_ops *ops, const zr_config *c,
                                size_t max_B, size_t max_T)
 {
-    zr_gpt2_offsets off;
-    ZR_TRY(check_family(ops, c));
-    ZR_TRY(zr_gpt2_offsets_get(&off, c));
+    zr_model_offsets off;
+    ZR_TRY(zr_model_offsets_get(&off, c));
     *out = ops->activation_bytes(c, &off, max_B, max_T);
     return 0;
 }

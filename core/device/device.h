@@ -36,14 +36,15 @@
 extern "C" {
 #endif
 
-#define ZR_DEVICE_ABI_VERSION 3 /* 3: model_new and activation_bytes take zr_gpt2_offsets */
+#define ZR_DEVICE_ABI_VERSION 4 /* 4: model_new and activation_bytes take zr_model_offsets
+                                 * (the family and its offsets: GPT-2 or Llama) */
 #define ZR_DEVICE_SYMBOL "zr_cuda_ops_v1" /* const zr_device_ops *zr_cuda_ops_v1(void) */
 #define ZR_DEVICE_LIB "libzr_cuda.so"
 #define ZR_NCCL_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
 
 typedef struct zr_dev_stream zr_dev_stream; /* cudaStream_t */
 typedef struct zr_dev_event zr_dev_event;   /* cudaEvent_t */
-typedef struct zr_dev_model zr_dev_model;   /* a GPT-2 on the device (below) */
+typedef struct zr_dev_model zr_dev_model;   /* a model on the device (below) */
 typedef struct zr_dev_comm zr_dev_comm;     /* an NCCL communicator and its stream */
 
 /* Element types of the communicator (F32 and F64 have zr_comm_dtype's values). */
@@ -93,6 +94,20 @@ typedef struct zr_device_kernels {
     int (*classifier)(float *losses, float *probs, float *dlnf, float *dwte, const float *lnf,
                       const float *wte, const int32_t *targets_host, size_t N, size_t C,
                       size_t V, float scale, size_t chunk_rows);
+    /* Llama (llama.c's shapes: H query heads, KV key/value heads, hd = C / H, QL = C + 2 KV hd).
+     * RMSNorm: out[N,C] (bf16-rounded), rstd[N] out; backward from dout: dinp +=, dw += */
+    int (*rmsnorm)(float *out, float *rstd, float *dinp, float *dw, const float *inp,
+                   const float *w, const float *dout, size_t N, size_t C, float eps);
+    /* the attention path of a layer: rows qkv[N, QL] (q, k, v before the rotation; rounded to
+     * bf16 after it) -> rotary positions of base theta on q and k -> causal grouped-query
+     * attention: y[N, C] out, att[B, H, T, T] out; backward from dy[N, C]: dqkv[N, QL] (the
+     * gradient of the rows before the rotation, overwritten) */
+    int (*rope_attention)(float *y, float *att, float *dqkv, const float *qkv, const float *dy,
+                          size_t B, size_t T, size_t C, size_t H, size_t KV, double theta);
+    /* SwiGLU: h[n] = silu(g) u (bf16-rounded; g and u are fp32, kept rounded to bf16 for the
+     * backward); backward from dh: dg, du (overwritten) */
+    int (*swiglu)(float *h, float *dg, float *du, const float *g, const float *u,
+                  const float *dh, size_t n);
 } zr_device_kernels;
 
 typedef struct zr_device_ops {
@@ -146,10 +161,12 @@ typedef struct zr_device_ops {
     /* work enqueued on s after this call waits until e's recorded work is done */
     int (*stream_wait)(zr_dev_stream *s, zr_dev_event *e);
 
-    /* ------------------------------------------------------------ the GPT-2 model */
+    /* ------------------------------------------------------------ the model */
     /*
-     * The same model and contract as zr_model (zr.h): the groups of zr_gpt2_layout (wte, wpe,
-     * h.0 .. h.<L-1>, ln_f; tensors in layout order, weights [out, in]), fp32 parameters and
+     * The same model and contract as zr_model (zr.h), of either family (c->family): the groups
+     * of zr_gpt2_layout (GPT-2: wte, wpe, h.0 .. h.<L-1>, ln_f; Llama: embed_tokens, layers.0
+     * .. layers.<L-1>, norm, lm_head unless tied; tensors in layout order, weights [out, in]),
+     * fp32 parameters and
      * gradients, the same fetch order, forward (mean cross-entropy) and backward(scale) adding
      * scale x the gradient. Differences: every parameter and gradient pointer, own or lent, is
      * DEVICE memory; the computation is bf16 with fp32 accumulation (matmul weights cast to
@@ -157,8 +174,10 @@ typedef struct zr_device_ops {
      * stream, LayerNorm statistics, softmax, loss and every gradient accumulation in fp32).
      *
      * model_new(c, off, max_B, max_T, hooks): as zr_model_new_ext; off says where each group
-     * and tensor lies in an arena (zr_gpt2_offsets_get of c: the host computes it from ckpt's
-     * family table, so the backend never restates the table; zr_device_model_new does it).
+     * and tensor lies in an arena (zr_model_offsets_get of c: the family, then the family's
+     * offsets; the host computes them from ckpt's family table, so the backend never restates
+     * the table; zr_device_model_new does it). A backend without a model of c's family
+     * answers ZR_EUNSUPPORTED naming it.
      * Without hooks (or a NULL side),
      * the model owns zeroed device arenas of numel floats in layout order (model_param /
      * model_grad point into them; the test uploads a CPU model's arena with one copy). With
@@ -181,9 +200,9 @@ typedef struct zr_device_ops {
      * model_bytes: device bytes held (params, grads: 0 for a lent side; acts: activations,
      * bf16 weight copies and scratch).
      */
-    uint64_t (*activation_bytes)(const zr_gpt2_config *c, const zr_gpt2_offsets *off,
-                                 size_t max_B, size_t max_T);
-    int (*model_new)(zr_dev_model **out, const zr_gpt2_config *c, const zr_gpt2_offsets *off,
+    uint64_t (*activation_bytes)(const zr_config *c, const zr_model_offsets *off, size_t max_B,
+                                 size_t max_T);
+    int (*model_new)(zr_dev_model **out, const zr_config *c, const zr_model_offsets *off,
                      size_t max_B, size_t max_T, const zr_model_hooks *hooks);
     void (*model_free)(zr_dev_model *m);
     zr_dev_stream *(*model_stream)(zr_dev_model *m);
@@ -265,11 +284,11 @@ typedef const zr_device_ops *(*zr_device_getter)(void);
  * process that forks afterwards must exec before its children touch the GPU (zr_launch does).
  */
 int zr_device_open(const zr_device_ops **out);
-/* ops->model_new and ops->activation_bytes with the offsets of c (zr_gpt2_offsets_get): what
+/* ops->model_new and ops->activation_bytes with the offsets of c (zr_model_offsets_get): what
  * the engine and the tests call. ZR_EINVAL for a config without a layout. */
-int zr_device_model_new(const zr_device_ops *ops, zr_dev_model **out, const zr_gpt2_config *c,
+int zr_device_model_new(const zr_device_ops *ops, zr_dev_model **out, const zr_config *c,
                         size_t max_B, size_t max_T, const zr_model_hooks *hooks);
-int zr_device_activation_bytes(uint64_t *out, const zr_device_ops *ops, const zr_gpt2_config *c,
+int zr_device_activation_bytes(uint64_t *out, const zr_device_ops *ops, const zr_config *c,
                                size_t max_B, size_t max_T);
 /* As zr_device_open for the library at `path`, without keeping the outcome (tests). */
 int zr_device_open_at(const char *path, const zr_device_ops **out);

@@ -282,26 +282,27 @@ struct zr_dev_model {
     float loss;
 };
 
-static uint64_t activation_bytes(const zr_gpt2_config *c, const zr_gpt2_offsets *off,
-                                 size_t max_B, size_t max_T)
+static uint64_t activation_bytes(const zr_config *c, const zr_model_offsets *off, size_t max_B,
+                                 size_t max_T)
 {
     (void)off; /* the CPU model's activations do not depend on where the parameters lie */
     return zr_model_activation_bytes(c, max_B, max_T);
 }
 
-/* The CPU model finds its offsets in the same table; a backend handed others is refused, as a
- * CUDA model computing with them would be wrong. */
-static int model_new(zr_dev_model **out, const zr_gpt2_config *c, const zr_gpt2_offsets *off,
+/* The CPU model (either family: zr_model dispatches on c->family) finds its offsets in the same
+ * table; a backend handed others is refused, as a CUDA model computing with them would be
+ * wrong. */
+static int model_new(zr_dev_model **out, const zr_config *c, const zr_model_offsets *off,
                      size_t max_B, size_t max_T, const zr_model_hooks *hooks)
 {
     *out = NULL;
     zr_dev_model *d = calloc(1, sizeof *d);
     if (!d)
         return zr_err_set(ZR_ENOMEM, "hostsim: model: out of memory");
-    zr_gpt2_offsets own;
+    zr_model_offsets own;
     int rc = zr_model_new_ext(&d->m, c, max_B, max_T, hooks);
     if (!rc)
-        rc = zr_gpt2_offsets_get(&own, c);
+        rc = zr_model_offsets_get(&own, c);
     if (!rc && memcmp(&own, off, sizeof own))
         rc = zr_err_set(ZR_EINVAL, "hostsim: model: tensor offsets that are not the layout's "
                         "(%llu elements, the layout has %llu)",

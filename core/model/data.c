@@ -59,11 +59,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define LLMC_TOKENS_MAGIC 20240520
-#define LLMC_TOKENS_VERSION 1
-#define LLMC_TOKENS_VERSION_U32 2
 #define LLMC_MODEL_MAGIC 20240326 /* llm.c's model file: a common mistake to pass as data */
-#define LLMC_HEADER_BYTES 1024    /* 256 int32 */
 
 #define SYNTH_TOKENS ((size_t)1 << 20)
 #define SYNTH_VAL_TOKENS ((size_t)1 << 17) /* the held-out continuation (zr_data_hold_out) */
@@ -247,36 +243,16 @@ static int check_tokens(const zr_data *d, const char *path, uint32_t vocab)
 /* Validate an llm.c token file whose magic matched, and point d at its tokens. */
 static int open_llmc(zr_data *d, const char *path, uint32_t vocab)
 {
-    const uint8_t *p = d->map;
-    size_t size = d->map_bytes;
-    if (size < LLMC_HEADER_BYTES)
-        return zr_err_set(ZR_ECORRUPT, "llm.c token file '%s': truncated header (%zu bytes, "
-                          "expected %d)", path, size, LLMC_HEADER_BYTES);
-    uint32_t version = le32(p + 4), hdr_vocab = le32(p + 12);
-    int32_t count = (int32_t)le32(p + 8);
-    if (version != LLMC_TOKENS_VERSION && version != LLMC_TOKENS_VERSION_U32)
-        return zr_err_set(ZR_ECORRUPT, "llm.c token file '%s': version %u (expected %d, or %d "
-                          "for uint32 tokens)", path, version, LLMC_TOKENS_VERSION,
-                          LLMC_TOKENS_VERSION_U32);
-    if (count < 0)
-        return zr_err_set(ZR_ECORRUPT, "llm.c token file '%s': negative token count %d", path,
-                          count);
-    int width = version == LLMC_TOKENS_VERSION ? 2 : 4;
-    uint64_t want = LLMC_HEADER_BYTES + (uint64_t)width * (uint64_t)count;
-    if (size < want)
-        return zr_err_set(ZR_ECORRUPT, "llm.c token file '%s': truncated (header says %d tokens, "
-                          "%llu bytes; file has %zu)", path, count, (unsigned long long)want,
-                          size);
-    if (size > want)
-        return zr_err_set(ZR_ECORRUPT, "llm.c token file '%s': %llu bytes after the %d tokens "
-                          "the header declares", path, (unsigned long long)(size - want), count);
+    zck_token_header h;
+    ZR_TRY(zck_token_header_parse(&h, d->map, d->map_bytes, path));
+    uint32_t hdr_vocab = h.vocab;
     if (hdr_vocab > vocab)
         return zr_err_set(ZR_EINVAL, "llm.c token file '%s' was written for a vocabulary of %u "
                           "tokens, the model has %u (zrun --vocab)", path, hdr_vocab, vocab);
-    d->base = p + LLMC_HEADER_BYTES;
-    d->width = width;
+    d->base = (const uint8_t *)d->map + ZCK_TOKENS_HEADER_BYTES;
+    d->width = h.width;
     d->hdr_vocab = hdr_vocab;
-    d->n = (uint64_t)count;
+    d->n = h.count;
     if (d->n < (uint64_t)d->T + 1)
         return zr_err_set(ZR_EINVAL, "llm.c token file '%s': %llu tokens, a sample needs T+1 = "
                           "%llu", path, (unsigned long long)d->n, (unsigned long long)d->T + 1);
@@ -289,13 +265,13 @@ static int open_file(zr_data *d, const char *path, uint32_t vocab)
     ZR_TRY(map_file(d, path));
     const uint8_t *p = d->map;
     size_t size = d->map_bytes;
-    if (size >= 4 && le32(p) == LLMC_TOKENS_MAGIC)
+    if (size >= 4 && le32(p) == ZCK_TOKENS_MAGIC)
         return open_llmc(d, path, vocab);
     /* an llm.c token file in all but its magic: damaged, not text */
-    if (size >= LLMC_HEADER_BYTES && le32(p + 4) == LLMC_TOKENS_VERSION &&
-        (int32_t)le32(p + 8) >= 0 && LLMC_HEADER_BYTES + 2 * (uint64_t)le32(p + 8) == size)
+    if (size >= ZCK_TOKENS_HEADER_BYTES && le32(p + 4) == ZCK_TOKENS_U16 &&
+        (int32_t)le32(p + 8) >= 0 && ZCK_TOKENS_HEADER_BYTES + 2 * (uint64_t)le32(p + 8) == size)
         return zr_err_set(ZR_ECORRUPT, "llm.c token file '%s': bad magic %u (expected %d)", path,
-                          le32(p), LLMC_TOKENS_MAGIC);
+                          le32(p), ZCK_TOKENS_MAGIC);
     if (size >= 4 && le32(p) == LLMC_MODEL_MAGIC)
         return zr_err_set(ZR_EINVAL, "data file '%s' is an llm.c model file, not a token file",
                           path);

@@ -1,11 +1,12 @@
 /*
  * generate.c: inference and sampling for the GPT-2 of model.c and the Llama of llama.c (zr.h,
  * "generation"), from a full fp32 parameter arena in the checkpoint layout (zr_gpt2_offsets;
- * zr__llama_offsets). Llama's cache holds the KV heads only (grouped-query attention: query
+ * zr_llama_offsets). Llama's cache holds the KV heads only (grouped-query attention: query
  * head h reads KV head h / (H / KV)), its keys rotated at their cache position. A KV cache keeps, per layer,
  * the keys and values of every position fed so far, so a new token costs one position's
  * forward (its attention reads the cached positions): generating n tokens costs O(n) forwards
- * of one position, not O(n^2). The maths is model.c's (pre-LN blocks, tanh GELU, tied head);
+ * of one position, not O(n^2). The maths is model.c's (pre-LN blocks, tanh GELU, tied head;
+ * its LayerNorm and GELU are model.c's functions);
  * the loops are written for a few rows at a time, matmuls through cblas_sgemm with the rows
  * fed in one call (the prompt) or one (each new token).
  *
@@ -30,12 +31,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LN_EPS 1e-5f
-
 struct zr_gen {
     zr_gpt2_config c;
     zr_gpt2_offsets off;     /* GPT-2 */
-    zr__llama_offsets loff;  /* Llama */
+    zr_llama_offsets loff;  /* Llama */
     float *rcos, *rsin;      /* Llama: the rotary table [ctx, hd / 2] */
     const float *p;          /* the parameter arena (borrowed) */
     size_t pos;              /* positions in the cache */
@@ -54,7 +53,7 @@ struct zr_gen {
 static int gen_offsets(zr_gen *g, const zr_config *c)
 {
     if (c->family == ZR_FAMILY_LLAMA) {
-        ZR_TRY(zr__llama_offsets_get(&g->loff, c));
+        ZR_TRY(zr_llama_offsets_get(&g->loff, c));
         size_t half = c->dim / c->heads / 2;
         if (!(g->rcos = malloc(c->ctx * half * sizeof(float) + 1)) ||
             !(g->rsin = malloc(c->ctx * half * sizeof(float) + 1)))
@@ -132,25 +131,6 @@ size_t zr_gen_pos(const zr_gen *g) { return g->pos; }
 
 /* ---------------------------------------------------------------- one chunk of rows */
 
-/* out[r, :] = LayerNorm(in[r, :]) w + b for n rows of C */
-static void ln_rows(float *out, const float *in, const float *w, const float *b, size_t n,
-                    size_t C)
-{
-    for (size_t r = 0; r < n; r++) {
-        const float *x = in + r * C;
-        float *o = out + r * C;
-        float mu = 0, var = 0;
-        for (size_t i = 0; i < C; i++)
-            mu += x[i];
-        mu /= (float)C;
-        for (size_t i = 0; i < C; i++)
-            var += (x[i] - mu) * (x[i] - mu);
-        float s = 1.0f / sqrtf(var / (float)C + LN_EPS);
-        for (size_t i = 0; i < C; i++)
-            o[i] = (x[i] - mu) * s * w[i] + b[i];
-    }
-}
-
 /* out[n, OC] = (acc ? out : bias) + in[n, IC] W[OC, IC]^T (+ bias when acc) */
 static void linear(float *out, const float *in, const float *W, const float *bias, size_t n,
                    size_t IC, size_t OC, int acc)
@@ -199,14 +179,6 @@ static void attend(zr_gen *g, const float *K, const float *V, size_t pos0, size_
     }
 }
 
-/* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in place */
-static void gelu(float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        x[i] = 0.5f * x[i] *
-               (1.0f + tanhf(0.7978845608028654f * (x[i] + 0.044715f * x[i] * x[i] * x[i])));
-}
-
 /* Rows pos .. pos+n-1 (n <= max_rows) through the blocks: the cache filled, g->x the last
  * residual stream of each row. */
 static void forward_rows(zr_gen *g, const int32_t *tok, size_t n)
@@ -221,7 +193,7 @@ static void forward_rows(zr_gen *g, const int32_t *tok, size_t n)
         const float *P = g->p + o->h0 + l * o->layer_numel;
 #define W(kind) (P + o->blk[ZR_BLK_##kind])
         float *K = g->kcache + l * T * C, *V = g->vcache + l * T * C;
-        ln_rows(g->ln, g->x, W(LN1W), W(LN1B), n, C);
+        zr__layernorm_forward(g->ln, NULL, NULL, g->x, W(LN1W), W(LN1B), n, C);
         linear(g->qkv, g->ln, W(QKVW), W(QKVB), n, C, 3 * C, 0);
         for (size_t r = 0; r < n; r++) {
             memcpy(K + (pos + r) * C, g->qkv + r * 3 * C + C, C * sizeof(float));
@@ -229,9 +201,9 @@ static void forward_rows(zr_gen *g, const int32_t *tok, size_t n)
         }
         attend(g, K, V, pos, n, 3 * C, C, 1);
         linear(g->x, g->y, W(ATTPROJW), W(ATTPROJB), n, C, C, 1);
-        ln_rows(g->ln, g->x, W(LN2W), W(LN2B), n, C);
+        zr__layernorm_forward(g->ln, NULL, NULL, g->x, W(LN2W), W(LN2B), n, C);
         linear(g->h, g->ln, W(FCW), W(FCB), n, C, 4 * C, 0);
-        gelu(g->h, n * 4 * C);
+        zr__gelu_forward(g->h, g->h, n * 4 * C);
         linear(g->x, g->h, W(FCPROJW), W(FCPROJB), n, 4 * C, C, 1);
 #undef W
     }
@@ -281,13 +253,13 @@ static void llama_rows(zr_gen *g, const int32_t *tok, size_t n)
     const zr_config *c = &g->c;
     size_t C = c->dim, T = c->ctx, H = c->heads, KV = c->kv_heads, hd = C / H, KVD = KV * hd;
     size_t FF = c->ffn, half = hd / 2, pos = g->pos;
-    const zr__llama_offsets *o = &g->loff;
+    const zr_llama_offsets *o = &g->loff;
     float eps = (float)c->norm_eps;
     for (size_t r = 0; r < n; r++)
         memcpy(g->x + r * C, g->p + o->embed + (size_t)tok[r] * C, C * sizeof(float));
     for (size_t l = 0; l < c->layers; l++) {
         const float *P = g->p + o->layer0 + l * o->layer_numel;
-#define W(which) (P + o->role[ZR__LL_##which])
+#define W(which) (P + o->role[ZR_LL_##which])
         float *K = g->kcache + l * T * KVD, *V = g->vcache + l * T * KVD;
         rms_rows(g->ln, g->x, W(LN1), n, C, eps);
         mm(g->qkv, g->ln, W(Q), n, C, C, C, 0.0f);
@@ -342,7 +314,8 @@ int zr_gen_feed(zr_gen *g, const int32_t *tok, size_t n, const float **logits)
         head = g->p + g->loff.head;
     } else {
         const float *lnf = g->p + g->off.ln_f;
-        ln_rows(g->ln, g->x + (last - 1) * C, lnf + g->off.lnf_w, lnf + g->off.lnf_b, 1, C);
+        zr__layernorm_forward(g->ln, NULL, NULL, g->x + (last - 1) * C, lnf + g->off.lnf_w,
+                              lnf + g->off.lnf_b, 1, C);
         head = g->p + g->off.wte;
     }
     cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)V, (int)C, 1.0f, head, (int)C, g->ln, 1, 0.0f,

@@ -578,12 +578,13 @@ void zr__softmax_xent_forward(float *probs, float *losses, const int32_t *target
     par_for(N, 1, softmax_xent_rows, &a);
 }
 
-/* dlogits[r, :] = k (probs[r0 + r, :] - onehot(targets[r0 + r])) for the head's chunk of rows */
+/* dlogits[r, v0:v1] = k (probs[r0 + r, v0:v1] - onehot(targets[r0 + r])) for the head's chunk
+ * of rows (columns [v0, v1): a piece of the vocabulary; the rest of the row is not written) */
 typedef struct {
     float *dlogits;
     const float *probs;
     const int32_t *targets;
-    size_t V;
+    size_t V, v0, v1;
     float k;
 } dlogits_args;
 
@@ -594,10 +595,40 @@ ZR_VEC_CLONES static void dlogits_rows(void *p, size_t r0, size_t r1)
     for (size_t r = r0; r < r1; r++) {
         const float *pr = a->probs + r * V;
         float *dl = a->dlogits + r * V;
-        for (size_t v = 0; v < V; v++)
+        for (size_t v = a->v0; v < a->v1; v++)
             dl[v] = a->k * pr[v];
-        dl[a->targets[r]] -= a->k;
+        size_t t = (size_t)a->targets[r];
+        if (t >= a->v0 && t < a->v1)
+            dl[t] -= a->k;
     }
+}
+
+/* dW[v0 + q, :] += dlogits[:, v0 + q]^T x for q in [0, n): one sgemm per block of HEAD_ROWS
+ * rows counted from row 0 (v0 a multiple of it), the blocks on the par_for threads. OpenBLAS's
+ * bits depend on the rows it is given at once, so fixed blocks make the head's gradient the
+ * same whole or in pieces (zr__grad_pieces), at any thread count. */
+#define HEAD_ROWS 64
+typedef struct {
+    float *dW; /* row v0 */
+    const float *dl, *x;
+    size_t v0, n, C, K, ld;
+} head_dw_args;
+
+static void head_dw_blocks(void *p, size_t b0, size_t b1)
+{
+    const head_dw_args *a = p;
+    for (size_t b = b0; b < b1; b++) {
+        size_t q0 = b * HEAD_ROWS, q1 = q0 + HEAD_ROWS < a->n ? q0 + HEAD_ROWS : a->n;
+        sgemm1(1, 0, q1 - q0, a->C, a->K, 1.0f, a->dl + a->v0 + q0, a->ld, a->x, a->C, 1.0f,
+               a->dW + q0 * a->C, a->C);
+    }
+}
+
+static void head_dw(float *dW, const float *dlogits, const float *x, size_t v0, size_t v1,
+                    size_t C, size_t rows, size_t V)
+{
+    head_dw_args a = {dW, dlogits, x, v0, v1 - v0, C, rows, V};
+    par_for((v1 - v0 + HEAD_ROWS - 1) / HEAD_ROWS, 1, head_dw_blocks, &a);
 }
 
 void zr__head_backward(float *dx, float *dW, float *dlogits, size_t rows_cap, const float *probs,
@@ -606,11 +637,82 @@ void zr__head_backward(float *dx, float *dW, float *dlogits, size_t rows_cap, co
 {
     for (size_t r0 = 0; r0 < N; r0 += rows_cap) {
         size_t rows = N - r0 < rows_cap ? N - r0 : rows_cap;
-        dlogits_args da = {dlogits, probs + r0 * V, targets + r0, V, k};
+        dlogits_args da = {dlogits, probs + r0 * V, targets + r0, V, 0, V, k};
         par_for(rows, 1, dlogits_rows, &da);
         zr__gemm(0, 0, rows, C, V, dlogits, V, W, C, 0.0f, dx + r0 * C, C);
-        zr__gemm(1, 0, V, C, rows, dlogits, V, x + r0 * C, C, 1.0f, dW, C);
+        if (dW)
+            head_dw(dW, dlogits, x + r0 * C, 0, V, C, rows, V);
     }
+}
+
+/* Rows [v0, v1) of the head's dW (piece: [v1 - v0, C]), the chunks of rows in the order
+ * zr__head_backward adds them: dlogits recomputed for those columns only. */
+static void head_grad_rows(float *piece, const zr__grad_src *s, size_t v0, size_t v1)
+{
+    size_t V = s->V, C = s->C;
+    for (size_t r0 = 0; r0 < s->N; r0 += s->rows_cap) {
+        size_t rows = s->N - r0 < s->rows_cap ? s->N - r0 : s->rows_cap;
+        dlogits_args da = {s->dlogits, s->probs + r0 * V, s->targets + r0, V, v0, v1, s->k};
+        par_for(rows, 1, dlogits_rows, &da);
+        head_dw(piece, s->dlogits, s->x + r0 * C, v0, v1, C, rows, V);
+    }
+}
+
+/* piece[row(n) - v0, :] += dout[n, :] for the positions n whose row (inp[n], or n mod T without
+ * inp) lies in [v0, v1): split by channel block, every position in order */
+typedef struct {
+    float *piece;
+    const zr__grad_src *s;
+    size_t v0, v1;
+} embed_rows_args;
+
+static void embed_grad_cols(void *p, size_t b0, size_t b1)
+{
+    const embed_rows_args *a = p;
+    const zr__grad_src *s = a->s;
+    size_t C = s->C, i0 = b0 * COLS_BLOCK, i1 = b1 * COLS_BLOCK < C ? b1 * COLS_BLOCK : C;
+    for (size_t n = 0; n < s->N; n++) {
+        size_t row = s->inp ? (size_t)s->inp[n] : n % s->T;
+        if (row < a->v0 || row >= a->v1)
+            continue;
+        const float *d = s->dout + n * C;
+        float *de = a->piece + (row - a->v0) * C;
+        for (size_t i = i0; i < i1; i++)
+            de[i] += d[i];
+    }
+}
+
+uint64_t zr__grad_piece_rows(const zr_model_hooks *h, size_t g, size_t C)
+{
+    if (!h->grad_piece_numel || !C)
+        return 0;
+    return h->grad_piece_numel(h->ctx, g) / C / HEAD_ROWS * HEAD_ROWS;
+}
+
+int zr__grad_pieces(const zr_model_hooks *h, size_t g, const zr__grad_src *s)
+{
+    uint64_t per = zr__grad_piece_rows(h, g, s->C);
+    if (!per)
+        return zr_err_set(ZR_EINVAL, "model: group %zu's gradient has no pieces of a row", g);
+    for (size_t v0 = 0; v0 < s->V; v0 += per) {
+        size_t v1 = s->V - v0 < per ? s->V : v0 + per;
+        uint64_t off = (uint64_t)v0 * s->C, n = (uint64_t)(v1 - v0) * s->C;
+        float *piece = NULL;
+        int rc = h->grad_piece(h->ctx, g, off, n, &piece);
+        if (!rc && !piece)
+            rc = zr_err_set(ZR_EINVAL, "model: the grad_piece hook lent no buffer for group "
+                            "%zu", g);
+        if (rc)
+            return rc;
+        if (s->probs)
+            head_grad_rows(piece, s, v0, v1);
+        if (s->dout) {
+            embed_rows_args a = {piece, s, v0, v1};
+            par_for(col_blocks(s->C), 1, embed_grad_cols, &a);
+        }
+        ZR_TRY(h->grad_piece_done(h->ctx, g, off, n));
+    }
+    return 0;
 }
 
 size_t zr__dlogits_rows(size_t N, size_t V)

@@ -18,6 +18,7 @@
  * (a row of q, k, v side by side).
  */
 #include "model_int.h"
+#include "model_check.h"
 #include "par.h"
 
 #include "fastmath.h" /* zr_expf */
@@ -34,9 +35,9 @@
 #define INIT_STD 0.02f /* Hugging Face's initializer_range */
 
 /* The roles of a layer's tensors, bound by name to the family table's. */
-enum { R_LN1 = ZR__LL_LN1, R_Q = ZR__LL_Q, R_K = ZR__LL_K, R_V = ZR__LL_V, R_O = ZR__LL_O,
-       R_LN2 = ZR__LL_LN2, R_GATE = ZR__LL_GATE, R_UP = ZR__LL_UP, R_DOWN = ZR__LL_DOWN,
-       R_COUNT = ZR__LL_ROLES };
+enum { R_LN1 = ZR_LL_LN1, R_Q = ZR_LL_Q, R_K = ZR_LL_K, R_V = ZR_LL_V, R_O = ZR_LL_O,
+       R_LN2 = ZR_LL_LN2, R_GATE = ZR_LL_GATE, R_UP = ZR_LL_UP, R_DOWN = ZR_LL_DOWN,
+       R_COUNT = ZR_LL_ROLES };
 static const char *const role_names[R_COUNT] = {
     "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.k_proj.weight",
     "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
@@ -206,16 +207,10 @@ out:
  * i + hd/2 of a head turn by the same angle). */
 void zr__llama_rope_table(float *cos_t, float *sin_t, size_t T, size_t hd, double theta)
 {
-    size_t half = hd / 2;
-    for (size_t t = 0; t < T; t++)
-        for (size_t i = 0; i < half; i++) {
-            double f = pow(theta, -(double)(2 * i) / (double)hd);
-            cos_t[t * half + i] = (float)cos((double)t * f);
-            sin_t[t * half + i] = (float)sin((double)t * f);
-        }
+    zr__rope_table(cos_t, sin_t, T, hd, theta); /* model_check.h: shared with the device */
 }
 
-int zr__llama_offsets_get(zr__llama_offsets *out, const zr_config *c)
+int zr_llama_offsets_get(zr_llama_offsets *out, const zr_config *c)
 {
     zr__llama m;
     memset(&m, 0, sizeof m);
@@ -226,8 +221,28 @@ int zr__llama_offsets_get(zr__llama_offsets *out, const zr_config *c)
     out->layer_numel = m.goff[2] - m.goff[1];
     out->norm = m.goff[m.L + 1];
     out->head = m.goff[head_group(&m)];
+    out->numel = m.goff[m.n_groups];
     memcpy(out->role, m.role, sizeof out->role);
     free(m.goff);
+    return 0;
+}
+
+/* Either family's offsets (here rather than in config.c, which llama.c calls). */
+int zr_model_offsets_get(zr_model_offsets *out, const zr_config *c)
+{
+    zr_model_offsets o;
+    memset(&o, 0, sizeof o); /* compared with memcmp (hostsim): no stray padding bytes */
+    o.family = c->family;
+    if (c->family == ZR_FAMILY_LLAMA) {
+        ZR_TRY(zr_llama_offsets_get(&o.llama, c));
+        o.n_groups = c->layers + (c->tied ? 2u : 3u);
+        o.numel = o.llama.numel;
+    } else {
+        ZR_TRY(zr_gpt2_offsets_get(&o.gpt2, c));
+        o.n_groups = c->layers + 3u;
+        o.numel = o.gpt2.numel;
+    }
+    *out = o;
     return 0;
 }
 
@@ -658,15 +673,23 @@ int zr__llama_backward(zr__llama *m, float scale)
     size_t N = m->B * m->T, L = m->L, C = m->C, hg = head_group(m);
     const zr_model_hooks *h = &m->h;
     const float *P, *res_last = L ? m->layer[L - 1].res3 : m->encoded;
-    float *G, *demb = NULL;
-    /* head; a tied head's gradient is the embedding's, kept until the embedding adds to it */
+    float *G = NULL, *demb = NULL;
+    /* head; a tied head's gradient is the embedding's, kept until the embedding adds to it.
+     * A gradient the hooks lend in pieces is added piece by piece: an untied head's right
+     * away, the embedding's (with a tied head's) at the end. */
+    int ph = zr__grad_piece_rows(h, hg, C) > 0, pe = zr__grad_piece_rows(h, 0, C) > 0;
+    zr__grad_src src = {N, C, m->V, m->T, m->probs, m->xnf, m->targets, m->dlogits,
+                        m->dlogits_rows, scale / (float)N, NULL, NULL};
     ZR_TRY(zr__params_get(h, own_param(m, hg), hg, &P));
-    ZR_TRY(zr__grads_get(h, own_grad(m, hg), hg, &G));
+    if (!ph)
+        ZR_TRY(zr__grads_get(h, own_grad(m, hg), hg, &G));
     zr__head_backward(m->dC, G, m->dlogits, m->dlogits_rows, m->probs, m->targets, P, m->xnf, N,
                       C, m->V, scale / (float)N);
     ZR_TRY(zr__params_put(h, hg));
     if (m->c.tied)
         demb = G;
+    else if (ph)
+        ZR_TRY(zr__grad_pieces(h, hg, &src));
     else
         ZR_TRY(zr__grads_put(h, hg));
     zr__par_zero(m->dres, N * C);
@@ -681,6 +704,13 @@ int zr__llama_backward(zr__llama *m, float scale)
         layer_backward(m, &m->layer[l], l ? m->layer[l - 1].res3 : m->encoded, P, G);
         ZR_TRY(zr__params_put(h, l + 1));
         ZR_TRY(zr__grads_put(h, l + 1));
+    }
+    if (pe) { /* the embedding's rows (and a tied head's) piece by piece */
+        if (!m->c.tied)
+            src.probs = NULL;
+        src.dout = m->dres;
+        src.inp = m->inputs;
+        return zr__grad_pieces(h, 0, &src);
     }
     if (!demb)
         ZR_TRY(zr__grads_get(h, own_grad(m, 0), 0, &demb));

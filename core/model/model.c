@@ -476,7 +476,7 @@ static void encoder_forward(float *out, const int32_t *inp, const float *wte, co
 }
 
 /* dwte[inp[n], :] += dout[n, :], dwpe[n % T, :] += dout[n, :]: split by channel, each chunk
- * adding every position in order (repeated tokens add to the same row). */
+ * adding every position in order (repeated tokens add to the same row); either may be NULL. */
 typedef struct {
     float *dwte, *dwpe;
     const float *dout;
@@ -490,10 +490,17 @@ static void encoder_backward_cols(void *p, size_t b0, size_t b1)
     size_t C = a->C, i0 = b0 * COLS_BLOCK, i1 = b1 * COLS_BLOCK < C ? b1 * COLS_BLOCK : C;
     for (size_t n = 0; n < a->N; n++) {
         const float *d = a->dout + n * C;
-        float *dwe = a->dwte + (size_t)a->inp[n] * C, *dpe = a->dwpe + (n % a->T) * C;
-        for (size_t i = i0; i < i1; i++) {
-            dwe[i] += d[i];
-            dpe[i] += d[i];
+        float *dwe = a->dwte ? a->dwte + (size_t)a->inp[n] * C : NULL;
+        float *dpe = a->dwpe ? a->dwpe + (n % a->T) * C : NULL;
+        if (dwe && dpe) {
+            for (size_t i = i0; i < i1; i++) {
+                dwe[i] += d[i];
+                dpe[i] += d[i];
+            }
+        } else if (dwe || dpe) { /* the other comes in pieces (zr__grad_pieces) */
+            float *dst = dwe ? dwe : dpe;
+            for (size_t i = i0; i < i1; i++)
+                dst[i] += d[i];
         }
     }
 }
@@ -501,11 +508,14 @@ static void encoder_backward_cols(void *p, size_t b0, size_t b1)
 static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp,
                              size_t B, size_t T, size_t C)
 {
+    if (!dwte && !dwpe)
+        return;
     encoder_bwd_args a = {dwte, dwpe, dout, inp, B * T, T, C};
     par_for(col_blocks(C), 1, encoder_backward_cols, &a);
 }
 
-/* out = (inp - mean) * rstd * w + b per row of C; mean, rstd [N] kept for backward. */
+/* out = (inp - mean) * rstd * w + b per row of C; mean, rstd [N] kept for backward (NULL: not
+ * kept, as generate.c's inference). */
 typedef struct {
     float *out, *mean, *rstd;
     const float *inp, *w, *bias;
@@ -533,12 +543,14 @@ ZR_VEC_CLONES static void layernorm_forward_rows(void *p, size_t n0, size_t n1)
         float s = 1.0f / sqrtf(var + LN_EPS);
         for (i = 0; i < C; i++)
             o[i] = (x[i] - mu) * s * w[i] + bias[i];
-        a->mean[n] = mu;
-        a->rstd[n] = s;
+        if (a->mean) {
+            a->mean[n] = mu;
+            a->rstd[n] = s;
+        }
     }
 }
 
-static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+void zr__layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *bias, size_t N, size_t C)
 {
     layernorm_fwd_args a = {out, mean, rstd, inp, w, bias, C};
@@ -642,6 +654,11 @@ ZR_VEC_CLONES static void gelu_forward_elems(void *p, size_t i0, size_t i1)
         out[i] = 0.5f * inp[i] * (1.0f + gelu_tanh(inp[i]));
 }
 
+void zr__gelu_forward(float *out, const float *inp, size_t n)
+{
+    gelu_args a = {out, inp};
+    par_for(n, ELEMS_GRAIN, gelu_forward_elems, &a);
+}
 
 /* d[i] *= gelu'(inp[i]), in place */
 ZR_VEC_CLONES static void gelu_backward_elems(void *p, size_t i0, size_t i1)
@@ -686,7 +703,7 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &m->layer[l];
         ZR_TRY(params_get(m, l + 2, &P));
-        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, TENSOR(P, LN1W),
+        zr__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, TENSOR(P, LN1W),
                           TENSOR(P, LN1B), N, C);
         zr__matmul_forward(a->qkv, NULL, a->ln1, TENSOR(P, QKVW), TENSOR(P, QKVB), N, C, 3 * C);
         zr__att_geom ag = {B, T, NH, C / NH, 1, 3 * C, C, 2 * C};
@@ -694,7 +711,7 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
         /* res2 = res + c_proj(atty) */
         zr__matmul_forward(a->res2, res, a->atty, TENSOR(P, ATTPROJW), TENSOR(P, ATTPROJB), N,
                        C, C);
-        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, TENSOR(P, LN2W),
+        zr__layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, TENSOR(P, LN2W),
                           TENSOR(P, LN2B), N, C);
         /* GELU on each block of fch as soon as the matmul has computed it */
         gelu_args ga = {a->fch_gelu, a->fch};
@@ -709,7 +726,8 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
         res = a->res3;
     }
     ZR_TRY(params_get(m, L + 2, &P));
-    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P + m->off.lnf_w, P + m->off.lnf_b,
+    zr__layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P + m->off.lnf_w,
+                          P + m->off.lnf_b,
                       N, C);
     ZR_TRY(params_put(m, L + 2));
     /* logits [N, V] = lnf [N, C] wte[V, C]^T: the head is tied to the token embedding */
@@ -736,9 +754,13 @@ int zr_model_backward(zr_model *m, float scale)
 
     /* head, in chunks of rows: dlogits = scale (probs - onehot) / N; dlnf = dlogits wte
      * (into dC); dwte += dlogits^T lnf. wte's gradient buffer stays until the embedding's
-     * backward adds its second contribution. */
+     * backward adds its second contribution; or, when the hooks lend wte's gradient in pieces,
+     * both contributions are added piece by piece at the end. */
+    int pw = zr__grad_piece_rows(&m->h, 0, C) > 0, pp = zr__grad_piece_rows(&m->h, 1, C) > 0;
+    dwte = dwpe = NULL;
     ZR_TRY(params_get(m, 0, &wte));
-    ZR_TRY(grads_get(m, 0, &dwte));
+    if (!pw)
+        ZR_TRY(grads_get(m, 0, &dwte));
     zr__head_backward(m->dC, dwte, m->dlogits, m->dlogits_rows, m->probs, m->targets, wte,
                       m->lnf, N, C, V, scale / (float)N);
     ZR_TRY(params_put(m, 0));
@@ -778,9 +800,12 @@ int zr_model_backward(zr_model *m, float scale)
         ZR_TRY(params_put(m, l + 2));
         ZR_TRY(grads_put(m, l + 2));
     }
-    ZR_TRY(grads_get(m, 1, &dwpe));
+    if (!pp)
+        ZR_TRY(grads_get(m, 1, &dwpe));
     encoder_backward(dwte, dwpe, m->dres, m->inputs, B, T, C);
-    ZR_TRY(grads_put(m, 1));
-    ZR_TRY(grads_put(m, 0));
-    return 0;
+    zr__grad_src src = {N, C, m->c.ctx, T, NULL, NULL, NULL, NULL, 0, 0.0f, m->dres, NULL};
+    ZR_TRY(pp ? zr__grad_pieces(&m->h, 1, &src) : grads_put(m, 1));
+    src = (zr__grad_src){N, C, V, T, m->probs, m->lnf, m->targets, m->dlogits, m->dlogits_rows,
+                         scale / (float)N, m->dres, m->inputs};
+    return pw ? zr__grad_pieces(&m->h, 0, &src) : grads_put(m, 0);
 }

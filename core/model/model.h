@@ -85,6 +85,31 @@ typedef struct {
  * is not a GPT-2 config). */
 int zr_gpt2_offsets_get(zr_gpt2_offsets *out, const zr_gpt2_config *c);
 
+/* Where a Llama's tensors are in a full parameter arena (the layout's groups end to end): the
+ * embedding, layer l's group at layer0 + l layer_numel with its tensors at role[ZR_LL_*]
+ * inside it, the final norm, the head (the embedding when tied), numel in all. Computed from
+ * the layout (ckpt's family table) by llama.c; the KV-cache generator and the device models
+ * address the arena with it. ZR_EINVAL for a config that is not a valid Llama. */
+enum { ZR_LL_LN1, ZR_LL_Q, ZR_LL_K, ZR_LL_V, ZR_LL_O, ZR_LL_LN2, ZR_LL_GATE, ZR_LL_UP,
+       ZR_LL_DOWN, ZR_LL_ROLES };
+typedef struct {
+    uint64_t embed, layer0, layer_numel, norm, head, numel;
+    uint64_t role[ZR_LL_ROLES];
+} zr_llama_offsets;
+int zr_llama_offsets_get(zr_llama_offsets *out, const zr_config *c);
+
+/* The family-neutral description of a model's arena that the device ABI carries (device.h's
+ * model_new): the family, its group count and size, and the offsets of that family (the other
+ * member zeroed). Filled by zr_model_offsets_get from c (ZR_EINVAL as the family's call). */
+typedef struct {
+    zr_family family;
+    uint32_t n_groups;
+    uint64_t numel;
+    zr_gpt2_offsets gpt2;   /* family ZR_FAMILY_GPT2 */
+    zr_llama_offsets llama; /* family ZR_FAMILY_LLAMA */
+} zr_model_offsets;
+int zr_model_offsets_get(zr_model_offsets *out, const zr_config *c);
+
 /* ---------------------------------------------------------------- model */
 
 /*
@@ -110,6 +135,14 @@ int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B);
  * a ZR_E* code with the error set, which the forward or backward returns. Either pair may be
  * NULL: then that side lives in the model's own arena (zr_model_param/grad return NULL for a
  * side that is lent).
+ * Pieces (optional, all three or none, with grads): grad_piece_numel says how many elements of
+ * group g's gradient one piece may hold (0: none, grads lends the whole group). An embedding
+ * (GPT-2's wte and wpe, Llama's embed_tokens, and lm_head) whose group has pieces gets its
+ * gradient in pieces of whole rows at the end of the backward instead: grad_piece lends a
+ * zeroed buffer for elements [off, off + n) of the group, the model adds every contribution
+ * to those rows into it (the head's and the embedding's, in the order and with the bits of
+ * the whole buffer), and grad_piece_done says the piece is complete. Pieces come in order and
+ * one at a time.
  */
 typedef struct {
     void *ctx;
@@ -117,6 +150,9 @@ typedef struct {
     int (*params_done)(void *ctx, size_t g);
     int (*grads)(void *ctx, size_t g, float **out);
     int (*grads_done)(void *ctx, size_t g);
+    uint64_t (*grad_piece_numel)(void *ctx, size_t g);
+    int (*grad_piece)(void *ctx, size_t g, uint64_t off, uint64_t n, float **out);
+    int (*grad_piece_done)(void *ctx, size_t g, uint64_t off, uint64_t n);
 } zr_model_hooks;
 /* As zr_model_new, activations sized for max_T <= ctx tokens per sequence, with hooks (or
  * NULL). */

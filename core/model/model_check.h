@@ -9,6 +9,7 @@
 
 #include "model.h"
 
+#include <math.h>
 #include <stdio.h>
 
 /* A size of the config that is 0, or dim not a multiple of heads: 1 with why filled, else 0. */
@@ -44,9 +45,27 @@ static inline int zr__new_problem(char *why, size_t cap, size_t max_B, size_t ma
              (!hooks->params != !hooks->params_done || !hooks->grads != !hooks->grads_done))
         snprintf(why, cap, "model: hooks come in pairs (params with params_done, grads with "
                            "grads_done)");
+    else if (hooks && (!hooks->grad_piece_numel != !hooks->grad_piece ||
+                       !hooks->grad_piece != !hooks->grad_piece_done ||
+                       (hooks->grad_piece && !hooks->grads)))
+        snprintf(why, cap, "model: the gradient piece hooks come together, and with grads");
     else
         return 0;
     return 1;
+}
+
+/* The rotary table of the Llama family: cos and sin [T, hd / 2] of position t times
+ * theta^(-2i / hd) (angles in double, rounded to float), the same bits on the host and for the
+ * device model. */
+static inline void zr__rope_table(float *cos_t, float *sin_t, size_t T, size_t hd, double theta)
+{
+    size_t half = hd / 2;
+    for (size_t t = 0; t < T; t++)
+        for (size_t i = 0; i < half; i++) {
+            double f = pow(theta, -(double)(2 * i) / (double)hd);
+            cos_t[t * half + i] = (float)cos((double)t * f);
+            sin_t[t * half + i] = (float)sin((double)t * f);
+        }
 }
 
 #endif

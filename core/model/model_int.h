@@ -72,6 +72,12 @@ typedef struct {
 void zr__gemm_hooked(int ta, int tb, size_t M, size_t N, size_t K, const float *A, size_t lda,
                      const float *B, size_t ldb, float beta, float *C, size_t ldc,
                      const zr__gemm_hook *pre, const zr__gemm_hook *post);
+/* model.c's LayerNorm over N rows of C (mean, rstd [N] kept when not NULL) and tanh GELU of n
+ * elements (out may be inp), on the par_for threads: the training forward's, and inference's
+ * (generate.c), so both compute the same numbers. */
+void zr__layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                           const float *w, const float *bias, size_t N, size_t C);
+void zr__gelu_forward(float *out, const float *inp, size_t n);
 /* out[N, OC] = (res ? res : 0) + inp[N, IC] W[OC, IC]^T + (bias ? bias : 0) */
 void zr__matmul_forward(float *out, const float *res, const float *inp, const float *W,
                         const float *bias, size_t N, size_t IC, size_t OC);
@@ -112,10 +118,28 @@ void zr__softmax_xent_forward(float *probs, float *losses, const int32_t *target
                               size_t V);
 /* The head's backward in chunks of rows of the dlogits scratch ([rows_cap, V]):
  * dlogits = k (probs - onehot(targets)); dx [N, C] = dlogits W (overwritten);
- * dW [V, C] += dlogits^T x. */
+ * dW [V, C] += dlogits^T x (dW NULL: not computed). */
 void zr__head_backward(float *dx, float *dW, float *dlogits, size_t rows_cap, const float *probs,
                        const int32_t *targets, const float *W, const float *x, size_t N,
                        size_t C, size_t V, float k);
+/* The gradient of a group of V rows of C (an embedding, a head, or both when tied) in the
+ * pieces the hooks lend (model.h): the head's dW rows from the forward's probs (k, targets, x,
+ * the dlogits scratch of rows_cap rows; probs NULL: no head), then the embedding's rows from
+ * dout (the gradient at its output [N, C]: row inp[n], or n mod T without inp; dout NULL: no
+ * embedding). zr__grad_piece_rows: rows per piece (a multiple of the 64-row blocks the
+ * head's gradient is computed in), 0 when group g has none. */
+typedef struct {
+    size_t N, C, V, T;
+    const float *probs, *x;
+    const int32_t *targets;
+    float *dlogits;
+    size_t rows_cap;
+    float k;
+    const float *dout;
+    const int32_t *inp;
+} zr__grad_src;
+uint64_t zr__grad_piece_rows(const zr_model_hooks *h, size_t g, size_t C);
+int zr__grad_pieces(const zr_model_hooks *h, size_t g, const zr__grad_src *s);
 /* the dlogits scratch rows for N positions of vocabulary V (at most 64 MiB, at least 1 row) */
 size_t zr__dlogits_rows(size_t N, size_t V);
 
@@ -156,17 +180,7 @@ const float *zr__llama_probs(const zr__llama *m);
 void zr__llama_zero_grad(zr__llama *m);
 void zr__llama_bytes(const zr__llama *m, uint64_t *params, uint64_t *grads, uint64_t *acts);
 
-/* Where a Llama's tensors are in a full parameter arena (the layout's groups end to end), for
- * the KV-cache generator (generate.c): the embedding, layer l's group at layer0 + l *
- * layer_numel with its tensors at role[ZR__LL_*] inside it, the final norm, the head (the
- * embedding when tied). */
-enum { ZR__LL_LN1, ZR__LL_Q, ZR__LL_K, ZR__LL_V, ZR__LL_O, ZR__LL_LN2, ZR__LL_GATE, ZR__LL_UP,
-       ZR__LL_DOWN, ZR__LL_ROLES };
-typedef struct {
-    uint64_t embed, layer0, layer_numel, norm, head;
-    uint64_t role[ZR__LL_ROLES];
-} zr__llama_offsets;
-int zr__llama_offsets_get(zr__llama_offsets *out, const zr_config *c);
+/* zr_llama_offsets (model.h) are computed in llama.c from the same layout as the model. */
 /* The rotary table of llama.c: cos and sin [T, hd / 2] of position t times
  * theta^(-2i / hd) (angles in double, rounded to float). */
 void zr__llama_rope_table(float *cos_t, float *sin_t, size_t T, size_t hd, double theta);

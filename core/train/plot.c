@@ -363,41 +363,23 @@ static void draw(FILE *o, const plog *L, const char *title, unsigned char *keep)
 
 /* ---------------------------------------------------------------- the file */
 
-/* The SVG into a temporary file beside svg_path, flushed to disk, then renamed over it. */
-static int write_atomic(const plog *L, const char *svg_path, const char *title)
+/* The SVG drawn in memory, then written over svg_path whole or not at all. */
+static int write_svg(const plog *L, const char *svg_path, const char *title)
 {
-    char *tmp = NULL;
+    char *buf = NULL;
+    size_t len = 0;
     unsigned char *keep = malloc(L->n);
-    if (!keep || asprintf(&tmp, "%s.tmp.%ld", svg_path, (long)getpid()) < 0) {
+    FILE *o = keep ? open_memstream(&buf, &len) : NULL;
+    if (!o) {
         free(keep);
         return zr_err_set(ZR_ENOMEM, "out of memory");
     }
-    int rc = 0;
-    /* a new file of ours: whatever had the name (a FIFO would block the open) goes first */
-    unlink(tmp);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    FILE *o = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (!o) {
-        rc = zr_err_sys(errno, "%s: create", tmp);
-        if (fd >= 0)
-            close(fd);
-        goto out;
-    }
     draw(o, L, title, keep);
-    int bad = fflush(o) != 0 || ferror(o) || fsync(fileno(o)) != 0;
-    int e = errno;
-    if (fclose(o) != 0 && !bad) {
-        bad = 1;
-        e = errno;
-    }
-    if (bad)
-        rc = zr_err_sys(e, "%s: write", tmp);
-    else if (rename(tmp, svg_path) != 0)
-        rc = zr_err_sys(errno, "%s: rename to %s", tmp, svg_path);
-    if (rc)
-        unlink(tmp);
-out:
-    free(tmp);
+    int bad = ferror(o) != 0;
+    bad |= fclose(o) != 0;
+    int rc = bad ? zr_err_set(ZR_ENOMEM, "%s: out of memory drawing it", svg_path)
+                 : zck_write_file_atomic(svg_path, buf, len);
+    free(buf);
     free(keep);
     return rc;
 }
@@ -413,7 +395,7 @@ int zr_plot_write(zr_plot_info *info, const char *log_path, const char *svg_path
                      (size_t)(L.p[L.n - 1].seg), L.p[L.n - 1].seg == 1 ? "" : "s") < 0)
             rc = zr_err_set(ZR_ENOMEM, "out of memory");
         else
-            rc = write_atomic(&L, svg_path, title);
+            rc = write_svg(&L, svg_path, title);
         free(title);
     }
     if (!rc && info) {

@@ -12,16 +12,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* An absent key leaves *out as it is. */
-static int json_u64(const json_t *j, const char *key, uint64_t *out)
+/* An absent key leaves *out as it is; 0, or -1 when the key holds something else (no error
+ * set: the sample-order keys are optional, a bad one only makes the order unknown). */
+static int get_u64(const json_t *j, const char *key, uint64_t *out)
 {
     json_t *v = json_object_get(j, key);
     if (!v)
         return 0;
     if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return -1;
+    *out = (uint64_t)json_integer_value(v);
+    return 0;
+}
+
+/* As get_u64, for a key the resume needs: a bad value is an error. */
+static int json_u64(const json_t *j, const char *key, uint64_t *out)
+{
+    if (get_u64(j, key, out))
         return zr_err_set(ZR_ECORRUPT, "training section: '%s' is not a non-negative integer",
                           key);
-    *out = (uint64_t)json_integer_value(v);
     return 0;
 }
 
@@ -53,13 +62,14 @@ int zr_train__section_parse(zr_train__section *s, const char *json)
     json_error_t je;
     json_t *t = json_loads(json, 0, &je);
     if (!t)
-        return zr_err_set(ZR_ECORRUPT, "training section unreadable");
+        return zr_err_set(ZR_ECORRUPT, "training section: not JSON (line %d: %s)",
+                          je.line, je.text);
     int rc = json_u64(t, "optimizer_step", &s->optimizer_step);
     if (!rc)
         rc = json_u64(t, "next_sample", &s->next_sample);
     if (!rc)
-        s->order_known = !json_u64(t, "seed", &s->seed) && !json_u64(t, "batch", &s->batch) &&
-                         !json_u64(t, "seq", &s->seq);
+        s->order_known = !get_u64(t, "seed", &s->seed) && !get_u64(t, "batch", &s->batch) &&
+                         !get_u64(t, "seq", &s->seq);
     if (!rc)
         rc = dup_string(t, "data", &s->data);
     if (!rc)

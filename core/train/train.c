@@ -1000,13 +1000,12 @@ static int open_device(run *r)
     }
     ZR_TRY(agree(r, lrc));
     r->dev = ops;
-    int local = r->rank, idx = 0, count = 1;
-    const char *lr = zr_env(ZR_ENV_LOCAL_RANK);
-    if (lr)
-        local = atoi(lr);
+    int local = r->rank, idx = 0, count = 1, has_local = 0;
     char name[96] = "?";
     uint64_t fb = 0, tb = 0;
-    lrc = ops->probe(&count);
+    lrc = zr_env_int(&local, &has_local, ZR_ENV_LOCAL_RANK, 0, 1 << 20);
+    if (!lrc)
+        lrc = ops->probe(&count);
     if (!lrc)
         lrc = ops->init(local, &idx);
     if (!lrc)

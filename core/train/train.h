@@ -53,7 +53,7 @@ typedef struct {
     volatile int *stop;      /* set asynchronously (signal): finish the step, save, return */
     unsigned prefetch;       /* ZeRO-3: group gathers in flight ahead of use */
     uint64_t max_live_params; /* ZeRO 2-3 on the CPU: the ordinary gather and gradient buffers'
-                              * parameters at most (0: the rank's partition; zero.h) */
+                              * parameters at most (0: a quarter of the rank's partition; zero.h) */
     /* offload (model.h's ZR_OFFLOAD_*): optimizer states, and at stage 3 parameter partitions;
      * on the CPU device "cpu" is where they are anyway. nvme: swap files in
      * <nvme_path>/zrun-swap-rank<r>, aio_block bytes per request and staging chunk, aio_depth

@@ -15,22 +15,29 @@
 
 #define QCAP 256           /* comm ops queued at most (the issuer waits for room) */
 #define GRAD_SLOTS 3       /* stage 2-3: gradient buffers of ordinary groups */
+/* the default parameter budget of the ordinary buffers: the rank's partition / this, so that at
+ * stage 3 they stay below a sixteenth of its model states (16 bytes per parameter) unless the
+ * minimum of two gather and two gradient buffers is more */
+#define DEFAULT_BUDGET_DIV 4
 #define BIG_ARRAY (4u << 20) /* arrays from this many bytes up are 2 MiB aligned, THP advised */
 
-/* A group's own buffers, when larger than a slot, and what the model holds now. */
+/* A group's own buffers, when larger than a slot, and what the model holds now. A big group's
+ * gradient comes in pieces of a gradient slot (the model's embeddings, zr_model_hooks); gbig
+ * is made only when the model asks for one whole. */
 typedef struct {
     float *pbig, *gbig; /* big groups' buffers (stage 3 params, stage 2-3 grads) */
     int pbig_busy, gbig_busy;
     float *plent, *glent; /* what the model holds now */
 } grp;
 
-enum { OP_GATHER, OP_RS_GRAD, OP_ALLREDUCE, OP_RS_INPLACE, OP_AG_INPLACE, OP_GATHER_F64,
-       OP_BCAST };
+enum { OP_GATHER, OP_RS_GRAD, OP_RS_PIECE, OP_ALLREDUCE, OP_RS_INPLACE, OP_AG_INPLACE,
+       OP_GATHER_F64, OP_BCAST };
 
 typedef struct {
     int kind;
     size_t g;
     float *buf;
+    uint64_t off; /* OP_RS_PIECE: the piece's first element in the group */
     const void *send;
     void *recv;
     size_t n;
@@ -120,7 +127,7 @@ static void slot_counts(const zr_zhost *z, size_t *np, size_t *ng)
     *np = *ng = 0;
     if (s < 2)
         return;
-    uint64_t budget = z->live_params ? z->live_params : z->b.sum_P;
+    uint64_t budget = z->live_params ? z->live_params : z->b.sum_P / DEFAULT_BUDGET_DIV;
     uint64_t fit = z->b.slot ? budget / z->b.slot : GRAD_SLOTS + z->b.prefetch + 2;
     if (s == 3) {
         size_t want = z->b.prefetch + 2;
@@ -149,9 +156,9 @@ static void account(const zr_zhost *z, zr_zero_bytes *out)
     size_t np, ng;
     slot_counts(z, &np, &ng);
     slots = (uint64_t)(np + ng) * z->b.slot;
-    for (size_t g = 0; g < z->b.ng; g++)
-        if (z->b.G[g].big)
-            big += (s >= 2 ? z->b.G[g].full : 0) + (s == 3 ? z->b.G[g].full : 0);
+    for (size_t g = 0; g < z->b.ng; g++) /* gradients: in pieces of a gradient slot */
+        if (z->b.G[g].big && s == 3)
+            big += z->b.G[g].full;
     out->buffers = (slots ? round_bytes(slots) : 0) + big * sizeof(float);
     if (z->off_opt) {
         out->optimizer = 0;
@@ -257,6 +264,19 @@ static int run_op(zr_zhost *z, op *o)
         }
         break;
     }
+    case OP_RS_PIECE: { /* all-reduced (the bits of a reduce-scatter), the own overlap kept */
+        const zr_zpart *p = &z->b.G[o->g];
+        rc = zr_comm_all_reduce(c, o->buf, o->buf, o->n, ZR_COMM_F32);
+        uint64_t a = o->off > p->lo ? o->off : p->lo;
+        uint64_t e = o->off + o->n < p->lo + p->n ? o->off + o->n : p->lo + p->n;
+        if (!rc && a < e) {
+            float *restrict acc = z->b.owng + p->ooff + (a - p->lo);
+            const float *restrict x = o->buf + (a - o->off);
+            for (uint64_t i = 0; i < e - a; i++)
+                acc[i] += x[i];
+        }
+        break;
+    }
     case OP_ALLREDUCE:
         rc = zr_comm_all_reduce(c, o->send, o->recv, o->n, ZR_COMM_F32);
         break;
@@ -281,7 +301,7 @@ static int run_op(zr_zhost *z, op *o)
 /* a buffer back to its free list (mutex held) */
 static void release_grad_buf(zr_zhost *z, size_t g, float *buf)
 {
-    if (z->b.G[g].big)
+    if (buf == z->H[g].gbig)
         z->H[g].gbig_busy = 0;
     else
         z->gslots[z->gfree++] = buf;
@@ -308,7 +328,7 @@ static void *comm_main(void *arg)
             z->err = rc;
             snprintf(z->errmsg, sizeof z->errmsg, "%s", msg);
         }
-        if (o.kind == OP_RS_GRAD)
+        if (o.kind == OP_RS_GRAD || o.kind == OP_RS_PIECE)
             release_grad_buf(z, o.g, o.buf);
         z->qhead = (z->qhead + 1) % QCAP;
         z->qlen--;
@@ -444,16 +464,11 @@ int zr__zero_host_new(zr_zero **out, zr_comm *comm, const zck_layout *L, const z
             reset_buffers_locked(z); /* no thread yet */
         for (size_t g = 0; ok && g < z->b.ng; g++) {
             grp *p = &z->H[g];
-            if (!z->b.G[g].big)
+            if (!z->b.G[g].big || s != 3)
                 continue;
             size_t b = (size_t)z->b.G[g].full * sizeof(float);
-            ok = (p->gbig = alloc_array(&b)) != NULL;
+            ok = (p->pbig = alloc_array(&b)) != NULL;
             z->bytes_big += b;
-            if (ok && s == 3) {
-                b = (size_t)z->b.G[g].full * sizeof(float);
-                ok = (p->pbig = alloc_array(&b)) != NULL;
-                z->bytes_big += b;
-            }
         }
     }
     if (!ok) {
@@ -650,6 +665,17 @@ static int hook_params_done(void *ctx, size_t g)
     return rc;
 }
 
+/* An ordinary gradient slot, once the comm thread has given one back (mutex held). */
+static int take_grad_slot_locked(zr_zhost *z, float **out)
+{
+    while (!z->gfree && !z->err)
+        pthread_cond_wait(&z->cv, &z->mu);
+    if (z->err)
+        return sticky(z);
+    *out = z->gslots[--z->gfree];
+    return 0;
+}
+
 static int hook_grads(void *ctx, size_t g, float **out)
 {
     zr_zhost *z = ctx;
@@ -662,18 +688,21 @@ static int hook_grads(void *ctx, size_t g, float **out)
     }
     pthread_mutex_lock(&z->mu);
     int rc = 0;
-    if (z->b.G[g].big) {
+    if (z->b.G[g].big) { /* asked whole, not in pieces: a buffer of its own, made once */
         while (p->gbig_busy && !z->err)
             pthread_cond_wait(&z->cv, &z->mu);
-        if (!z->err) {
+        size_t b = (size_t)z->b.G[g].full * sizeof(float);
+        if (!z->err && !p->gbig && (p->gbig = alloc_array(&b)) != NULL)
+            z->bytes_big += b;
+        if (!z->err && !p->gbig)
+            rc = zr_err_set(ZR_ENOMEM, "out of memory for group %zu's gradient (%llu "
+                            "parameters)", g, (unsigned long long)z->b.G[g].full);
+        else if (!z->err) {
             p->gbig_busy = 1;
             p->glent = p->gbig;
         }
     } else {
-        while (!z->gfree && !z->err)
-            pthread_cond_wait(&z->cv, &z->mu);
-        if (!z->err)
-            p->glent = z->gslots[--z->gfree];
+        rc = take_grad_slot_locked(z, &p->glent);
     }
     if (z->err)
         rc = sticky(z);
@@ -683,6 +712,46 @@ static int hook_grads(void *ctx, size_t g, float **out)
     memset(p->glent, 0, (size_t)z->b.G[g].full * sizeof(float));
     *out = p->glent;
     return 0;
+}
+
+/* A big group's gradient in pieces of an ordinary gradient slot (zr_model_hooks). */
+static uint64_t hook_grad_piece_numel(void *ctx, size_t g)
+{
+    const zr_zhost *z = ctx;
+    return z->b.stage >= 2 && z->b.G[g].big ? z->b.slot : 0;
+}
+
+static int hook_grad_piece(void *ctx, size_t g, uint64_t off, uint64_t n, float **out)
+{
+    zr_zhost *z = ctx;
+    grp *p = &z->H[g];
+    if (!z->pre_done)
+        ZR_TRY(stream_read_ahead(z));
+    if (hook_grad_piece_numel(z, g) < n || off + n > z->b.G[g].numel || p->glent)
+        return zr_err_set(ZR_EINVAL, "zero: piece [%llu, +%llu) of group %zu's gradient: not "
+                          "a piece this engine lends", (unsigned long long)off,
+                          (unsigned long long)n, g);
+    pthread_mutex_lock(&z->mu);
+    int rc = take_grad_slot_locked(z, &p->glent);
+    pthread_mutex_unlock(&z->mu);
+    if (rc)
+        return rc;
+    memset(p->glent, 0, (size_t)n * sizeof(float));
+    *out = p->glent;
+    return 0;
+}
+
+static int hook_grad_piece_done(void *ctx, size_t g, uint64_t off, uint64_t n)
+{
+    zr_zhost *z = ctx;
+    grp *p = &z->H[g];
+    pthread_mutex_lock(&z->mu);
+    op o = {.kind = OP_RS_PIECE, .g = g, .buf = p->glent, .off = off, .n = n};
+    p->glent = NULL;
+    int rc = o.buf ? submit_locked(z, o, NULL)
+                   : zr_err_set(ZR_EINVAL, "zero: group %zu: no piece of its gradient lent", g);
+    pthread_mutex_unlock(&z->mu);
+    return rc;
 }
 
 static int hook_grads_done(void *ctx, size_t g)
@@ -707,6 +776,9 @@ static void host_hooks(zr_zero *zz, zr_model_hooks *h)
     h->params_done = hook_params_done;
     h->grads = hook_grads;
     h->grads_done = hook_grads_done;
+    h->grad_piece_numel = hook_grad_piece_numel;
+    h->grad_piece = hook_grad_piece;
+    h->grad_piece_done = hook_grad_piece_done;
 }
 
 /* ---------------------------------------------------------------- the step */

@@ -48,10 +48,12 @@ typedef struct {
     unsigned aio_depth, buffers;
     size_t aio_block;
     /* stage 2-3 on the host engine: the ordinary gather and gradient buffers hold at most this
-     * many parameters together (0: the rank's own partition's, so that they stay below a
-     * quarter of its model states); never fewer than two gather buffers and two gradient
-     * buffers (the model holds two groups at most), never more than prefetch + 2 and 3. The
-     * groups larger than an ordinary buffer (the embeddings) keep buffers of their own. */
+     * many parameters together (0: a quarter of the rank's own partition's, so that they stay
+     * below a sixteenth of its model states); never fewer than two gather buffers and two
+     * gradient buffers (the model holds two groups at most), never more than prefetch + 2 and
+     * 3. The groups larger than an ordinary buffer (the embeddings) take their gradients in
+     * pieces of a gradient buffer (zr_model_hooks) and, at stage 3, keep a gather buffer of
+     * their own. */
     uint64_t live_params;
 } zr_zero_opts;
 #define ZR_ZERO_OPTS_INIT {0, 2, ZR_OFFLOAD_NONE, ZR_OFFLOAD_NONE, NULL, 8, 4, (size_t)1 << 20, 0}

@@ -67,11 +67,18 @@ int zr__zero_parts(const zck_layout *L, int W, int rank, zr_zpart **out, uint64_
         *sum_full += p->full;
         *sum_P += p->P;
     }
-    /* ordinary buffers hold the largest group past the embeddings; bigger groups (GPT-2's
-     * token embedding) get buffers of their own */
-    for (size_t g = ng > 2 ? 2 : 0; g < ng; g++)
-        if (G[g].full > *slot)
+    /* ordinary buffers hold the largest group but the embeddings (GPT-2's wte and wpe, Llama's
+     * embed_tokens and lm_head); bigger groups (the token embedding, an untied head) get a
+     * gather buffer of their own and their gradient in pieces (zero.c) */
+    static const char *const emb[] = {"wte", "wpe", "embed_tokens", "lm_head"};
+    for (size_t g = 0; g < ng; g++) {
+        const char *name = zck_layout_group_name(L, g);
+        int skip = 0;
+        for (size_t k = 0; k < sizeof emb / sizeof *emb && name; k++)
+            skip |= !strcmp(name, emb[k]);
+        if (!skip && G[g].full > *slot)
             *slot = G[g].full;
+    }
     for (size_t g = 0; g < ng; g++)
         G[g].big = G[g].full > *slot;
     *out = G;

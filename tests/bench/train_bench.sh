@@ -27,7 +27,8 @@
 #   ROUNDS         zero and torch alternate this many times (2); each side's best round counts
 #   IDLE_WAIT      seconds each measurement waits for the CPUs to be idle, < 15% busy (60; 0: none)
 #   TORCH_PYTHON   a python3 that imports torch (skips the venv lookup and install)
-#   TORCH_VENV     the venv to use or create (build/torch-venv)
+#   TORCH_VENV     the venv to use or create (build/torch-venv); before creating it, the oracle
+#                  venv build/venv is used when `make oracle-venv` installed torch there
 #   TORCH_INSTALL  0: never install torch (pip or apt); the comparison is skipped without it
 #   TORCH_VARIANTS torch_gpt2.py --variants (sdpa-foreach,sdpa-fused,manual-fused; the best
 #                  counts; compile-sdpa-fused adds torch.compile, ~80 s of compiling for 124M)
@@ -91,6 +92,8 @@ if [ -n "${TORCH_PYTHON:-}" ]; then
     torch_py=$TORCH_PYTHON
 elif [ -x "$TORCH_VENV/bin/python" ] && has_torch "$TORCH_VENV/bin/python"; then
     torch_py=$TORCH_VENV/bin/python
+elif [ -x "$root/build/venv/bin/python" ] && has_torch "$root/build/venv/bin/python"; then
+    torch_py=$root/build/venv/bin/python
 elif [ "$TORCH_INSTALL" != 0 ]; then
     say "installing torch from PyPI into $TORCH_VENV (once; several GB: the PyPI wheel brings CUDA libraries)"
     if { [ -x "$TORCH_VENV/bin/pip" ] || python3 -m venv "$TORCH_VENV" >/dev/null 2>&1 ||

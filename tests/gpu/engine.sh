@@ -9,7 +9,8 @@
 #      the GPU (the device AdamW has the CPU's arithmetic);
 #   4. a checkpoint GPU -> CPU -> GPU: 8 steps on the GPU, 6 on the CPU, 6 on the GPU again,
 #      within tolerance of 20 steps on the GPU, and zckpt verify passes;
-#   5. stage 3 holds less GPU memory per rank than stage 0.
+#   5. stage 3 holds less GPU memory per rank than stage 0;
+#   6. a Llama (core/device/cuda/llama.cu): 30 steps at world 1, and tied at world 2, stage 3.
 # usage: tests/gpu/engine.sh (after a build of build/zrun, build/zckpt, build/libzr_cuda.so)
 # Exit 0 when every check passes, or with one "skip:" line without a GPU; 1 otherwise.
 set -uo pipefail
@@ -102,6 +103,16 @@ losses ref20.json rt.json "checkpoint GPU -> CPU -> GPU vs 20 steps on the GPU"
 checks=$((checks + 1))
 if "$ZC" verify rt >verify.log 2>&1; then echo "ok   zckpt verify of the round trip's run"
 else fail "zckpt verify rt"; cat verify.log; fi
+
+# 6. a Llama (llama.cu: GQA, untied head; then tied at stage 3, world 2)
+llama="--model llama:layers=2,heads=4,kv_heads=2,dim=64,ffn=176,ctx=64,vocab=256"
+run lcpu $llama --device cpu $base --steps 30 --ckpt-dir lcpu &&
+run lgpu $llama --device cuda $base --steps 30 --ckpt-dir lgpu &&
+losses lcpu.json lgpu.json "Llama, 30 steps, world 1: GPU vs CPU"
+run lcpu3 $llama,tied=1 --device cpu --nproc 2 --zero 3 $base --steps 12 --ckpt-dir lcpu3 &&
+ZR_DEVICE_COMM=shm run lgpu3 $llama,tied=1 --device cuda --nproc 2 --zero 3 $base --steps 12 \
+    --ckpt-dir lgpu3 &&
+losses lcpu3.json lgpu3.json "Llama tied, world 2 on one GPU, stage 3: GPU vs CPU"
 
 # 5. memory per rank, stage 3 vs stage 0 (the device's own bytes, from the JSON lines)
 mem() { tail -n 1 "$1" | grep -o '"params":[0-9]*' | cut -d: -f2; }

@@ -4,13 +4,16 @@
  *
  *   - every layer's forward and backward (zr_device_kernels) against references written here
  *     in double precision, on random inputs of awkward sizes (not multiples of 32, T = 1,
- *     odd vocabularies, several chunks in the head);
+ *     odd vocabularies, several chunks in the head); Llama's RMSNorm, rotary positions with
+ *     grouped-query attention (2 and 4 query heads a KV head) and SwiGLU too ("llama");
  *   - AdamW and the sum of squares: the same bits as zr_adamw_update and zr_sumsq;
- *   - the device model against the CPU model (core/model/model.c through zr_model): loss,
+ *   - the device model against the CPU model (core/model/model.c through zr_model; for the
+ *     Llama family, core/device/cuda/llama.cu against core/model/llama.c, "llama"): loss,
  *     probabilities, every group's gradient; determinism; the hooks (fetch order, at most two
  *     groups lent at once, the same results as the own arenas); accumulation; argument errors;
  *   - 30 training steps (device model + device AdamW and norm clipping, against zr_model +
- *     zr_adamw_update, the same loop here): the losses agree within bf16 tolerance;
+ *     zr_adamw_update, the same loop here): the losses agree within bf16 tolerance (GPT-2,
+ *     then Llama);
  *   - the NCCL communicator at world 1, and at world 2 when two GPUs are visible (two
  *     processes: this program again with --nccl-child).
  *
@@ -408,6 +411,172 @@ static void test_attention(size_t B, size_t T, size_t C, size_t NH)
     free(qkv), free(dy), free(qr), free(dyr), free(y), free(att), free(dqkv), free(p), free(dp);
 }
 
+/* ---------------------------------------------------------------- Llama layers */
+
+static void test_rmsnorm(size_t N, size_t C)
+{
+    char name[96];
+    float eps = 1e-5f;
+    float *inp = hrand(N * C, 3, 1), *w = hrand(C, 0.1f, 1), *dout = hrand(N * C, 1, 0);
+    float *dinp0 = hrand(N * C, 1, 0), *dw0 = hrand(C, 1, 0);
+    float *d_inp = dput(inp, N * C), *d_w = dput(w, C), *d_dout = dput(dout, N * C);
+    float *d_dinp = dput(dinp0, N * C), *d_dw = dput(dw0, C), *d_out = dalloc(N * C * 4);
+    float *d_rstd = dalloc(N * 4);
+    OK(D->kernels->rmsnorm(d_out, d_rstd, d_dinp, d_dw, d_inp, d_w, d_dout, N, C, eps));
+    double *out = dzeros(N * C), *rstd = dzeros(N), *dinp = widen(dinp0, N * C);
+    double *dw = widen(dw0, C);
+    for (size_t n = 0; n < N; n++) {
+        const float *x = inp + n * C, *d = dout + n * C;
+        double ss = 0, dot = 0;
+        for (size_t c = 0; c < C; c++)
+            ss += (double)x[c] * x[c], dot += (double)w[c] * d[c] * x[c];
+        double r = 1.0 / sqrt(ss / (double)C + eps);
+        rstd[n] = r;
+        for (size_t c = 0; c < C; c++) {
+            out[n * C + c] = x[c] * r * w[c];
+            dinp[n * C + c] += r * w[c] * d[c] - x[c] * r * r * r * dot / (double)C;
+            dw[c] += d[c] * x[c] * r;
+        }
+    }
+    float *g;
+    /* the output is stored in bf16 (one rounding); statistics and backward in fp32 */
+    snprintf(name, sizeof name, "rmsnorm fwd N%zu C%zu (bf16 out)", N, C);
+    check_close(name, g = dget(d_out, N * C), out, N * C, 3e-3, 5e-3), free(g);
+    snprintf(name, sizeof name, "rmsnorm fwd rstd N%zu C%zu", N, C);
+    check_close(name, g = dget(d_rstd, N), rstd, N, 1e-5, 1e-5), free(g);
+    snprintf(name, sizeof name, "rmsnorm bwd dinp, dw N%zu C%zu", N, C);
+    check_close(name, g = dget(d_dinp, N * C), dinp, N * C, 1e-4, 1e-4), free(g);
+    check_close(name, g = dget(d_dw, C), dw, C, 1e-4, 1e-4), free(g);
+    D->free(d_inp), D->free(d_w), D->free(d_dout), D->free(d_dinp), D->free(d_dw);
+    D->free(d_out), D->free(d_rstd);
+    free(inp), free(w), free(dout), free(dinp0), free(dw0), free(out), free(rstd), free(dinp);
+    free(dw);
+}
+
+/* turn channels i and i + hd/2 of the head at x by angle t theta^(-2i/hd) (sign -1: back) */
+static void rotate_ref(double *x, size_t t, size_t hd, double theta, double sign)
+{
+    for (size_t i = 0; i < hd / 2; i++) {
+        double a = (double)t * pow(theta, -(double)(2 * i) / (double)hd);
+        double c = cos(a), s = sign * sin(a), x1 = x[i], x2 = x[i + hd / 2];
+        x[i] = x1 * c - x2 * s;
+        x[i + hd / 2] = x2 * c + x1 * s;
+    }
+}
+
+/* one (b, h, t) row of causal attention in double: query head h reads KV head h / G */
+typedef struct {
+    size_t T, C, KVD, QL, hd, G;
+    const double *qkv; /* rotated, bf16-rounded rows */
+    const float *dy;   /* bf16-rounded */
+    double *y, *att, *dqkv, *p, *dp;
+} gqa_ref;
+
+static void gqa_ref_row(const gqa_ref *r, size_t b, size_t h, size_t H, size_t t)
+{
+    size_t T = r->T, hd = r->hd, kv = h / r->G, QL = r->QL;
+    double scale = 1.0 / sqrt((double)hd), mx = -1e300, sum = 0, Dt = 0;
+    const double *q = r->qkv + (b * T + t) * QL + h * hd;
+    for (size_t j = 0; j <= t; j++) {
+        const double *k = r->qkv + (b * T + j) * QL + r->C + kv * hd;
+        double s = 0;
+        for (size_t d = 0; d < hd; d++)
+            s += q[d] * k[d];
+        r->p[j] = s * scale;
+        mx = r->p[j] > mx ? r->p[j] : mx;
+    }
+    for (size_t j = 0; j <= t; j++)
+        sum += (r->p[j] = exp(r->p[j] - mx));
+    const float *dyt = r->dy + (b * T + t) * r->C + h * hd;
+    for (size_t j = 0; j <= t; j++) {
+        const double *v = r->qkv + (b * T + j) * QL + r->C + r->KVD + kv * hd;
+        r->p[j] /= sum;
+        r->att[((b * H + h) * T + t) * T + j] = r->p[j];
+        r->dp[j] = 0;
+        for (size_t d = 0; d < hd; d++) {
+            r->y[(b * T + t) * r->C + h * hd + d] += r->p[j] * v[d];
+            r->dp[j] += (double)dyt[d] * v[d];
+            r->dqkv[(b * T + j) * QL + r->C + r->KVD + kv * hd + d] += r->p[j] * dyt[d];
+        }
+        Dt += r->p[j] * r->dp[j];
+    }
+    for (size_t j = 0; j <= t; j++) {
+        double ds = r->p[j] * (r->dp[j] - Dt) * scale;
+        const double *k = r->qkv + (b * T + j) * QL + r->C + kv * hd;
+        for (size_t d = 0; d < hd; d++) {
+            r->dqkv[(b * T + t) * QL + h * hd + d] += ds * k[d];
+            r->dqkv[(b * T + j) * QL + r->C + kv * hd + d] += ds * q[d];
+        }
+    }
+}
+
+static void test_rope_attention(size_t B, size_t T, size_t C, size_t H, size_t KV)
+{
+    char name[128];
+    double theta = 10000.0;
+    size_t hd = C / H, KVD = KV * hd, QL = C + 2 * KVD, N = B * T, A = B * H * T * T;
+    float *qkv = hrand(N * QL, 1, 0), *dy = hrand(N * C, 1, 0);
+    float *d_qkv = dput(qkv, N * QL), *d_dy = dput(dy, N * C), *d_y = dalloc(N * C * 4);
+    float *d_att = dalloc(A * 4), *d_dqkv = dalloc(N * QL * 4);
+    OK(D->kernels->rope_attention(d_y, d_att, d_dqkv, d_qkv, d_dy, B, T, C, H, KV, theta));
+    /* reference in double: q and k rotated, then q, k, v rounded to bf16 as the GPU stores
+     * them; dy rounded; the gradients rotated back. The GPU also rounds P, y, dS and the
+     * outputs (a few roundings: 1e-2 .. 3e-2, attention's tolerances) */
+    double *rows = dzeros(N * QL), *y = dzeros(N * C), *att = dzeros(A), *dqkv = dzeros(N * QL);
+    float *dyr = hround(dy, N * C);
+    for (size_t n = 0; n < N; n++) {
+        double *x = rows + n * QL;
+        for (size_t c = 0; c < QL; c++)
+            x[c] = qkv[n * QL + c];
+        for (size_t h = 0; h < H + KV; h++) /* q heads, then k heads: contiguous */
+            rotate_ref(x + h * hd, n % T, hd, theta, 1.0);
+        for (size_t c = 0; c < QL; c++)
+            x[c] = bf16r((float)x[c]);
+    }
+    gqa_ref r = {T, C, KVD, QL, hd, H / KV, rows, dyr, y, att, dqkv, dzeros(T), dzeros(T)};
+    for (size_t b = 0; b < B; b++)
+        for (size_t h = 0; h < H; h++)
+            for (size_t t = 0; t < T; t++)
+                gqa_ref_row(&r, b, h, H, t);
+    for (size_t n = 0; n < N; n++)
+        for (size_t h = 0; h < H + KV; h++)
+            rotate_ref(dqkv + n * QL + h * hd, n % T, hd, theta, -1.0);
+    float *g;
+    snprintf(name, sizeof name, "rope attention fwd y B%zu T%zu C%zu H%zu KV%zu", B, T, C, H, KV);
+    check_close(name, g = dget(d_y, N * C), y, N * C, 1e-2, 2e-2), free(g);
+    snprintf(name, sizeof name, "rope attention fwd probabilities T%zu H%zu KV%zu", T, H, KV);
+    check_close(name, g = dget(d_att, A), att, A, 5e-3, 5e-3), free(g);
+    snprintf(name, sizeof name, "rope attention bwd dqkv B%zu T%zu C%zu H%zu KV%zu", B, T, C, H,
+             KV);
+    check_close(name, g = dget(d_dqkv, N * QL), dqkv, N * QL, 3e-2, 5e-2), free(g);
+    D->free(d_qkv), D->free(d_dy), D->free(d_y), D->free(d_att), D->free(d_dqkv);
+    free(qkv), free(dy), free(dyr), free(rows), free(y), free(att), free(dqkv), free(r.p);
+    free(r.dp);
+}
+
+static void test_swiglu(size_t n)
+{
+    float *gt = hrand(n, 3, 0), *u = hrand(n, 1, 0), *dh = hrand(n, 1, 0);
+    float *d_g = dput(gt, n), *d_u = dput(u, n), *d_dh = dput(dh, n), *d_h = dalloc(n * 4);
+    float *d_dg = dalloc(n * 4), *d_du = dalloc(n * 4);
+    OK(D->kernels->swiglu(d_h, d_dg, d_du, d_g, d_u, d_dh, n));
+    double *h = dzeros(n), *dg = dzeros(n), *du = dzeros(n);
+    for (size_t i = 0; i < n; i++) {
+        double a = gt[i], b = u[i], s = 1.0 / (1.0 + exp(-a));
+        h[i] = a * s * b;
+        a = bf16r(gt[i]), b = bf16r(u[i]), s = 1.0 / (1.0 + exp(-a)); /* kept in bf16 */
+        du[i] = dh[i] * a * s;
+        dg[i] = dh[i] * b * s * (1.0 + a * (1.0 - s));
+    }
+    float *g;
+    /* one bf16 rounding of each result plus expf's few ulp */
+    check_each("swiglu fwd (bf16 out)", g = dget(d_h, n), h, n, 1.0 / 256, 1e-6), free(g);
+    check_each("swiglu bwd dgate (bf16 out)", g = dget(d_dg, n), dg, n, 1.0 / 256, 1e-6), free(g);
+    check_each("swiglu bwd dup (bf16 out)", g = dget(d_du, n), du, n, 1.0 / 256, 1e-6), free(g);
+    D->free(d_g), D->free(d_u), D->free(d_dh), D->free(d_h), D->free(d_dg), D->free(d_du);
+    free(gt), free(u), free(dh), free(h), free(dg), free(du);
+}
+
 static double gelu_ref(double x)
 {
     return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
@@ -604,10 +773,10 @@ static void check_groups(const char *what, const zr_model *cpu, const float *got
     }
 }
 
-static void test_model(void)
+/* the device model of c's family (GPT-2: model.cu; Llama: llama.cu) against the CPU's */
+static void test_model(zr_config c, size_t B, size_t T)
 {
-    zr_gpt2_config c = ZR_GPT2(2, 4, 64, 32, 97);
-    size_t B = 3, T = 29, N = B * T;
+    size_t N = B * T;
     zr_model *cpu;
     OK(zr_model_new_ext(&cpu, &c, B, T, NULL));
     zr_model_init_weights(cpu, 7);
@@ -752,9 +921,8 @@ static void tensors_of(tensor_list *tl, const zr_gpt2_config *c)
     zck_layout_free(L);
 }
 
-static void test_training(void)
+static void test_training(zr_config c)
 {
-    zr_gpt2_config c = ZR_GPT2(2, 4, 64, 64, 256);
     size_t B = 8, T = 64, N = B * T, steps = 30;
     float lr = 3e-3f, clip = 1.0f;
     zr_adamw_hp hp = ZR_ADAMW_HP_INIT;
@@ -1021,9 +1189,38 @@ int main(int argc, char **argv)
     if (wanted("sumsq"))
         test_sumsq();
     if (wanted("model"))
-        test_model();
+        test_model((zr_config)ZR_GPT2(2, 4, 64, 32, 97), 3, 29);
     if (wanted("training"))
-        test_training();
+        test_training((zr_config)ZR_GPT2(2, 4, 64, 64, 256));
+    /* Llama's layers, then the model (llama.cu): grouped-query attention with 2 and with 4
+     * query heads a KV head, untied and tied head, odd vocabulary and sequence; then 30
+     * training steps */
+    if (wanted("llama")) {
+        if (D->kernels) { /* the CUDA backend's (not the host simulation's) */
+            test_rmsnorm(37, 72);
+            test_rmsnorm(5, 576);
+            test_rope_attention(2, 19, 64, 4, 2);
+            test_rope_attention(1, 1, 32, 2, 1);
+            test_rope_attention(2, 70, 128, 8, 2);
+            test_swiglu(quick ? 4001 : 100001);
+        }
+        static const char *const specs[2] = {
+            "llama:layers=2,heads=4,kv_heads=2,dim=64,ffn=96,ctx=32,vocab=97",
+            "llama:layers=3,heads=8,kv_heads=2,dim=128,ffn=200,ctx=40,vocab=131,tied=1,"
+            "rope_theta=500000",
+        };
+        for (int i = 0; i < 2; i++) {
+            zr_config lc;
+            OK(zr_gpt2_config_parse(&lc, specs[i]));
+            printf("== llama model %s\n", specs[i]);
+            test_model(lc, i ? 2 : 3, i ? 37 : 29);
+        }
+        zr_config lt;
+        OK(zr_gpt2_config_parse(&lt, "llama:layers=2,heads=4,kv_heads=2,dim=64,ffn=176,ctx=64,"
+                                     "vocab=256"));
+        printf("== llama training\n");
+        test_training(lt);
+    }
     if (wanted("nccl")) {
         char self[4096];
         ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);

@@ -111,7 +111,8 @@ __global__ void k_encoder_forward(float *out, const int32_t *tok, const float *w
     GRID_STRIDE(i, N * C)
     {
         size_t n = i / C, c = i % C;
-        out[i] = wte[(size_t)tok[n] * C + c] + wpe[(n % T) * C + c];
+        float e = wte[(size_t)tok[n] * C + c];
+        out[i] = wpe ? e + wpe[(n % T) * C + c] : e; /* no positions: Llama */
     }
 }
 
@@ -205,10 +206,10 @@ size_t row_chunks(size_t N)
     return R < 1 ? 1 : R > 64 ? 64 : R;
 }
 
-/* block (32 columns, chunk r), threads (32, 8): thread (tx, ty) sums rows n0+ty, n0+ty+8, ...
- * of column c; the 8 partial sums are added in ty order */
-template <typename T>
-__global__ void k_colsum_partial(float *partial, const T *x, size_t N, size_t OC, size_t R)
+/* block (32 columns, chunk r), threads (32, 8): thread (tx, ty) sums f(n, c) over rows n0+ty,
+ * n0+ty+8, ... of column c; the 8 partial sums are added in ty order */
+template <typename F>
+__global__ void k_colsum_partial(float *partial, F f, size_t N, size_t OC, size_t R)
 {
     __shared__ float sh[8][33];
     unsigned tx = threadIdx.x, ty = threadIdx.y;
@@ -217,7 +218,7 @@ __global__ void k_colsum_partial(float *partial, const T *x, size_t N, size_t OC
     float acc = 0.0f;
     if (c < OC)
         for (size_t n = n0 + ty; n < n1; n += 8)
-            acc += tof(x[n * OC + c]);
+            acc += f(n, c);
     sh[ty][tx] = acc;
     __syncthreads();
     if (ty == 0 && c < OC) {
@@ -227,6 +228,21 @@ __global__ void k_colsum_partial(float *partial, const T *x, size_t N, size_t OC
         partial[r * OC + c] = s;
     }
 }
+
+/* the summands: a matrix's elements (bias gradients), the RMSNorm's d x r (its dw) */
+template <typename T> struct elem_of {
+    const T *x;
+    size_t OC;
+    __device__ float operator()(size_t n, size_t c) const { return tof(x[n * OC + c]); }
+};
+struct rms_dw_of {
+    const float *d, *x, *r;
+    size_t C;
+    __device__ float operator()(size_t n, size_t c) const
+    {
+        return d[n * C + c] * x[n * C + c] * r[n];
+    }
+};
 
 /* the LayerNorm's dw (sum of dout * norm) and db (sum of dout), as k_colsum_partial */
 __global__ void k_ln_param_partial(float *pw, float *pb, const float *dout, const float *inp,
@@ -440,6 +456,136 @@ __global__ void k_sum_f64(double *out, const float *x, size_t n)
     }
 }
 
+/* ------------------------------------------------------------ Llama: RMSNorm, rotary, SwiGLU */
+
+/* a warp per row: out (bf16) = x r w, r = 1 / sqrt(mean(x^2) + eps) (fp32, kept) */
+__global__ void k_rmsnorm_forward(bf16 *out, float *rstd, const float *inp, const float *w,
+                                  size_t N, size_t C, float eps)
+{
+    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    unsigned lane = threadIdx.x & 31;
+    if (row >= N)
+        return;
+    const float *x = inp + row * C;
+    float ss = 0.0f;
+    for (size_t c = lane; c < C; c += 32)
+        ss += x[c] * x[c];
+    float r = 1.0f / sqrtf(warp_sum(ss) / (float)C + eps);
+    bf16 *o = out + row * C;
+    for (size_t c = lane; c < C; c += 32)
+        o[c] = __float2bfloat16(x[c] * r * w[c]);
+    if (lane == 0)
+        rstd[row] = r;
+}
+
+/* dinp += r w d - x r^3 sum(w d x) / C */
+__global__ void k_rmsnorm_backward_dinp(float *dinp, const float *dout, const float *inp,
+                                        const float *rstd, const float *w, size_t N, size_t C)
+{
+    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    unsigned lane = threadIdx.x & 31;
+    if (row >= N)
+        return;
+    const float *x = inp + row * C, *d = dout + row * C;
+    float r = rstd[row], dot = 0.0f;
+    for (size_t c = lane; c < C; c += 32)
+        dot += w[c] * d[c] * x[c];
+    float k = r * r * r * warp_sum(dot) / (float)C;
+    float *dx = dinp + row * C;
+    for (size_t c = lane; c < C; c += 32)
+        dx[c] += r * w[c] * d[c] - x[c] * k;
+}
+
+/* The geometry of a row of q, k, v [N, QL] (q: H heads from column 0, k: KV heads from C, v:
+ * KV heads from C + KVD) against the permuted [B, heads, T, hd] tensors. */
+struct qkv_geom {
+    size_t B, T, H, KV, hd, C, KVD, QL;
+};
+
+/* element (n, col) of a row: its permuted tensor (0 q, 1 k, 2 v) and index there; *j the
+ * channel inside the head */
+__device__ __forceinline__ int qkv_locate(const qkv_geom &g, size_t n, size_t col, size_t *idx,
+                                          size_t *j)
+{
+    size_t b = n / g.T, t = n % g.T, which = col < g.C ? 0 : col < g.C + g.KVD ? 1 : 2;
+    size_t c = which == 0 ? col : which == 1 ? col - g.C : col - g.C - g.KVD;
+    size_t heads = which == 0 ? g.H : g.KV, h = c / g.hd;
+    *j = c % g.hd;
+    *idx = ((b * heads + h) * g.T + t) * g.hd + *j;
+    return (int)which;
+}
+
+/* q and k rotated (rotate-half: channels j and j + hd/2 by angle t theta^(-2j/hd)), v copied,
+ * into the permuted bf16 tensors */
+__global__ void k_rope_permute(bf16 *q, bf16 *k, bf16 *v, const float *x, const float *cos_t,
+                               const float *sin_t, qkv_geom g)
+{
+    size_t half = g.hd / 2;
+    GRID_STRIDE(i, g.B * g.T * g.QL)
+    {
+        size_t n = i / g.QL, col = i % g.QL, idx, j;
+        int which = qkv_locate(g, n, col, &idx, &j);
+        const float *row = x + n * g.QL + (col - j); /* the head's first channel */
+        float val = row[j];
+        if (which < 2) {
+            size_t a = (n % g.T) * half + (j < half ? j : j - half);
+            float c = cos_t[a], s = sin_t[a];
+            val = j < half ? row[j] * c - row[j + half] * s : row[j] * c + row[j - half] * s;
+        }
+        (which == 0 ? q : which == 1 ? k : v)[idx] = __float2bfloat16(val);
+    }
+}
+
+/* the backward: dq, dk (rotated back: the transpose) and dv into rows dx [N, QL] bf16 */
+__global__ void k_rope_unpermute(bf16 *dx, const bf16 *dq, const bf16 *dk, const bf16 *dv,
+                                 const float *cos_t, const float *sin_t, qkv_geom g)
+{
+    size_t half = g.hd / 2;
+    GRID_STRIDE(i, g.B * g.T * g.QL)
+    {
+        size_t n = i / g.QL, col = i % g.QL, idx, j;
+        int which = qkv_locate(g, n, col, &idx, &j);
+        const bf16 *src = which == 0 ? dq : which == 1 ? dk : dv;
+        float val = __bfloat162float(src[idx]);
+        if (which < 2) {
+            size_t a = (n % g.T) * half + (j < half ? j : j - half);
+            float c = cos_t[a], s = sin_t[a];
+            const bf16 *head = src + (idx - j);
+            val = j < half ? val * c + __bfloat162float(head[j + half]) * s
+                           : val * c - __bfloat162float(head[j - half]) * s;
+        }
+        dx[i] = __float2bfloat16(val);
+    }
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* gate, up (bf16, kept) and h = silu(gate) up (bf16), from the fp32 matmul outputs */
+__global__ void k_swiglu_forward(bf16 *gate, bf16 *up, bf16 *h, const float *g, const float *u,
+                                 size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float a = g[i], b = u[i];
+        gate[i] = __float2bfloat16(a);
+        up[i] = __float2bfloat16(b);
+        h[i] = __float2bfloat16(a * sigmoidf_(a) * b);
+    }
+}
+
+/* dgate = dh up s (1 + gate (1 - s)), dup = dh gate s, s = sigmoid(gate) (bf16 outputs) */
+__global__ void k_swiglu_backward(bf16 *dgate, bf16 *dup, const float *dh, const bf16 *gate,
+                                  const bf16 *up, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float a = __bfloat162float(gate[i]), b = __bfloat162float(up[i]), d = dh[i];
+        float sg = sigmoidf_(a);
+        dup[i] = __float2bfloat16(d * a * sg);
+        dgate[i] = __float2bfloat16(d * b * sg * (1.0f + a * (1.0f - sg)));
+    }
+}
+
 } /* namespace */
 
 /* ---------------------------------------------------------------- launchers */
@@ -547,7 +693,8 @@ static int colsum(float *db, float *partial, const T *x, size_t N, size_t OC, cu
         return 0;
     size_t R = row_chunks(N);
     dim3 grid((unsigned)((OC + 31) / 32), (unsigned)R), block(32, 8);
-    k_colsum_partial<T><<<grid, block, 0, s>>>(partial, x, N, OC, R);
+    elem_of<T> f = {x, OC};
+    k_colsum_partial<<<grid, block, 0, s>>>(partial, f, N, OC, R);
     ZRC_LAUNCHED("bias gradient");
     k_colsum_finish<<<(unsigned)((OC + kThreads - 1) / kThreads), kThreads, 0, s>>>(db, partial,
                                                                                   OC, R);
@@ -676,5 +823,92 @@ int zrk_sum_f64(double *out, const float *x, size_t n, cudaStream_t s)
 {
     k_sum_f64<<<1, 1024, 0, s>>>(out, x, n);
     ZRC_LAUNCHED("loss sum");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- Llama */
+
+int zrk_rmsnorm_forward(bf16 *out, float *rstd, const float *inp, const float *w, size_t N,
+                        size_t C, float eps, cudaStream_t s)
+{
+    if (!N)
+        return 0;
+    unsigned rows_per_block = kThreads / 32;
+    k_rmsnorm_forward<<<(unsigned)((N + rows_per_block - 1) / rows_per_block), kThreads, 0, s>>>(
+        out, rstd, inp, w, N, C, eps);
+    ZRC_LAUNCHED("rmsnorm forward");
+    return 0;
+}
+
+int zrk_rmsnorm_backward(float *dinp, float *dw, float *partial, const float *dout,
+                         const float *inp, const float *rstd, const float *w, size_t N, size_t C,
+                         cudaStream_t s)
+{
+    if (!N)
+        return 0;
+    unsigned rows_per_block = kThreads / 32;
+    k_rmsnorm_backward_dinp<<<(unsigned)((N + rows_per_block - 1) / rows_per_block), kThreads,
+                              0, s>>>(dinp, dout, inp, rstd, w, N, C);
+    ZRC_LAUNCHED("rmsnorm backward");
+    size_t R = row_chunks(N);
+    dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
+    rms_dw_of f = {dout, inp, rstd, C};
+    k_colsum_partial<<<grid, block, 0, s>>>(partial, f, N, C, R);
+    ZRC_LAUNCHED("rmsnorm backward (weights)");
+    k_colsum_finish<<<(unsigned)((C + kThreads - 1) / kThreads), kThreads, 0, s>>>(dw, partial,
+                                                                                 C, R);
+    ZRC_LAUNCHED("rmsnorm backward (sums)");
+    return 0;
+}
+
+static qkv_geom geom(size_t B, size_t T, size_t H, size_t KV, size_t hd)
+{
+    qkv_geom g = {B, T, H, KV, hd, H * hd, KV * hd, (H + 2 * KV) * hd};
+    return g;
+}
+
+int zrk_rope_permute(bf16 *q, bf16 *k, bf16 *v, const float *x, const float *cos_t,
+                     const float *sin_t, size_t B, size_t T, size_t H, size_t KV, size_t hd,
+                     cudaStream_t s)
+{
+    qkv_geom g = geom(B, T, H, KV, hd);
+    size_t n = B * T * g.QL;
+    if (!n)
+        return 0;
+    k_rope_permute<<<grid_for(n, kThreads), kThreads, 0, s>>>(q, k, v, x, cos_t, sin_t, g);
+    ZRC_LAUNCHED("rotary positions");
+    return 0;
+}
+
+int zrk_rope_unpermute(bf16 *dx, const bf16 *dq, const bf16 *dk, const bf16 *dv,
+                       const float *cos_t, const float *sin_t, size_t B, size_t T, size_t H,
+                       size_t KV, size_t hd, cudaStream_t s)
+{
+    qkv_geom g = geom(B, T, H, KV, hd);
+    size_t n = B * T * g.QL;
+    if (!n)
+        return 0;
+    k_rope_unpermute<<<grid_for(n, kThreads), kThreads, 0, s>>>(dx, dq, dk, dv, cos_t, sin_t, g);
+    ZRC_LAUNCHED("rotary positions backward");
+    return 0;
+}
+
+int zrk_swiglu_forward(bf16 *gate, bf16 *up, bf16 *h, const float *g, const float *u, size_t n,
+                       cudaStream_t s)
+{
+    if (!n)
+        return 0;
+    k_swiglu_forward<<<grid_for(n, kThreads), kThreads, 0, s>>>(gate, up, h, g, u, n);
+    ZRC_LAUNCHED("swiglu forward");
+    return 0;
+}
+
+int zrk_swiglu_backward(bf16 *dgate, bf16 *dup, const float *dh, const bf16 *gate,
+                        const bf16 *up, size_t n, cudaStream_t s)
+{
+    if (!n)
+        return 0;
+    k_swiglu_backward<<<grid_for(n, kThreads), kThreads, 0, s>>>(dgate, dup, dh, gate, up, n);
+    ZRC_LAUNCHED("swiglu backward");
     return 0;
 }

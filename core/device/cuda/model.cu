@@ -1,8 +1,12 @@
 /*
- * model.cu: GPT-2 on the GPU with zr_model's contract (zr.h; device.h says what differs):
- * the same groups and tensor offsets (zr_gpt2_offsets, handed over by the host: the table of
- * names and shapes is ckpt's, never restated here), the same hooks and fetch order, the same
- * forward (mean cross-entropy) and backward(scale) adding into fp32 gradients.
+ * model.cu: the device model (devmodel.h) and GPT-2 on it. What does not depend on the family
+ * (construction, arenas, hooks, token staging, the chunked head and its backward, the groups,
+ * the matmul helpers) is here and shared with the Llama family's llama.cu, which the
+ * zrc_model_* calls hand a Llama to. GPT-2 on the GPU with zr_model's contract (zr.h; device.h
+ * says what differs): the same groups and tensor offsets (zr_model_offsets' GPT-2 part,
+ * handed over by the host: the table of names and shapes is ckpt's, never restated here), the
+ * same hooks and fetch order, the same forward (mean cross-entropy) and backward(scale) adding
+ * into fp32 gradients.
  *
  * Precision: fp32 master parameters (own arena or lent), each group's weights cast to bf16 in
  * a scratch slot when the group is fetched; matmuls in cuBLAS with bf16 operands and fp32
@@ -29,7 +33,7 @@
  * Every kernel and cuBLAS call runs on the model's one stream; the host returns as soon as the
  * work is enqueued, except where a result is read (the loss, the probabilities).
  */
-#include "zrcuda.h"
+#include "devmodel.h"
 #include "model_check.h"
 
 #include <limits.h>
@@ -39,63 +43,6 @@
 
 #define BUF_ALIGN 256                      /* every buffer of the arena */
 #define BLAS_WORKSPACE ((size_t)32 << 20) /* cuBLAS workspace per handle */
-
-typedef struct {
-    bf16 *ln1;
-    float *ln1_mean, *ln1_rstd;
-    bf16 *q, *k, *v; /* [B, NH, T, hs] each */
-    bf16 *att;       /* [B, NH, T, T] */
-    bf16 *atty;      /* [N, C] */
-    float *res2;     /* [N, C] */
-    bf16 *ln2;
-    float *ln2_mean, *ln2_rstd;
-    bf16 *fch, *fch_gelu; /* [N, 4C] */
-    float *res3;          /* [N, C] */
-} layer_acts;
-
-struct zr_dev_model {
-    zr_gpt2_config c;
-    size_t max_B, max_T, max_N, Vp, xent_rows;
-    zr_model_hooks h;
-    zr_gpt2_offsets off; /* from the host (the layout of ckpt's family table) */
-    float *params, *grads; /* own arenas, or NULL */
-    size_t pbytes, gbytes;
-
-    unsigned char *acts_mem;
-    size_t acts_bytes;
-    float *encoded; /* [N, C] */
-    layer_acts *layer;
-    bf16 *lnf;
-    float *lnf_mean, *lnf_rstd;
-    bf16 *dl;         /* [N, Vp]: p - onehot (p without targets) */
-    float *losses;    /* [N] */
-    double *loss_sum; /* [1] */
-    int32_t *tok;     /* inputs [maxN], targets [maxN], pos [maxN], uniq [maxN], seg [maxN+1] */
-    bf16 *wslot;      /* [off.layer_numel]: the fetched block's parameters in bf16 */
-    bf16 *wte_bf;     /* [V, C] */
-    float *scratch;   /* [N, 4C]: pre-bias matmul outputs, the GELU's incoming gradient */
-    float *S;         /* [B, NH, T, T]: scores, then dP */
-    bf16 *dS;         /* [B, NH, T, T] */
-    bf16 *tmp;        /* [N, C]: permuted y (forward), permuted dy (backward) */
-    float *logits;    /* [xent_rows, Vp] */
-    float *dres, *dC; /* [N, C] */
-    bf16 *dres_bf, *datty; /* [N, C] */
-    bf16 *d4C;             /* [N, 4C] */
-    bf16 *dqkvp;           /* [3, B, NH, T, hs] */
-    bf16 *dqkv;            /* [N, 3C] */
-    float *partial;        /* column-sum chunks */
-
-    int32_t *host_tok; /* pinned mirror of tok */
-    int32_t *counts;   /* [V] host scratch of the token plan */
-    cudaEvent_t staged;
-    int staged_pending;
-    cudaStream_t stream;
-    cublasHandle_t blas;
-    void *blas_ws;
-
-    size_t B, T, U;
-    int fwd_targets; /* -1: no complete forward; 0: without targets; 1: with */
-};
 
 /* ---------------------------------------------------------------- matmuls */
 
@@ -159,52 +106,108 @@ int zrc_gemm(cublasHandle_t h, int ta, int tb, size_t M, size_t N, size_t K, flo
     return 0;
 }
 
-#define BF CUDA_R_16BF
-#define F32 CUDA_R_32F
+#define BF ZRC_BF
+#define F32 ZRC_F32
 
-/* out[N, OC] (+)= inp[N, IC] W[OC, IC]^T */
-static int mm_fwd(cublasHandle_t h, void *out, cudaDataType_t ot, float beta, const bf16 *inp,
-                  const bf16 *W, size_t N, size_t IC, size_t OC)
+int zrc_mm_fwd(cublasHandle_t h, void *out, cudaDataType_t ot, size_t ldo, float beta,
+               const bf16 *inp, const bf16 *W, size_t N, size_t IC, size_t OC)
 {
-    return zrc_gemm(h, 0, 1, N, OC, IC, 1.0f, inp, BF, IC, 0, W, BF, IC, 0, beta, out, ot, OC, 0,
+    return zrc_gemm(h, 0, 1, N, OC, IC, 1.0f, inp, BF, IC, 0, W, BF, IC, 0, beta, out, ot, ldo, 0,
                     1);
 }
 
-/* dinp[N, IC] = alpha dout[N, OC] W[OC, IC] */
-static int mm_dinp(cublasHandle_t h, void *dinp, cudaDataType_t dt, const bf16 *dout,
-                   const bf16 *W, size_t N, size_t IC, size_t OC, float alpha)
+int zrc_mm_dinp(cublasHandle_t h, void *dinp, cudaDataType_t dt, float beta, const bf16 *dout,
+                size_t ldd, const bf16 *W, size_t N, size_t IC, size_t OC, float alpha)
 {
-    return zrc_gemm(h, 0, 0, N, IC, OC, alpha, dout, BF, OC, 0, W, BF, IC, 0, 0.0f, dinp, dt, IC,
+    return zrc_gemm(h, 0, 0, N, IC, OC, alpha, dout, BF, ldd, 0, W, BF, IC, 0, beta, dinp, dt, IC,
                     0, 1);
 }
 
-/* dW[OC, IC] += alpha dout^T inp */
-static int mm_dw(cublasHandle_t h, float *dW, const bf16 *dout, const bf16 *inp, size_t N,
-                 size_t IC, size_t OC, float alpha)
+int zrc_mm_dw(cublasHandle_t h, float *dW, const bf16 *dout, size_t ldd, const bf16 *inp,
+              size_t N, size_t IC, size_t OC, float alpha)
 {
-    return zrc_gemm(h, 1, 0, OC, IC, N, alpha, dout, BF, OC, 0, inp, BF, IC, 0, 1.0f, dW, F32, IC,
+    return zrc_gemm(h, 1, 0, OC, IC, N, alpha, dout, BF, ldd, 0, inp, BF, IC, 0, 1.0f, dW, F32, IC,
                     0, 1);
 }
+
+/* GPT-2's matmuls: dense rows */
+#define mm_fwd(h, out, ot, beta, inp, W, N, IC, OC)                                           \
+    zrc_mm_fwd(h, out, ot, OC, beta, inp, W, N, IC, OC)
+#define mm_dinp(h, dinp, dt, dout, W, N, IC, OC, alpha)                                        \
+    zrc_mm_dinp(h, dinp, dt, 0.0f, dout, OC, W, N, IC, OC, alpha)
+#define mm_dw(h, dW, dout, inp, N, IC, OC, alpha) zrc_mm_dw(h, dW, dout, OC, inp, N, IC, OC, alpha)
 
 /* ---------------------------------------------------------------- attention */
+
+/* The G = H / KV query heads sharing KV head j are contiguous in [B, H, T, hd]: a group's G T
+ * rows are one matrix against that head's [T, hd], every product one strided batched GEMM over
+ * the B KV groups (GPT-2: KV = H, G = 1). */
+typedef struct {
+    size_t G, GT, BKV, hd;
+    long long sq, skv, sp;
+    float scale;
+} gqa_geom;
+
+static int gqa_geom_of(gqa_geom *g, size_t B, size_t T, size_t C, size_t H, size_t KV)
+{
+    g->G = H / KV;
+    g->GT = g->G * T;
+    g->BKV = B * KV;
+    g->hd = C / H;
+    g->sq = (long long)(g->GT * g->hd);
+    g->skv = (long long)(T * g->hd);
+    g->sp = (long long)(g->GT * T);
+    g->scale = 1.0f / sqrtf((float)g->hd);
+    if (g->BKV > INT_MAX || g->GT > INT_MAX)
+        return zrc_err(ZR_EINVAL, "cuda: attention batch %zu x %zu exceeds cuBLAS's range",
+                       g->BKV, g->GT);
+    return 0;
+}
+
+int zrc_gqa_forward(cublasHandle_t h, cudaStream_t s, bf16 *y, bf16 *P, float *S, bf16 *yp,
+                    const bf16 *q, const bf16 *k, const bf16 *v, size_t B, size_t T, size_t C,
+                    size_t H, size_t KV)
+{
+    gqa_geom g;
+    ZRC_TRY(gqa_geom_of(&g, B, T, C, H, KV));
+    int nb = (int)g.BKV;
+    /* S = scale q k^T */
+    ZRC_TRY(zrc_gemm(h, 0, 1, g.GT, T, g.hd, g.scale, q, BF, g.hd, g.sq, k, BF, g.hd, g.skv, 0.0f,
+                     S, F32, T, g.sp, nb));
+    ZRC_TRY(zrk_attn_softmax_forward(P, S, B * H, T, s));
+    /* yp = P v */
+    ZRC_TRY(zrc_gemm(h, 0, 0, g.GT, g.hd, T, 1.0f, P, BF, T, g.sp, v, BF, g.hd, g.skv, 0.0f, yp,
+                     BF, g.hd, g.sq, nb));
+    return zrk_heads_unpermute(y, C, yp, B, T, C, H, s);
+}
+
+int zrc_gqa_backward(cublasHandle_t h, cudaStream_t s, bf16 *dq, bf16 *dk, bf16 *dv,
+                     const bf16 *dy, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *P,
+                     bf16 *dyp, float *dP, bf16 *dS, size_t B, size_t T, size_t C, size_t H,
+                     size_t KV)
+{
+    gqa_geom g;
+    ZRC_TRY(gqa_geom_of(&g, B, T, C, H, KV));
+    int nb = (int)g.BKV;
+    ZRC_TRY(zrk_heads_permute(dyp, dy, C, B, T, C, H, s));
+    /* dv = P^T dy (the group's heads summed by the GEMM), dP = dy v^T */
+    ZRC_TRY(zrc_gemm(h, 1, 0, T, g.hd, g.GT, 1.0f, P, BF, T, g.sp, dyp, BF, g.hd, g.sq, 0.0f, dv,
+                     BF, g.hd, g.skv, nb));
+    ZRC_TRY(zrc_gemm(h, 0, 1, g.GT, T, g.hd, 1.0f, dyp, BF, g.hd, g.sq, v, BF, g.hd, g.skv, 0.0f,
+                     dP, F32, T, g.sp, nb));
+    ZRC_TRY(zrk_attn_softmax_backward(dS, dP, P, B * H, T, g.scale, s));
+    /* dq = dS k, dk = dS^T q (summed over the group's heads) */
+    ZRC_TRY(zrc_gemm(h, 0, 0, g.GT, g.hd, T, 1.0f, dS, BF, T, g.sp, k, BF, g.hd, g.skv, 0.0f, dq,
+                     BF, g.hd, g.sq, nb));
+    return zrc_gemm(h, 1, 0, T, g.hd, g.GT, 1.0f, dS, BF, T, g.sp, q, BF, g.hd, g.sq, 0.0f, dk, BF,
+                    g.hd, g.skv, nb);
+}
 
 int zrc_attention_forward(cublasHandle_t h, cudaStream_t s, bf16 *y, bf16 *P, float *S, bf16 *yp,
                           const bf16 *q, const bf16 *k, const bf16 *v, size_t B, size_t T,
                           size_t C, size_t NH)
 {
-    size_t hs = C / NH, BNH = B * NH;
-    long long sq = (long long)(T * hs), sp = (long long)(T * T);
-    float scale = 1.0f / sqrtf((float)hs);
-    if (BNH > INT_MAX)
-        return zrc_err(ZR_EINVAL, "cuda: attention batch %zu exceeds cuBLAS's range", BNH);
-    /* S = scale q k^T */
-    ZRC_TRY(zrc_gemm(h, 0, 1, T, T, hs, scale, q, BF, hs, sq, k, BF, hs, sq, 0.0f, S, F32, T, sp,
-                     (int)BNH));
-    ZRC_TRY(zrk_attn_softmax_forward(P, S, BNH, T, s));
-    /* yp = P v */
-    ZRC_TRY(zrc_gemm(h, 0, 0, T, hs, T, 1.0f, P, BF, T, sp, v, BF, hs, sq, 0.0f, yp, BF, hs, sq,
-                     (int)BNH));
-    return zrk_heads_unpermute(y, C, yp, B, T, C, NH, s);
+    return zrc_gqa_forward(h, s, y, P, S, yp, q, k, v, B, T, C, NH, NH);
 }
 
 int zrc_attention_backward(cublasHandle_t h, cudaStream_t s, bf16 *dqkv, const bf16 *dy,
@@ -212,25 +215,9 @@ int zrc_attention_backward(cublasHandle_t h, cudaStream_t s, bf16 *dqkv, const b
                            float *dP, bf16 *dS, bf16 *dqkvp, size_t B, size_t T, size_t C,
                            size_t NH)
 {
-    size_t hs = C / NH, BNH = B * NH, NC = B * T * C;
-    long long sq = (long long)(T * hs), sp = (long long)(T * T);
-    float scale = 1.0f / sqrtf((float)hs);
+    size_t NC = B * T * C;
     bf16 *dq = dqkvp, *dk = dqkvp + NC, *dv = dqkvp + 2 * NC;
-    if (BNH > INT_MAX)
-        return zrc_err(ZR_EINVAL, "cuda: attention batch %zu exceeds cuBLAS's range", BNH);
-    ZRC_TRY(zrk_heads_permute(dyp, dy, C, B, T, C, NH, s));
-    /* dv = P^T dy */
-    ZRC_TRY(zrc_gemm(h, 1, 0, T, hs, T, 1.0f, P, BF, T, sp, dyp, BF, hs, sq, 0.0f, dv, BF, hs, sq,
-                     (int)BNH));
-    /* dP = dy v^T */
-    ZRC_TRY(zrc_gemm(h, 0, 1, T, T, hs, 1.0f, dyp, BF, hs, sq, v, BF, hs, sq, 0.0f, dP, F32, T,
-                     sp, (int)BNH));
-    ZRC_TRY(zrk_attn_softmax_backward(dS, dP, P, BNH, T, scale, s));
-    /* dq = dS k, dk = dS^T q */
-    ZRC_TRY(zrc_gemm(h, 0, 0, T, hs, T, 1.0f, dS, BF, T, sp, k, BF, hs, sq, 0.0f, dq, BF, hs, sq,
-                     (int)BNH));
-    ZRC_TRY(zrc_gemm(h, 1, 0, T, hs, T, 1.0f, dS, BF, T, sp, q, BF, hs, sq, 0.0f, dk, BF, hs, sq,
-                     (int)BNH));
+    ZRC_TRY(zrc_gqa_backward(h, s, dq, dk, dv, dy, q, k, v, P, dyp, dP, dS, B, T, C, NH, NH));
     ZRC_TRY(zrk_heads_unpermute(dqkv, 3 * C, dq, B, T, C, NH, s));
     ZRC_TRY(zrk_heads_unpermute(dqkv + C, 3 * C, dk, B, T, C, NH, s));
     return zrk_heads_unpermute(dqkv + 2 * C, 3 * C, dv, B, T, C, NH, s);
@@ -269,17 +256,25 @@ size_t zrc_token_plan(const int32_t *tok, size_t N, size_t V, int32_t *pos, int3
 
 /* ---------------------------------------------------------------- layout */
 
-static uint64_t group_offset(const zr_dev_model *m, size_t g)
+uint64_t zrc_group_offset(const zr_dev_model *m, size_t g)
 {
+    size_t L = m->c.layers;
+    if (m->c.family == ZR_FAMILY_LLAMA) { /* embed_tokens, layers.<l>, norm, lm_head */
+        if (g == 0)
+            return m->loff.embed;
+        if (g <= L)
+            return m->loff.layer0 + (g - 1) * m->loff.layer_numel;
+        return g == L + 1 ? m->loff.norm : m->loff.head;
+    }
     if (g < 2)
         return g ? m->off.wpe : m->off.wte;
-    if (g == (size_t)m->c.layers + 2)
+    if (g == L + 2)
         return m->off.ln_f;
     return m->off.h0 + (g - 2) * m->off.layer_numel; /* h.<g-2> */
 }
+#define group_offset zrc_group_offset
 
-/* Next buffer of the arena (base NULL: only counts); *total in double for overflow checks. */
-static void *carve(unsigned char *base, size_t *off, double *total, size_t bytes)
+void *zrc_carve(unsigned char *base, size_t *off, double *total, size_t bytes)
 {
     *off = (*off + BUF_ALIGN - 1) / BUF_ALIGN * BUF_ALIGN;
     void *p = base ? base + *off : NULL;
@@ -288,12 +283,35 @@ static void *carve(unsigned char *base, size_t *off, double *total, size_t bytes
     return p;
 }
 
-#define CARVE(type, n) ((type *)carve(base, &off, total, (size_t)(n) * sizeof(type)))
+#define CARVE ZRC_CARVE
+
+void zrc_carve_common(zr_dev_model *m, unsigned char *base, size_t *offp, double *total,
+                      size_t att)
+{
+    size_t N = m->max_N, C = m->c.dim, off = *offp;
+    m->lnf = CARVE(bf16, N * C);
+    m->lnf_rstd = CARVE(float, N);
+    m->dl = CARVE(bf16, N * m->Vp);
+    m->losses = CARVE(float, N);
+    m->loss_sum = CARVE(double, 1);
+    m->tok = CARVE(int32_t, 5 * N + 1);
+    m->wslot = CARVE(bf16, m->layer_numel);
+    m->wte_bf = CARVE(bf16, (size_t)m->c.vocab * C);
+    m->S = CARVE(float, att);
+    m->dS = CARVE(bf16, att);
+    m->tmp = CARVE(bf16, N * C);
+    m->logits = CARVE(float, m->xent_rows * m->Vp);
+    m->dres = CARVE(float, N * C);
+    m->dC = CARVE(float, N * C);
+    m->dres_bf = CARVE(bf16, N * C);
+    m->datty = CARVE(bf16, N * C);
+    *offp = off;
+}
 
 static size_t acts_layout(zr_dev_model *m, unsigned char *base, double *total)
 {
-    size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, T = m->max_T;
-    size_t N = m->max_N, Vp = m->Vp, off = 0;
+    size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, T = m->max_T;
+    size_t N = m->max_N, off = 0;
     size_t att = m->max_B * NH * T * T; /* counted in double below as well */
     *total = 0;
     *total += (double)m->max_B * NH * T * T * (double)(L * 2 + 6); /* overflow guard */
@@ -318,24 +336,9 @@ static size_t acts_layout(zr_dev_model *m, unsigned char *base, double *total)
         if (base)
             m->layer[l] = a;
     }
-    m->lnf = CARVE(bf16, N * C);
+    zrc_carve_common(m, base, &off, total, att);
     m->lnf_mean = CARVE(float, N);
-    m->lnf_rstd = CARVE(float, N);
-    m->dl = CARVE(bf16, N * Vp);
-    m->losses = CARVE(float, N);
-    m->loss_sum = CARVE(double, 1);
-    m->tok = CARVE(int32_t, 5 * N + 1);
-    m->wslot = CARVE(bf16, m->off.layer_numel);
-    m->wte_bf = CARVE(bf16, V * C);
     m->scratch = CARVE(float, N * 4 * C);
-    m->S = CARVE(float, att);
-    m->dS = CARVE(bf16, att);
-    m->tmp = CARVE(bf16, N * C);
-    m->logits = CARVE(float, m->xent_rows * Vp);
-    m->dres = CARVE(float, N * C);
-    m->dC = CARVE(float, N * C);
-    m->dres_bf = CARVE(bf16, N * C);
-    m->datty = CARVE(bf16, N * C);
     m->d4C = CARVE(bf16, N * 4 * C);
     m->dqkvp = CARVE(bf16, 3 * N * C);
     m->dqkv = CARVE(bf16, 3 * N * C);
@@ -343,7 +346,7 @@ static size_t acts_layout(zr_dev_model *m, unsigned char *base, double *total)
     return off;
 }
 
-static void setup_shape(zr_dev_model *m, const zr_gpt2_config *c, const zr_gpt2_offsets *off,
+static void setup_shape(zr_dev_model *m, const zr_config *c, const zr_model_offsets *off,
                         size_t max_B, size_t max_T)
 {
     m->c = *c;
@@ -352,33 +355,64 @@ static void setup_shape(zr_dev_model *m, const zr_gpt2_config *c, const zr_gpt2_
     m->max_N = max_B * max_T;
     m->Vp = zrc_pad_vocab(c->vocab);
     m->xent_rows = zrc_xent_chunk_rows(m->max_N, m->Vp);
-    m->off = *off;
+    m->off = off->gpt2;
+    m->loff = off->llama;
+    m->n_groups = off->n_groups;
+    m->numel = off->numel;
+    m->layer_numel = c->family == ZR_FAMILY_LLAMA ? off->llama.layer_numel
+                                                  : off->gpt2.layer_numel;
 }
 
-uint64_t zrc_activation_bytes(const zr_gpt2_config *c, const zr_gpt2_offsets *off, size_t max_B,
+/* the activations of the model's family */
+static size_t layout(zr_dev_model *m, unsigned char *base, double *total)
+{
+    if (m->c.family == ZR_FAMILY_LLAMA)
+        return zrc_llama_acts_layout(m, base, total);
+    return acts_layout(m, base, total);
+}
+
+uint64_t zrc_activation_bytes(const zr_config *c, const zr_model_offsets *off, size_t max_B,
                               size_t max_T)
 {
     zr_dev_model m;
     memset(&m, 0, sizeof m);
     setup_shape(&m, c, off, max_B, max_T);
     double total;
-    return acts_layout(&m, NULL, &total);
+    return layout(&m, NULL, &total);
 }
 
 /* ---------------------------------------------------------------- construction */
 
-int zrc_model_new(zr_dev_model **out, const zr_gpt2_config *c, const zr_gpt2_offsets *off,
+/* What a new model refuses: the config (the family's checks), the sizes, the hooks, offsets of
+ * another family or count, sizes beyond cuBLAS's int range. */
+static int model_problem(const zr_config *c, const zr_model_offsets *off, size_t max_B,
+                         size_t max_T, const zr_model_hooks *hooks)
+{
+    char why[160];
+    int llama = c->family == ZR_FAMILY_LLAMA;
+    if (zr__config_problem(why, sizeof why, c) ||
+        (llama && zrc_llama_problem(why, sizeof why, c)) ||
+        zr__new_problem(why, sizeof why, max_B, max_T, c->ctx, hooks))
+        return zrc_err(ZR_EINVAL, "%s", why);
+    uint32_t groups = c->layers + (llama ? (c->tied ? 2u : 3u) : 3u);
+    if (off->family != c->family || off->n_groups != groups || !off->numel)
+        return zrc_err(ZR_EINVAL, "model: offsets of another model (family %d, %u groups; the "
+                       "config has family %d, %u groups)", (int)off->family, off->n_groups,
+                       (int)c->family, groups);
+    size_t wide = llama ? (c->ffn > c->dim ? 2 * (size_t)c->ffn : 4 * (size_t)c->dim)
+                        : 4 * (size_t)c->dim;
+    if ((double)max_B * max_T > INT_MAX / 4 || zrc_pad_vocab(c->vocab) > INT_MAX ||
+        wide > INT_MAX)
+        return zrc_err(ZR_EINVAL, "model: batch %zu x seq %zu, vocab %u or width %zu exceeds "
+                       "cuBLAS's int range", max_B, max_T, c->vocab, wide);
+    return 0;
+}
+
+int zrc_model_new(zr_dev_model **out, const zr_config *c, const zr_model_offsets *off,
                   size_t max_B, size_t max_T, const zr_model_hooks *hooks)
 {
     *out = NULL;
-    char why[160];
-    if (zr__config_problem(why, sizeof why, c) ||
-        zr__new_problem(why, sizeof why, max_B, max_T, c->ctx, hooks))
-        return zrc_err(ZR_EINVAL, "%s", why);
-    if ((double)max_B * max_T > INT_MAX / 4 || zrc_pad_vocab(c->vocab) > INT_MAX ||
-        c->dim > INT_MAX / 4)
-        return zrc_err(ZR_EINVAL, "model: batch %zu x seq %zu, vocab %u or 4 x dim %u exceeds "
-                       "cuBLAS's int range", max_B, max_T, c->vocab, c->dim);
+    ZRC_TRY(model_problem(c, off, max_B, max_T, hooks));
     ZRC_TRY(zrc_ensure_device());
 
     zr_dev_model *m = (zr_dev_model *)calloc(1, sizeof *m);
@@ -389,18 +423,20 @@ int zrc_model_new(zr_dev_model **out, const zr_gpt2_config *c, const zr_gpt2_off
         m->h = *hooks;
     m->fwd_targets = -1;
     double acts_d;
-    size_t abytes = acts_layout(m, NULL, &acts_d);
-    double numel_d = ((double)c->vocab + c->ctx + 2) * c->dim +
-                     (double)c->layers * (double)m->off.layer_numel;
+    size_t abytes = layout(m, NULL, &acts_d);
+    double numel_d = (double)m->numel;
     if (numel_d * sizeof(float) > 0x1p50 || acts_d > 0x1p50) {
         free(m);
         return zrc_err(ZR_EINVAL, "model: %.3g parameters and %.3g bytes of activations "
                        "(batch %zu): too large", numel_d, acts_d, max_B);
     }
     int rc = 0;
-    m->layer = (layer_acts *)calloc(c->layers, sizeof *m->layer);
+    if (c->family == ZR_FAMILY_LLAMA)
+        m->ll = (ll_acts *)calloc(c->layers, sizeof *m->ll);
+    else
+        m->layer = (layer_acts *)calloc(c->layers, sizeof *m->layer);
     m->counts = (int32_t *)calloc(c->vocab, sizeof *m->counts);
-    if (!m->layer || !m->counts)
+    if ((!m->layer && !m->ll) || !m->counts)
         rc = zrc_err(ZR_ENOMEM, "model: out of memory");
     cudaError_t e;
     if (!rc && (e = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking)) != cudaSuccess)
@@ -413,13 +449,13 @@ int zrc_model_new(zr_dev_model **out, const zr_gpt2_config *c, const zr_gpt2_off
     if (!rc)
         rc = zrc_blas_new(&m->blas, &m->blas_ws, m->stream);
     if (!rc && !m->h.params) {
-        m->pbytes = m->off.numel * sizeof(float);
+        m->pbytes = m->numel * sizeof(float);
         rc = zrc_malloc((void **)&m->params, m->pbytes, "the parameter arena");
         if (!rc && (e = cudaMemset(m->params, 0, m->pbytes)) != cudaSuccess)
             rc = zrc_cuda_err(e, "zeroing the parameter arena");
     }
     if (!rc && !m->h.grads) {
-        m->gbytes = m->off.numel * sizeof(float);
+        m->gbytes = m->numel * sizeof(float);
         rc = zrc_malloc((void **)&m->grads, m->gbytes, "the gradient arena");
         if (!rc && (e = cudaMemset(m->grads, 0, m->gbytes)) != cudaSuccess)
             rc = zrc_cuda_err(e, "zeroing the gradient arena");
@@ -428,11 +464,13 @@ int zrc_model_new(zr_dev_model **out, const zr_gpt2_config *c, const zr_gpt2_off
         rc = zrc_malloc((void **)&m->acts_mem, abytes, "activations and scratch");
     if (!rc) {
         m->acts_bytes = abytes;
-        acts_layout(m, m->acts_mem, &acts_d);
+        layout(m, m->acts_mem, &acts_d);
         /* the head's padding columns are never read; zero dl once so they hold no garbage */
         if ((e = cudaMemset(m->dl, 0, m->max_N * m->Vp * sizeof(bf16))) != cudaSuccess)
             rc = zrc_cuda_err(e, "zeroing the head's buffer");
     }
+    if (!rc && m->ll)
+        rc = zrc_llama_setup(m);
     if (!rc && (e = cudaDeviceSynchronize()) != cudaSuccess)
         rc = zrc_cuda_err(e, "model setup");
     if (rc) {
@@ -461,22 +499,21 @@ void zrc_model_free(zr_dev_model *m)
     if (m->stream)
         cudaStreamDestroy(m->stream);
     free(m->layer);
+    free(m->ll);
     free(m->counts);
     free(m);
 }
 
 zr_dev_stream *zrc_model_stream(zr_dev_model *m) { return (zr_dev_stream *)m->stream; }
-size_t zrc_model_n_groups(const zr_dev_model *m) { return (size_t)m->c.layers + 3; }
-uint64_t zrc_model_numel(const zr_dev_model *m) { return m->off.numel; }
+size_t zrc_model_n_groups(const zr_dev_model *m) { return m->n_groups; }
+uint64_t zrc_model_numel(const zr_dev_model *m) { return m->numel; }
 
+/* the groups lie end to end in layout order */
 uint64_t zrc_model_group_numel(const zr_dev_model *m, size_t g)
 {
-    size_t L = m->c.layers;
-    if (g < 2)
-        return group_offset(m, g + 1) - group_offset(m, g);
-    if (g < L + 2)
-        return m->off.layer_numel;
-    return g == L + 2 ? m->off.numel - m->off.ln_f : 0;
+    if (g >= m->n_groups)
+        return 0;
+    return (g + 1 < m->n_groups ? group_offset(m, g + 1) : m->numel) - group_offset(m, g);
 }
 
 float *zrc_model_param(zr_dev_model *m, size_t g)
@@ -491,6 +528,8 @@ float *zrc_model_grad(zr_dev_model *m, size_t g)
 
 size_t zrc_model_fetch_order(const zr_dev_model *m, int backward, size_t *order)
 {
+    if (m->c.family == ZR_FAMILY_LLAMA)
+        return zrc_llama_fetch_order(m, backward, order);
     size_t L = m->c.layers, n = 0;
     if (!backward) { /* wte and wpe, the blocks, ln_f, wte again (the head) */
         for (size_t g = 0; g < L + 3; g++)
@@ -508,7 +547,7 @@ int zrc_model_zero_grad(zr_dev_model *m)
 {
     ZRC_TRY(zrc_ensure_device());
     if (m->grads)
-        ZRC_CU(cudaMemsetAsync(m->grads, 0, m->off.numel * sizeof(float), m->stream), "zero_grad");
+        ZRC_CU(cudaMemsetAsync(m->grads, 0, m->numel * sizeof(float), m->stream), "zero_grad");
     return 0;
 }
 
@@ -524,7 +563,7 @@ void zrc_model_bytes(const zr_dev_model *m, uint64_t *params, uint64_t *grads, u
 
 /* ---------------------------------------------------------------- hooks */
 
-static int params_get(zr_dev_model *m, size_t g, const float **out)
+int zrc_params_get(zr_dev_model *m, size_t g, const float **out)
 {
     if (!m->h.params) {
         *out = m->params + group_offset(m, g);
@@ -537,12 +576,12 @@ static int params_get(zr_dev_model *m, size_t g, const float **out)
     return rc;
 }
 
-static int params_put(zr_dev_model *m, size_t g)
+int zrc_params_put(zr_dev_model *m, size_t g)
 {
     return m->h.params_done ? m->h.params_done(m->h.ctx, g) : 0;
 }
 
-static int grads_get(zr_dev_model *m, size_t g, float **out)
+int zrc_grads_get(zr_dev_model *m, size_t g, float **out)
 {
     if (!m->h.grads) {
         *out = m->grads + group_offset(m, g);
@@ -555,7 +594,7 @@ static int grads_get(zr_dev_model *m, size_t g, float **out)
     return rc;
 }
 
-static int grads_put(zr_dev_model *m, size_t g)
+int zrc_grads_put(zr_dev_model *m, size_t g)
 {
     return m->h.grads_done ? m->h.grads_done(m->h.ctx, g) : 0;
 }
@@ -574,11 +613,10 @@ static int check_tokens(const int32_t *tok, size_t n, uint32_t V, const char *wh
 #define W16(P16, kind) ((P16) + m->off.blk[ZR_BLK_##kind]) /* a bf16 weight in the fetched slot */
 #define V32(P, kind) ((P) + m->off.blk[ZR_BLK_##kind]) /* an fp32 vector or gradient */
 
-int zrc_model_forward(zr_dev_model *m, const int32_t *inputs, const int32_t *targets, size_t B,
-                      size_t T, float *loss)
+int zrc_forward_begin(zr_dev_model *m, const int32_t *inputs, const int32_t *targets, size_t B,
+                      size_t T)
 {
-    size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, N = B * T;
-    size_t maxN = m->max_N, Vp = m->Vp;
+    size_t V = m->c.vocab, N = B * T, maxN = m->max_N;
     if (B < 1 || B > m->max_B)
         return zrc_err(ZR_EINVAL, "forward: batch B = %zu out of range (expected 1..%zu)", B,
                        m->max_B);
@@ -589,9 +627,6 @@ int zrc_model_forward(zr_dev_model *m, const int32_t *inputs, const int32_t *tar
     if (targets)
         ZRC_TRY(check_tokens(targets, N, m->c.vocab, "targets"));
     ZRC_TRY(zrc_ensure_device());
-    cudaStream_t s = m->stream;
-    cublasHandle_t h = m->blas;
-
     /* tokens, targets and the embedding-backward plan, staged through pinned memory */
     if (m->staged_pending) {
         ZRC_CU(cudaEventSynchronize(m->staged), "waiting for the token buffer");
@@ -602,27 +637,50 @@ int zrc_model_forward(zr_dev_model *m, const int32_t *inputs, const int32_t *tar
     if (targets)
         memcpy(ht + maxN, targets, N * sizeof *ht);
     m->U = zrc_token_plan(inputs, N, V, ht + 2 * maxN, ht + 3 * maxN, ht + 4 * maxN, m->counts);
-    ZRC_CU(cudaMemcpyAsync(m->tok, ht, (5 * maxN + 1) * sizeof *ht, cudaMemcpyHostToDevice, s),
-           "copying tokens");
-    ZRC_CU(cudaEventRecord(m->staged, s), "cudaEventRecord");
+    ZRC_CU(cudaMemcpyAsync(m->tok, ht, (5 * maxN + 1) * sizeof *ht, cudaMemcpyHostToDevice,
+                           m->stream), "copying tokens");
+    ZRC_CU(cudaEventRecord(m->staged, m->stream), "cudaEventRecord");
     m->staged_pending = 1;
     m->B = B;
     m->T = T;
+    m->has_targets = targets != NULL;
     m->fwd_targets = -1; /* until this forward completes */
-    const int32_t *d_inputs = m->tok, *d_targets = targets ? m->tok + maxN : NULL;
+    return 0;
+}
 
+int zrc_head_forward(zr_dev_model *m, const bf16 *W, size_t N, int targets)
+{
+    size_t C = m->c.dim, V = m->c.vocab, Vp = m->Vp;
+    const int32_t *d_targets = targets ? m->tok + m->max_N : NULL;
+    for (size_t r0 = 0; r0 < N; r0 += m->xent_rows) {
+        size_t rows = N - r0 < m->xent_rows ? N - r0 : m->xent_rows;
+        ZRC_TRY(zrc_gemm(m->blas, 0, 1, rows, V, C, 1.0f, m->lnf + r0 * C, BF, C, 0, W, BF, C, 0,
+                         0.0f, m->logits, F32, Vp, 0, 1));
+        ZRC_TRY(zrk_xent_forward(m->dl + r0 * Vp, Vp, m->losses + r0, m->logits, Vp,
+                                 d_targets ? d_targets + r0 : NULL, rows, V, m->stream));
+    }
+    if (targets)
+        ZRC_TRY(zrk_sum_f64(m->loss_sum, m->losses, N, m->stream));
+    return 0;
+}
+
+static int gpt2_forward(zr_dev_model *m, size_t B, size_t T)
+{
+    size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, N = B * T;
+    cudaStream_t s = m->stream;
+    cublasHandle_t h = m->blas;
     const float *wte, *wpe, *P;
-    ZRC_TRY(params_get(m, 0, &wte));
-    ZRC_TRY(params_get(m, 1, &wpe));
-    ZRC_TRY(zrk_encoder_forward(m->encoded, d_inputs, wte, wpe, N, T, C, s));
-    ZRC_TRY(params_put(m, 1));
-    ZRC_TRY(params_put(m, 0));
+    ZRC_TRY(zrc_params_get(m, 0, &wte));
+    ZRC_TRY(zrc_params_get(m, 1, &wpe));
+    ZRC_TRY(zrk_encoder_forward(m->encoded, m->tok, wte, wpe, N, T, C, s));
+    ZRC_TRY(zrc_params_put(m, 1));
+    ZRC_TRY(zrc_params_put(m, 0));
     const float *res = m->encoded;
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &m->layer[l];
         const bf16 *W = m->wslot;
-        ZRC_TRY(params_get(m, l + 2, &P));
-        ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->off.layer_numel, s));
+        ZRC_TRY(zrc_params_get(m, l + 2, &P));
+        ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->layer_numel, s));
         ZRC_TRY(zrk_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, V32(P, LN1W),
                                       V32(P, LN1B), N, C, s));
         ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln1, W16(W, QKVW), N, C, 3 * C));
@@ -639,27 +697,29 @@ int zrc_model_forward(zr_dev_model *m, const int32_t *inputs, const int32_t *tar
         /* res3 = res2 + mlp */
         ZRC_TRY(zrk_rows_init(a->res3, a->res2, V32(P, FCPROJB), N, C, s));
         ZRC_TRY(mm_fwd(h, a->res3, F32, 1.0f, a->fch_gelu, W16(W, FCPROJW), N, 4 * C, C));
-        ZRC_TRY(params_put(m, l + 2));
+        ZRC_TRY(zrc_params_put(m, l + 2));
         res = a->res3;
     }
-    ZRC_TRY(params_get(m, L + 2, &P));
+    ZRC_TRY(zrc_params_get(m, L + 2, &P));
     ZRC_TRY(zrk_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P + m->off.lnf_w,
                                   P + m->off.lnf_b, N, C, s));
-    ZRC_TRY(params_put(m, L + 2));
+    ZRC_TRY(zrc_params_put(m, L + 2));
     /* the head, tied to wte, in chunks of rows */
-    ZRC_TRY(params_get(m, 0, &wte));
+    ZRC_TRY(zrc_params_get(m, 0, &wte));
     ZRC_TRY(zrk_cast_bf16(m->wte_bf, wte, V * C, s));
-    for (size_t r0 = 0; r0 < N; r0 += m->xent_rows) {
-        size_t rows = N - r0 < m->xent_rows ? N - r0 : m->xent_rows;
-        ZRC_TRY(zrc_gemm(h, 0, 1, rows, V, C, 1.0f, m->lnf + r0 * C, BF, C, 0, m->wte_bf, BF, C,
-                         0, 0.0f, m->logits, F32, Vp, 0, 1));
-        ZRC_TRY(zrk_xent_forward(m->dl + r0 * Vp, Vp, m->losses + r0, m->logits, Vp,
-                                 d_targets ? d_targets + r0 : NULL, rows, V, s));
-    }
-    ZRC_TRY(params_put(m, 0));
-    if (targets)
-        ZRC_TRY(zrk_sum_f64(m->loss_sum, m->losses, N, s));
-    m->fwd_targets = targets != NULL;
+    ZRC_TRY(zrc_head_forward(m, m->wte_bf, N, m->has_targets));
+    return zrc_params_put(m, 0);
+}
+
+int zrc_model_forward(zr_dev_model *m, const int32_t *inputs, const int32_t *targets, size_t B,
+                      size_t T, float *loss)
+{
+    ZRC_TRY(zrc_forward_begin(m, inputs, targets, B, T));
+    if (m->c.family == ZR_FAMILY_LLAMA)
+        ZRC_TRY(zrc_llama_forward(m, B, T));
+    else
+        ZRC_TRY(gpt2_forward(m, B, T));
+    m->fwd_targets = m->has_targets;
     if (loss)
         return zrc_model_loss(m, loss);
     return 0;
@@ -699,15 +759,32 @@ int zrc_model_probs(zr_dev_model *m, float *host_dst)
     return 0;
 }
 
-int zrc_model_backward(zr_dev_model *m, float scale)
+int zrc_backward_check(const zr_dev_model *m)
 {
     if (m->fwd_targets < 0)
         return zrc_err(ZR_EINVAL, "backward: no forward to differentiate");
     if (m->fwd_targets == 0)
         return zrc_err(ZR_EINVAL, "backward: the last forward had no targets (no loss)");
-    ZRC_TRY(zrc_ensure_device());
+    return zrc_ensure_device();
+}
+
+int zrc_head_backward(zr_dev_model *m, const bf16 *W, float *dW, size_t N, float k)
+{
+    size_t C = m->c.dim, V = m->c.vocab, Vp = m->Vp;
+    for (size_t r0 = 0; r0 < N; r0 += m->xent_rows) {
+        size_t rows = N - r0 < m->xent_rows ? N - r0 : m->xent_rows;
+        ZRC_TRY(zrc_gemm(m->blas, 0, 0, rows, C, V, k, m->dl + r0 * Vp, BF, Vp, 0, W, BF, C, 0,
+                         0.0f, m->dC + r0 * C, F32, C, 0, 1));
+        ZRC_TRY(zrc_gemm(m->blas, 1, 0, V, C, rows, k, m->dl + r0 * Vp, BF, Vp, 0,
+                         m->lnf + r0 * C, BF, C, 0, 1.0f, dW, F32, C, 0, 1));
+    }
+    return 0;
+}
+
+static int gpt2_backward(zr_dev_model *m, float scale)
+{
     size_t B = m->B, T = m->T, N = B * T, L = m->c.layers, C = m->c.dim, NH = m->c.heads;
-    size_t V = m->c.vocab, Vp = m->Vp, maxN = m->max_N;
+    size_t V = m->c.vocab, maxN = m->max_N;
     cudaStream_t s = m->stream;
     cublasHandle_t h = m->blas;
     const float *res_last = m->layer[L - 1].res3;
@@ -716,33 +793,26 @@ int zrc_model_backward(zr_dev_model *m, float scale)
 
     /* head: dlnf = k d wte (into dC), dwte += k d^T lnf, k = scale / N; wte's gradient buffer
      * stays until the embedding adds its part */
-    ZRC_TRY(params_get(m, 0, &wte));
-    ZRC_TRY(grads_get(m, 0, &dwte));
+    ZRC_TRY(zrc_params_get(m, 0, &wte));
+    ZRC_TRY(zrc_grads_get(m, 0, &dwte));
     ZRC_TRY(zrk_cast_bf16(m->wte_bf, wte, V * C, s));
-    float k = scale / (float)N;
-    for (size_t r0 = 0; r0 < N; r0 += m->xent_rows) {
-        size_t rows = N - r0 < m->xent_rows ? N - r0 : m->xent_rows;
-        ZRC_TRY(zrc_gemm(h, 0, 0, rows, C, V, k, m->dl + r0 * Vp, BF, Vp, 0, m->wte_bf, BF, C, 0,
-                         0.0f, m->dC + r0 * C, F32, C, 0, 1));
-        ZRC_TRY(zrc_gemm(h, 1, 0, V, C, rows, k, m->dl + r0 * Vp, BF, Vp, 0, m->lnf + r0 * C, BF,
-                         C, 0, 1.0f, dwte, F32, C, 0, 1));
-    }
-    ZRC_TRY(params_put(m, 0));
+    ZRC_TRY(zrc_head_backward(m, m->wte_bf, dwte, N, scale / (float)N));
+    ZRC_TRY(zrc_params_put(m, 0));
     ZRC_CU(cudaMemsetAsync(m->dres, 0, N * C * sizeof(float), s), "zeroing dres");
-    ZRC_TRY(params_get(m, L + 2, &P));
-    ZRC_TRY(grads_get(m, L + 2, &G));
+    ZRC_TRY(zrc_params_get(m, L + 2, &P));
+    ZRC_TRY(zrc_grads_get(m, L + 2, &G));
     ZRC_TRY(zrk_layernorm_backward(m->dres, G + m->off.lnf_w, G + m->off.lnf_b, m->partial, m->dC,
                                    res_last, m->lnf_mean, m->lnf_rstd, P + m->off.lnf_w, N, C, s));
-    ZRC_TRY(params_put(m, L + 2));
-    ZRC_TRY(grads_put(m, L + 2));
+    ZRC_TRY(zrc_params_put(m, L + 2));
+    ZRC_TRY(zrc_grads_put(m, L + 2));
 
     for (size_t l = L; l-- > 0;) {
         layer_acts *a = &m->layer[l];
         const float *res = l ? m->layer[l - 1].res3 : m->encoded;
         const bf16 *W = m->wslot;
-        ZRC_TRY(params_get(m, l + 2, &P));
-        ZRC_TRY(grads_get(m, l + 2, &G));
-        ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->off.layer_numel, s));
+        ZRC_TRY(zrc_params_get(m, l + 2, &P));
+        ZRC_TRY(zrc_grads_get(m, l + 2, &G));
+        ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->layer_numel, s));
         /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
         ZRC_TRY(zrk_cast_bf16(m->dres_bf, m->dres, N * C, s));
         ZRC_TRY(mm_dinp(h, m->scratch, F32, m->dres_bf, W16(W, FCPROJW), N, 4 * C, C, 1.0f));
@@ -767,15 +837,23 @@ int zrc_model_backward(zr_dev_model *m, float scale)
         ZRC_TRY(zrk_colsum_bf16(V32(G, QKVB), m->partial, m->dqkv, N, 3 * C, s));
         ZRC_TRY(zrk_layernorm_backward(m->dres, V32(G, LN1W), V32(G, LN1B), m->partial, m->dC,
                                        res, a->ln1_mean, a->ln1_rstd, V32(P, LN1W), N, C, s));
-        ZRC_TRY(params_put(m, l + 2));
-        ZRC_TRY(grads_put(m, l + 2));
+        ZRC_TRY(zrc_params_put(m, l + 2));
+        ZRC_TRY(zrc_grads_put(m, l + 2));
     }
-    ZRC_TRY(grads_get(m, 1, &dwpe));
+    ZRC_TRY(zrc_grads_get(m, 1, &dwpe));
     const int32_t *ti = m->tok;
     ZRC_TRY(zrk_encoder_backward_wte(dwte, m->dres, ti + 2 * maxN, ti + 3 * maxN, ti + 4 * maxN,
                                      m->U, C, s));
     ZRC_TRY(zrk_encoder_backward_wpe(dwpe, m->dres, B, T, C, s));
-    ZRC_TRY(grads_put(m, 1));
-    ZRC_TRY(grads_put(m, 0));
+    ZRC_TRY(zrc_grads_put(m, 1));
+    ZRC_TRY(zrc_grads_put(m, 0));
     return 0;
+}
+
+int zrc_model_backward(zr_dev_model *m, float scale)
+{
+    ZRC_TRY(zrc_backward_check(m));
+    if (m->c.family == ZR_FAMILY_LLAMA)
+        return zrc_llama_backward(m, scale);
+    return gpt2_backward(m, scale);
 }

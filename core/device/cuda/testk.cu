@@ -230,7 +230,92 @@ int t_classifier(float *losses, float *probs, float *dlnf, float *dwte, const fl
     return finish("classifier");
 }
 
+int t_rmsnorm(float *out, float *rstd, float *dinp, float *dw, const float *inp, const float *w,
+              const float *dout, size_t N, size_t C, float eps)
+{
+    ZRC_TRY(zrc_ensure_device());
+    scratch sc;
+    bf16 *ob;
+    float *r, *partial;
+    ZRC_TRY(sc.get(&ob, N * C));
+    ZRC_TRY(sc.get(&r, N));
+    ZRC_TRY(sc.get(&partial, zrk_partial_floats(N, C)));
+    ZRC_TRY(zrk_rmsnorm_forward(ob, r, inp, w, N, C, eps, 0));
+    if (out)
+        ZRC_TRY(zrk_to_f32(out, ob, N * C, 0));
+    if (rstd)
+        ZRC_CU(cudaMemcpy(rstd, r, N * sizeof(float), cudaMemcpyDeviceToDevice), "rstd");
+    if (dout)
+        ZRC_TRY(zrk_rmsnorm_backward(dinp, dw, partial, dout, inp, r, w, N, C, 0));
+    return finish("rmsnorm");
+}
+
+/* the Llama layer's attention path: rotation and permutation, grouped-query attention, and
+ * back (llama.cu's calls, in its order) */
+int t_rope_attention(float *y, float *att, float *dqkv, const float *qkv, const float *dy,
+                     size_t B, size_t T, size_t C, size_t H, size_t KV, double theta)
+{
+    ZRC_TRY(zrc_ensure_device());
+    scratch sc;
+    ZRC_TRY(sc.blas());
+    size_t hd = C / H, KVD = KV * hd, N = B * T, QL = C + 2 * KVD, A = B * H * T * T;
+    bf16 *q, *P, *yp, *yb;
+    float *S, *cs;
+    ZRC_TRY(sc.get(&q, N * QL));
+    ZRC_TRY(sc.get(&P, A));
+    ZRC_TRY(sc.get(&S, A));
+    ZRC_TRY(sc.get(&yp, N * C));
+    ZRC_TRY(sc.get(&yb, N * C));
+    ZRC_TRY(sc.get(&cs, T * hd));
+    bf16 *k = q + N * C, *v = k + N * KVD;
+    float *cos_t = cs, *sin_t = cs + T * (hd / 2);
+    ZRC_TRY(zrc_rope_upload(cos_t, sin_t, T, hd, theta));
+    ZRC_TRY(zrk_rope_permute(q, k, v, qkv, cos_t, sin_t, B, T, H, KV, hd, 0));
+    ZRC_TRY(zrc_gqa_forward(sc.h, 0, yb, P, S, yp, q, k, v, B, T, C, H, KV));
+    if (y)
+        ZRC_TRY(zrk_to_f32(y, yb, N * C, 0));
+    if (att)
+        ZRC_TRY(zrk_to_f32(att, P, A, 0));
+    if (dy) {
+        bf16 *dyb, *dS, *dp, *dx;
+        ZRC_TRY(sc.get(&dyb, N * C));
+        ZRC_TRY(sc.get(&dS, A));
+        ZRC_TRY(sc.get(&dp, N * QL));
+        ZRC_TRY(sc.get(&dx, N * QL));
+        ZRC_TRY(zrk_cast_bf16(dyb, dy, N * C, 0));
+        bf16 *dk = dp + N * C, *dv = dk + N * KVD;
+        ZRC_TRY(zrc_gqa_backward(sc.h, 0, dp, dk, dv, dyb, q, k, v, P, yp, S, dS, B, T, C, H, KV));
+        ZRC_TRY(zrk_rope_unpermute(dx, dp, dk, dv, cos_t, sin_t, B, T, H, KV, hd, 0));
+        ZRC_TRY(zrk_to_f32(dqkv, dx, N * QL, 0));
+    }
+    return finish("rope attention");
+}
+
+int t_swiglu(float *h, float *dg, float *du, const float *g, const float *u, const float *dh,
+             size_t n)
+{
+    ZRC_TRY(zrc_ensure_device());
+    scratch sc;
+    bf16 *gb, *ub, *hb;
+    ZRC_TRY(sc.get(&gb, n));
+    ZRC_TRY(sc.get(&ub, n));
+    ZRC_TRY(sc.get(&hb, n));
+    ZRC_TRY(zrk_swiglu_forward(gb, ub, hb, g, u, n, 0));
+    if (h)
+        ZRC_TRY(zrk_to_f32(h, hb, n, 0));
+    if (dh) {
+        bf16 *dgb, *dub;
+        ZRC_TRY(sc.get(&dgb, n));
+        ZRC_TRY(sc.get(&dub, n));
+        ZRC_TRY(zrk_swiglu_backward(dgb, dub, dh, gb, ub, n, 0));
+        ZRC_TRY(zrk_to_f32(dg, dgb, n, 0));
+        ZRC_TRY(zrk_to_f32(du, dub, n, 0));
+    }
+    return finish("swiglu");
+}
+
 } /* namespace */
 
-const zr_device_kernels zrc_kernels = {t_encoder,   t_layernorm, t_matmul,
-                                       t_attention, t_gelu,      t_classifier};
+const zr_device_kernels zrc_kernels = {t_encoder, t_layernorm,      t_matmul,
+                                       t_attention, t_gelu,        t_classifier,
+                                       t_rmsnorm, t_rope_attention, t_swiglu};

@@ -5,7 +5,9 @@
  *
  *   runtime.cu  errors, device selection, memory, streams and events, the ops table
  *   kernels.cu  the elementwise, row and reduction kernels of the model (and their launchers)
- *   model.cu    the GPT-2 model: buffers, cuBLAS matmuls, attention, forward and backward
+ *   model.cu    the device model (devmodel.h): buffers, hooks, the head, cuBLAS matmuls,
+ *               attention, GPT-2's forward and backward
+ *   llama.cu    the Llama family's forward and backward on the same model
  *   optim.cu    AdamW, the sum of squares (the CPU's bits) and y += x
  *   nccl.cu     the communicator
  *   testk.cu    the per-layer entry points of zr_device_kernels (tests/gpu/kernels.c)
@@ -63,7 +65,7 @@ int zrk_cast_bf16(bf16 *dst, const float *src, size_t n, cudaStream_t s);
 int zrk_to_f32(float *dst, const bf16 *src, size_t n, cudaStream_t s);
 int zrk_fill(float *dst, float v, size_t n, cudaStream_t s);
 
-/* out[n, c] = wte[tok[n], c] + wpe[n % T, c] */
+/* out[n, c] = wte[tok[n], c] + wpe[n % T, c] (wpe NULL: the embedding alone) */
 int zrk_encoder_forward(float *out, const int32_t *tok, const float *wte, const float *wpe,
                         size_t N, size_t T, size_t C, cudaStream_t s);
 /* dwte[uniq[u], c] += sum of dout[pos[j], c] for j in [seg[u], seg[u+1]) (positions of token
@@ -125,6 +127,31 @@ int zrk_probs_export(float *dst, const bf16 *d, size_t ldd, const int32_t *targe
 /* out[0] = sum of x[0, n) in double (fixed tree) */
 int zrk_sum_f64(double *out, const float *x, size_t n, cudaStream_t s);
 
+/* Llama. RMSNorm: out (bf16) = x r w per row, rstd[N] = r = 1 / sqrt(mean(x^2) + eps) (fp32);
+ * backward: dinp += r w d - x r^3 sum(w d x) / C, dw += column sums of d x r (partial:
+ * zrk_partial_floats(N, C) floats). */
+int zrk_rmsnorm_forward(bf16 *out, float *rstd, const float *inp, const float *w, size_t N,
+                        size_t C, float eps, cudaStream_t s);
+int zrk_rmsnorm_backward(float *dinp, float *dw, float *partial, const float *dout,
+                         const float *inp, const float *rstd, const float *w, size_t N, size_t C,
+                         cudaStream_t s);
+/* Rows x [N, QL] fp32 of q (H heads), k, v (KV heads each, hd channels a head) -> q [B, H, T,
+ * hd], k, v [B, KV, T, hd] bf16, q and k turned by the rotary angles of position t = n mod T
+ * (rotate-half; cos_t, sin_t [T, hd / 2]). The backward: dq, dk turned back, dv, into rows
+ * dx [N, QL] bf16. */
+int zrk_rope_permute(bf16 *q, bf16 *k, bf16 *v, const float *x, const float *cos_t,
+                     const float *sin_t, size_t B, size_t T, size_t H, size_t KV, size_t hd,
+                     cudaStream_t s);
+int zrk_rope_unpermute(bf16 *dx, const bf16 *dq, const bf16 *dk, const bf16 *dv,
+                       const float *cos_t, const float *sin_t, size_t B, size_t T, size_t H,
+                       size_t KV, size_t hd, cudaStream_t s);
+/* SwiGLU on n elements: gate = bf16(g), up = bf16(u), h = bf16(silu(g) u); backward from dh
+ * (fp32): dgate = dh up silu'(gate), dup = dh silu(gate) (bf16, gate and up as kept). */
+int zrk_swiglu_forward(bf16 *gate, bf16 *up, bf16 *h, const float *g, const float *u, size_t n,
+                       cudaStream_t s);
+int zrk_swiglu_backward(bf16 *dgate, bf16 *dup, const float *dh, const bf16 *gate,
+                        const bf16 *up, size_t n, cudaStream_t s);
+
 /* ---------------------------------------------------------------- optimizer (optim.cu) */
 
 int zrc_adamw(float *param, const float *grad, float *m, float *v, size_t n, uint64_t t,
@@ -158,6 +185,22 @@ int zrc_attention_backward(cublasHandle_t h, cudaStream_t s, bf16 *dqkv, const b
                            float *dP, bf16 *dS, bf16 *dqkvp, size_t B, size_t T, size_t C,
                            size_t NH);
 
+/* Causal grouped-query attention (Llama; GPT-2 is KV = H): q [B, H, T, hd], k, v [B, KV, T,
+ * hd] bf16 (hd = C / H; the H / KV query heads of KV head j are heads j H/KV ..): P [B, H, T,
+ * T] bf16 out, S scratch [B, H, T, T] fp32, yp scratch [B, H, T, hd] bf16, y [N, C] bf16 out.
+ * Backward from dy [N, C] bf16: dq [B, H, T, hd], dk, dv [B, KV, T, hd] bf16 out (dk and dv
+ * summed over each group's heads); scratch dyp [B, H, T, hd] bf16, dP [B, H, T, T] fp32, dS
+ * [B, H, T, T] bf16. No copy of K or V per query head. */
+int zrc_gqa_forward(cublasHandle_t h, cudaStream_t s, bf16 *y, bf16 *P, float *S, bf16 *yp,
+                    const bf16 *q, const bf16 *k, const bf16 *v, size_t B, size_t T, size_t C,
+                    size_t H, size_t KV);
+int zrc_gqa_backward(cublasHandle_t h, cudaStream_t s, bf16 *dq, bf16 *dk, bf16 *dv,
+                     const bf16 *dy, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *P,
+                     bf16 *dyp, float *dP, bf16 *dS, size_t B, size_t T, size_t C, size_t H,
+                     size_t KV);
+/* The rotary table of c (zr__rope_table: cos and sin [T, hd / 2]) into device memory. */
+int zrc_rope_upload(float *cos_dev, float *sin_dev, size_t T, size_t hd, double theta);
+
 /* Rows of the head's logits scratch: at most ZRC_XENT_BYTES of fp32 logits. */
 #define ZRC_XENT_BYTES ((size_t)256 << 20)
 size_t zrc_xent_chunk_rows(size_t N, size_t Vp);
@@ -174,9 +217,9 @@ size_t zrc_token_plan(const int32_t *tok, size_t N, size_t V, int32_t *pos, int3
 
 /* ---------------------------------------------------------------- model (model.cu) */
 
-uint64_t zrc_activation_bytes(const zr_gpt2_config *c, const zr_gpt2_offsets *off, size_t max_B,
+uint64_t zrc_activation_bytes(const zr_config *c, const zr_model_offsets *off, size_t max_B,
                               size_t max_T);
-int zrc_model_new(zr_dev_model **out, const zr_gpt2_config *c, const zr_gpt2_offsets *off,
+int zrc_model_new(zr_dev_model **out, const zr_config *c, const zr_model_offsets *off,
                   size_t max_B, size_t max_T, const zr_model_hooks *hooks);
 void zrc_model_free(zr_dev_model *m);
 zr_dev_stream *zrc_model_stream(zr_dev_model *m);
