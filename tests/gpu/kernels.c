@@ -858,7 +858,8 @@ static void test_model(zr_config c, size_t B, size_t T)
         l.p[g] = dput(zr_model_param(cpu, g), n);
         l.g[g] = dalloc(n * 4);
     }
-    zr_model_hooks hk = {&l, h_params, h_params_done, h_grads, h_grads_done};
+    zr_model_hooks hk = {.ctx = &l, .params = h_params, .params_done = h_params_done,
+                         .grads = h_grads, .grads_done = h_grads_done};
     OK(zr_device_model_new(D, &gm, &c, B, T, &hk));
     check_true("model with hooks owns no arenas", !D->model_param(gm, 0) && !D->model_grad(gm, 0),
                "model_param/model_grad NULL");
