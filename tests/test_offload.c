@@ -234,7 +234,8 @@ ZT_TEST(offload_stale_swap_directory)
 /* The optimizer states of the first chunks are read during the backward (before the gradients
  * are final), the rest in a window behind the update: with many small chunks, a window of 2 or
  * 3 staging sets that wraps around hundreds of times, and several backward passes per step
- * (accumulation: the read-ahead starts once), the run stays bit-identical to one in memory. */
+ * (accumulation: the read-ahead starts once), the run stays bit-identical to one in memory.
+ * (At stage 3 the second case runs the deferred update instead: the same pipeline per group.) */
 ZT_TEST(offload_read_ahead_is_byte_identical)
 {
     static const struct {
