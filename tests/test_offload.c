@@ -4,7 +4,8 @@
  * at W=1 and W=2, stages 1 and 3; peak RSS clearly lower with everything offloaded; a swap
  * file deleted or truncated mid-run, and a swap path on a full filesystem, stop the run with a
  * message naming the file and leave `latest` sound; save and resume with offload on, resuming
- * without it and the reverse; a crashed run's swap directory is cleaned, a live one refused.
+ * without it and the reverse; a crashed run's swap directory is cleaned, a live one refused;
+ * the deferred update of stage 3 bit-identical through saves, samples, a stop and a resume.
  */
 #include "ckutil.h"
 #include "zr.h"
