@@ -31,7 +31,7 @@ typedef struct {
 } grp;
 
 enum { OP_GATHER, OP_RS_GRAD, OP_RS_PIECE, OP_ALLREDUCE, OP_RS_INPLACE, OP_AG_INPLACE,
-       OP_GATHER_F64, OP_BCAST };
+       OP_GATHER_F64, OP_BCAST, OP_UPDATE };
 
 typedef struct {
     int kind;
@@ -60,6 +60,16 @@ typedef struct {
     zr_zchunk *ch;
     size_t nch, pre;
     int pre_done;             /* this step's read-ahead was started */
+    /* stage 3 with NVMe (defer): each group's update deferred from the end of step s to just
+     * before the first gather that needs it (an OP_UPDATE queued before that OP_GATHER), so
+     * that the comm thread's I/O for it overlaps the forward of the groups before; upd[g]:
+     * pending, with the step's arguments upd_*; gch[g]: the group's first chunk (ng + 1) */
+    int defer;
+    unsigned char *upd;
+    size_t n_upd, *gch;
+    uint64_t upd_t;
+    float upd_lr, upd_clip;
+    zr_adamw_hp upd_hp;
     uint64_t *rt, *wt;
     size_t bytes_xbuf, bytes_gstage;
     size_t bytes_fullp, bytes_fullg, bytes_ownp, bytes_owng, bytes_mv;
@@ -80,6 +90,7 @@ typedef struct {
 } zr_zhost;
 
 static void reset_buffers_locked(zr_zhost *z);
+static int update_group(zr_zhost *z, size_t g);
 
 /* ---------------------------------------------------------------- sizes */
 
@@ -200,6 +211,7 @@ static int offload_setup(zr_zhost *z, const zr_zero_opts *o)
     z->b.chunk = o->aio_block / sizeof(float);
     z->nbufs = o->buffers;
     z->aio_depth = o->aio_depth;
+    z->defer = o->stage == 3;
     return 0;
 }
 
@@ -293,6 +305,9 @@ static int run_op(zr_zhost *z, op *o)
         break;
     case OP_BCAST:
         rc = zr_comm_broadcast(c, o->recv, o->n, o->root);
+        break;
+    case OP_UPDATE:
+        rc = update_group(z, o->g);
         break;
     }
     return rc;
@@ -521,6 +536,8 @@ static void host_free(zr_zero *zz)
     free(z->gstage);
     free(z->ch);
     free(z->rt);
+    free(z->upd);
+    free(z->gch);
     pthread_mutex_destroy(&z->mu);
     pthread_cond_destroy(&z->cv);
     free(z);
@@ -552,9 +569,17 @@ static int stream_prepare(zr_zhost *z)
     if (z->rt)
         return 0;
     ZR_TRY(zr__zero_chunks(&z->b, z->b.chunk, &z->ch, &z->nch));
-    if (!(z->rt = calloc(4 * (size_t)z->nbufs, sizeof *z->rt)))
+    if (!(z->rt = calloc(4 * (size_t)z->nbufs, sizeof *z->rt)) ||
+        !(z->upd = calloc(z->b.ng + 1, 1)) || !(z->gch = calloc(z->b.ng + 1, sizeof *z->gch)))
         return zr_err_set(ZR_ENOMEM, "out of memory");
     z->wt = z->rt + 2 * z->nbufs;
+    for (size_t i = z->nch; i-- > 0;) /* chunks come in group order */
+        z->gch[z->ch[i].g] = i;
+    for (size_t g = z->b.ng + 1, next = z->nch; g-- > 0;) { /* groups without chunks */
+        if (g == z->b.ng || (g < z->b.ng && (z->gch[g] >= z->nch || z->ch[z->gch[g]].g != g)))
+            z->gch[g] = next;
+        next = z->gch[g];
+    }
     return 0;
 }
 
@@ -581,9 +606,14 @@ static int stream_read(zr_zhost *z, size_t i, int s0, int s1)
 /* At the start of the backward: the optimizer states (exp_avg, exp_avg_sq) of the first
  * nbufs chunks, read while the backward runs; they do not depend on the gradients. Only the
  * optimizer's swap file: the parameters' is the comm thread's during the backward. */
+static int submit_updates(zr_zhost *z);
+static int submit_update_locked(zr_zhost *z, size_t g);
+
 static int stream_read_ahead(zr_zhost *z)
 {
     z->pre_done = 1;
+    if (z->defer) /* the staging sets are the deferred updates': any still pending go first */
+        return submit_updates(z);
     if (!z->off_opt)
         return 0;
     ZR_TRY(stream_prepare(z));
@@ -620,8 +650,10 @@ static void *host_gather_buf(zr_zero *zz, size_t g)
 
 static int host_gather(zr_zero *zz, zr_zentry *e)
 {
+    zr_zhost *z = (zr_zhost *)zz;
     op o = {.kind = OP_GATHER, .g = e->g, .buf = e->buf};
-    return submit_locked((zr_zhost *)zz, o, &e->seq);
+    ZR_TRY(submit_update_locked(z, e->g));
+    return submit_locked(z, o, &e->seq);
 }
 
 static int hook_params(void *ctx, size_t g, const float **out)
@@ -815,8 +847,12 @@ static int host_begin_step(zr_zero *zz)
     }
     if (z->b.stage < 2)
         memset(z->b.fullg, 0, (size_t)z->b.sum_full * sizeof(float));
-    else
+    else if (!z->n_upd)
         memset(z->b.owng, 0, (size_t)z->b.sum_P * sizeof(float));
+    else /* a group whose update is deferred still needs its gradient: update_group zeroes it */
+        for (size_t g = 0; g < z->b.ng; g++)
+            if (!z->upd[g])
+                memset(z->b.owng + z->b.G[g].ooff, 0, (size_t)z->b.G[g].P * sizeof(float));
     if (z->b.stage != 3)
         return 0;
     pthread_mutex_lock(&z->mu);
@@ -846,6 +882,7 @@ static int host_reduce(zr_zero *zz)
                                 .n = z->b.sum_full});
     if (z->b.stage == 1)
         ZR_TRY(submit_per_group(z, OP_RS_INPLACE, z->b.fullg));
+    ZR_TRY(submit_updates(z)); /* a step without a backward: the last step's updates first */
     return drain(z);
 }
 
@@ -877,9 +914,12 @@ static int host_broadcast(zr_zero *zz, void *buf, size_t bytes, int root)
 
 /* ---------------------------------------------------------------- states, offloaded or not */
 
+static int host_settle(zr_zero *zz);
+
 static int host_init_params(zr_zero *zz, zr_zero_fill_fn fill, void *ctx)
 {
     zr_zhost *z = (zr_zhost *)zz;
+    ZR_TRY(host_settle(zz));
     for (size_t g = 0; g < z->b.ng; g++) {
         uint64_t lo, n, off;
         if (z->b.stage < 3) { /* whole groups */
@@ -904,6 +944,7 @@ static int host_load(zr_zero *zz, zck_reader *rd, int verify, unsigned jobs)
 {
     zr_zhost *z = (zr_zhost *)zz;
     size_t st[3];
+    ZR_TRY(host_settle(zz));
     ZR_TRY(zr__zero_find_states(rd, st));
     /* what lives in memory: one read (hashing every touched file when asked) */
     zck_read_req *q = calloc(3 * z->b.ng, sizeof *q);
@@ -967,26 +1008,16 @@ static void adamw_range(zr_zhost *z, size_t g, uint64_t a0, uint64_t cnt, float 
     zr__zero_tensors(z->b.L, g, a0, cnt, adam_part, &a);
 }
 
-static int host_adamw(zr_zero *zz, uint64_t t, float lr, float clip, const zr_adamw_hp *hp)
+/* The streamed update of chunks [i0, i1): one pipeline over the staging sets, chunk k in set k
+ * mod nbufs, read nbufs-1 chunks ahead (the first z->pre ones' optimizer states already during
+ * the backward), written back right after its update; everything written back at the end. */
+static int stream_update(zr_zhost *z, size_t i0, size_t i1, uint64_t t, float lr, float clip,
+                         const zr_adamw_hp *hp)
 {
-    zr_zhost *z = (zr_zhost *)zz;
-    if (!z->off_opt && !z->off_par) {
-        for (size_t g = 0; g < z->b.ng; g++) {
-            uint64_t lo, n;
-            zr_zero_opt_range(&z->b, g, &lo, &n);
-            if (n)
-                adamw_range(z, g, lo, n, zr__zero_state(&z->b, g, 0), zr__zero_state(&z->b, g, 1),
-                            zr__zero_state(&z->b, g, 2), t, lr, clip, hp);
-        }
-        return 0;
-    }
-    /* streamed: every chunk of every group in one pipeline over the staging sets; chunk k
-     * uses set k mod nbufs, read nbufs-1 chunks ahead (the first ones' optimizer states
-     * already during the backward), written back right after its update */
-    int rc = stream_prepare(z);
-    size_t ahead = 0;
-    for (size_t i = 0; i < z->nch && !rc; i++) {
-        for (; !rc && ahead < z->nch && ahead < i + z->nbufs; ahead++)
+    int rc = 0;
+    size_t ahead = i0;
+    for (size_t i = i0; i < i1 && !rc; i++) {
+        for (; !rc && ahead < i1 && ahead < i + z->nbufs; ahead++)
             rc = stream_read(z, ahead, 0, ahead < z->pre ? 1 : 3); /* read ahead: m, v */
         if (rc)
             break;
@@ -1019,10 +1050,79 @@ static int host_adamw(zr_zero *zz, uint64_t t, float lr, float clip, const zr_ad
         int rw = sw ? zck_swap_wait(sw, UINT64_MAX) : 0;
         rc = rc ? rc : rw;
     }
-    z->pre = 0;
+    memset(z->rt, 0, 4 * (size_t)z->nbufs * sizeof *z->rt);
+    return rc;
+}
+
+/* On the comm thread: group g's deferred update, then its gradient zeroed for the step that
+ * reads its parameters next (begin_step left it: the update needed it). */
+static int update_group(zr_zhost *z, size_t g)
+{
+    ZR_TRY(stream_update(z, z->gch[g], z->gch[g + 1], z->upd_t, z->upd_lr, z->upd_clip,
+                         &z->upd_hp));
+    memset(z->b.owng + z->b.G[g].ooff, 0, (size_t)z->b.G[g].P * sizeof(float));
+    return 0;
+}
+
+/* Group g's deferred update queued if it is pending (mutex held): before anything that reads
+ * its parameters or states. */
+static int submit_update_locked(zr_zhost *z, size_t g)
+{
+    if (!z->upd || !z->upd[g])
+        return 0;
+    z->upd[g] = 0;
+    z->n_upd--;
+    return submit_locked(z, (op){.kind = OP_UPDATE, .g = g}, NULL);
+}
+
+/* Every pending update queued, in group order. */
+static int submit_updates(zr_zhost *z)
+{
+    pthread_mutex_lock(&z->mu);
+    int rc = 0;
+    for (size_t g = 0; g < z->b.ng && z->n_upd && !rc; g++)
+        rc = submit_update_locked(z, g);
+    pthread_mutex_unlock(&z->mu);
+    return rc;
+}
+
+/* Every pending update done: zero_int.h's save_begin (a save, a sample, the end of training),
+ * and before a load or an initialization replaces the states. */
+static int host_settle(zr_zero *zz)
+{
+    zr_zhost *z = (zr_zhost *)zz;
+    ZR_TRY(submit_updates(z));
+    return drain(z);
+}
+
+static int host_adamw(zr_zero *zz, uint64_t t, float lr, float clip, const zr_adamw_hp *hp)
+{
+    zr_zhost *z = (zr_zhost *)zz;
+    if (!z->off_opt && !z->off_par) {
+        for (size_t g = 0; g < z->b.ng; g++) {
+            uint64_t lo, n;
+            zr_zero_opt_range(&z->b, g, &lo, &n);
+            if (n)
+                adamw_range(z, g, lo, n, zr__zero_state(&z->b, g, 0), zr__zero_state(&z->b, g, 1),
+                            zr__zero_state(&z->b, g, 2), t, lr, clip, hp);
+        }
+        return 0;
+    }
+    ZR_TRY(stream_prepare(z));
     z->pre_done = 0;
-    if (z->rt)
-        memset(z->rt, 0, 4 * (size_t)z->nbufs * sizeof *z->rt);
+    if (z->defer) { /* recorded: each group's update runs before its next gather */
+        ZR_TRY(host_settle(zz)); /* none left of the step before (reduce saw to it) */
+        z->upd_t = t;
+        z->upd_lr = lr;
+        z->upd_clip = clip;
+        z->upd_hp = *hp;
+        memset(z->upd, 1, z->b.ng);
+        z->n_upd = z->b.ng;
+        return 0;
+    }
+    /* streamed: every chunk of every group in one pipeline */
+    int rc = stream_update(z, 0, z->nch, t, lr, clip, hp);
+    z->pre = 0;
     return rc;
 }
 
@@ -1035,6 +1135,7 @@ static const zr_zero_ops host_ops = {
     .live_states = 1,
     .sink_state = host_sink_state,
     .adamw = host_adamw,
+    .save_begin = host_settle,
     .begin_step = host_begin_step,
     .reduce = host_reduce,
     .publish = host_publish,
