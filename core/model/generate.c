@@ -6,7 +6,7 @@
  * the keys and values of every position fed so far, so a new token costs one position's
  * forward (its attention reads the cached positions): generating n tokens costs O(n) forwards
  * of one position, not O(n^2). The maths is model.c's (pre-LN blocks, tanh GELU, tied head;
- * its LayerNorm and GELU are model.c's functions);
+ * its LayerNorm and GELU are model.c's functions; Llama's RMSNorm is llama.c's);
  * the loops are written for a few rows at a time, matmuls through cblas_sgemm with the rows
  * fed in one call (the prompt) or one (each new token).
  *
@@ -212,20 +212,6 @@ static void forward_rows(zr_gen *g, const int32_t *tok, size_t n)
 
 /* ---------------------------------------------------------------- Llama rows */
 
-/* out[r, :] = in[r, :] / sqrt(mean(in[r, :]^2) + eps) w for n rows of C */
-static void rms_rows(float *out, const float *in, const float *w, size_t n, size_t C, float eps)
-{
-    for (size_t r = 0; r < n; r++) {
-        const float *x = in + r * C;
-        float ss = 0;
-        for (size_t i = 0; i < C; i++)
-            ss += x[i] * x[i];
-        float s = 1.0f / sqrtf(ss / (float)C + eps);
-        for (size_t i = 0; i < C; i++)
-            out[r * C + i] = x[i] * s * w[i];
-    }
-}
-
 /* out[n, OC] (rows ldo apart) = beta out + in[n, IC] W[OC, IC]^T */
 static void mm(float *out, const float *in, const float *W, size_t n, size_t IC, size_t OC,
                size_t ldo, float beta)
@@ -261,7 +247,7 @@ static void llama_rows(zr_gen *g, const int32_t *tok, size_t n)
         const float *P = g->p + o->layer0 + l * o->layer_numel;
 #define W(which) (P + o->role[ZR_LL_##which])
         float *K = g->kcache + l * T * KVD, *V = g->vcache + l * T * KVD;
-        rms_rows(g->ln, g->x, W(LN1), n, C, eps);
+        zr__rmsnorm_forward(g->ln, NULL, g->x, W(LN1), n, C, eps);
         mm(g->qkv, g->ln, W(Q), n, C, C, C, 0.0f);
         mm(K + pos * KVD, g->ln, W(K), n, C, KVD, KVD, 0.0f);
         mm(V + pos * KVD, g->ln, W(V), n, C, KVD, KVD, 0.0f);
@@ -272,7 +258,7 @@ static void llama_rows(zr_gen *g, const int32_t *tok, size_t n)
         }
         attend(g, K, V, pos, n, C, KVD, H / KV);
         mm(g->x, g->y, W(O), n, C, C, C, 1.0f);
-        rms_rows(g->ln, g->x, W(LN2), n, C, eps);
+        zr__rmsnorm_forward(g->ln, NULL, g->x, W(LN2), n, C, eps);
         float *gate = g->h, *up = g->h + n * FF;
         mm(gate, g->ln, W(GATE), n, C, FF, FF, 0.0f);
         mm(up, g->ln, W(UP), n, C, FF, FF, 0.0f);
@@ -309,8 +295,8 @@ int zr_gen_feed(zr_gen *g, const int32_t *tok, size_t n, const float **logits)
      * and wte; Llama: norm and lm_head, or embed_tokens when tied) */
     const float *head;
     if (g->c.family == ZR_FAMILY_LLAMA) {
-        rms_rows(g->ln, g->x + (last - 1) * C, g->p + g->loff.norm, 1, C,
-                 (float)g->c.norm_eps);
+        zr__rmsnorm_forward(g->ln, NULL, g->x + (last - 1) * C, g->p + g->loff.norm, 1, C,
+                            (float)g->c.norm_eps);
         head = g->p + g->loff.head;
     } else {
         const float *lnf = g->p + g->off.ln_f;

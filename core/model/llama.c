@@ -436,12 +436,13 @@ ZR_VEC_CLONES static void rmsnorm_forward_rows(void *p, size_t n0, size_t n1)
         float s = 1.0f / sqrtf(zr__dot8(x, x, C) / (float)C + a->eps);
         for (size_t i = 0; i < C; i++)
             o[i] = x[i] * s * a->w[i];
-        a->rstd[n] = s;
+        if (a->rstd)
+            a->rstd[n] = s;
     }
 }
 
-static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, size_t N,
-                            size_t C, float eps)
+void zr__rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, size_t N,
+                         size_t C, float eps)
 {
     rms_args a = {out, rstd, NULL, inp, w, NULL, N, C, eps};
     par_for(N, ROWS_GRAIN, rmsnorm_forward_rows, &a);
@@ -578,14 +579,14 @@ static void layer_forward(zr__llama *m, ll_acts *a, const float *res, const floa
 {
     size_t N = m->B * m->T, C = m->C, I = m->I, QL = m->QL;
     float eps = (float)m->c.norm_eps;
-    rmsnorm_forward(a->xn1, a->rstd1, res, P + m->role[R_LN1], N, C, eps);
+    zr__rmsnorm_forward(a->xn1, a->rstd1, res, P + m->role[R_LN1], N, C, eps);
     /* q, k, v in one matmul: their weights are one [QL, C] matrix (fill_offsets) */
     zr__gemm(0, 1, N, QL, C, a->xn1, C, P + m->role[R_Q], C, 0.0f, a->qkv, QL);
     rope(m, a->qkv, N, m->T, 0);
     zr__att_geom g = att_geom(m);
     zr__attention_forward(&g, a->atty, a->att, a->qkv);
     zr__matmul_forward(a->res2, res, a->atty, P + m->role[R_O], NULL, N, C, C);
-    rmsnorm_forward(a->xn2, a->rstd2, a->res2, P + m->role[R_LN2], N, C, eps);
+    zr__rmsnorm_forward(a->xn2, a->rstd2, a->res2, P + m->role[R_LN2], N, C, eps);
     zr__gemm(0, 1, N, 2 * I, C, a->xn2, C, P + m->role[R_GATE], C, 0.0f, a->gu, 2 * I);
     swiglu_args sa = {a->hmlp, NULL, a->gu, NULL, I};
     par_for(N, ELEMS_GRAIN / I ? ELEMS_GRAIN / I : 1, swiglu_forward_rows, &sa);
@@ -655,7 +656,7 @@ int zr__llama_forward(zr__llama *m, const int32_t *inputs, const int32_t *target
         res = m->layer[l].res3;
     }
     ZR_TRY(zr__params_get(h, own_param(m, L + 1), L + 1, &P));
-    rmsnorm_forward(m->xnf, m->rstdf, res, P, N, C, (float)m->c.norm_eps);
+    zr__rmsnorm_forward(m->xnf, m->rstdf, res, P, N, C, (float)m->c.norm_eps);
     ZR_TRY(zr__params_put(h, L + 1));
     size_t hg = head_group(m); /* logits [N, V] = xnf [N, C] W[V, C]^T */
     ZR_TRY(zr__params_get(h, own_param(m, hg), hg, &P));

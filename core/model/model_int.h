@@ -78,6 +78,10 @@ void zr__gemm_hooked(int ta, int tb, size_t M, size_t N, size_t K, const float *
 void zr__layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                            const float *w, const float *bias, size_t N, size_t C);
 void zr__gelu_forward(float *out, const float *inp, size_t n);
+/* llama.c's RMSNorm over N rows of C (rstd [N] kept when not NULL), on the par_for threads: the
+ * training forward's and inference's */
+void zr__rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, size_t N,
+                         size_t C, float eps);
 /* out[N, OC] = (res ? res : 0) + inp[N, IC] W[OC, IC]^T + (bias ? bias : 0) */
 void zr__matmul_forward(float *out, const float *res, const float *inp, const float *W,
                         const float *bias, size_t N, size_t IC, size_t OC);
