@@ -527,40 +527,13 @@ static int mul_ok(size_t *out, size_t a, size_t b, const char *op)
 
 /* ---------------------------------------------------------------- collectives */
 
-/* The checks of a reduction of n elements of dt (n per rank in all_reduce, n per destination
- * in reduce_scatter), and the calls that end here: nothing to send, or a world of one (recv
- * gets send). Sets *es to the element size; 1 when the call is done, 0 to go on, or an error. */
-static int reduce_begin(zr_comm *c, const void *send, void *recv, size_t n, zr_comm_dtype dt,
-                        const char *op, size_t *es)
-{
-    ZR_TRY(check_dtype(dt, op));
-    if (!n)
-        return 1;
-    size_t total = 0;
-    *es = dtype_size(dt);
-    ZR_TRY(mul_ok(&total, n, *es * (size_t)c->world, op));
-    if (!send || !recv)
-        return zr_err_set(ZR_EINVAL, "%s: NULL buffer", op);
-    if (c->world > 1)
-        return 0;
-    if (send != recv)
-        memmove(recv, send, n * *es);
-    return 1;
-}
-
-int zr_comm_all_reduce(zr_comm *c, const void *send, void *recv, size_t n, zr_comm_dtype dt)
+/* The shm loops of all_reduce and reduce_scatter (after reduction(): n > 0 elements of es bytes,
+ * a world of two or more, entered). */
+static int shm_all_reduce(zr_comm *c, const char *in, char *out, size_t n, zr_comm_dtype dt,
+                          size_t es)
 {
     const char *op = "all_reduce";
-    size_t es = 0;
-    int done = reduce_begin(c, send, recv, n, dt, op, &es);
-    if (done)
-        return done < 0 ? done : 0;
-    if (c->be)
-        return c->be->all_reduce(c->bh, send, recv, n, es);
-    ZR_TRY(enter(c, op));
     const int W = c->world, r = c->rank;
-    const char *in = send;
-    char *out = recv;
     /* a window of W pieces of cw elements (multiple of 16) fills one half */
     size_t cw = (c->half / ((size_t)W * es)) & ~(size_t)15;
     const void *src[SHM_MAX_WORLD];
@@ -591,20 +564,11 @@ int zr_comm_all_reduce(zr_comm *c, const void *send, void *recv, size_t n, zr_co
     return 0;
 }
 
-int zr_comm_reduce_scatter(zr_comm *c, const void *send, void *recv, size_t n,
-                           zr_comm_dtype dt)
+static int shm_reduce_scatter(zr_comm *c, const char *in, char *out, size_t n,
+                              zr_comm_dtype dt, size_t es)
 {
     const char *op = "reduce_scatter";
-    size_t es = 0;
-    int done = reduce_begin(c, send, recv, n, dt, op, &es);
-    if (done)
-        return done < 0 ? done : 0;
-    if (c->be)
-        return c->be->reduce_scatter(c->bh, send, recv, n, es);
-    ZR_TRY(enter(c, op));
     const int W = c->world, r = c->rank;
-    const char *in = send;
-    char *out = recv;
     size_t cw = (c->half / ((size_t)W * es)) & ~(size_t)15; /* elements per piece per round */
     const void *src[SHM_MAX_WORLD];
     for (size_t off = 0; off < n; off += cw) {
@@ -623,6 +587,45 @@ int zr_comm_reduce_scatter(zr_comm *c, const void *send, void *recv, size_t n,
         reduce(dt, out + off * es, NULL, src, W, cur);
     }
     return 0;
+}
+
+/* all_reduce (kind OP_ALL_REDUCE) or reduce_scatter of n elements of dt (n per rank in
+ * all_reduce, n per destination in reduce_scatter): the checks, the calls that end here
+ * (nothing to send, or a world of one: recv gets send), then the loaded backend or the shm
+ * loops. */
+static int reduction(zr_comm *c, const void *send, void *recv, size_t n, zr_comm_dtype dt,
+                     uint32_t kind)
+{
+    int ar = kind == OP_ALL_REDUCE;
+    const char *op = ar ? "all_reduce" : "reduce_scatter";
+    ZR_TRY(check_dtype(dt, op));
+    if (!n)
+        return 0;
+    size_t total = 0, es = dtype_size(dt);
+    ZR_TRY(mul_ok(&total, n, es * (size_t)c->world, op));
+    if (!send || !recv)
+        return zr_err_set(ZR_EINVAL, "%s: NULL buffer", op);
+    if (c->world <= 1) {
+        if (send != recv)
+            memmove(recv, send, n * es);
+        return 0;
+    }
+    if (c->be)
+        return (ar ? c->be->all_reduce : c->be->reduce_scatter)(c->bh, send, recv, n, es);
+    ZR_TRY(enter(c, op));
+    return ar ? shm_all_reduce(c, send, recv, n, dt, es)
+              : shm_reduce_scatter(c, send, recv, n, dt, es);
+}
+
+int zr_comm_all_reduce(zr_comm *c, const void *send, void *recv, size_t n, zr_comm_dtype dt)
+{
+    return reduction(c, send, recv, n, dt, OP_ALL_REDUCE);
+}
+
+int zr_comm_reduce_scatter(zr_comm *c, const void *send, void *recv, size_t n,
+                           zr_comm_dtype dt)
+{
+    return reduction(c, send, recv, n, dt, OP_REDUCE_SCATTER);
 }
 
 int zr_comm_all_gather(zr_comm *c, const void *send, void *recv, size_t n, size_t elem_bytes)
