@@ -460,6 +460,14 @@ static int check_descs(zr_comm *c, int half, const char *op)
     return 0;
 }
 
+/* The barrier after a round's writes; after the first round's, a check that every rank made
+ * the same call. */
+static int round_wait(zr_comm *c, int half, int first, const char *op)
+{
+    ZR_TRY(barrier(c, op));
+    return first ? check_descs(c, half, op) : 0;
+}
+
 static int enter(zr_comm *c, const char *op)
 {
     if (c->dead)
@@ -527,6 +535,14 @@ static int mul_ok(size_t *out, size_t a, size_t b, const char *op)
 
 /* ---------------------------------------------------------------- collectives */
 
+/* A collective in a world of one: recv gets send (they may be the same buffer). */
+static int world_of_one(void *recv, const void *send, size_t bytes)
+{
+    if (send != recv)
+        memmove(recv, send, bytes);
+    return 0;
+}
+
 /* The shm loops of all_reduce and reduce_scatter (after reduction(): n > 0 elements of es bytes,
  * a world of two or more, entered). */
 static int shm_all_reduce(zr_comm *c, const char *in, char *out, size_t n, zr_comm_dtype dt,
@@ -545,9 +561,7 @@ static int shm_all_reduce(zr_comm *c, const char *in, char *out, size_t n, zr_co
         /* the window, less my own piece (which I read from send) */
         memcpy(mine, in + off * es, a * es);
         memcpy(mine + b * es, in + (off + b) * es, (m - b) * es);
-        ZR_TRY(barrier(c, op));
-        if (off == 0)
-            ZR_TRY(check_descs(c, half, op));
+        ZR_TRY(round_wait(c, half, off == 0, op));
         for (int q = 0; q < W; q++)
             src[q] = q == r ? (const void *)(in + (off + a) * es) : area(c, q, half) + a * es;
         /* piece r: into my area for the others, and into recv */
@@ -578,9 +592,7 @@ static int shm_reduce_scatter(zr_comm *c, const char *in, char *out, size_t n,
         for (int d = 0; d < W; d++)
             if (d != r)
                 memcpy(mine + (size_t)d * cw * es, in + ((size_t)d * n + off) * es, cur * es);
-        ZR_TRY(barrier(c, op));
-        if (off == 0)
-            ZR_TRY(check_descs(c, half, op));
+        ZR_TRY(round_wait(c, half, off == 0, op));
         for (int q = 0; q < W; q++)
             src[q] = q == r ? (const void *)(in + ((size_t)r * n + off) * es)
                             : area(c, q, half) + (size_t)r * cw * es;
@@ -605,11 +617,8 @@ static int reduction(zr_comm *c, const void *send, void *recv, size_t n, zr_comm
     ZR_TRY(mul_ok(&total, n, es * (size_t)c->world, op));
     if (!send || !recv)
         return zr_err_set(ZR_EINVAL, "%s: NULL buffer", op);
-    if (c->world <= 1) {
-        if (send != recv)
-            memmove(recv, send, n * es);
-        return 0;
-    }
+    if (c->world <= 1)
+        return world_of_one(recv, send, n * es);
     if (c->be)
         return (ar ? c->be->all_reduce : c->be->reduce_scatter)(c->bh, send, recv, n, es);
     ZR_TRY(enter(c, op));
@@ -628,6 +637,20 @@ int zr_comm_reduce_scatter(zr_comm *c, const void *send, void *recv, size_t n,
     return reduction(c, send, recv, n, dt, OP_REDUCE_SCATTER);
 }
 
+/* The gathers' round: bytes [off, off + cur) of every rank's piece of bytes into out (rank q's
+ * at q * bytes), the others' from their areas, this rank's own from in. */
+static void collect(zr_comm *c, int half, char *out, const char *in, size_t bytes, size_t off,
+                    size_t cur)
+{
+    for (int q = 0; q < c->world; q++) {
+        char *dst = out + (size_t)q * bytes + off;
+        if (q != c->rank)
+            memcpy(dst, area(c, q, half), cur);
+        else if (dst != in + off)
+            memmove(dst, in + off, cur);
+    }
+}
+
 int zr_comm_all_gather(zr_comm *c, const void *send, void *recv, size_t n, size_t elem_bytes)
 {
     const char *op = "all_gather";
@@ -642,30 +665,19 @@ int zr_comm_all_gather(zr_comm *c, const void *send, void *recv, size_t n, size_
         return zr_err_set(ZR_EINVAL, "%s: element size %zu too large", op, elem_bytes);
     char *out = recv;
     const char *in = send;
-    if (c->world == 1) {
-        if (in != out)
-            memmove(out, in, bytes);
-        return 0;
-    }
+    if (c->world == 1)
+        return world_of_one(out, in, bytes);
     if (c->be)
         return c->be->all_gather(c->bh, send, recv, bytes);
     ZR_TRY(enter(c, op));
-    const int W = c->world, r = c->rank;
+    const int r = c->rank;
     size_t chunk = c->half & ~(size_t)63;
     for (size_t off = 0; off < bytes; off += chunk) {
         size_t cur = bytes - off < chunk ? bytes - off : chunk;
         int half = round_begin(c, off == 0, OP_ALL_GATHER, (uint32_t)elem_bytes, n);
         memcpy(area(c, r, half), in + off, cur);
-        ZR_TRY(barrier(c, op));
-        if (off == 0)
-            ZR_TRY(check_descs(c, half, op));
-        for (int q = 0; q < W; q++) {
-            char *dst = out + (size_t)q * bytes + off;
-            if (q != r)
-                memcpy(dst, area(c, q, half), cur);
-            else if (dst != in + off)
-                memmove(dst, in + off, cur);
-        }
+        ZR_TRY(round_wait(c, half, off == 0, op));
+        collect(c, half, out, in, bytes, off, cur);
     }
     return 0;
 }
@@ -689,9 +701,7 @@ int zr_comm_broadcast(zr_comm *c, void *buf, size_t bytes, int root)
         int half = round_begin(c, off == 0, OP_BROADCAST, (uint32_t)root, bytes);
         if (c->rank == root)
             memcpy(area(c, root, half), p + off, cur);
-        ZR_TRY(barrier(c, op));
-        if (off == 0)
-            ZR_TRY(check_descs(c, half, op));
+        ZR_TRY(round_wait(c, half, off == 0, op));
         if (c->rank != root)
             memcpy(p + off, area(c, root, half), cur);
     }
@@ -711,32 +721,21 @@ int zr_comm_gather(zr_comm *c, const void *send, void *recv, size_t bytes, int r
         return zr_err_set(ZR_EINVAL, "%s: NULL buffer", op);
     const char *in = send;
     char *out = recv;
-    if (c->world == 1) {
-        if (in != out)
-            memmove(out, in, bytes);
-        return 0;
-    }
+    if (c->world == 1)
+        return world_of_one(out, in, bytes);
     if (c->be)
         return c->be->gather(c->bh, send, recv, bytes, root);
     ZR_TRY(enter(c, op));
-    const int W = c->world, r = c->rank;
+    const int r = c->rank;
     size_t chunk = c->half & ~(size_t)63;
     for (size_t off = 0; off < bytes; off += chunk) {
         size_t cur = bytes - off < chunk ? bytes - off : chunk;
         int half = round_begin(c, off == 0, OP_GATHER, (uint32_t)root, bytes);
         if (r != root)
             memcpy(area(c, r, half), in + off, cur);
-        ZR_TRY(barrier(c, op));
-        if (off == 0)
-            ZR_TRY(check_descs(c, half, op));
+        ZR_TRY(round_wait(c, half, off == 0, op));
         if (r == root)
-            for (int q = 0; q < W; q++) {
-                char *dst = out + (size_t)q * bytes + off;
-                if (q != r)
-                    memcpy(dst, area(c, q, half), cur);
-                else if (dst != in + off)
-                    memmove(dst, in + off, cur);
-            }
+            collect(c, half, out, in, bytes, off, cur);
     }
     return 0;
 }
@@ -750,8 +749,7 @@ int zr_comm_barrier(zr_comm *c)
         return c->be->barrier(c->bh);
     ZR_TRY(enter(c, op));
     int half = round_begin(c, 1, OP_BARRIER, 0, 0);
-    ZR_TRY(barrier(c, op));
-    return check_descs(c, half, op);
+    return round_wait(c, half, 1, op);
 }
 
 int zr_comm_check(zr_comm *c)
