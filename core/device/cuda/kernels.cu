@@ -590,42 +590,50 @@ __global__ void k_swiglu_backward(bf16 *dgate, bf16 *dup, const float *dh, const
 
 /* ---------------------------------------------------------------- launchers */
 
-int zrk_cast_bf16(bf16 *dst, const float *src, size_t n, cudaStream_t s)
+/* Launch k on s with one thread per element of n (grid stride past grid_for's limit), then
+ * check the launch; n == 0 launches nothing. */
+template <typename... P, typename... A>
+static int launch_elems(const char *what, size_t n, cudaStream_t s, void (*k)(P...), A... args)
 {
     if (!n)
         return 0;
-    k_cast_bf16<<<grid_for(n, kThreads), kThreads, 0, s>>>(dst, src, n);
-    ZRC_LAUNCHED("cast to bf16");
+    k<<<grid_for(n, kThreads), kThreads, 0, s>>>(args...);
+    ZRC_LAUNCHED(what);
     return 0;
+}
+
+/* The same with one warp per row of rows (kThreads / 32 rows a block). */
+template <typename... P, typename... A>
+static int launch_rows(const char *what, size_t rows, cudaStream_t s, void (*k)(P...), A... args)
+{
+    if (!rows)
+        return 0;
+    unsigned per = kThreads / 32;
+    k<<<(unsigned)((rows + per - 1) / per), kThreads, 0, s>>>(args...);
+    ZRC_LAUNCHED(what);
+    return 0;
+}
+
+int zrk_cast_bf16(bf16 *dst, const float *src, size_t n, cudaStream_t s)
+{
+    return launch_elems("cast to bf16", n, s, k_cast_bf16, dst, src, n);
 }
 
 int zrk_to_f32(float *dst, const bf16 *src, size_t n, cudaStream_t s)
 {
-    if (!n)
-        return 0;
-    k_to_f32<<<grid_for(n, kThreads), kThreads, 0, s>>>(dst, src, n);
-    ZRC_LAUNCHED("cast to fp32");
-    return 0;
+    return launch_elems("cast to fp32", n, s, k_to_f32, dst, src, n);
 }
 
 int zrk_fill(float *dst, float v, size_t n, cudaStream_t s)
 {
-    if (!n)
-        return 0;
-    k_fill<<<grid_for(n, kThreads), kThreads, 0, s>>>(dst, v, n);
-    ZRC_LAUNCHED("fill");
-    return 0;
+    return launch_elems("fill", n, s, k_fill, dst, v, n);
 }
 
 int zrk_encoder_forward(float *out, const int32_t *tok, const float *wte, const float *wpe,
                         size_t N, size_t T, size_t C, cudaStream_t s)
 {
-    if (!N)
-        return 0;
-    k_encoder_forward<<<grid_for(N * C, kThreads), kThreads, 0, s>>>(out, tok, wte, wpe, N, T,
-                                                                      C);
-    ZRC_LAUNCHED("encoder forward");
-    return 0;
+    return launch_elems("encoder forward", N * C, s, k_encoder_forward, out, tok, wte, wpe, N, T,
+                        C);
 }
 
 int zrk_encoder_backward_wte(float *dwte, const float *dout, const int32_t *pos,
@@ -643,23 +651,15 @@ int zrk_encoder_backward_wte(float *dwte, const float *dout, const int32_t *pos,
 int zrk_encoder_backward_wpe(float *dwpe, const float *dout, size_t B, size_t T, size_t C,
                              cudaStream_t s)
 {
-    if (!T)
-        return 0;
-    k_encoder_backward_wpe<<<grid_for(T * C, kThreads), kThreads, 0, s>>>(dwpe, dout, B, T, C);
-    ZRC_LAUNCHED("encoder backward (wpe)");
-    return 0;
+    return launch_elems("encoder backward (wpe)", T * C, s, k_encoder_backward_wpe, dwpe, dout, B,
+                        T, C);
 }
 
 int zrk_layernorm_forward(bf16 *out, float *mean, float *rstd, const float *inp,
                           const float *w, const float *b, size_t N, size_t C, cudaStream_t s)
 {
-    if (!N)
-        return 0;
-    unsigned rows_per_block = kThreads / 32;
-    k_layernorm_forward<<<(unsigned)((N + rows_per_block - 1) / rows_per_block), kThreads, 0,
-                          s>>>(out, mean, rstd, inp, w, b, N, C);
-    ZRC_LAUNCHED("layernorm forward");
-    return 0;
+    return launch_rows("layernorm forward", N, s, k_layernorm_forward, out, mean, rstd, inp, w, b,
+                       N, C);
 }
 
 size_t zrk_partial_floats(size_t N, size_t cols) { return row_chunks(N) * cols; }
@@ -670,10 +670,8 @@ int zrk_layernorm_backward(float *dinp, float *dw, float *db, float *partial, co
 {
     if (!N)
         return 0;
-    unsigned rows_per_block = kThreads / 32;
-    k_layernorm_backward_dinp<<<(unsigned)((N + rows_per_block - 1) / rows_per_block), kThreads,
-                                0, s>>>(dinp, dout, inp, mean, rstd, w, N, C);
-    ZRC_LAUNCHED("layernorm backward");
+    ZRC_TRY(launch_rows("layernorm backward", N, s, k_layernorm_backward_dinp, dinp, dout, inp,
+                        mean, rstd, w, N, C));
     size_t R = row_chunks(N);
     dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
     k_ln_param_partial<<<grid, block, 0, s>>>(partial, partial + R * C, dout, inp, mean, rstd, N,
@@ -717,85 +715,52 @@ int zrk_colsum_bf16(float *db, float *partial, const bf16 *x, size_t N, size_t O
 int zrk_rows_init(float *out, const float *res, const float *bias, size_t N, size_t OC,
                   cudaStream_t s)
 {
-    if (!N || !OC)
-        return 0;
-    k_rows_init<<<grid_for(N * OC, kThreads), kThreads, 0, s>>>(out, res, bias, N, OC);
-    ZRC_LAUNCHED("residual + bias");
-    return 0;
+    return launch_elems("residual + bias", N * OC, s, k_rows_init, out, res, bias, N, OC);
 }
 
 int zrk_bias_gelu(bf16 *pre, bf16 *act, const float *x, const float *bias, size_t N, size_t OC,
                   cudaStream_t s)
 {
-    if (!N || !OC)
-        return 0;
-    k_bias_gelu<<<grid_for(N * OC, kThreads), kThreads, 0, s>>>(pre, act, x, bias, N, OC);
-    ZRC_LAUNCHED("bias + gelu");
-    return 0;
+    return launch_elems("bias + gelu", N * OC, s, k_bias_gelu, pre, act, x, bias, N, OC);
 }
 
 int zrk_gelu_backward(bf16 *dx, const float *dout, const bf16 *pre, size_t n, cudaStream_t s)
 {
-    if (!n)
-        return 0;
-    k_gelu_backward<<<grid_for(n, kThreads), kThreads, 0, s>>>(dx, dout, pre, n);
-    ZRC_LAUNCHED("gelu backward");
-    return 0;
+    return launch_elems("gelu backward", n, s, k_gelu_backward, dx, dout, pre, n);
 }
 
 int zrk_qkv_permute(bf16 *q, bf16 *k, bf16 *v, const float *x, const float *bias, size_t B,
                     size_t T, size_t C, size_t NH, cudaStream_t s)
 {
-    if (!B || !T)
-        return 0;
-    k_qkv_permute<<<grid_for(B * T * 3 * C, kThreads), kThreads, 0, s>>>(q, k, v, x, bias, B, T,
-                                                                          C, NH);
-    ZRC_LAUNCHED("qkv permute");
-    return 0;
+    return launch_elems("qkv permute", B * T * 3 * C, s, k_qkv_permute, q, k, v, x, bias, B, T, C,
+                        NH);
 }
 
 int zrk_heads_permute(bf16 *dst, const bf16 *src, size_t ld, size_t B, size_t T, size_t C,
                       size_t NH, cudaStream_t s)
 {
-    if (!B || !T)
-        return 0;
-    k_heads_permute<<<grid_for(B * T * C, kThreads), kThreads, 0, s>>>(dst, src, ld, B, T, C,
-                                                                        NH);
-    ZRC_LAUNCHED("heads permute");
-    return 0;
+    return launch_elems("heads permute", B * T * C, s, k_heads_permute, dst, src, ld, B, T, C, NH);
 }
 
 int zrk_heads_unpermute(bf16 *dst, size_t ld, const bf16 *src, size_t B, size_t T, size_t C,
                         size_t NH, cudaStream_t s)
 {
-    if (!B || !T)
-        return 0;
-    k_heads_unpermute<<<grid_for(B * T * C, kThreads), kThreads, 0, s>>>(dst, ld, src, B, T, C,
-                                                                          NH);
-    ZRC_LAUNCHED("heads unpermute");
-    return 0;
+    return launch_elems("heads unpermute", B * T * C, s, k_heads_unpermute, dst, ld, src, B, T, C,
+                        NH);
 }
 
 int zrk_attn_softmax_forward(bf16 *P, const float *S, size_t BNH, size_t T, cudaStream_t s)
 {
-    size_t rows = BNH * T, per = kThreads / 32;
-    if (!rows)
-        return 0;
-    k_attn_softmax_forward<<<(unsigned)((rows + per - 1) / per), kThreads, 0, s>>>(P, S, rows, T);
-    ZRC_LAUNCHED("attention softmax");
-    return 0;
+    size_t rows = BNH * T;
+    return launch_rows("attention softmax", rows, s, k_attn_softmax_forward, P, S, rows, T);
 }
 
 int zrk_attn_softmax_backward(bf16 *dS, const float *dP, const bf16 *P, size_t BNH, size_t T,
                               float scale, cudaStream_t s)
 {
-    size_t rows = BNH * T, per = kThreads / 32;
-    if (!rows)
-        return 0;
-    k_attn_softmax_backward<<<(unsigned)((rows + per - 1) / per), kThreads, 0, s>>>(dS, dP, P,
-                                                                                    rows, T, scale);
-    ZRC_LAUNCHED("attention softmax backward");
-    return 0;
+    size_t rows = BNH * T;
+    return launch_rows("attention softmax backward", rows, s, k_attn_softmax_backward, dS, dP, P,
+                       rows, T, scale);
 }
 
 int zrk_xent_forward(bf16 *d, size_t ldd, float *losses, const float *logits, size_t ldl,
@@ -811,12 +776,8 @@ int zrk_xent_forward(bf16 *d, size_t ldd, float *losses, const float *logits, si
 int zrk_probs_export(float *dst, const bf16 *d, size_t ldd, const int32_t *targets, size_t rows,
                      size_t V, cudaStream_t s)
 {
-    if (!rows)
-        return 0;
-    k_probs_export<<<grid_for(rows * V, kThreads), kThreads, 0, s>>>(dst, d, ldd, targets, rows,
-                                                                      V);
-    ZRC_LAUNCHED("probabilities");
-    return 0;
+    return launch_elems("probabilities", rows * V, s, k_probs_export, dst, d, ldd, targets, rows,
+                        V);
 }
 
 int zrk_sum_f64(double *out, const float *x, size_t n, cudaStream_t s)
@@ -831,13 +792,7 @@ int zrk_sum_f64(double *out, const float *x, size_t n, cudaStream_t s)
 int zrk_rmsnorm_forward(bf16 *out, float *rstd, const float *inp, const float *w, size_t N,
                         size_t C, float eps, cudaStream_t s)
 {
-    if (!N)
-        return 0;
-    unsigned rows_per_block = kThreads / 32;
-    k_rmsnorm_forward<<<(unsigned)((N + rows_per_block - 1) / rows_per_block), kThreads, 0, s>>>(
-        out, rstd, inp, w, N, C, eps);
-    ZRC_LAUNCHED("rmsnorm forward");
-    return 0;
+    return launch_rows("rmsnorm forward", N, s, k_rmsnorm_forward, out, rstd, inp, w, N, C, eps);
 }
 
 int zrk_rmsnorm_backward(float *dinp, float *dw, float *partial, const float *dout,
@@ -846,10 +801,8 @@ int zrk_rmsnorm_backward(float *dinp, float *dw, float *partial, const float *do
 {
     if (!N)
         return 0;
-    unsigned rows_per_block = kThreads / 32;
-    k_rmsnorm_backward_dinp<<<(unsigned)((N + rows_per_block - 1) / rows_per_block), kThreads,
-                              0, s>>>(dinp, dout, inp, rstd, w, N, C);
-    ZRC_LAUNCHED("rmsnorm backward");
+    ZRC_TRY(launch_rows("rmsnorm backward", N, s, k_rmsnorm_backward_dinp, dinp, dout, inp, rstd,
+                        w, N, C));
     size_t R = row_chunks(N);
     dim3 grid((unsigned)((C + 31) / 32), (unsigned)R), block(32, 8);
     rms_dw_of f = {dout, inp, rstd, C};
@@ -872,12 +825,8 @@ int zrk_rope_permute(bf16 *q, bf16 *k, bf16 *v, const float *x, const float *cos
                      cudaStream_t s)
 {
     qkv_geom g = geom(B, T, H, KV, hd);
-    size_t n = B * T * g.QL;
-    if (!n)
-        return 0;
-    k_rope_permute<<<grid_for(n, kThreads), kThreads, 0, s>>>(q, k, v, x, cos_t, sin_t, g);
-    ZRC_LAUNCHED("rotary positions");
-    return 0;
+    return launch_elems("rotary positions", B * T * g.QL, s, k_rope_permute, q, k, v, x, cos_t,
+                        sin_t, g);
 }
 
 int zrk_rope_unpermute(bf16 *dx, const bf16 *dq, const bf16 *dk, const bf16 *dv,
@@ -885,30 +834,18 @@ int zrk_rope_unpermute(bf16 *dx, const bf16 *dq, const bf16 *dk, const bf16 *dv,
                        size_t KV, size_t hd, cudaStream_t s)
 {
     qkv_geom g = geom(B, T, H, KV, hd);
-    size_t n = B * T * g.QL;
-    if (!n)
-        return 0;
-    k_rope_unpermute<<<grid_for(n, kThreads), kThreads, 0, s>>>(dx, dq, dk, dv, cos_t, sin_t, g);
-    ZRC_LAUNCHED("rotary positions backward");
-    return 0;
+    return launch_elems("rotary positions backward", B * T * g.QL, s, k_rope_unpermute, dx, dq, dk,
+                        dv, cos_t, sin_t, g);
 }
 
 int zrk_swiglu_forward(bf16 *gate, bf16 *up, bf16 *h, const float *g, const float *u, size_t n,
                        cudaStream_t s)
 {
-    if (!n)
-        return 0;
-    k_swiglu_forward<<<grid_for(n, kThreads), kThreads, 0, s>>>(gate, up, h, g, u, n);
-    ZRC_LAUNCHED("swiglu forward");
-    return 0;
+    return launch_elems("swiglu forward", n, s, k_swiglu_forward, gate, up, h, g, u, n);
 }
 
 int zrk_swiglu_backward(bf16 *dgate, bf16 *dup, const float *dh, const bf16 *gate,
                         const bf16 *up, size_t n, cudaStream_t s)
 {
-    if (!n)
-        return 0;
-    k_swiglu_backward<<<grid_for(n, kThreads), kThreads, 0, s>>>(dgate, dup, dh, gate, up, n);
-    ZRC_LAUNCHED("swiglu backward");
-    return 0;
+    return launch_elems("swiglu backward", n, s, k_swiglu_backward, dgate, dup, dh, gate, up, n);
 }

@@ -563,17 +563,25 @@ void zrc_model_bytes(const zr_dev_model *m, uint64_t *params, uint64_t *grads, u
 
 /* ---------------------------------------------------------------- hooks */
 
-int zrc_params_get(zr_dev_model *m, size_t g, const float **out)
+/* Group g's buffer: what the hook (params or grads, named by what) lends, or the model's own
+ * arena at g's offset when there is no hook. */
+template <typename F, typename H>
+static int lend(zr_dev_model *m, H hook, F *own, size_t g, F **out, const char *what)
 {
-    if (!m->h.params) {
-        *out = m->params + group_offset(m, g);
+    if (!hook) {
+        *out = own + group_offset(m, g);
         return 0;
     }
     *out = NULL;
-    int rc = m->h.params(m->h.ctx, g, out);
+    int rc = hook(m->h.ctx, g, out);
     if (!rc && !*out)
-        rc = zrc_err(ZR_EINVAL, "model: the params hook lent no buffer for group %zu", g);
+        rc = zrc_err(ZR_EINVAL, "model: the %s hook lent no buffer for group %zu", what, g);
     return rc;
+}
+
+int zrc_params_get(zr_dev_model *m, size_t g, const float **out)
+{
+    return lend<const float>(m, m->h.params, m->params, g, out, "params");
 }
 
 int zrc_params_put(zr_dev_model *m, size_t g)
@@ -583,15 +591,7 @@ int zrc_params_put(zr_dev_model *m, size_t g)
 
 int zrc_grads_get(zr_dev_model *m, size_t g, float **out)
 {
-    if (!m->h.grads) {
-        *out = m->grads + group_offset(m, g);
-        return 0;
-    }
-    *out = NULL;
-    int rc = m->h.grads(m->h.ctx, g, out);
-    if (!rc && !*out)
-        rc = zrc_err(ZR_EINVAL, "model: the grads hook lent no buffer for group %zu", g);
-    return rc;
+    return lend<float>(m, m->h.grads, m->grads, g, out, "grads");
 }
 
 int zrc_grads_put(zr_dev_model *m, size_t g)
