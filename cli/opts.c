@@ -220,7 +220,7 @@ int zcli_opts_parse(const zcli_opts *p, void *base, int argc, char **argv)
     assert(p->n <= MAX_OPTS);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+        if (zcli_is_help(a))
             return ZCLI_OPTS_HELP;
         const zcli_opt *e = NULL;
         if (a[0] == '-' && a[1]) {
@@ -262,6 +262,18 @@ zcli_opts zcli_command_opts(const char *prog, const zcli_command *c)
     zcli_opts p = {prog, c->name, c->opt, c->n_opt};
     return p;
 }
+
+const zcli_command *zcli_command_find(const char *prog, const zcli_command *c, size_t n,
+                                      const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(name, c[i].name))
+            return &c[i];
+    fprintf(stderr, "%s: error: unknown command '%s'\n", prog, name);
+    return NULL;
+}
+
+bool zcli_is_help(const char *arg) { return !strcmp(arg, "--help") || !strcmp(arg, "-h"); }
 
 void zcli_commands_usage(FILE *f, const char *prog, const char *summary,
                          const zcli_command *c, size_t n, const char *footer)

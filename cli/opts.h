@@ -8,6 +8,7 @@
 #ifndef ZCLI_OPTS_H
 #define ZCLI_OPTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -117,6 +118,12 @@ typedef struct {
 } zcli_command;
 #define ZCLI_TABLE(t) t, sizeof t / sizeof *t
 zcli_opts zcli_command_opts(const char *prog, const zcli_command *c);
+/* The command of the table named name, or NULL after "PROG: error: unknown command 'NAME'" on
+ * stderr. */
+const zcli_command *zcli_command_find(const char *prog, const zcli_command *c, size_t n,
+                                      const char *name);
+/* "--help" or "-h" */
+bool zcli_is_help(const char *arg);
 /* "usage: PROG COMMAND [ARGS]", the summary, each command's line, then "`PROG COMMAND --help`
  * explains one. " and the footer. */
 void zcli_commands_usage(FILE *f, const char *prog, const char *summary,

@@ -62,8 +62,6 @@ static void args_init(zckpt_args *a)
     a->audit = ao;
 }
 
-static bool is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
-
 static void print_json(json_t *j)
 {
     char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
@@ -1094,7 +1092,7 @@ static void command_help(const zcli_command *c)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || is_help(argv[1])) {
+    if (argc < 2 || zcli_is_help(argv[1])) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? ZCLI_ERROR : ZCLI_OK;
     }
@@ -1103,20 +1101,19 @@ int main(int argc, char **argv)
                ZCK_VERSION_MINOR);
         return ZCLI_OK;
     }
-    for (size_t i = 0; i < N_COMMANDS; i++)
-        if (!strcmp(argv[1], commands[i].name)) {
-            for (int a = 2; a < argc; a++)
-                if (is_help(argv[a])) {
-                    command_help(&commands[i]);
-                    return ZCLI_OK;
-                }
-            zcli_opts p = zcli_command_opts(PROG, &commands[i]);
-            zckpt_args args;
-            args_init(&args);
-            int rc = zcli_opts_parse(&p, &args, argc - 1, argv + 1);
-            return rc ? rc : commands[i].fn(&args);
+    const zcli_command *cmd = zcli_command_find(PROG, commands, N_COMMANDS, argv[1]);
+    if (!cmd) {
+        usage(stderr);
+        return ZCLI_ERROR;
+    }
+    for (int a = 2; a < argc; a++)
+        if (zcli_is_help(argv[a])) {
+            command_help(cmd);
+            return ZCLI_OK;
         }
-    fprintf(stderr, PROG ": error: unknown command '%s'\n", argv[1]);
-    usage(stderr);
-    return ZCLI_ERROR;
+    zcli_opts p = zcli_command_opts(PROG, cmd);
+    zckpt_args args;
+    args_init(&args);
+    int rc = zcli_opts_parse(&p, &args, argc - 1, argv + 1);
+    return rc ? rc : cmd->fn(&args);
 }

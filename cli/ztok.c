@@ -193,34 +193,30 @@ static void usage(FILE *f)
                         "Exit status: 0 ok, 2 usage or I/O error.");
 }
 
-static bool is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
-
 int main(int argc, char **argv)
 {
-    if (argc < 2 || is_help(argv[1])) {
+    if (argc < 2 || zcli_is_help(argv[1])) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? ZCLI_ERROR : ZCLI_OK;
     }
-    for (size_t i = 0; i < N_COMMANDS; i++) {
-        if (strcmp(argv[1], commands[i].name))
-            continue;
-        zcli_opts p = zcli_command_opts(PROG, &commands[i]);
-        ztok_args args, defaults;
-        args_init(&args);
-        args_init(&defaults);
-        int rc = zcli_opts_parse(&p, &args, argc - 1, argv + 1);
-        if (rc == ZCLI_OPTS_HELP) {
-            zcli_command_help(stdout, &p, commands[i].help, &defaults);
-            rc = ZCLI_OK;
-        } else if (rc == 0 && !strcmp(commands[i].name, "decode") && args.files.n != 1) {
-            rc = zcli_fail(PROG, NULL, "decode takes one token file (%zu given)", args.files.n);
-        } else if (rc == 0) {
-            rc = commands[i].fn(&args);
-        }
-        zcli_list_free(&args.files);
-        return rc;
+    const zcli_command *cmd = zcli_command_find(PROG, commands, N_COMMANDS, argv[1]);
+    if (!cmd) {
+        usage(stderr);
+        return ZCLI_ERROR;
     }
-    fprintf(stderr, PROG ": error: unknown command '%s'\n", argv[1]);
-    usage(stderr);
-    return ZCLI_ERROR;
+    zcli_opts p = zcli_command_opts(PROG, cmd);
+    ztok_args args, defaults;
+    args_init(&args);
+    args_init(&defaults);
+    int rc = zcli_opts_parse(&p, &args, argc - 1, argv + 1);
+    if (rc == ZCLI_OPTS_HELP) {
+        zcli_command_help(stdout, &p, cmd->help, &defaults);
+        rc = ZCLI_OK;
+    } else if (rc == 0 && !strcmp(cmd->name, "decode") && args.files.n != 1) {
+        rc = zcli_fail(PROG, NULL, "decode takes one token file (%zu given)", args.files.n);
+    } else if (rc == 0) {
+        rc = cmd->fn(&args);
+    }
+    zcli_list_free(&args.files);
+    return rc;
 }
