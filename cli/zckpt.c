@@ -44,22 +44,17 @@ enum { FMT_ZCKPT, FMT_SAFETENSORS, FMT_LLMC, FMT_HF };
 
 static void args_init(zckpt_args *a)
 {
-    zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
-    zck_reshard_opts ro = ZCK_RESHARD_OPTS_INIT;
-    zck_diff_opts d = ZCK_DIFF_OPTS_INIT;
-    zck_prune_opts po = ZCK_PRUNE_OPTS_INIT;
-    zfmt_import_opts io = ZFMT_IMPORT_OPTS_INIT;
-    zr_audit_opts ao = ZR_AUDIT_OPTS_INIT;
-    memset(a, 0, sizeof *a);
-    a->format = -1;
-    a->dtype = -1;
-    a->shard_bytes = (size_t)ZFMT_HF_SHARD_DEFAULT;
-    a->verify = vo;
-    a->reshard = ro;
-    a->diff = d;
-    a->prune = po;
-    a->import = io;
-    a->audit = ao;
+    *a = (zckpt_args){
+        .format = -1,
+        .dtype = -1,
+        .shard_bytes = (size_t)ZFMT_HF_SHARD_DEFAULT,
+        .verify = ZCK_VERIFY_OPTS_INIT,
+        .reshard = ZCK_RESHARD_OPTS_INIT,
+        .diff = ZCK_DIFF_OPTS_INIT,
+        .prune = ZCK_PRUNE_OPTS_INIT,
+        .import = ZFMT_IMPORT_OPTS_INIT,
+        .audit = ZR_AUDIT_OPTS_INIT,
+    };
 }
 
 static void print_json(json_t *j)

@@ -802,15 +802,16 @@ static int hook_grads_done(void *ctx, size_t g)
 
 static void host_hooks(zr_zero *zz, zr_model_hooks *h)
 {
-    memset(h, 0, sizeof *h);
-    h->ctx = zz; /* at every stage: the model has no arenas of its own */
-    h->params = hook_params;
-    h->params_done = hook_params_done;
-    h->grads = hook_grads;
-    h->grads_done = hook_grads_done;
-    h->grad_piece_numel = hook_grad_piece_numel;
-    h->grad_piece = hook_grad_piece;
-    h->grad_piece_done = hook_grad_piece_done;
+    *h = (zr_model_hooks){
+        .ctx = zz, /* at every stage: the model has no arenas of its own */
+        .params = hook_params,
+        .params_done = hook_params_done,
+        .grads = hook_grads,
+        .grads_done = hook_grads_done,
+        .grad_piece_numel = hook_grad_piece_numel,
+        .grad_piece = hook_grad_piece,
+        .grad_piece_done = hook_grad_piece_done,
+    };
 }
 
 /* ---------------------------------------------------------------- the step */

@@ -564,12 +564,13 @@ static int hook_grads_done(void *ctx, size_t g)
 
 static void dev_hooks(zr_zero *zz, zr_model_hooks *h)
 {
-    memset(h, 0, sizeof *h);
-    h->ctx = zz;
-    h->params = hook_params;
-    h->params_done = hook_params_done;
-    h->grads = hook_grads;
-    h->grads_done = hook_grads_done;
+    *h = (zr_model_hooks){
+        .ctx = zz,
+        .params = hook_params,
+        .params_done = hook_params_done,
+        .grads = hook_grads,
+        .grads_done = hook_grads_done,
+    };
 }
 
 static int dev_attach(zr_zero *zz, const zr_model *m, zr_dev_model *dm, size_t *fwd, size_t *nf,
