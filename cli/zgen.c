@@ -34,11 +34,7 @@ typedef struct {
 
 static void args_init(zgen_args *a)
 {
-    memset(a, 0, sizeof *a);
-    a->tokens = 64;
-    a->temperature = 0.8f;
-    a->top_k = 40;
-    a->seed = 1337;
+    *a = (zgen_args){.tokens = 64, .temperature = 0.8f, .top_k = 40, .seed = 1337};
 }
 
 static const zcli_opt zgen_table[] = {

@@ -160,13 +160,13 @@ typedef struct {
 
 static void args_init(zrun_args *a)
 {
-    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
-    memset(a, 0, sizeof *a);
-    a->o = o;
-    a->nproc = 1;
-    a->backoff = 1.0;
-    a->no.nnodes = 1;
-    a->device = -1;
+    *a = (zrun_args){
+        .o = ZR_TRAIN_OPTS_INIT,
+        .nproc = 1,
+        .backoff = 1.0,
+        .no.nnodes = 1,
+        .device = -1,
+    };
 }
 
 static const char *const async_names[] = {"auto", "on", "off", NULL};

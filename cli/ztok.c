@@ -26,8 +26,7 @@ typedef struct {
 
 static void args_init(ztok_args *a)
 {
-    memset(a, 0, sizeof *a);
-    a->special = "<|endoftext|>";
+    *a = (ztok_args){.special = "<|endoftext|>"};
 }
 
 /* ------------------------------------------------------------------ train */
