@@ -15,7 +15,6 @@
 #include "comm.h"
 #include "device.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -86,16 +85,10 @@ int zr_device_open_at(const char *path, const zr_device_ops **out)
         return zr_err_set(ZR_EUNSUPPORTED, "cuda: built without CUDA: no %s (make builds it "
                           "when it finds nvcc; ZR_CUDA_LIB may name another)", path);
     }
-    dlerror();
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        return zr_err_set(ZR_EUNSUPPORTED, "cuda: cannot load the CUDA backend: %s",
-                          e ? e : path);
-    }
+    void *sym;
+    ZR_TRY(zr__backend_load(&sym, path, ZR_DEVICE_SYMBOL, 0, "cuda", "CUDA backend"));
     /* dlsym returns void *; the getter is a function (POSIX guarantees the conversion) */
     zr_device_getter get;
-    void *sym = dlsym(h, ZR_DEVICE_SYMBOL);
     memcpy(&get, &sym, sizeof get);
     if (!sym)
         return zr_err_set(ZR_EUNSUPPORTED, "cuda: %s has no %s: not this project's CUDA "

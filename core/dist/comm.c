@@ -879,6 +879,21 @@ int zr__next_to_exe(char *buf, size_t cap, const char *file)
     return 0;
 }
 
+int zr__backend_load(void **sym, const char *path, const char *symbol, int global,
+                     const char *who, const char *what)
+{
+    *sym = NULL;
+    dlerror();
+    void *h = dlopen(path, RTLD_NOW | (global ? RTLD_GLOBAL : RTLD_LOCAL));
+    if (!h) {
+        const char *e = dlerror();
+        return zr_err_set(ZR_EUNSUPPORTED, "%s: cannot load the %s: %s", who, what,
+                          e ? e : path);
+    }
+    *sym = dlsym(h, symbol);
+    return 0;
+}
+
 static int mpi_error(int code, const char *msg) { return zr_err_set(code, "%s", msg); }
 
 static void mpi_sum(size_t es, void *out, const void *const *src, int W, size_t n)
@@ -901,15 +916,9 @@ static int mpi_plugin(const zr_mpi_plugin **out)
         return zr_err_set(ZR_EUNSUPPORTED, "mpi: no MPI backend %s (make builds it next to "
                           "the programs with Open MPI, which make deps installs; or run with "
                           "--comm tcp)", path);
-    dlerror();
-    void *h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
-    if (!h) {
-        const char *e = dlerror();
-        return zr_err_set(ZR_EUNSUPPORTED, "mpi: cannot load the MPI backend: %s",
-                          e ? e : path);
-    }
-    zr_mpi_getter get;
-    void *sym = dlsym(h, ZR_MPI_SYMBOL);
+    void *sym;
+    ZR_TRY(zr__backend_load(&sym, path, ZR_MPI_SYMBOL, 1, "mpi", "MPI backend"));
+    zr_mpi_getter get; /* dlsym returns void *; the getter is a function (POSIX allows it) */
     memcpy(&get, &sym, sizeof get);
     const zr_mpi_plugin *p = sym ? get() : NULL;
     if (!p || p->abi != ZR_MPI_ABI || p->size < sizeof *p)

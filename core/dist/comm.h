@@ -103,6 +103,11 @@ int zr_comm_shm_reclaim(void);
 /* buf[cap] = the directory of the running executable + "/" + file (where the loadable
  * backends live: libzr_mpi.so, libzr_cuda.so). */
 int zr__next_to_exe(char *buf, size_t cap, const char *file);
+/* Load the backend at path (dlopen RTLD_NOW, RTLD_GLOBAL when global, else RTLD_LOCAL) and
+ * look up symbol: *sym, NULL when the object lacks it. ZR_EUNSUPPORTED "<who>: cannot load the
+ * <what>: <dlerror>" when it does not load. The object stays loaded. */
+int zr__backend_load(void **sym, const char *path, const char *symbol, int global,
+                     const char *who, const char *what);
 
 /* The name of signal s ("SIGKILL"), for messages about ranks that died (comm, launcher). */
 const char *zr__signal_name(int s);
