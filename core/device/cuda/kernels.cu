@@ -30,6 +30,13 @@ unsigned grid_for(size_t n, unsigned threads)
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                    \
          i += (size_t)gridDim.x * blockDim.x)
 
+/* The row of this thread's warp in a kernel of one warp per row (launch_rows sizes its grid:
+ * kThreads / 32 rows a block). */
+__device__ __forceinline__ size_t warp_row()
+{
+    return (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+}
+
 __device__ __forceinline__ float warp_sum(float v)
 {
     for (int o = 16; o > 0; o >>= 1)
@@ -147,7 +154,7 @@ __global__ void k_encoder_backward_wpe(float *dwpe, const float *dout, size_t B,
 __global__ void k_layernorm_forward(bf16 *out, float *mean, float *rstd, const float *inp,
                                     const float *w, const float *b, size_t N, size_t C)
 {
-    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    size_t row = warp_row();
     unsigned lane = threadIdx.x & 31;
     if (row >= N)
         return; /* whole warps: row depends on the warp only */
@@ -176,7 +183,7 @@ __global__ void k_layernorm_backward_dinp(float *dinp, const float *dout, const 
                                           const float *mean, const float *rstd, const float *w,
                                           size_t N, size_t C)
 {
-    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    size_t row = warp_row();
     unsigned lane = threadIdx.x & 31;
     if (row >= N)
         return;
@@ -355,7 +362,7 @@ __global__ void k_heads_unpermute(bf16 *dst, size_t ld, const bf16 *src, size_t 
 /* a warp per row (bh, t) of T columns; columns past t are 0 */
 __global__ void k_attn_softmax_forward(bf16 *P, const float *S, size_t rows, size_t T)
 {
-    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    size_t row = warp_row();
     unsigned lane = threadIdx.x & 31;
     if (row >= rows)
         return;
@@ -377,7 +384,7 @@ __global__ void k_attn_softmax_forward(bf16 *P, const float *S, size_t rows, siz
 __global__ void k_attn_softmax_backward(bf16 *dS, const float *dP, const bf16 *P, size_t rows,
                                         size_t T, float scale)
 {
-    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    size_t row = warp_row();
     unsigned lane = threadIdx.x & 31;
     if (row >= rows)
         return;
@@ -462,7 +469,7 @@ __global__ void k_sum_f64(double *out, const float *x, size_t n)
 __global__ void k_rmsnorm_forward(bf16 *out, float *rstd, const float *inp, const float *w,
                                   size_t N, size_t C, float eps)
 {
-    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    size_t row = warp_row();
     unsigned lane = threadIdx.x & 31;
     if (row >= N)
         return;
@@ -482,7 +489,7 @@ __global__ void k_rmsnorm_forward(bf16 *out, float *rstd, const float *inp, cons
 __global__ void k_rmsnorm_backward_dinp(float *dinp, const float *dout, const float *inp,
                                         const float *rstd, const float *w, size_t N, size_t C)
 {
-    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    size_t row = warp_row();
     unsigned lane = threadIdx.x & 31;
     if (row >= N)
         return;
