@@ -97,19 +97,6 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-static void set_rank_env(const char *name, int r, int W)
-{
-    char b[32];
-    snprintf(b, sizeof b, "%d", r);
-    setenv("ZR_RANK", b, 1);
-    snprintf(b, sizeof b, "%d", W);
-    setenv("ZR_WORLD", b, 1);
-    if (name)
-        setenv("ZR_COMM_SHM", name, 1);
-    else
-        unsetenv("ZR_COMM_SHM");
-}
-
 static void clear_env(void)
 {
     unsetenv("ZR_RANK");
@@ -119,16 +106,6 @@ static void clear_env(void)
 }
 
 typedef void (*rank_fn)(zr_comm *c, int r, int W, void *ctx);
-
-/* rank r of W over the segment `name`, opened from the environment as a launched rank is */
-static zr_comm *open_rank(const char *name, int r, int W)
-{
-    set_rank_env(name, r, W);
-    zr_comm *c;
-    ZT_OK(zr_comm_open_env(&c));
-    return c;
-}
-
 
 static int use_tcp; /* run_world over the tcp backend (ZR_COMM_TCP) instead of shm */
 
@@ -147,7 +124,7 @@ static void run_world(int W, size_t seg, rank_fn fn, void *ctx)
         ZT_CHECK(pids[r] >= 0);
         if (pids[r] == 0) {
             if (W > 1)
-                set_rank_env(name, r, W);
+                zt_set_rank_env(name, r, W);
             else
                 clear_env();
             if (use_tcp)
@@ -438,7 +415,7 @@ ZT_TEST(comm_tcp_dead_peer_and_rendezvous_errors)
     fflush(NULL);
     for (int r = 0; r < 3; r++)
         if ((pids[r] = fork()) == 0) {
-            set_rank_env(NULL, r, 3);
+            zt_set_rank_env(NULL, r, 3);
             setenv("ZR_COMM_TCP", master, 1);
             zr_comm *c;
             ZT_OK(zr_comm_open_env(&c));
@@ -455,10 +432,10 @@ ZT_TEST(comm_tcp_dead_peer_and_rendezvous_errors)
     setenv("ZR_COMM_TCP_TIMEOUT", "1", 1);
     snprintf(master, sizeof master, "127.0.0.1:%d", zt_free_port());
     setenv("ZR_COMM_TCP", master, 1);
-    set_rank_env(NULL, 1, 2);
+    zt_set_rank_env(NULL, 1, 2);
     double t0 = zt_now_s();
     ZT_ERR(zr_comm_open_env(&c), ZR_EIO, "cannot reach rank 0");
-    set_rank_env(NULL, 0, 2);
+    zt_set_rank_env(NULL, 0, 2);
     ZT_ERR(zr_comm_open_env(&c), ZR_EIO, "only 0 of the 1 other ranks connected");
     ZT_CHECK(zt_now_s() - t0 < 5.0);
     setenv("ZR_COMM_TCP", "no-port-here", 1);
@@ -524,15 +501,15 @@ ZT_TEST(comm_world_of_one_and_env_errors)
     ZT_ERR(zr_comm_open_env(&c), ZR_EINVAL, "ZR_WORLD='two'");
     setenv("ZR_WORLD", "0", 1);
     ZT_ERR(zr_comm_open_env(&c), ZR_EINVAL, "ZR_WORLD='0'");
-    set_rank_env("/zr-no-such-segment", 1, 2);
+    zt_set_rank_env("/zr-no-such-segment", 1, 2);
     ZT_ERR(zr_comm_open_env(&c), ZR_EIO, "cannot open the shared segment");
 
     char *name;
     ZT_OK(zr_comm_shm_create(&name, 3, SEG));
     ZT_CHECK(!strncmp(name, "/zr-", 4));
-    set_rank_env(name, 1, 2);
+    zt_set_rank_env(name, 1, 2);
     ZT_ERR(zr_comm_open_env(&c), ZR_EIO, "world of 3");
-    set_rank_env(name, 1, 3);
+    zt_set_rank_env(name, 1, 3);
     ZT_OK(zr_comm_open_env(&c));
     zr_comm *c2;
     ZT_ERR(zr_comm_open_env(&c2), ZR_EIO, "rank 1 was already opened by pid");
@@ -546,7 +523,7 @@ ZT_TEST(comm_world_of_one_and_env_errors)
     ZT_CHECK(f >= 0);
     ZT_CHECK(ftruncate(f, 8192) == 0);
     close(f);
-    set_rank_env("/zr-test-bogus", 0, 2);
+    zt_set_rank_env("/zr-test-bogus", 0, 2);
     ZT_ERR(zr_comm_open_env(&c), ZR_EIO, "bad magic");
     shm_unlink("/zr-test-bogus");
     ZT_ERR(zr_comm_shm_create(&name, 0, 0), ZR_EINVAL, "world 0");
@@ -598,7 +575,7 @@ static void death_world(int mode)
     fflush(NULL);
     for (int r = 0; r < 3; r++) {
         if ((pids[r] = fork()) == 0) {
-            zr_comm *c = open_rank(name, r, 3);
+            zr_comm *c = zt_open_rank(name, r, 3);
             death_rank(c, r, 3, &k);
             _exit(0);
         }
@@ -635,7 +612,7 @@ ZT_TEST(comm_launcher_abort_wakes_waiters)
     fflush(NULL);
     for (int r = 0; r < 2; r++) {
         if ((pids[r] = fork()) == 0) {
-            zr_comm *c = open_rank(name, r, 2);
+            zr_comm *c = zt_open_rank(name, r, 2);
             if (r == 1) {
                 sleep_ms(20000); /* alive, never calls: only the abort ends rank 0's wait */
                 _exit(0);
@@ -678,7 +655,7 @@ ZT_TEST(comm_launcher_gone_fails_ranks)
         dprintf(p[1], "%s\n", name);
         for (int r = 0; r < 2; r++) {
             if (fork() == 0) {
-                zr_comm *c = open_rank(name, r, 2);
+                zr_comm *c = zt_open_rank(name, r, 2);
                 if (r == 1) {
                     close(p[1]);
                     sleep_ms(20000);
@@ -1106,7 +1083,7 @@ ZT_TEST(comm_stale_segments_are_reclaimed)
 /* the environment of rank r of two in job `job` meeting over TCP at master */
 static void tcp_rank_env(const char *master, const char *job, int r)
 {
-    set_rank_env(NULL, r, 2);
+    zt_set_rank_env(NULL, r, 2);
     setenv("ZR_COMM_TCP", master, 1);
     setenv("ZR_JOB_ID", job, 1);
 }

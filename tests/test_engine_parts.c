@@ -93,9 +93,7 @@ ZT_TEST(engine_config_fields)
 
 ZT_TEST(engine_config_errors)
 {
-    const struct {
-        const char *spec, *text;
-    } cases[] = {
+    static const zt_refusal cases[] = {
         {"", "model '': unknown"},
         {"tiny2", "model 'tiny2': unknown (expected tiny, gpt2, gpt2-medium"},
         {"GPT2", "unknown"},
@@ -131,11 +129,7 @@ ZT_TEST(engine_config_errors)
         {"gpt2:dim=4294967295,heads=5", "tensors too large"},
         {"gpt2:layers=4294967295,dim=1024,heads=16", "model too large"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        zr_gpt2_config c = ZR_GPT2(99, 99, 99, 99, 99);
-        ZT_ERR(zr_gpt2_config_parse(&c, cases[i].spec), ZR_EINVAL, cases[i].text);
-        ZT_CHECK_EQ(c.layers, 99); /* untouched on failure */
-    }
+    zt_config_refusals(zr_gpt2_config_parse, cases, sizeof cases / sizeof *cases);
 }
 
 /* ---------------------------------------------------------------- model section JSON */
@@ -187,9 +181,7 @@ ZT_TEST(engine_config_from_json)
                                        "4, \"layers\": 4, \"arch\": \"gpt2\", \"note\": \"x\" }"));
     const zr_gpt2_config want = ZR_GPT2(4, 4, 64, 128, 256);
     ZT_CHECK(cfg_eq(&c, &want));
-    const struct {
-        const char *json, *text;
-    } cases[] = {
+    static const zt_refusal cases[] = {
         {"", "model section: invalid JSON"},
         {"{", "invalid JSON"},
         {"[1, 2]", "model section: not a JSON object"},
@@ -219,11 +211,7 @@ ZT_TEST(engine_config_from_json)
         {"{\"arch\":\"gpt2\",\"layers\":4,\"layers\":5,\"heads\":4,\"dim\":8,\"ctx\":8,"
          "\"vocab\":8}", "invalid JSON"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        c.layers = 99;
-        ZT_ERR(zr_gpt2_config_from_json(&c, cases[i].json), ZR_EINVAL, cases[i].text);
-        ZT_CHECK_EQ(c.layers, 99);
-    }
+    zt_config_refusals(zr_gpt2_config_from_json, cases, sizeof cases / sizeof *cases);
 }
 
 /* ---------------------------------------------------------------- layout */
