@@ -1147,6 +1147,40 @@ ZT_TEST(comm_tcp_rendezvous_turns_away_strangers)
     clear_env();
 }
 
+/* zt_free_port holds the port it returns until the test ends, so that no other process takes
+ * it before rank 0 listens (the TCP tests lost it now and then when another test's connection or
+ * bind got it first: rank 0 then failed with "cannot listen on port ...: Address already in
+ * use"): a plain bind of it fails, a bind to port 0 is never given it, and rank 0's hub still
+ * listens on it and its job meets there. */
+ZT_TEST(comm_tcp_free_port_is_held_for_rank_0)
+{
+    int port = zt_free_port();
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    ZT_CHECK(s >= 0);
+    ZT_CHECK(bind(s, (struct sockaddr *)&a, sizeof a) < 0 && errno == EADDRINUSE);
+    close(s);
+    for (int i = 0; i < 1000; i++) {
+        s = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in any = {.sin_family = AF_INET};
+        any.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof any;
+        ZT_CHECK(s >= 0 && bind(s, (struct sockaddr *)&any, sizeof any) == 0);
+        ZT_CHECK(getsockname(s, (struct sockaddr *)&any, &len) == 0);
+        ZT_CHECK(ntohs(any.sin_port) != port);
+        close(s);
+    }
+    char master[64];
+    snprintf(master, sizeof master, "127.0.0.1:%d", port);
+    fflush(NULL);
+    pid_t r0 = tcp_job_rank(master, "job", 0), r1 = tcp_job_rank(master, "job", 1);
+    int st;
+    ZT_CHECK(waitpid(r0, &st, 0) == r0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ZT_CHECK(waitpid(r1, &st, 0) == r1 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    clear_env();
+}
+
 /* ---------------------------------------------------------------- the mpi backend */
 
 /*
