@@ -731,6 +731,17 @@ static launched launch(const zr_launch_opts *o, const char *const *argv)
     return L;
 }
 
+/* nproc ranks of /bin/sh -c script through launch, every rank's stdout shown when
+ * log_all_ranks */
+static launched launch_sh(int nproc, int log_all_ranks, const char *script)
+{
+    zr_launch_opts o = ZR_LAUNCH_OPTS_INIT;
+    o.nproc = nproc;
+    o.log_all_ranks = log_all_ranks;
+    const char *argv[] = {"/bin/sh", "-c", script, NULL};
+    return launch(&o, argv);
+}
+
 static void launched_free(launched *L)
 {
     free(L->out);
@@ -755,13 +766,9 @@ ZT_TEST(launch_runs_ranks_with_prefixed_output)
 {
     struct sigaction before, after;
     sigaction(SIGTERM, NULL, &before);
-    zr_launch_opts o = ZR_LAUNCH_OPTS_INIT;
-    o.nproc = 3;
-    const char *argv[] = {"/bin/sh", "-c",
-                          "echo \"out $ZR_RANK $ZR_WORLD $ZR_COMM_SHM\"; echo \"err $ZR_RANK\" >&2;"
-                          " ls -l /proc/$$/fd; printf \"partial $ZR_RANK\"",
-                          NULL};
-    launched L = launch(&o, argv);
+    launched L = launch_sh(3, 0,
+                           "echo \"out $ZR_RANK $ZR_WORLD $ZR_COMM_SHM\"; echo \"err $ZR_RANK\" >&2;"
+                           " ls -l /proc/$$/fd; printf \"partial $ZR_RANK\"");
     sigaction(SIGTERM, NULL, &after);
     EXPECT(L, L.rc == 0 && L.code == 0);
     /* stdout: rank 0 only, prefixed, the partial line completed */
@@ -800,11 +807,7 @@ ZT_TEST(launch_runs_ranks_with_prefixed_output)
 
 ZT_TEST(launch_log_all_ranks_and_single_rank)
 {
-    zr_launch_opts o = ZR_LAUNCH_OPTS_INIT;
-    o.nproc = 4;
-    o.log_all_ranks = 1;
-    const char *argv[] = {"/bin/sh", "-c", "echo line1 $ZR_RANK; printf 'no newline'", NULL};
-    launched L = launch(&o, argv);
+    launched L = launch_sh(4, 1, "echo line1 $ZR_RANK; printf 'no newline'");
     EXPECT(L, L.rc == 0 && L.code == 0);
     for (int r = 0; r < 4; r++) {
         char want[64];
@@ -818,11 +821,7 @@ ZT_TEST(launch_log_all_ranks_and_single_rank)
 
     /* one rank: no prefix, no segment, the caller's ZR_COMM_SHM removed */
     setenv("ZR_COMM_SHM", "/stale", 1);
-    o.nproc = 1;
-    o.log_all_ranks = 0;
-    const char *argv1[] = {"/bin/sh", "-c",
-                           "echo \"$ZR_RANK $ZR_WORLD ${ZR_COMM_SHM-unset}\"; echo e >&2", NULL};
-    L = launch(&o, argv1);
+    L = launch_sh(1, 0, "echo \"$ZR_RANK $ZR_WORLD ${ZR_COMM_SHM-unset}\"; echo e >&2");
     EXPECT(L, L.rc == 0 && L.code == 0);
     EXPECT(L, !strcmp(L.out, "0 1 unset\n"));
     EXPECT(L, !strcmp(L.err, "e\n"));
@@ -830,22 +829,17 @@ ZT_TEST(launch_log_all_ranks_and_single_rank)
     unsetenv("ZR_COMM_SHM");
 
     /* a single failing rank: its code, no message of ours */
-    const char *argv2[] = {"/bin/sh", "-c", "exit 4", NULL};
-    L = launch(&o, argv2);
+    L = launch_sh(1, 0, "exit 4");
     EXPECT(L, L.rc == 0 && L.code == 4 && !*L.err);
     launched_free(&L);
 }
 
 ZT_TEST(launch_failing_rank_stops_the_others)
 {
-    zr_launch_opts o = ZR_LAUNCH_OPTS_INIT;
-    o.nproc = 3;
     /* ranks 0 and 2 would sleep 60 s (sh forks sleep: the process group is signalled) */
-    const char *argv[] = {"/bin/sh", "-c",
-                          "if [ $ZR_RANK = 1 ]; then sleep 0.2; echo dying >&2; exit 3; fi; "
-                          "sleep 60; echo survived",
-                          NULL};
-    launched L = launch(&o, argv);
+    launched L = launch_sh(3, 0,
+                           "if [ $ZR_RANK = 1 ]; then sleep 0.2; echo dying >&2; exit 3; fi; "
+                           "sleep 60; echo survived");
     EXPECT(L, L.rc == 0 && L.code == 3);
     EXPECT(L, L.secs < 15.0);
     EXPECT(L, strstr(L.err, "zrun: rank 1 exited with status 3; stopping the other 2 ranks\n"));
@@ -905,11 +899,6 @@ ZT_TEST(launch_grace_then_sigkill_and_signal_deaths)
 
 ZT_TEST(launch_forwards_signals)
 {
-    zr_launch_opts o = ZR_LAUNCH_OPTS_INIT;
-    o.nproc = 2;
-    o.log_all_ranks = 1;
-    const char *argv[] = {"/bin/sh", "-c",
-                          "trap 'echo got-term; exit 0' TERM; sleep 30 & wait", NULL};
     pid_t me = getpid();
     fflush(NULL);
     pid_t helper = fork();
@@ -918,7 +907,7 @@ ZT_TEST(launch_forwards_signals)
         kill(me, SIGTERM);
         _exit(0);
     }
-    launched L = launch(&o, argv);
+    launched L = launch_sh(2, 1, "trap 'echo got-term; exit 0' TERM; sleep 30 & wait");
     waitpid(helper, NULL, 0);
     EXPECT(L, L.rc == 0 && L.code == 0);
     EXPECT(L, strstr(L.out, "[rank 0] got-term\n") && strstr(L.out, "[rank 1] got-term\n"));
