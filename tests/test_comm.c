@@ -383,16 +383,24 @@ ZT_TEST(comm_tcp_every_op_exact_bits)
         run_world(2, 0, mismatch_rank, &kind);
 }
 
-static void tcp_death_rank(zr_comm *c, int r, int W, void *ctx)
+/* How a rank of the dead-peer tests (three ranks) begins: n floats of r + 1, all-reduced while
+ * every rank is alive (6 everywhere); the buffer, for the call that meets the death. */
+static float *sum_while_alive(zr_comm *c, int r, size_t n)
 {
-    (void)W;
-    (void)ctx;
-    size_t n = 300000; /* several chunks */
     float *x = xmalloc(n * sizeof *x);
     for (size_t i = 0; i < n; i++)
         x[i] = (float)(r + 1);
     ZT_OK(zr_comm_all_reduce(c, x, x, n, ZR_COMM_F32));
     ZT_CHECK(x[n - 1] == 6.0f);
+    return x;
+}
+
+static void tcp_death_rank(zr_comm *c, int r, int W, void *ctx)
+{
+    (void)W;
+    (void)ctx;
+    size_t n = 300000; /* several chunks */
+    float *x = sum_while_alive(c, r, n);
     if (r == 2)
         _exit(7);
     sleep_ms(200);
@@ -541,11 +549,7 @@ static void death_rank(zr_comm *c, int r, int W, void *ctx)
     (void)W;
     const death_case *k = ctx;
     size_t n = 50000; /* several rounds */
-    float *x = xmalloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = (float)(r + 1);
-    ZT_OK(zr_comm_all_reduce(c, x, x, n, ZR_COMM_F32));
-    ZT_CHECK(x[n - 1] == 6.0f);
+    float *x = sum_while_alive(c, r, n);
     if (r == 2) {
         if (k->mode == 0)
             _exit(7);
