@@ -281,6 +281,10 @@ ZT_TEST(tok_cli_train_encode_decode)
     zt_file_has("e.log", "bad.txt: text: not UTF-8 text: invalid byte 0xc3 at offset 3");
     ZT_CHECK(access("x.bin", F_OK) != 0 && access("x.json", F_OK) != 0);
     ZT_CHECK_EQ(sh("%s decode --tokenizer t.json tokens.bin tokens.bin 2> e.log", z), 2);
+    zt_file_has("e.log", "unexpected argument tokens.bin");
+    /* decode takes one token file, and its usage says so */
+    ZT_CHECK_EQ(sh("%s decode --help > h.txt", z), 0);
+    zt_file_has("h.txt", "usage: ztok decode --tokenizer FILE FILE [-o FILE]");
 }
 
 /* ---------------------------------------------------------------- the library as oracle */
