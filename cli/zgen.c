@@ -5,8 +5,9 @@
  * (zr_gen_load_params), and continues the prompt with the KV-cache generator of core/
  * (zr_gen_run). Text goes through the text codec below, the one place that turns text into
  * token ids and back: the checkpoint's tokenizer.json (zrun --tokenizer, verified against the
- * manifest) when it has one, else bytes for byte models, else ids only. Exit codes: 0 ok, 1 the checkpoint is missing, damaged or not a GPT-2,
- * 2 usage or any other error.
+ * manifest) when it has one, else bytes for byte models, else ids only. Exit codes: 0 ok, 1 the
+ * checkpoint is missing, damaged or not a model of the family table (GPT-2, Llama), 2 usage or
+ * any other error.
  */
 #include "common.h"
 #include "opts.h"
@@ -64,16 +65,16 @@ static void usage(void)
     args_init(&defaults);
     fputs("usage: zgen RUN_OR_CHECKPOINT (--prompt TEXT | --prompt-ids IDS) [OPTIONS]\n"
           "\n"
-          "Continue a prompt with the GPT-2 of a checkpoint (a run directory: the checkpoint "
-          "its\nlatest names), reading only its parameters, verified (SHA-256) as they are "
-          "read.\n\n", stdout);
+          "Continue a prompt with the model (GPT-2 or Llama) of a checkpoint (a run directory: "
+          "the\ncheckpoint its latest names), reading only its parameters, verified (SHA-256) as "
+          "they\nare read.\n\n", stdout);
     zcli_opts_help(stdout, &zgen_opts, &defaults);
     fputs("\nPrints the prompt and its continuation as text, through the run's tokenizer when "
           "the\ncheckpoint has one (zrun --tokenizer), else as bytes for byte models (vocabulary "
           "256, or\ntrained on the synthetic corpus; an id >= 256 prints as <|id|>), else as "
           "token ids.\n"
-          "Exit status: 0 done, 1 the checkpoint is missing, damaged or not a GPT-2, 2 usage "
-          "or other\nerrors.\n", stdout);
+          "Exit status: 0 done, 1 the checkpoint is missing, damaged or not a GPT-2 or Llama, 2 "
+          "usage or\nother errors.\n", stdout);
 }
 
 /* ------------------------------------------------------------------ the text codec */

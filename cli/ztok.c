@@ -17,7 +17,8 @@
 #define PROG "ztok"
 
 typedef struct {
-    zcli_list files;          /* the positional arguments */
+    zcli_list files;          /* the positional arguments of train and encode */
+    const char *in;           /* decode's one token file */
     const char *out, *tokenizer, *val_out, *special;
     uint32_t vocab;
     double val_fraction;
@@ -103,8 +104,6 @@ static int cmd_encode(const void *args)
 static int cmd_decode(const void *args)
 {
     const ztok_args *a = args;
-    if (a->files.n != 1)
-        return zcli_fail(PROG, NULL, "decode takes one token file (%zu given)", a->files.n);
     zfmt_tok *t;
     if (zfmt_tok_load(&t, a->tokenizer) < 0)
         return zcli_fail_lib(PROG, NULL);
@@ -112,10 +111,10 @@ static int cmd_decode(const void *args)
     uint32_t vocab;
     char *text = NULL;
     size_t n = 0;
-    int rc = zfmt_tok_file_read(&ids, &vocab, a->files.v[0]);
+    int rc = zfmt_tok_file_read(&ids, &vocab, a->in);
     if (rc == 0 && vocab > zfmt_tok_vocab(t))
         rc = zr_err_set(ZR_EINVAL, "%s was written for a vocabulary of %u, the tokenizer %s has "
-                        "%u", a->files.v[0], vocab, a->tokenizer, zfmt_tok_vocab(t));
+                        "%u", a->in, vocab, a->tokenizer, zfmt_tok_vocab(t));
     if (rc == 0)
         rc = zfmt_tok_decode(&text, &n, t, ids.id, ids.n);
     zfmt_tok_ids_free(&ids);
@@ -163,7 +162,7 @@ static const zcli_opt encode_opts[] = {
 };
 static const zcli_opt decode_opts[] = {
     OPT_TOKENIZER,
-    ZCLI_POSITIONALS("FILE", files),
+    ZCLI_POSITIONAL("FILE", in),
     OPT_OUTPUT(0, "FILE", "write the text here"),
 };
 
@@ -211,8 +210,6 @@ int main(int argc, char **argv)
     if (rc == ZCLI_OPTS_HELP) {
         zcli_command_help(stdout, &p, cmd->help, &defaults);
         rc = ZCLI_OK;
-    } else if (rc == 0 && !strcmp(cmd->name, "decode") && args.files.n != 1) {
-        rc = zcli_fail(PROG, NULL, "decode takes one token file (%zu given)", args.files.n);
     } else if (rc == 0) {
         rc = cmd->fn(&args);
     }

@@ -1,7 +1,8 @@
 /*
- * hf.c: export a GPT-2 checkpoint as a Hugging Face model directory (zfmt_hf_export):
- * config.json as transformers writes it for GPT2LMHeadModel, model.safetensors in Hugging
- * Face's names (the safetensors writer of safetensors.c with the name table of gpt2.c), and
+ * hf.c: export a GPT-2 or Llama checkpoint as a Hugging Face model directory (zfmt_hf_export):
+ * config.json as transformers writes it for GPT2LMHeadModel or LlamaForCausalLM, the weights in
+ * Hugging Face's names (the safetensors writer of safetensors.c with the name table of
+ * hfnames.c) in model.safetensors or in shards with model.safetensors.index.json, and
  * optionally tokenizer.json. The directory is built beside the target under a temporary name
  * and renamed into place once complete; a target is replaced only when it holds nothing but
  * the files an export writes.

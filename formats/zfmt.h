@@ -1,7 +1,9 @@
 /*
  * zfmt.h: the public interface of formats/, the converters between zero checkpoints and the
- * formats the rest of the ecosystem reads: safetensors (Hugging Face, PyTorch), llm.c's GPT-2
- * model file, and tar archives (libarchive). formats/ uses only ckpt/'s public API (zck.h).
+ * formats the rest of the ecosystem reads: safetensors (Hugging Face, PyTorch), Hugging Face
+ * model directories (GPT-2 and Llama: config.json, safetensors shards and their index), llm.c's
+ * GPT-2 model file and tar archives (libarchive); and the byte-level BPE tokenizer (train,
+ * encode, decode; Hugging Face tokenizer.json). formats/ uses only ckpt/'s public API (zck.h).
  *
  * Conventions are ckpt's: 0 or a negative ZR_E* code with a one-line message (zr_err_msg()),
  * outputs through the first argument, the library never prints and never exits.

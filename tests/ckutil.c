@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include "ckutil.h"
+#include "comm.h"
 #include "zck_int.h"
 
 #include <fcntl.h>
@@ -333,8 +334,14 @@ int zt_rank_of(pid_t p)
 
 int zt_free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    /* SO_REUSEADDR and no listen(): the kernel counts the port as taken for any bind without
+     * SO_REUSEADDR, for another bind to port 0 and for an outgoing connection's local port,
+     * but rank 0's hub (which binds with SO_REUSEADDR) may bind and listen on it. The socket
+     * stays open until the test's process ends (CLOEXEC: a zrun it starts does not hold it). */
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     ZT_CHECK(fd >= 0);
+    int one = 1;
+    ZT_CHECK(setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0);
     struct sockaddr_in a;
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
@@ -342,16 +349,41 @@ int zt_free_port(void)
     socklen_t len = sizeof a;
     ZT_CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
     ZT_CHECK(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
     return ntohs(a.sin_port);
+}
+
+void zt_set_rank_env(const char *name, int r, int W)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%d", r);
+    setenv("ZR_RANK", b, 1);
+    snprintf(b, sizeof b, "%d", W);
+    setenv("ZR_WORLD", b, 1);
+    if (name)
+        setenv("ZR_COMM_SHM", name, 1);
+    else
+        unsetenv("ZR_COMM_SHM");
+}
+
+zr_comm *zt_open_rank(const char *name, int r, int W)
+{
+    zt_set_rank_env(name, r, W);
+    zr_comm *c;
+    ZT_OK(zr_comm_open_env(&c));
+    return c;
+}
+
+const char *zt_bin(const char *var)
+{
+    const char *bin = getenv(var);
+    if (!bin)
+        ZT_SKIP("%s is not set (run through make test)", var);
+    return bin;
 }
 
 const char *zt_zrun_path(void)
 {
-    const char *z = getenv("ZT_ZRUN");
-    if (!z)
-        ZT_SKIP("ZT_ZRUN is not set (run through make test)");
-    return z;
+    return zt_bin("ZT_ZRUN");
 }
 
 char *zt_slurp(const char *path)
@@ -460,9 +492,7 @@ int zt_run(char **out, const char *bin, const char *args)
 
 int zt_zckpt(char **out, const char *fmt, ...)
 {
-    const char *bin = getenv("ZT_ZCKPT");
-    if (!bin)
-        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
+    const char *bin = zt_bin("ZT_ZCKPT");
     char args[4096];
     va_list ap;
     va_start(ap, fmt);
@@ -562,4 +592,51 @@ double zt_ref_xent(const double *lg, const int32_t *tg, size_t N, size_t V, doub
             probs[n * V + v] = exp(row[v] - mx) / sum;
     }
     return loss / (double)N;
+}
+
+void zt_ref_attention(double *y, const double *q, const double *k, const double *v,
+                      const zt_attn_shape *s)
+{
+    size_t T = s->T, hd = s->hd, C = s->H * s->hd, grp = s->H / s->KV;
+    double w[256];
+    ZT_CHECK(T <= 256);
+    for (size_t b = 0; b < s->B; b++)
+        for (size_t t = 0; t < T; t++)
+            for (size_t h = 0; h < s->H; h++) {
+                const double *qt = q + (b * T + t) * s->q_stride + h * hd;
+                size_t kh = h / grp * hd;
+                double mx = -INFINITY, sum = 0;
+                for (size_t u = 0; u <= t; u++) {
+                    const double *ku = k + (b * T + u) * s->kv_stride + kh;
+                    double d = 0;
+                    for (size_t i = 0; i < hd; i++)
+                        d += qt[i] * ku[i];
+                    w[u] = d / sqrt((double)hd);
+                    mx = w[u] > mx ? w[u] : mx;
+                }
+                for (size_t u = 0; u <= t; u++)
+                    sum += (w[u] = exp(w[u] - mx));
+                for (size_t i = 0; i < hd; i++) {
+                    double acc = 0;
+                    for (size_t u = 0; u <= t; u++)
+                        acc += w[u] / sum * v[(b * T + u) * s->kv_stride + kh + i];
+                    y[(b * T + t) * C + h * hd + i] = acc;
+                }
+            }
+}
+
+void zt_config_refusals(int (*parse)(zr_config *, const char *), const zt_refusal *cases,
+                        size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        zr_config c = ZR_GPT2(99, 99, 99, 99, 99);
+        zr_err_clear();
+        int rc = parse(&c, cases[i].in);
+        if (rc != ZR_EINVAL || !strstr(zr_err_msg(), cases[i].text))
+            ZT_FAIL("'%s' gave %s '%s', expected ZR_EINVAL naming '%s'", cases[i].in,
+                    zr_err_name(rc), zr_err_msg(), cases[i].text);
+        if (c.layers != 99)
+            ZT_FAIL("'%s': the config was changed on failure (layers %u)", cases[i].in,
+                    c.layers);
+    }
 }

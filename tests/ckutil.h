@@ -73,8 +73,17 @@ pid_t zt_spawn_sh(const char *cmd);
 int zt_children(pid_t p, pid_t *out, int cap);
 /* The rank a process runs as (its ZR_RANK), or -1 (not a rank, or gone). */
 int zt_rank_of(pid_t p);
-/* A TCP port free on 127.0.0.1 now (for ranks that rendezvous over TCP). */
+/* A TCP port on 127.0.0.1 for ranks that rendezvous over TCP, held for the rest of the test:
+ * no other process's bind or outgoing connection takes it before rank 0 listens on it. */
 int zt_free_port(void);
+/* The environment of rank r of W launched over the shm segment name (NULL: none, as over TCP):
+ * ZR_RANK, ZR_WORLD, ZR_COMM_SHM. zt_open_rank also opens the communicator from it. */
+void zt_set_rank_env(const char *name, int r, int W);
+typedef struct zr_comm zr_comm; /* core/dist/comm.h */
+zr_comm *zt_open_rank(const char *name, int r, int W);
+/* The program the environment variable var names (ZT_ZCKPT, ZT_ZGEN, ...: make test sets
+ * them); skips the test when it is unset. */
+const char *zt_bin(const char *var);
 /* Seconds on the monotonic clock (for timing a test's steps). */
 double zt_now_s(void);
 const char *zt_zrun_path(void);
@@ -109,6 +118,23 @@ size_t zt_jlog_losses(double *loss, size_t cap, const char *path);
 /* The mean cross-entropy of logits [N, V] against targets tg, in double (the model tests'
  * references); the softmax into probs [N, V] when not NULL. */
 double zt_ref_xent(const double *lg, const int32_t *tg, size_t N, size_t V, double *probs);
+/* Causal self-attention in double (the model tests' references) over B rows of T positions,
+ * H heads of hd: head h at position t attends to positions u <= t with key/value head
+ * h / (H / KV), softmax of q.k / sqrt(hd), into y [B, T, H hd]. Rows of q are q_stride apart,
+ * rows of k and v kv_stride apart (GPT-2: q, k and v in one qkv [B, T, 3C] row). */
+typedef struct {
+    size_t B, T, H, KV, hd, q_stride, kv_stride;
+} zt_attn_shape;
+void zt_ref_attention(double *y, const double *q, const double *k, const double *v,
+                      const zt_attn_shape *s);
+/* An input a model config parser refuses and the text its message must have. */
+typedef struct {
+    const char *in, *text;
+} zt_refusal;
+/* parse (zr_gpt2_config_parse, zr_gpt2_config_from_json) refuses each case with ZR_EINVAL and
+ * its text, leaving the config it was given untouched. */
+void zt_config_refusals(int (*parse)(zr_config *, const char *), const zt_refusal *cases,
+                        size_t n);
 /* The checkpoints latest names in run directories a and b hold the same values (within atol +
  * rtol |b|; 0, 0: exactly), whatever their world sizes. */
 void zt_same_latest(const char *a, const char *b, double atol, double rtol);

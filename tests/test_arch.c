@@ -42,6 +42,21 @@ static void arch_put(const char *path, const char *text)
     zt_write_file(path, text);
 }
 
+/* A tool's allowlist (cmd reads allow.txt): holding allow, cmd passes and prints every one of
+ * the NULL-terminated texts allowed; with stale_entry added (an entry that no longer
+ * offends), it fails and prints stale. */
+static void arch_expect_allowlist(const char *cmd, const char *allow,
+                                  const char *const *allowed, const char *stale_entry,
+                                  const char *stale)
+{
+    arch_put("allow.txt", allow);
+    arch_expect(cmd, 0, allowed);
+    char both[4096];
+    snprintf(both, sizeof both, "%s%s", allow, stale_entry);
+    arch_put("allow.txt", both);
+    arch_expect(cmd, 1, (const char *[]){stale, NULL});
+}
+
 static int arch_have(const char *prog)
 {
     char cmd[256];
@@ -148,20 +163,18 @@ ZT_TEST(arch_deps_finds_offenders)
     ZT_CHECK(!strstr(doc, "old"));
     free(doc);
     /* the offenders, allowed by name, pass; an entry that no longer offends fails */
-    arch_put("allow.txt", "include core/model/bad.c core/zero/zero.h\n"
+    snprintf(cmd, sizeof cmd, "%s --check --allow allow.txt", deps);
+    arch_expect_allowlist(cmd,
+                          "include core/model/bad.c core/zero/zero.h\n"
                           "relative core/dist/rel.c ../model/model.h  # a comment\n"
                           "include core/dist/rel.c core/model/model.h\n"
                           "include cli/x.c core/model/model.h\n"
-                          "include core/zr.h core/model/par.h\n");
-    snprintf(cmd, sizeof cmd, "%s --check --allow allow.txt", deps);
-    arch_expect(cmd, 0, (const char *[]){"allowed: core/model/bad.c:3", "0 forbidden includes (5 "
-                                         "allowed)", NULL});
-    FILE *f = fopen("allow.txt", "a");
-    ZT_CHECK(f);
-    fputs("include core/zero/zero.c core/model/model.h\n", f);
-    fclose(f);
-    arch_expect(cmd, 1, (const char *[]){"allow.txt:6: stale allowlist entry, no longer offends: "
-                                         "include core/zero/zero.c core/model/model.h", NULL});
+                          "include core/zr.h core/model/par.h\n",
+                          (const char *[]){"allowed: core/model/bad.c:3",
+                                           "0 forbidden includes (5 allowed)", NULL},
+                          "include core/zero/zero.c core/model/model.h\n",
+                          "allow.txt:6: stale allowlist entry, no longer offends: "
+                          "include core/zero/zero.c core/model/model.h");
     /* a folder the Makefile gives no include paths is an error, not a silent pass */
     arch_put("formats/y.c", "#include \"zck.h\"\n");
     arch_expect(cmd, 2, (const char *[]){"the Makefile has no INC_formats", NULL});
@@ -197,12 +210,12 @@ ZT_TEST(arch_longfn_finds_offenders)
     snprintf(cmd, sizeof cmd, "%s --max 149", tool);
     arch_expect(cmd, 1, (const char *[]){"core/model/long.c:6: f150: 150 lines",
                                          "2 functions over 149 lines", NULL});
-    arch_put("allow.txt", "longfn core/model/long.c f151\n");
     snprintf(cmd, sizeof cmd, "%s --allow allow.txt", tool);
-    arch_expect(cmd, 0, (const char *[]){"allowed: core/model/long.c:158: f151", NULL});
-    arch_put("allow.txt", "longfn core/model/long.c f151\nlongfn core/model/long.c f150\n");
-    arch_expect(cmd, 1, (const char *[]){"allow.txt:2: stale allowlist entry, no longer over 150 "
-                                         "lines: longfn core/model/long.c f150", NULL});
+    arch_expect_allowlist(cmd, "longfn core/model/long.c f151\n",
+                          (const char *[]){"allowed: core/model/long.c:158: f151", NULL},
+                          "longfn core/model/long.c f150\n",
+                          "allow.txt:2: stale allowlist entry, no longer over 150 lines: "
+                          "longfn core/model/long.c f150");
 }
 
 ZT_TEST(arch_cycles_finds_offenders)
@@ -231,12 +244,12 @@ ZT_TEST(arch_cycles_finds_offenders)
     char *out = zt_slurp("arch.log");
     ZT_CHECK(!strstr(out, "c.o") && !strstr(out, "core/"));
     free(out);
-    arch_put("allow.txt", "# known\ncycle ckpt ckpt/a.o ckpt/b.o\n");
     snprintf(cmd, sizeof cmd, "%s --allow allow.txt obj", tool);
-    arch_expect(cmd, 0, (const char *[]){"allowed: circle in ckpt: ckpt/a.o ckpt/b.o", NULL});
-    arch_put("allow.txt", "cycle ckpt ckpt/a.o ckpt/b.o\ncycle core core/z/x.o core/z/y.o\n");
-    arch_expect(cmd, 1, (const char *[]){"allow.txt:2: stale allowlist entry, no longer a circle: "
-                                         "cycle core core/z/x.o core/z/y.o", NULL});
+    arch_expect_allowlist(cmd, "# known\ncycle ckpt ckpt/a.o ckpt/b.o\n",
+                          (const char *[]){"allowed: circle in ckpt: ckpt/a.o ckpt/b.o", NULL},
+                          "cycle core core/z/x.o core/z/y.o\n",
+                          "allow.txt:3: stale allowlist entry, no longer a circle: "
+                          "cycle core core/z/x.o core/z/y.o");
     /* a library without objects is an error: nothing was measured */
     ZT_CHECK(system("rm -r obj/formats") == 0);
     arch_expect(cmd, 2, (const char *[]){"no objects in obj/formats", NULL});

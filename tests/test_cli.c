@@ -259,14 +259,6 @@ static size_t check_listed(const char *help, const char *docs, const char *who)
     return n;
 }
 
-static const char *zckpt_bin(void)
-{
-    const char *bin = getenv("ZT_ZCKPT");
-    if (!bin)
-        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
-    return bin;
-}
-
 /* Every command of a program (from its --help list) documented with each of its options;
  * returns the number of commands, adds the options to *opts. */
 static size_t check_commands(const char *bin, const char *prog, const char *docs, size_t *opts)
@@ -318,7 +310,7 @@ ZT_TEST(cli_every_option_is_documented)
 
     /* the commands, from zckpt's and ztok's own lists, each with its table */
     size_t opts = 0;
-    ZT_CHECK_EQ(check_commands(zckpt_bin(), "zckpt", docs, &opts), 13);
+    ZT_CHECK_EQ(check_commands(zt_bin("ZT_ZCKPT"), "zckpt", docs, &opts), 13);
     ZT_CHECK(opts >= 30);
     opts = 0;
     const char *ztok = getenv("ZT_ZTOK");

@@ -97,19 +97,6 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-static void set_rank_env(const char *name, int r, int W)
-{
-    char b[32];
-    snprintf(b, sizeof b, "%d", r);
-    setenv("ZR_RANK", b, 1);
-    snprintf(b, sizeof b, "%d", W);
-    setenv("ZR_WORLD", b, 1);
-    if (name)
-        setenv("ZR_COMM_SHM", name, 1);
-    else
-        unsetenv("ZR_COMM_SHM");
-}
-
 static void clear_env(void)
 {
     unsetenv("ZR_RANK");
@@ -119,16 +106,6 @@ static void clear_env(void)
 }
 
 typedef void (*rank_fn)(zr_comm *c, int r, int W, void *ctx);
-
-/* rank r of W over the segment `name`, opened from the environment as a launched rank is */
-static zr_comm *open_rank(const char *name, int r, int W)
-{
-    set_rank_env(name, r, W);
-    zr_comm *c;
-    ZT_OK(zr_comm_open_env(&c));
-    return c;
-}
-
 
 static int use_tcp; /* run_world over the tcp backend (ZR_COMM_TCP) instead of shm */
 
@@ -147,7 +124,7 @@ static void run_world(int W, size_t seg, rank_fn fn, void *ctx)
         ZT_CHECK(pids[r] >= 0);
         if (pids[r] == 0) {
             if (W > 1)
-                set_rank_env(name, r, W);
+                zt_set_rank_env(name, r, W);
             else
                 clear_env();
             if (use_tcp)
@@ -406,16 +383,24 @@ ZT_TEST(comm_tcp_every_op_exact_bits)
         run_world(2, 0, mismatch_rank, &kind);
 }
 
-static void tcp_death_rank(zr_comm *c, int r, int W, void *ctx)
+/* How a rank of the dead-peer tests (three ranks) begins: n floats of r + 1, all-reduced while
+ * every rank is alive (6 everywhere); the buffer, for the call that meets the death. */
+static float *sum_while_alive(zr_comm *c, int r, size_t n)
 {
-    (void)W;
-    (void)ctx;
-    size_t n = 300000; /* several chunks */
     float *x = xmalloc(n * sizeof *x);
     for (size_t i = 0; i < n; i++)
         x[i] = (float)(r + 1);
     ZT_OK(zr_comm_all_reduce(c, x, x, n, ZR_COMM_F32));
     ZT_CHECK(x[n - 1] == 6.0f);
+    return x;
+}
+
+static void tcp_death_rank(zr_comm *c, int r, int W, void *ctx)
+{
+    (void)W;
+    (void)ctx;
+    size_t n = 300000; /* several chunks */
+    float *x = sum_while_alive(c, r, n);
     if (r == 2)
         _exit(7);
     sleep_ms(200);
@@ -438,7 +423,7 @@ ZT_TEST(comm_tcp_dead_peer_and_rendezvous_errors)
     fflush(NULL);
     for (int r = 0; r < 3; r++)
         if ((pids[r] = fork()) == 0) {
-            set_rank_env(NULL, r, 3);
+            zt_set_rank_env(NULL, r, 3);
             setenv("ZR_COMM_TCP", master, 1);
             zr_comm *c;
             ZT_OK(zr_comm_open_env(&c));
@@ -455,10 +440,10 @@ ZT_TEST(comm_tcp_dead_peer_and_rendezvous_errors)
     setenv("ZR_COMM_TCP_TIMEOUT", "1", 1);
     snprintf(master, sizeof master, "127.0.0.1:%d", zt_free_port());
     setenv("ZR_COMM_TCP", master, 1);
-    set_rank_env(NULL, 1, 2);
+    zt_set_rank_env(NULL, 1, 2);
     double t0 = zt_now_s();
     ZT_ERR(zr_comm_open_env(&c), ZR_EIO, "cannot reach rank 0");
-    set_rank_env(NULL, 0, 2);
+    zt_set_rank_env(NULL, 0, 2);
     ZT_ERR(zr_comm_open_env(&c), ZR_EIO, "only 0 of the 1 other ranks connected");
     ZT_CHECK(zt_now_s() - t0 < 5.0);
     setenv("ZR_COMM_TCP", "no-port-here", 1);
@@ -524,15 +509,15 @@ ZT_TEST(comm_world_of_one_and_env_errors)
     ZT_ERR(zr_comm_open_env(&c), ZR_EINVAL, "ZR_WORLD='two'");
     setenv("ZR_WORLD", "0", 1);
     ZT_ERR(zr_comm_open_env(&c), ZR_EINVAL, "ZR_WORLD='0'");
-    set_rank_env("/zr-no-such-segment", 1, 2);
+    zt_set_rank_env("/zr-no-such-segment", 1, 2);
     ZT_ERR(zr_comm_open_env(&c), ZR_EIO, "cannot open the shared segment");
 
     char *name;
     ZT_OK(zr_comm_shm_create(&name, 3, SEG));
     ZT_CHECK(!strncmp(name, "/zr-", 4));
-    set_rank_env(name, 1, 2);
+    zt_set_rank_env(name, 1, 2);
     ZT_ERR(zr_comm_open_env(&c), ZR_EIO, "world of 3");
-    set_rank_env(name, 1, 3);
+    zt_set_rank_env(name, 1, 3);
     ZT_OK(zr_comm_open_env(&c));
     zr_comm *c2;
     ZT_ERR(zr_comm_open_env(&c2), ZR_EIO, "rank 1 was already opened by pid");
@@ -546,7 +531,7 @@ ZT_TEST(comm_world_of_one_and_env_errors)
     ZT_CHECK(f >= 0);
     ZT_CHECK(ftruncate(f, 8192) == 0);
     close(f);
-    set_rank_env("/zr-test-bogus", 0, 2);
+    zt_set_rank_env("/zr-test-bogus", 0, 2);
     ZT_ERR(zr_comm_open_env(&c), ZR_EIO, "bad magic");
     shm_unlink("/zr-test-bogus");
     ZT_ERR(zr_comm_shm_create(&name, 0, 0), ZR_EINVAL, "world 0");
@@ -564,11 +549,7 @@ static void death_rank(zr_comm *c, int r, int W, void *ctx)
     (void)W;
     const death_case *k = ctx;
     size_t n = 50000; /* several rounds */
-    float *x = xmalloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = (float)(r + 1);
-    ZT_OK(zr_comm_all_reduce(c, x, x, n, ZR_COMM_F32));
-    ZT_CHECK(x[n - 1] == 6.0f);
+    float *x = sum_while_alive(c, r, n);
     if (r == 2) {
         if (k->mode == 0)
             _exit(7);
@@ -598,7 +579,7 @@ static void death_world(int mode)
     fflush(NULL);
     for (int r = 0; r < 3; r++) {
         if ((pids[r] = fork()) == 0) {
-            zr_comm *c = open_rank(name, r, 3);
+            zr_comm *c = zt_open_rank(name, r, 3);
             death_rank(c, r, 3, &k);
             _exit(0);
         }
@@ -635,7 +616,7 @@ ZT_TEST(comm_launcher_abort_wakes_waiters)
     fflush(NULL);
     for (int r = 0; r < 2; r++) {
         if ((pids[r] = fork()) == 0) {
-            zr_comm *c = open_rank(name, r, 2);
+            zr_comm *c = zt_open_rank(name, r, 2);
             if (r == 1) {
                 sleep_ms(20000); /* alive, never calls: only the abort ends rank 0's wait */
                 _exit(0);
@@ -678,7 +659,7 @@ ZT_TEST(comm_launcher_gone_fails_ranks)
         dprintf(p[1], "%s\n", name);
         for (int r = 0; r < 2; r++) {
             if (fork() == 0) {
-                zr_comm *c = open_rank(name, r, 2);
+                zr_comm *c = zt_open_rank(name, r, 2);
                 if (r == 1) {
                     close(p[1]);
                     sleep_ms(20000);
@@ -754,6 +735,17 @@ static launched launch(const zr_launch_opts *o, const char *const *argv)
     return L;
 }
 
+/* nproc ranks of /bin/sh -c script through launch, every rank's stdout shown when
+ * log_all_ranks */
+static launched launch_sh(int nproc, int log_all_ranks, const char *script)
+{
+    zr_launch_opts o = ZR_LAUNCH_OPTS_INIT;
+    o.nproc = nproc;
+    o.log_all_ranks = log_all_ranks;
+    const char *argv[] = {"/bin/sh", "-c", script, NULL};
+    return launch(&o, argv);
+}
+
 static void launched_free(launched *L)
 {
     free(L->out);
@@ -778,13 +770,9 @@ ZT_TEST(launch_runs_ranks_with_prefixed_output)
 {
     struct sigaction before, after;
     sigaction(SIGTERM, NULL, &before);
-    zr_launch_opts o = ZR_LAUNCH_OPTS_INIT;
-    o.nproc = 3;
-    const char *argv[] = {"/bin/sh", "-c",
-                          "echo \"out $ZR_RANK $ZR_WORLD $ZR_COMM_SHM\"; echo \"err $ZR_RANK\" >&2;"
-                          " ls -l /proc/$$/fd; printf \"partial $ZR_RANK\"",
-                          NULL};
-    launched L = launch(&o, argv);
+    launched L = launch_sh(3, 0,
+                           "echo \"out $ZR_RANK $ZR_WORLD $ZR_COMM_SHM\"; echo \"err $ZR_RANK\" >&2;"
+                           " ls -l /proc/$$/fd; printf \"partial $ZR_RANK\"");
     sigaction(SIGTERM, NULL, &after);
     EXPECT(L, L.rc == 0 && L.code == 0);
     /* stdout: rank 0 only, prefixed, the partial line completed */
@@ -823,11 +811,7 @@ ZT_TEST(launch_runs_ranks_with_prefixed_output)
 
 ZT_TEST(launch_log_all_ranks_and_single_rank)
 {
-    zr_launch_opts o = ZR_LAUNCH_OPTS_INIT;
-    o.nproc = 4;
-    o.log_all_ranks = 1;
-    const char *argv[] = {"/bin/sh", "-c", "echo line1 $ZR_RANK; printf 'no newline'", NULL};
-    launched L = launch(&o, argv);
+    launched L = launch_sh(4, 1, "echo line1 $ZR_RANK; printf 'no newline'");
     EXPECT(L, L.rc == 0 && L.code == 0);
     for (int r = 0; r < 4; r++) {
         char want[64];
@@ -841,11 +825,7 @@ ZT_TEST(launch_log_all_ranks_and_single_rank)
 
     /* one rank: no prefix, no segment, the caller's ZR_COMM_SHM removed */
     setenv("ZR_COMM_SHM", "/stale", 1);
-    o.nproc = 1;
-    o.log_all_ranks = 0;
-    const char *argv1[] = {"/bin/sh", "-c",
-                           "echo \"$ZR_RANK $ZR_WORLD ${ZR_COMM_SHM-unset}\"; echo e >&2", NULL};
-    L = launch(&o, argv1);
+    L = launch_sh(1, 0, "echo \"$ZR_RANK $ZR_WORLD ${ZR_COMM_SHM-unset}\"; echo e >&2");
     EXPECT(L, L.rc == 0 && L.code == 0);
     EXPECT(L, !strcmp(L.out, "0 1 unset\n"));
     EXPECT(L, !strcmp(L.err, "e\n"));
@@ -853,22 +833,17 @@ ZT_TEST(launch_log_all_ranks_and_single_rank)
     unsetenv("ZR_COMM_SHM");
 
     /* a single failing rank: its code, no message of ours */
-    const char *argv2[] = {"/bin/sh", "-c", "exit 4", NULL};
-    L = launch(&o, argv2);
+    L = launch_sh(1, 0, "exit 4");
     EXPECT(L, L.rc == 0 && L.code == 4 && !*L.err);
     launched_free(&L);
 }
 
 ZT_TEST(launch_failing_rank_stops_the_others)
 {
-    zr_launch_opts o = ZR_LAUNCH_OPTS_INIT;
-    o.nproc = 3;
     /* ranks 0 and 2 would sleep 60 s (sh forks sleep: the process group is signalled) */
-    const char *argv[] = {"/bin/sh", "-c",
-                          "if [ $ZR_RANK = 1 ]; then sleep 0.2; echo dying >&2; exit 3; fi; "
-                          "sleep 60; echo survived",
-                          NULL};
-    launched L = launch(&o, argv);
+    launched L = launch_sh(3, 0,
+                           "if [ $ZR_RANK = 1 ]; then sleep 0.2; echo dying >&2; exit 3; fi; "
+                           "sleep 60; echo survived");
     EXPECT(L, L.rc == 0 && L.code == 3);
     EXPECT(L, L.secs < 15.0);
     EXPECT(L, strstr(L.err, "zrun: rank 1 exited with status 3; stopping the other 2 ranks\n"));
@@ -928,11 +903,6 @@ ZT_TEST(launch_grace_then_sigkill_and_signal_deaths)
 
 ZT_TEST(launch_forwards_signals)
 {
-    zr_launch_opts o = ZR_LAUNCH_OPTS_INIT;
-    o.nproc = 2;
-    o.log_all_ranks = 1;
-    const char *argv[] = {"/bin/sh", "-c",
-                          "trap 'echo got-term; exit 0' TERM; sleep 30 & wait", NULL};
     pid_t me = getpid();
     fflush(NULL);
     pid_t helper = fork();
@@ -941,7 +911,7 @@ ZT_TEST(launch_forwards_signals)
         kill(me, SIGTERM);
         _exit(0);
     }
-    launched L = launch(&o, argv);
+    launched L = launch_sh(2, 1, "trap 'echo got-term; exit 0' TERM; sleep 30 & wait");
     waitpid(helper, NULL, 0);
     EXPECT(L, L.rc == 0 && L.code == 0);
     EXPECT(L, strstr(L.out, "[rank 0] got-term\n") && strstr(L.out, "[rank 1] got-term\n"));
@@ -1106,7 +1076,7 @@ ZT_TEST(comm_stale_segments_are_reclaimed)
 /* the environment of rank r of two in job `job` meeting over TCP at master */
 static void tcp_rank_env(const char *master, const char *job, int r)
 {
-    set_rank_env(NULL, r, 2);
+    zt_set_rank_env(NULL, r, 2);
     setenv("ZR_COMM_TCP", master, 1);
     setenv("ZR_JOB_ID", job, 1);
 }
@@ -1167,6 +1137,40 @@ ZT_TEST(comm_tcp_rendezvous_turns_away_strangers)
     close(s);
     if (zt_now_s() - t0 > 5.0)
         ZT_FAIL("the rendezvous took %.1f s: a silent client held it up", zt_now_s() - t0);
+    clear_env();
+}
+
+/* zt_free_port holds the port it returns until the test ends, so that no other process takes
+ * it before rank 0 listens (the TCP tests lost it now and then when another test's connection or
+ * bind got it first: rank 0 then failed with "cannot listen on port ...: Address already in
+ * use"): a plain bind of it fails, a bind to port 0 is never given it, and rank 0's hub still
+ * listens on it and its job meets there. */
+ZT_TEST(comm_tcp_free_port_is_held_for_rank_0)
+{
+    int port = zt_free_port();
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    ZT_CHECK(s >= 0);
+    ZT_CHECK(bind(s, (struct sockaddr *)&a, sizeof a) < 0 && errno == EADDRINUSE);
+    close(s);
+    for (int i = 0; i < 1000; i++) {
+        s = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in any = {.sin_family = AF_INET};
+        any.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof any;
+        ZT_CHECK(s >= 0 && bind(s, (struct sockaddr *)&any, sizeof any) == 0);
+        ZT_CHECK(getsockname(s, (struct sockaddr *)&any, &len) == 0);
+        ZT_CHECK(ntohs(any.sin_port) != port);
+        close(s);
+    }
+    char master[64];
+    snprintf(master, sizeof master, "127.0.0.1:%d", port);
+    fflush(NULL);
+    pid_t r0 = tcp_job_rank(master, "job", 0), r1 = tcp_job_rank(master, "job", 1);
+    int st;
+    ZT_CHECK(waitpid(r0, &st, 0) == r0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ZT_CHECK(waitpid(r1, &st, 0) == r1 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     clear_env();
 }
 

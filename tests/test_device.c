@@ -13,6 +13,7 @@
  */
 #include "comm.h"
 #include "device.h"
+#include "ckutil.h"
 #include "harness.h"
 
 #include <dlfcn.h>
@@ -618,13 +619,7 @@ ZT_TEST(device_hostsim_comm_world_of_one)
 /* two forked ranks on a real shm segment: the hostsim collectives are zr_comm's */
 static void hs_rank2(const zr_device_ops *ops, const char *seg, const unsigned char *id, int r)
 {
-    char b[16];
-    snprintf(b, sizeof b, "%d", r);
-    setenv("ZR_RANK", b, 1);
-    setenv("ZR_WORLD", "2", 1);
-    setenv("ZR_COMM_SHM", seg, 1);
-    zr_comm *c;
-    ZT_OK(zr_comm_open_env(&c));
+    zr_comm *c = zt_open_rank(seg, r, 2);
     zr_dev_comm *dc;
     ZT_ERR(ops->comm_new(&dc, id, ZR_NCCL_ID_BYTES, 1 - r, 2), ZR_EINVAL, "shm communicator is");
     ZT_OK(ops->comm_new(&dc, id, ZR_NCCL_ID_BYTES, r, 2));

@@ -93,9 +93,7 @@ ZT_TEST(engine_config_fields)
 
 ZT_TEST(engine_config_errors)
 {
-    const struct {
-        const char *spec, *text;
-    } cases[] = {
+    static const zt_refusal cases[] = {
         {"", "model '': unknown"},
         {"tiny2", "model 'tiny2': unknown (expected tiny, gpt2, gpt2-medium"},
         {"GPT2", "unknown"},
@@ -131,11 +129,7 @@ ZT_TEST(engine_config_errors)
         {"gpt2:dim=4294967295,heads=5", "tensors too large"},
         {"gpt2:layers=4294967295,dim=1024,heads=16", "model too large"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        zr_gpt2_config c = ZR_GPT2(99, 99, 99, 99, 99);
-        ZT_ERR(zr_gpt2_config_parse(&c, cases[i].spec), ZR_EINVAL, cases[i].text);
-        ZT_CHECK_EQ(c.layers, 99); /* untouched on failure */
-    }
+    zt_config_refusals(zr_gpt2_config_parse, cases, sizeof cases / sizeof *cases);
 }
 
 /* ---------------------------------------------------------------- model section JSON */
@@ -187,9 +181,7 @@ ZT_TEST(engine_config_from_json)
                                        "4, \"layers\": 4, \"arch\": \"gpt2\", \"note\": \"x\" }"));
     const zr_gpt2_config want = ZR_GPT2(4, 4, 64, 128, 256);
     ZT_CHECK(cfg_eq(&c, &want));
-    const struct {
-        const char *json, *text;
-    } cases[] = {
+    static const zt_refusal cases[] = {
         {"", "model section: invalid JSON"},
         {"{", "invalid JSON"},
         {"[1, 2]", "model section: not a JSON object"},
@@ -219,11 +211,7 @@ ZT_TEST(engine_config_from_json)
         {"{\"arch\":\"gpt2\",\"layers\":4,\"layers\":5,\"heads\":4,\"dim\":8,\"ctx\":8,"
          "\"vocab\":8}", "invalid JSON"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        c.layers = 99;
-        ZT_ERR(zr_gpt2_config_from_json(&c, cases[i].json), ZR_EINVAL, cases[i].text);
-        ZT_CHECK_EQ(c.layers, 99);
-    }
+    zt_config_refusals(zr_gpt2_config_from_json, cases, sizeof cases / sizeof *cases);
 }
 
 /* ---------------------------------------------------------------- layout */
@@ -641,10 +629,17 @@ ZT_TEST(engine_data_synthetic)
     zr_data_free(NULL);
 }
 
-/* d's first 300 samples are the windows of T + 1 tokens of want (N tokens) at the starts the
- * reference draws for seed */
-static void expect_windows(zr_data *d, uint64_t seed, uint64_t N, size_t T, const int32_t *want)
+/* The data file at path opened for vocab V, context T and seed is described as desc, holds the N
+ * tokens of want, and its first 300 samples are the windows of T + 1 of them at the starts the
+ * reference draws for seed. */
+static void expect_data(const char *path, uint32_t V, size_t T, uint64_t seed, const char *desc,
+                        const int32_t *want, uint64_t N)
 {
+    zr_data *d;
+    ZT_OK(zr_data_open(&d, path, V, T, seed));
+    if (strcmp(zr_data_describe(d), desc))
+        ZT_FAIL("'%s' is described as '%s', expected '%s'", path, zr_data_describe(d), desc);
+    ZT_CHECK_EQ(zr_data_tokens(d), N);
     int32_t *x = malloc((T + 1) * sizeof *x);
     ZT_CHECK(x);
     for (uint64_t i = 0; i < 300; i++) {
@@ -654,6 +649,7 @@ static void expect_windows(zr_data *d, uint64_t seed, uint64_t N, size_t T, cons
             ZT_CHECK_EQ(x[k], want[st + k]);
     }
     free(x);
+    zr_data_free(d);
 }
 
 ZT_TEST(engine_data_text_file)
@@ -666,18 +662,15 @@ ZT_TEST(engine_data_text_file)
     bytes[0] = 0;
     bytes[1] = 255;
     zt_write_bytes("corpus.txt", bytes, N);
-    zr_data *d;
-    ZT_OK(zr_data_open(&d, "corpus.txt", 256, T, 77));
-    ZT_CHECK(!strcmp(zr_data_describe(d), "file 'corpus.txt' as raw bytes (5000 tokens)"));
-    ZT_CHECK_EQ(zr_data_tokens(d), N);
     int32_t want[N];
     for (size_t i = 0; i < N; i++)
         want[i] = bytes[i];
-    expect_windows(d, 77, N, T, want);
-    zr_data_free(d);
+    expect_data("corpus.txt", 256, T, 77, "file 'corpus.txt' as raw bytes (5000 tokens)", want,
+                N);
 
     /* exactly T + 1 bytes: one possible sample, the whole file */
     zt_write_bytes("short.txt", bytes, T + 1);
+    zr_data *d;
     ZT_OK(zr_data_open(&d, "short.txt", 256, T, 5));
     int32_t x[T + 1];
     for (uint64_t i = 0; i < 10; i++) {
@@ -730,17 +723,13 @@ ZT_TEST(engine_data_llmc_tokens)
     random_tokens(tok, N, 11, V);
     tok[7] = V - 1; /* the largest valid token */
     write_llmc("tok.bin", 20240520, 1, N, tok, N, 0);
-    zr_data *d;
-    ZT_OK(zr_data_open(&d, "tok.bin", V, T, 9));
-    ZT_CHECK(!strcmp(zr_data_describe(d), "llm.c token file 'tok.bin' (3000 tokens)"));
-    ZT_CHECK_EQ(zr_data_tokens(d), N);
     int32_t want[N];
     for (size_t i = 0; i < N; i++)
         want[i] = tok[i];
-    expect_windows(d, 9, N, T, want);
-    zr_data_free(d);
+    expect_data("tok.bin", V, T, 9, "llm.c token file 'tok.bin' (3000 tokens)", want, N);
     /* exactly T + 1 tokens */
     write_llmc("min.bin", 20240520, 1, T + 1, tok, T + 1, 0);
+    zr_data *d;
     ZT_OK(zr_data_open(&d, "min.bin", V, T, 9));
     int32_t x[T + 1];
     zr_data_sample(d, 123, x);

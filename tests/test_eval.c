@@ -475,7 +475,6 @@ ZT_TEST(plot_renders_in_chromium)
  * engine's forward-only schedule) evaluates to the CPU engine's bits. */
 ZT_TEST(eval_on_the_device_path)
 {
-    char args[1024];
     static const char *const dev[2] = {"--device cpu", "--device cuda"};
     char vals[2][8][32];
     for (int i = 0; i < 2; i++) {
@@ -483,11 +482,10 @@ ZT_TEST(eval_on_the_device_path)
         snprintf(dir, sizeof dir, "d%d", i);
         snprintf(log, sizeof log, "d%d.jsonl", i);
         snprintf(out, sizeof out, "d%d.out", i);
-        snprintf(args, sizeof args, "--model %s --batch 4 --steps 4 --threads 1 --eval-every 2 "
-                 "--eval-batches 2 --nproc 2 --zero 3 --ckpt-dir %s --log-json %s %s", SMALL,
-                 dir, log, dev[i]);
         setenv("ZR_CUDA_LIB", "hostsim", 1);
-        zt_zrun_ok(args, out);
+        zt_zrunf_ok(out, "--model %s --batch 4 --steps 4 --threads 1 --eval-every 2 "
+                    "--eval-batches 2 --nproc 2 --zero 3 --ckpt-dir %s --log-json %s %s", SMALL,
+                    dir, log, dev[i]);
         unsetenv("ZR_CUDA_LIB");
         ZT_CHECK_EQ(val_texts(log, vals[i], 8), 2);
     }

@@ -226,35 +226,6 @@ static void ref_linear(double *out, const double *x, const double *W, const doub
         }
 }
 
-static void ref_attn(double *out, const double *qkv, size_t B, size_t T, size_t C, size_t NH)
-{
-    size_t hs = C / NH;
-    double w[256];
-    ZT_CHECK(T <= 256);
-    for (size_t b = 0; b < B; b++)
-        for (size_t t = 0; t < T; t++)
-            for (size_t h = 0; h < NH; h++) {
-                const double *q = qkv + (b * T + t) * 3 * C + h * hs;
-                double mx = -INFINITY, sum = 0;
-                for (size_t u = 0; u <= t; u++) {
-                    const double *k = qkv + (b * T + u) * 3 * C + C + h * hs;
-                    double d = 0;
-                    for (size_t i = 0; i < hs; i++)
-                        d += q[i] * k[i];
-                    w[u] = d / sqrt((double)hs);
-                    mx = w[u] > mx ? w[u] : mx;
-                }
-                for (size_t u = 0; u <= t; u++)
-                    sum += (w[u] = exp(w[u] - mx));
-                for (size_t i = 0; i < hs; i++) {
-                    double s = 0;
-                    for (size_t u = 0; u <= t; u++)
-                        s += w[u] / sum * qkv[(b * T + u) * 3 * C + 2 * C + h * hs + i];
-                    out[(b * T + t) * C + h * hs + i] = s;
-                }
-            }
-}
-
 static double ref_gelu(double x)
 {
     return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
@@ -276,7 +247,8 @@ static double ref_loss(const ref_model *r, const double *p, const int32_t *in, c
         const uint64_t *o = r->h[l];
         ref_ln(h, x, p + o[0], p + o[1], N, C);
         ref_linear(qkv, h, p + o[2], p + o[3], N, C, 3 * C);
-        ref_attn(y, qkv, B, T, C, r->NH);
+        zt_ref_attention(y, qkv, qkv + C, qkv + 2 * C,
+                         &(zt_attn_shape){B, T, r->NH, r->NH, C / r->NH, 3 * C, 3 * C});
         ref_linear(h, y, p + o[4], p + o[5], N, C, C);
         for (size_t i = 0; i < N * C; i++)
             x[i] += h[i];

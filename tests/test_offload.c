@@ -41,40 +41,53 @@ static void losses_only(const char *jsonl, const char *out)
     ZT_CHECK(system(cmd) == 0);
 }
 
-/* A run with args, and the same with extra (the offload): the same checkpoint bit for bit and
- * the same losses, learning rates and norms at every step. */
-static void same_run_offloaded(size_t i, const char *args, const char *extra)
+/* A case of the tests below: a world size, a stage and the offload's options. */
+typedef struct {
+    int W, stage;
+    const char *what;
+} offload_case;
+
+/* A case's two runs: their options (args, and extra: the offload, NVME then the case's) and
+ * run directories. */
+typedef struct {
+    char args[512], extra[256], ref[32], off[32];
+} offload_run;
+
+/* Case i: common at its world size and stage, and the same run with its offload: the same
+ * checkpoint bit for bit and the same losses, learning rates and norms at every step (in
+ * ref-I and off-I). Returns the two runs. */
+static offload_run same_run_offloaded(size_t i, const char *common, const offload_case *c)
 {
-    char ref[32], off[32], jr[48], jo[48];
-    snprintf(ref, sizeof ref, "ref-%zu", i);
-    snprintf(off, sizeof off, "off-%zu", i);
-    snprintf(jr, sizeof jr, "%s.jsonl", ref);
-    snprintf(jo, sizeof jo, "%s.jsonl", off);
-    zt_zrunf_ok("ref.log", "%s --ckpt-dir %s --log-json %s", args, ref, jr);
-    zt_zrunf_ok("off.log", "%s --ckpt-dir %s --log-json %s %s", args, off, jo, extra);
-    zt_same_latest(ref, off, 0, 0);
+    offload_run o;
+    snprintf(o.args, sizeof o.args, "%s --nproc %d --zero %d", common, c->W, c->stage);
+    snprintf(o.extra, sizeof o.extra, NVME " %s", c->what);
+    snprintf(o.ref, sizeof o.ref, "ref-%zu", i);
+    snprintf(o.off, sizeof o.off, "off-%zu", i);
+    char jr[48], jo[48];
+    snprintf(jr, sizeof jr, "%s.jsonl", o.ref);
+    snprintf(jo, sizeof jo, "%s.jsonl", o.off);
+    zt_zrunf_ok("ref.log", "%s --ckpt-dir %s --log-json %s", o.args, o.ref, jr);
+    zt_zrunf_ok("off.log", "%s --ckpt-dir %s --log-json %s %s", o.args, o.off, jo, o.extra);
+    zt_same_latest(o.ref, o.off, 0, 0);
     losses_only(jr, "a.txt");
     losses_only(jo, "b.txt");
     same_file("a.txt", "b.txt");
+    return o;
 }
 
 ZT_TEST(offload_is_byte_identical)
 {
-    static const struct {
-        int W, stage;
-        const char *what;
-    } c[] = {{1, 1, "--offload-optimizer nvme"}, {2, 1, "--offload-optimizer nvme"},
-             {1, 3, "--offload-optimizer nvme"}, {2, 3, "--offload-optimizer nvme"},
-             {1, 3, "--offload-optimizer nvme --offload-params nvme"},
-             {2, 3, "--offload-optimizer nvme --offload-params nvme"},
-             {2, 3, "--offload-params nvme"}};
+    static const offload_case c[] = {{1, 1, "--offload-optimizer nvme"},
+                                     {2, 1, "--offload-optimizer nvme"},
+                                     {1, 3, "--offload-optimizer nvme"},
+                                     {2, 3, "--offload-optimizer nvme"},
+                                     {1, 3, "--offload-optimizer nvme --offload-params nvme"},
+                                     {2, 3, "--offload-optimizer nvme --offload-params nvme"},
+                                     {2, 3, "--offload-params nvme"}};
     const char *common = "--model " MODEL " --batch 4 --steps 12 --warmup 3 --lr 3e-3 "
                          "--threads 1";
     for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
-        char args[512], extra[256];
-        snprintf(args, sizeof args, "%s --nproc %d --zero %d", common, c[i].W, c[i].stage);
-        snprintf(extra, sizeof extra, NVME " %s", c[i].what);
-        same_run_offloaded(i, args, extra);
+        same_run_offloaded(i, common, &c[i]);
         /* the swap files are scratch: gone after a clean exit */
         struct stat st;
         ZT_CHECK(stat("swap/zrun-swap-rank0", &st) < 0 && errno == ENOENT);
@@ -239,19 +252,14 @@ ZT_TEST(offload_stale_swap_directory)
  * (At stage 3 the second case runs the deferred update instead: the same pipeline per group.) */
 ZT_TEST(offload_read_ahead_is_byte_identical)
 {
-    static const struct {
-        int stage;
-        const char *what;
-    } c[] = {{2, "--offload-optimizer nvme --offload-buffers 2"},
-             {3, "--offload-optimizer nvme --offload-params nvme --offload-buffers 3"}};
+    static const offload_case c[] = {
+        {2, 2, "--offload-optimizer nvme --offload-buffers 2 --aio-block-size 4096"},
+        {2, 3, "--offload-optimizer nvme --offload-params nvme --offload-buffers 3 "
+               "--aio-block-size 4096"}};
     const char *common = "--model " MODEL " --batch 4 --micro-batch 1 --steps 6 --warmup 2 "
-                         "--lr 3e-3 --threads 1 --nproc 2";
-    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
-        char args[512], extra[256];
-        snprintf(args, sizeof args, "%s --zero %d", common, c[i].stage);
-        snprintf(extra, sizeof extra, NVME " %s --aio-block-size 4096", c[i].what);
-        same_run_offloaded(i, args, extra);
-    }
+                         "--lr 3e-3 --threads 1";
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++)
+        same_run_offloaded(i, common, &c[i]);
 }
 
 /* Checkpoints dir_a/step-N and dir_b/step-N the same bit for bit. */
@@ -274,30 +282,23 @@ static void same_step(const char *a, const char *b, unsigned step)
  * updates pending (step 7) and a resume, at W=1 and W=2, optimizer alone and with params. */
 ZT_TEST(offload_deferred_update_is_byte_identical)
 {
-    static const struct {
-        int W;
-        const char *what;
-    } c[] = {{2, "--offload-optimizer nvme --offload-params nvme"},
-             {2, "--offload-optimizer nvme"},
-             {1, "--offload-optimizer nvme --offload-params nvme"}};
+    static const offload_case c[] = {{2, 3, "--offload-optimizer nvme --offload-params nvme"},
+                                     {2, 3, "--offload-optimizer nvme"},
+                                     {1, 3, "--offload-optimizer nvme --offload-params nvme"}};
+    const char *common = "--model " MODEL " --batch 4 --micro-batch 1 --steps 10 --warmup 3 "
+                         "--lr 3e-3 --threads 1 --eval-every 3 --sample-every 5 --prompt ab "
+                         "--save-every 4";
     for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
-        char args[512], extra[256], ref[32], off[32];
-        snprintf(args, sizeof args, "--model " MODEL " --batch 4 --micro-batch 1 --steps 10 "
-                 "--warmup 3 --lr 3e-3 --threads 1 --nproc %d --zero 3 --eval-every 3 "
-                 "--sample-every 5 --prompt ab --save-every 4", c[i].W);
-        snprintf(extra, sizeof extra, NVME " %s", c[i].what);
-        same_run_offloaded(i, args, extra); /* straight through */
-        snprintf(ref, sizeof ref, "ref-%zu", i);
-        snprintf(off, sizeof off, "off-%zu", i);
-        same_step(ref, off, 4);
-        same_step(ref, off, 8);
+        offload_run o = same_run_offloaded(i, common, &c[i]); /* straight through */
+        same_step(o.ref, o.off, 4);
+        same_step(o.ref, o.off, 8);
         /* the first 7 steps, then a resume to the end */
-        zt_zrunf_ok("r1.log", "%s --ckpt-dir ref-half --stop-after 7", args);
-        zt_zrunf_ok("o1.log", "%s --ckpt-dir off-half --stop-after 7 %s", args, extra);
+        zt_zrunf_ok("r1.log", "%s --ckpt-dir ref-half --stop-after 7", o.args);
+        zt_zrunf_ok("o1.log", "%s --ckpt-dir off-half --stop-after 7 %s", o.args, o.extra);
         same_step("ref-half", "off-half", 7);
-        zt_zrunf_ok("o2.log", "%s --ckpt-dir off-half %s", args, extra);
+        zt_zrunf_ok("o2.log", "%s --ckpt-dir off-half %s", o.args, o.extra);
         zt_file_has("o2.log", "done at step 10/10");
-        same_step(ref, "off-half", 10);
+        same_step(o.ref, "off-half", 10);
         ZT_CHECK(system("rm -rf ref-half off-half") == 0);
     }
 }

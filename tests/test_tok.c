@@ -42,14 +42,6 @@ static int sh(const char *fmt, ...)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
-static const char *ztok_bin(void)
-{
-    const char *b = getenv("ZT_ZTOK");
-    if (!b)
-        ZT_SKIP("ZT_ZTOK is not set (run through make test)");
-    return b;
-}
-
 static void encode_file(zfmt_tok_ids *out, zfmt_tok *t, const char *path)
 {
     char *text = zt_slurp(path);
@@ -255,7 +247,7 @@ ZT_TEST(tok_files_uint32_and_vocab_checks)
 
 ZT_TEST(tok_cli_train_encode_decode)
 {
-    const char *z = ztok_bin(), *txt = data_path("text.txt");
+    const char *z = zt_bin("ZT_ZTOK"), *txt = data_path("text.txt");
     ZT_CHECK_EQ(sh("%s train %s %s --vocab 300 -o t.json > train.log 2>&1", z, txt, txt), 0);
     zt_file_has("train.log", "wrote t.json: vocabulary 300");
     ZT_CHECK_EQ(sh("%s encode --tokenizer t.json %s %s -o tokens.bin --val-fraction 0.1 "
@@ -289,6 +281,10 @@ ZT_TEST(tok_cli_train_encode_decode)
     zt_file_has("e.log", "bad.txt: text: not UTF-8 text: invalid byte 0xc3 at offset 3");
     ZT_CHECK(access("x.bin", F_OK) != 0 && access("x.json", F_OK) != 0);
     ZT_CHECK_EQ(sh("%s decode --tokenizer t.json tokens.bin tokens.bin 2> e.log", z), 2);
+    zt_file_has("e.log", "unexpected argument tokens.bin");
+    /* decode takes one token file, and its usage says so */
+    ZT_CHECK_EQ(sh("%s decode --help > h.txt", z), 0);
+    zt_file_has("h.txt", "usage: ztok decode --tokenizer FILE FILE [-o FILE]");
 }
 
 /* ---------------------------------------------------------------- the library as oracle */
@@ -306,7 +302,7 @@ static void same_as_library(const char *py, const char *tok, const char *text)
 {
     char oracle[4096];
     snprintf(oracle, sizeof oracle, "%s/tests/tok/oracle.py", zt_root());
-    ZT_CHECK_EQ(sh("%s encode --tokenizer %s %s -o o.bin > /dev/null", ztok_bin(), tok, text), 0);
+    ZT_CHECK_EQ(sh("%s encode --tokenizer %s %s -o o.bin > /dev/null", zt_bin("ZT_ZTOK"), tok, text), 0);
     if (sh("%s %s compare %s %s o.bin > cmp.log 2>&1", py, oracle, tok, text) != 0) {
         char *log = zt_slurp("cmp.log");
         ZT_FAIL("%s on %s:\n%s", tok, text, log);
@@ -337,7 +333,7 @@ ZT_TEST(tok_oracle_same_ids_as_library)
                    "json.dump(d, open('prefix.json','w'))\"", py), 0);
     same_as_library(py, "prefix.json", txt);
     /* ztok's own tokenizer loads in the library and gives the same ids */
-    ZT_CHECK_EQ(sh("%s train corpus.txt --vocab 800 -o mine.json > /dev/null", ztok_bin()), 0);
+    ZT_CHECK_EQ(sh("%s train corpus.txt --vocab 800 -o mine.json > /dev/null", zt_bin("ZT_ZTOK")), 0);
     same_as_library(py, "mine.json", txt);
     same_as_library(py, "mine.json", "corpus.txt");
     /* GPT-2's tokenizer (from the GPT-2 ranks the openai-whisper package ships) */
@@ -527,9 +523,7 @@ ZT_TEST(tok_ckpt_extra_file_names_checked)
  * Face export carries it; the tokenizer's oracle loads the exported one. */
 ZT_TEST(tok_zgen_and_hf_export_use_the_runs_tokenizer)
 {
-    const char *zgen = getenv("ZT_ZGEN");
-    if (!zgen)
-        ZT_SKIP("ZT_ZGEN not set (make test sets it)");
+    const char *zgen = zt_bin("ZT_ZGEN");
     make_tok_and_data();
     zt_zrun_ok("--nproc 1 " TINY " --data tok.bin --tokenizer tok.json --ckpt-dir run "
                "--steps 2", "a.log");

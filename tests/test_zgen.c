@@ -211,9 +211,7 @@ ZT_TEST(zgen_seed_repeats_and_another_seed_differs)
 /* Run zgen (ZT_ZGEN) with args; stdout into out, stderr into err; the exit status. */
 static int zgen(const char *args, const char *out, const char *err)
 {
-    const char *bin = getenv("ZT_ZGEN");
-    if (!bin)
-        ZT_SKIP("ZT_ZGEN is not set (run through make test)");
+    const char *bin = zt_bin("ZT_ZGEN");
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "%s %s > %s 2> %s", bin, args, out, err);
     int st = system(cmd);
@@ -339,9 +337,7 @@ ZT_TEST(zgen_llama_zrun_samples_and_zgen_agrees)
 
 ZT_TEST(zgen_same_text_from_world_2_stage_3_and_resharded)
 {
-    const char *zckpt = getenv("ZT_ZCKPT");
-    if (!zckpt)
-        ZT_SKIP("ZT_ZCKPT is not set (run through make test)");
+    const char *zckpt = zt_bin("ZT_ZCKPT");
     zt_zrun_ok("--nproc 2 --zero 3 --steps 20 --ckpt-dir w2 " TINY_RUN, "w2.log");
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "%s reshard w2 --world 1 -o w1 > /dev/null && "
