@@ -388,14 +388,15 @@ static int hf_config_gpt2(source *s, json_t *root, const char *cfg)
 /* Llama's config.json: transformers' LlamaConfig fields that change what the model computes. */
 static int llama_refusals(json_t *root, uint32_t dim, uint32_t heads, const char *cfg)
 {
-    static const char *const silu[] = {"silu", NULL};
+    /* transformers computes both with torch's silu (activations.py's ACT2CLS) */
+    static const char *const silu[] = {"silu", "swish", NULL};
     const hf_rule rules[] = {
         {"rope_scaling", HF_NULL, NULL, 0,
          "zero's Llama has plain rotary positions over the full context"},
         {"sliding_window", HF_NULL, NULL, 0, "zero's Llama attends over the full context"},
         {"attention_bias", HF_FALSE, NULL, 0, "zero's Llama has no biases"},
         {"mlp_bias", HF_FALSE, NULL, 0, "zero's Llama has no biases"},
-        {"hidden_act", HF_ONE_OF, silu, 0, "only \"silu\" (SwiGLU) is supported"},
+        {"hidden_act", HF_ONE_OF, silu, 0, "only \"silu\" or \"swish\" (SwiGLU) is supported"},
         {"head_dim", HF_INT, NULL, dim / heads, "zero's head size is hidden_size / "
          "num_attention_heads"},
     };

@@ -384,6 +384,10 @@ ZT_TEST(hf_llama_import_refuses_naming_the_field)
         {"\"hidden_size\": 16", "\"hidden_size\": 16.5", ZR_ECORRUPT, "'hidden_size'"},
     };
     struct stat st;
+    /* "swish" is transformers' other name of SiLU: the same model */
+    edit_config("hf", cfg, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"swish\"");
+    ZT_OK(zfmt_import("hf", "swish", NULL));
+    ZT_CHECK(lstat("swish/latest", &st) == 0);
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         edit_config("hf", cfg, bad[i].from, bad[i].to);
         ZT_ERR(zfmt_import("hf", "bad", NULL), bad[i].code, bad[i].msg);
@@ -453,7 +457,7 @@ ZT_TEST(hf_torch_export_loads_with_the_same_logits)
 ZT_TEST(hf_torch_import_gives_the_same_loss)
 {
     static const char *const kinds[] = {"llama-float32-untied", "llama-bfloat16-tied",
-                                        "llama-bfloat16-untied", "llama-float16-tied",
+                                        "llama-bfloat16-untied", "llama-float16-tied-swish",
                                         "gpt2-float32", "gpt2-bfloat16"};
     enum { N = sizeof kinds / sizeof *kinds, X = 2 };
     const char *dirs[N + X], *runs[N + X];

@@ -42,12 +42,14 @@ CLASSES = {"GPT2LMHeadModel": GPT2LMHeadModel, "LlamaForCausalLM": LlamaForCausa
 
 def build(kind, seed):
     torch.manual_seed(seed)
-    family, dtype = kind.split("-")[:2]
+    family, dtype, *flags = kind.split("-")
     if family == "llama":
+        # "swish" is transformers' other name of SiLU
         cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                           max_position_embeddings=32, rms_norm_eps=1e-5,
-                          tie_word_embeddings=kind.endswith("-tied"))
+                          tie_word_embeddings="tied" in flags,
+                          hidden_act="swish" if "swish" in flags else "silu")
         model, scale = LlamaForCausalLM(cfg), 0.3
     else:
         cfg = GPT2Config(vocab_size=256, n_positions=16, n_embd=16, n_layer=2, n_head=2,
