@@ -270,20 +270,23 @@ $(BUILD)/zt: $(TEST_OBJ) $(BUILD)/cli/common.o $(BUILD)/libzr.a $(BUILD)/libzfmt
 # remembered in .oracle-torch-failed (remove it to try again). ZT_VENV=DIR (a ready venv with
 # these packages) makes both steps do nothing and the tests use DIR instead.
 ORACLE_VENV := build/venv
-ORACLE_PKGS := tokenizers transformers safetensors numpy
+# Pinned to the versions the oracle tests were checked against (a new release can change a
+# reference's numbers or its file layout; move the pins deliberately, with `make test`).
+ORACLE_PKGS := tokenizers==0.23.3 transformers==5.25.0 safetensors==0.8.0 numpy==2.4.6
+ORACLE_TORCH := torch==2.15.0
 ORACLE_TORCH_TIMEOUT ?= 1200
 oracle-venv:
 	@if [ -n "$$ZT_VENV" ]; then echo "oracle-venv: the tests use ZT_VENV=$$ZT_VENV"; exit 0; fi; \
 	test -f $(ORACLE_VENV)/.oracle-ready || { \
 	  { test -x $(ORACLE_VENV)/bin/python || python3 -m venv $(ORACLE_VENV); } >/dev/null 2>&1 && \
 	  timeout 600 $(ORACLE_VENV)/bin/pip install -q $(ORACLE_PKGS) >/dev/null 2>&1 && \
-	  { timeout 300 $(ORACLE_VENV)/bin/pip install -q --no-deps openai-whisper >/dev/null 2>&1 || \
+	  { timeout 300 $(ORACLE_VENV)/bin/pip install -q --no-deps openai-whisper==20250625 >/dev/null 2>&1 || \
 	    true; } && touch $(ORACLE_VENV)/.oracle-ready || \
 	  echo "oracle-venv: no venv with $(ORACLE_PKGS) (PyPI not reachable?): oracle tests will skip"; }; \
 	test ! -f $(ORACLE_VENV)/.oracle-ready -o -f $(ORACLE_VENV)/.oracle-torch -o \
 	  -f $(ORACLE_VENV)/.oracle-torch-failed || { \
 	  echo "oracle-venv: installing torch into $(ORACLE_VENV) (about 5 GB, a few minutes)"; \
-	  timeout $(ORACLE_TORCH_TIMEOUT) $(ORACLE_VENV)/bin/pip install -q torch \
+	  timeout $(ORACLE_TORCH_TIMEOUT) $(ORACLE_VENV)/bin/pip install -q $(ORACLE_TORCH) \
 	    > $(ORACLE_VENV)/.oracle-torch-log 2>&1 && \
 	  $(ORACLE_VENV)/bin/python -c 'import torch; torch.zeros(1)' >> $(ORACLE_VENV)/.oracle-torch-log 2>&1 && \
 	  touch $(ORACLE_VENV)/.oracle-torch || { touch $(ORACLE_VENV)/.oracle-torch-failed; \
