@@ -98,9 +98,16 @@ static int under_mpi(const char *master, int comm, uint32_t nproc, uint32_t max_
         {ZR_ENV_SLURM_PROCID, ZR_ENV_SLURM_NTASKS, ZR_ENV_SLURM_LOCALID},
     };
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
-        const char *r = zr_env(vars[i][0]), *w = zr_env(vars[i][1]), *l = zr_env(vars[i][2]);
-        if (!r || !w || atoi(w) <= 1)
+        /* each value checked under its own name (a bad one is the launcher's, not ours) */
+        int rank = 0, world = 0, local = 0, has_r, has_w, has_l;
+        if (zr_env_int(&world, &has_w, vars[i][1], 1, ZCK_MAX_WORLD) < 0)
+            return zcli_fail_lib(PROG, NULL), -1;
+        if (!has_w || world <= 1 || !zr_env(vars[i][0]))
             continue;
+        if (zr_env_int(&rank, &has_r, vars[i][0], 0, world - 1) < 0 ||
+            zr_env_int(&local, &has_l, vars[i][2], 0, world - 1) < 0)
+            return zcli_fail_lib(PROG, NULL), -1;
+        const char *w = zr_env(vars[i][1]);
         if (nproc > 1 || max_restarts)
             return zcli_fail(PROG, nproc > 1 ? "drop --nproc: the launcher's -np / --ntasks "
                              "sets the ranks" : "restart the job from your batch script "
@@ -124,9 +131,13 @@ static int under_mpi(const char *master, int comm, uint32_t nproc, uint32_t max_
             snprintf(buf, sizeof buf, "%s:%s", h, p);
             master = buf;
         }
-        setenv(zr_env_name(ZR_ENV_RANK), r, 1);
-        setenv(zr_env_name(ZR_ENV_WORLD), w, 1);
-        setenv(zr_env_name(ZR_ENV_LOCAL_RANK), l ? l : "0", 1);
+        char num[3][16];
+        snprintf(num[0], sizeof num[0], "%d", rank);
+        snprintf(num[1], sizeof num[1], "%d", world);
+        snprintf(num[2], sizeof num[2], "%d", local);
+        setenv(zr_env_name(ZR_ENV_RANK), num[0], 1);
+        setenv(zr_env_name(ZR_ENV_WORLD), num[1], 1);
+        setenv(zr_env_name(ZR_ENV_LOCAL_RANK), num[2], 1);
         if (mpi) {
             setenv(zr_env_name(ZR_ENV_COMM), "mpi", 1);
             unsetenv(zr_env_name(ZR_ENV_COMM_TCP));

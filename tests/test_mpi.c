@@ -164,6 +164,11 @@ ZT_TEST(mpi_option_errors)
         {"SLURM_PROCID=0 SLURM_NTASKS=2", "--max-restarts 1", "--max-restarts does not apply"},
         {"SLURM_PROCID=0 SLURM_NTASKS=2", "", "srun --mpi=pmix"},
         {"ZR_COMM=nccl", "", "ZR_COMM='nccl': expected mpi"},
+        /* the launcher's values, named as the launcher set them */
+        {"OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=x", "",
+         "OMPI_COMM_WORLD_LOCAL_RANK"},
+        {"OMPI_COMM_WORLD_RANK=2 OMPI_COMM_WORLD_SIZE=2", "", "OMPI_COMM_WORLD_RANK"},
+        {"SLURM_PROCID=0 SLURM_NTASKS=two", "", "SLURM_NTASKS"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char args[512];
