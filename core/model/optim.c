@@ -21,6 +21,7 @@
 
 #include <assert.h>
 #include <math.h>
+#include <string.h>
 
 #define ADAMW_GRAIN ((size_t)32768) /* elements per thread at least: 512 KiB of the 4 arrays */
 
@@ -87,6 +88,31 @@ ZR_VEC_CLONES static double sumsq_block(const float *restrict a, size_t n)
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
+/* The sums of SUMSQ_MANY whole consecutive blocks at x, each exactly as sumsq_block sums it:
+ * one loop runs their 4 x 8 partial sums side by side, so that the latency of the additions
+ * (each partial sum is a chain of dependent adds) no longer bounds it; one block at a time ran
+ * at a third of the memory's rate. */
+#define SUMSQ_MANY 4
+typedef float sumsq_v4f __attribute__((vector_size(16)));
+typedef double sumsq_v4d __attribute__((vector_size(32)));
+ZR_VEC_CLONES static void sumsq_blocks_many(const float *restrict x, double *restrict out)
+{
+    sumsq_v4d s[SUMSQ_MANY][2] = {{{0}}}; /* block j's partial sums 0-3 and 4-7 */
+    for (size_t i = 0; i < SUMSQ_BLOCK; i += 8)
+        for (size_t j = 0; j < SUMSQ_MANY; j++) {
+            sumsq_v4f lo, hi;
+            memcpy(&lo, x + j * SUMSQ_BLOCK + i, sizeof lo);
+            memcpy(&hi, x + j * SUMSQ_BLOCK + i + 4, sizeof hi);
+            sumsq_v4d dlo = __builtin_convertvector(lo, sumsq_v4d);
+            sumsq_v4d dhi = __builtin_convertvector(hi, sumsq_v4d);
+            s[j][0] += dlo * dlo;
+            s[j][1] += dhi * dhi;
+        }
+    for (size_t j = 0; j < SUMSQ_MANY; j++)
+        out[j] = ((s[j][0][0] + s[j][0][1]) + (s[j][0][2] + s[j][0][3])) +
+                 ((s[j][1][0] + s[j][1][1]) + (s[j][1][2] + s[j][1][3]));
+}
+
 typedef struct {
     const float *x; /* the batch's first block */
     size_t n;       /* elements from x to the end of the whole range */
@@ -96,7 +122,10 @@ typedef struct {
 static void sumsq_blocks(void *ctx, size_t b0, size_t b1)
 {
     const sumsq_args *a = ctx;
-    for (size_t b = b0; b < b1; b++) {
+    size_t b = b0;
+    for (; b + SUMSQ_MANY <= b1 && (b + SUMSQ_MANY) * SUMSQ_BLOCK <= a->n; b += SUMSQ_MANY)
+        sumsq_blocks_many(a->x + b * SUMSQ_BLOCK, a->sums + b);
+    for (; b < b1; b++) {
         size_t i = b * SUMSQ_BLOCK;
         a->sums[b] = sumsq_block(a->x + i, a->n - i < SUMSQ_BLOCK ? a->n - i : SUMSQ_BLOCK);
     }
