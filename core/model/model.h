@@ -205,8 +205,7 @@ typedef struct {
 
 /* One AdamW update of n elements (decoupled weight decay, bias correction with the 1-based
  * optimizer step t): g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
- * param -= lr * (mhat / (sqrt(vhat) + eps) + (decay ? wd * param : 0)), computed as
- * mhat = m k1, sqrt(vhat) = sqrt(v) k2 with k1 = 1 / (1 - b1^t), k2 = 1 / sqrt(1 - b2^t). */
+ * param -= lr * (mhat / (sqrt(vhat) + eps) + (decay ? wd * param : 0)). */
 void zr_adamw_update(float *param, const float *grad, float *m, float *v, size_t n, uint64_t t,
                      float lr, float grad_scale, int decay, const zr_adamw_hp *hp);
 /* Sum of squares in double (for the global gradient norm). */

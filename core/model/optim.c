@@ -28,13 +28,9 @@
 typedef struct {
     float *p, *m, *v;
     const float *g;
-    float b1, b2, eps, wd, k1, k2, lr, scale;
+    float b1, b2, eps, wd, c1, c2, lr, scale;
 } adamw_args;
 
-/* One division and one square root an element: the bias corrections are multiplications by
- * k1 = 1 / (1 - b1^t) and k2 = 1 / sqrt(1 - b2^t), so mhat / (sqrt(vhat) + eps) is
- * (m k1) / (sqrt(v) k2 + eps). The divider is what bounds this loop on AVX2 (three divisions
- * and a square root an element took a third longer than the four arrays' memory traffic). */
 ZR_VEC_CLONES static void adamw_range(void *ctx, size_t i0, size_t i1)
 {
     const adamw_args *a = ctx;
@@ -42,7 +38,7 @@ ZR_VEC_CLONES static void adamw_range(void *ctx, size_t i0, size_t i1)
     const float *restrict g = a->g;
     float *restrict mm = a->m;
     float *restrict vv = a->v;
-    const float b1 = a->b1, b2 = a->b2, eps = a->eps, wd = a->wd, k1 = a->k1, k2 = a->k2;
+    const float b1 = a->b1, b2 = a->b2, eps = a->eps, wd = a->wd, c1 = a->c1, c2 = a->c2;
     const float lr = a->lr, grad_scale = a->scale;
     for (size_t i = i0; i < i1; i++) {
         float gi = g[i] * grad_scale;
@@ -50,8 +46,8 @@ ZR_VEC_CLONES static void adamw_range(void *ctx, size_t i0, size_t i1)
         float vi = b2 * vv[i] + (1.0f - b2) * gi * gi;
         mm[i] = mi;
         vv[i] = vi;
-        float mhat = mi * k1, den = sqrtf(vi) * k2 + eps;
-        p[i] -= lr * (mhat / den + wd * p[i]);
+        float mhat = mi / c1, vhat = vi / c2;
+        p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
     }
 }
 
@@ -63,10 +59,9 @@ void zr_adamw_update(float *param, const float *grad, float *m, float *v, size_t
                     /* decay 0 adds wd * param = 0 * param, which leaves every finite param's
                      * update unchanged and keeps the loop free of a branch */
                     decay ? hp->weight_decay : 0.0f,
-                    /* the bias corrections' factors, in double: powf loses digits for large
-                     * t (core/device/cuda/optim.cu computes them with these expressions) */
-                    (float)(1.0 / (1.0 - pow((double)hp->beta1, (double)t))),
-                    (float)(1.0 / sqrt(1.0 - pow((double)hp->beta2, (double)t))), lr, grad_scale};
+                    /* bias corrections 1 - beta^t, in double: powf loses digits for large t */
+                    (float)(1.0 - pow((double)hp->beta1, (double)t)),
+                    (float)(1.0 - pow((double)hp->beta2, (double)t)), lr, grad_scale};
     par_for(n, ADAMW_GRAIN, adamw_range, &a);
 }
 

@@ -5,8 +5,7 @@
  * AdamW is elementwise; every operation is spelled with an IEEE round-to-nearest intrinsic
  * (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn), which nvcc never contracts into an FMA, in
  * the CPU's order, and the constants that the CPU computes once (1 - beta, the bias
- * correction factors 1 / (1 - b1^t) and 1 / sqrt(1 - b2^t) through pow in double) are
- * computed here on the host by the same expressions.
+ * corrections through pow in double) are computed here on the host by the same expressions.
  * So an element gets the bits zr_adamw_update gives it (tests/gpu/kernels.c checks).
  *
  * The sum of squares uses zr_sumsq's definition: blocks of 16384 elements from the start of the
@@ -25,7 +24,7 @@
 namespace {
 
 struct adamw_k {
-    float b1, b2, omb1, omb2, eps, wd, k1, k2, lr, scale;
+    float b1, b2, omb1, omb2, eps, wd, c1, c2, lr, scale;
 };
 
 __global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n, adamw_k a)
@@ -38,9 +37,9 @@ __global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n, 
         float vi = __fadd_rn(__fmul_rn(a.b2, v[i]), __fmul_rn(__fmul_rn(a.omb2, gi), gi));
         m[i] = mi;
         v[i] = vi;
-        float mhat = __fmul_rn(mi, a.k1);
-        float den = __fadd_rn(__fmul_rn(__fsqrt_rn(vi), a.k2), a.eps);
-        float upd = __fadd_rn(__fdiv_rn(mhat, den), __fmul_rn(a.wd, pi));
+        float mhat = __fdiv_rn(mi, a.c1), vhat = __fdiv_rn(vi, a.c2);
+        float upd = __fadd_rn(__fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), a.eps)),
+                              __fmul_rn(a.wd, pi));
         p[i] = __fsub_rn(pi, __fmul_rn(a.lr, upd));
     }
 }
@@ -104,8 +103,8 @@ int zrc_adamw(float *param, const float *grad, float *m, float *v, size_t n, uin
     a.omb2 = 1.0f - hp->beta2;
     a.eps = hp->eps;
     a.wd = decay ? hp->weight_decay : 0.0f;
-    a.k1 = (float)(1.0 / (1.0 - pow((double)hp->beta1, (double)t)));
-    a.k2 = (float)(1.0 / sqrt(1.0 - pow((double)hp->beta2, (double)t)));
+    a.c1 = (float)(1.0 - pow((double)hp->beta1, (double)t));
+    a.c2 = (float)(1.0 - pow((double)hp->beta2, (double)t));
     a.lr = lr;
     a.scale = grad_scale;
     size_t blocks = (n + 255) / 256;
