@@ -63,14 +63,13 @@ static double rel(double a, double b)
 /* one run of the stage matrix: world W, stage s, micro-batch mb per rank (0: the default) */
 static void stage_run(jlog *j, int W, int s, int mb, int steps)
 {
-    char args[1024], dir[64], log[80], jl[80];
+    char dir[64], log[80], jl[80];
     snprintf(dir, sizeof dir, "w%d-s%d-mb%d", W, s, mb);
     snprintf(log, sizeof log, "%s.log", dir);
     snprintf(jl, sizeof jl, "%s.jsonl", dir);
-    snprintf(args, sizeof args, "--model %s --batch 8 %s%.0d --steps %d --warmup 5 --lr 3e-3 "
-             "--threads 1 --nproc %d --zero %d --ckpt-dir %s --log-json %s", SMALL,
-             mb ? "--micro-batch " : "", mb, steps, W, s, dir, jl);
-    zt_zrun_ok(args, log);
+    zt_zrunf_ok(log, "--model %s --batch 8 %s%.0d --steps %d --warmup 5 --lr 3e-3 --threads 1 "
+                "--nproc %d --zero %d --ckpt-dir %s --log-json %s", SMALL,
+                mb ? "--micro-batch " : "", mb, steps, W, s, dir, jl);
     read_jlog(j, jl);
     ZT_CHECK_EQ(j->n, steps);
 }
@@ -133,14 +132,12 @@ ZT_TEST(zero_memory_follows_the_formulas)
     const double formula[4] = {16, 4 + 4 + 8.0 / W, 4 + 12.0 / W, 16.0 / W};
     uint64_t rss[4];
     for (int s = 0; s <= 3; s++) {
-        char args[1024], dir[32], log[48], jl[48];
+        char dir[32], log[48], jl[48];
         snprintf(dir, sizeof dir, "mem-s%d", s);
         snprintf(log, sizeof log, "%s.log", dir);
         snprintf(jl, sizeof jl, "%s.jsonl", dir);
-        snprintf(args, sizeof args, "--model %s --batch 4 --seq 32 --steps 2 --threads 1 "
-                 "--nproc %d --zero %d --prefetch 1 --ckpt-dir %s --log-json %s", model, W, s,
-                 dir, jl);
-        zt_zrun_ok(args, log);
+        zt_zrunf_ok(log, "--model %s --batch 4 --seq 32 --steps 2 --threads 1 --nproc %d "
+                    "--zero %d --prefetch 1 --ckpt-dir %s --log-json %s", model, W, s, dir, jl);
         jlog j;
         read_jlog(&j, jl);
         double states = (double)(j.params + j.grads + j.optimizer), want = formula[s] * numel;
@@ -275,33 +272,9 @@ ZT_TEST(zero_stage3_many_layers)
 {
     const char *model = "--model gpt2:layers=1100,heads=1,dim=8,ctx=8,vocab=256 --batch 4 "
                         "--steps 2 --threads 1 --resume never --async-save off";
-    char args[512];
-    snprintf(args, sizeof args, "--nproc 2 --zero 3 %s --ckpt-dir s3", model);
-    ZT_CHECK_EQ(zt_zrun(args, "s3.log"), 0);
-    snprintf(args, sizeof args, "--nproc 2 --zero 0 %s --ckpt-dir s0", model);
-    ZT_CHECK_EQ(zt_zrun(args, "s0.log"), 0);
+    zt_zrunf_ok("s3.log", "--nproc 2 --zero 3 %s --ckpt-dir s3", model);
+    zt_zrunf_ok("s0.log", "--nproc 2 --zero 0 %s --ckpt-dir s0", model);
     zt_same_latest("s3", "s0", 0, 0);
-}
-
-/* The bytes of one file (fails the test when it cannot be read). */
-static char *file_bytes(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        ZT_FAIL("%s: %s", path, strerror(errno));
-    char *b = NULL;
-    size_t cap = 0;
-    *n = 0;
-    for (;;) {
-        if (*n == cap && !(b = realloc(b, cap = cap ? 2 * cap : 1 << 16)))
-            ZT_FAIL("out of memory");
-        size_t k = fread(b + *n, 1, cap - *n, f);
-        if (!k)
-            break;
-        *n += k;
-    }
-    fclose(f);
-    return b;
 }
 
 /* Asynchronous saves write straight from the live states: with a disk far slower than a step
@@ -313,15 +286,14 @@ ZT_TEST(zero_async_save_from_live_states_equals_sync_save)
     static const char *M = "gpt2:layers=2,heads=2,dim=64,ctx=32,vocab=256";
     setenv("ZR_SAVE_THROTTLE_MS", "15", 1);
     for (int s = 1; s <= 3; s++) {
-        char args[512], log[32];
+        char log[32];
         size_t buffered = 0;
         for (int async = 0; async < 2; async++) {
-            snprintf(args, sizeof args, "--model %s --nproc 2 --zero %d --batch 4 --steps 3 "
-                     "--save-every 1 --keep-last 0 --threads 1 --resume never --async-save %s "
-                     "--save-buffer 131072 --ckpt-dir s%d-%s", M, s, async ? "on" : "off", s,
-                     async ? "on" : "off");
+            const char *mode = async ? "on" : "off";
             snprintf(log, sizeof log, "s%d-%d.log", s, async);
-            zt_zrun_ok(args, log);
+            zt_zrunf_ok(log, "--model %s --nproc 2 --zero %d --batch 4 --steps 3 --save-every 1 "
+                        "--keep-last 0 --threads 1 --resume never --async-save %s "
+                        "--save-buffer 131072 --ckpt-dir s%d-%s", M, s, mode, s, mode);
         }
         char *t = zt_slurp(log), *p = t;
         while ((p = strstr(p, " chunks buffered"))) { /* "...; N chunks buffered)" */
@@ -339,12 +311,8 @@ ZT_TEST(zero_async_save_from_live_states_equals_sync_save)
                 char a[128], b[128];
                 snprintf(a, sizeof a, "s%d-on/step-%08d/shard-%05d-of-00002.bin", s, step, r);
                 snprintf(b, sizeof b, "s%d-off/step-%08d/shard-%05d-of-00002.bin", s, step, r);
-                size_t na, nb;
-                char *x = file_bytes(a, &na), *y = file_bytes(b, &nb);
-                if (na != nb || memcmp(x, y, na))
+                if (!zt_same_file(a, b))
                     ZT_FAIL("stage %d: %s differs from the synchronous save %s", s, a, b);
-                free(x);
-                free(y);
             }
         char latest[64];
         snprintf(latest, sizeof latest, "s%d-on/step-00000003", s);
@@ -375,7 +343,7 @@ ZT_TEST(zero_dry_run_predicts_peak_rss)
     ZT_CHECK(mkdir("swap", 0755) == 0);
     for (int off = 0; off < 2; off++)
         for (int s = 0; s <= 3; s++) {
-            char opts[512], args[700], dir[32], jl[40], log[40];
+            char opts[512], dir[32], jl[40], log[40];
             snprintf(opts, sizeof opts, "--model %s --nproc 2 --zero %d --batch 4 --seq 64 "
                      "--threads 1 --async-save on%s%s", M, s,
                      off ? " --offload-optimizer nvme --nvme-path swap" : "",
@@ -383,8 +351,7 @@ ZT_TEST(zero_dry_run_predicts_peak_rss)
             snprintf(dir, sizeof dir, "run-%d-%d", off, s);
             snprintf(jl, sizeof jl, "%s.jsonl", dir);
             snprintf(log, sizeof log, "%s.json", dir);
-            snprintf(args, sizeof args, "%s --dry-run --json --ckpt-dir %s", opts, dir);
-            zt_zrun_ok(args, log);
+            zt_zrunf_ok(log, "%s --dry-run --json --ckpt-dir %s", opts, dir);
             char *t = zt_slurp(log);
             json_error_t e;
             json_t *o = json_loads(t, 0, &e);
@@ -402,10 +369,9 @@ ZT_TEST(zero_dry_run_predicts_peak_rss)
             ZT_CHECK((json_u64(r0, "swap_staging") > 0) == off);
             json_decref(o);
             free(t);
-            snprintf(args, sizeof args, "%s --steps 2 --save-every 1 --resume never --ckpt-dir "
-                     "%s --log-json %s", opts, dir, jl);
             snprintf(log, sizeof log, "%s.log", dir);
-            zt_zrun_ok(args, log);
+            zt_zrunf_ok(log, "%s --steps 2 --save-every 1 --resume never --ckpt-dir %s "
+                        "--log-json %s", opts, dir, jl);
             jlog j;
             read_jlog(&j, jl);
             double ratio = (double)j.rss_peak / (double)total;
@@ -440,13 +406,11 @@ ZT_TEST(zero_memory_options_refused)
  * into dir; the JSON log read into j. */
 static void pieces_run(jlog *j, const char *model, int s, const char *dir)
 {
-    char args[1024], log[80], jl[80];
+    char log[80], jl[80];
     snprintf(log, sizeof log, "%s.log", dir);
     snprintf(jl, sizeof jl, "%s.jsonl", dir);
-    snprintf(args, sizeof args, "--model %s --batch 8 --seq 64 --steps 3 "
-             "--warmup 1 --threads 2 --nproc 2 --zero %d --ckpt-dir %s --log-json %s "
-             "--resume never", model, s, dir, jl);
-    zt_zrun_ok(args, log);
+    zt_zrunf_ok(log, "--model %s --batch 8 --seq 64 --steps 3 --warmup 1 --threads 2 --nproc 2 "
+                "--zero %d --ckpt-dir %s --log-json %s --resume never", model, s, dir, jl);
     read_jlog(j, jl);
     ZT_CHECK_EQ(j->n, 3);
 }
