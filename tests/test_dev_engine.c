@@ -70,23 +70,20 @@ static long long last_mem(const char *path, const char *key)
 ZT_TEST(dev_engine_stages_match_cpu)
 {
     setenv("ZR_CUDA_LIB", "hostsim", 1);
-    char args[1024], log[64], js[64];
+    char log[64], js[64];
     static const int worlds[2] = {1, 2};
     for (int wi = 0; wi < 2; wi++) {
         int W = worlds[wi];
         for (int s = 0; s <= 3; s++) {
-            snprintf(args, sizeof args, COMMON "--device cpu --nproc %d --zero %d "
-                     "--ckpt-dir c%d%d --log-json c%d%d.json", W, s, W, s, W, s);
             snprintf(log, sizeof log, "c%d%d.log", W, s);
-            zt_zrun_ok(args, log);
+            zt_zrunf_ok(log, COMMON "--device cpu --nproc %d --zero %d --ckpt-dir c%d%d "
+                        "--log-json c%d%d.json", W, s, W, s, W, s);
             for (int m = 0; m < (W > 1 ? 2 : 1); m++) {
                 const char *mode = m ? "nccl" : "shm";
                 setenv("ZR_DEVICE_COMM", mode, 1);
-                snprintf(args, sizeof args, COMMON "--device cuda --nproc %d --zero %d "
-                         "--ckpt-dir d%d%d%s --log-json d%d%d%s.json", W, s, W, s, mode, W, s,
-                         mode);
                 snprintf(log, sizeof log, "d%d%d%s.log", W, s, mode);
-                zt_zrun_ok(args, log);
+                zt_zrunf_ok(log, COMMON "--device cuda --nproc %d --zero %d --ckpt-dir d%d%d%s "
+                            "--log-json d%d%d%s.json", W, s, W, s, mode, W, s, mode);
                 char *t = zt_slurp(log);
                 if (!strstr(t, "device: hostsim"))
                     ZT_FAIL("%s: no device line:\n%s", log, t);

@@ -22,11 +22,10 @@ static const char *const SPEC = "gpt2:layers=2,heads=2,dim=16,ctx=16,vocab=256";
 /* A trained run of model spec: 6 steps of zrun at world w, stage s, saved at step 6. */
 static void train_model(const char *run, const char *spec, int world, int stage)
 {
-    char args[512], log[64];
-    snprintf(args, sizeof args, "--model %s --nproc %d --zero %d --steps 6 --save-every 6 "
-             "--batch 4 --seq 16 --ckpt-dir %s", spec, world, stage, run);
+    char log[64];
     snprintf(log, sizeof log, "%s.log", run);
-    zt_zrun_ok(args, log);
+    zt_zrunf_ok(log, "--model %s --nproc %d --zero %d --steps 6 --save-every 6 --batch 4 "
+                "--seq 16 --ckpt-dir %s", spec, world, stage, run);
 }
 
 static void train(const char *run, int world, int stage) { train_model(run, SPEC, world, stage); }

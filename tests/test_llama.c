@@ -326,13 +326,12 @@ static double rel(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-30 ? 
 /* a run of model (NULL: the checkpoint's) into run directory dir, losses into dir.jsonl */
 static void llama_run(const char *model, const char *dir, const char *extra)
 {
-    char args[1024], log[80], jl[80];
+    char log[80], jl[80];
     snprintf(log, sizeof log, "%s.log", dir);
     snprintf(jl, sizeof jl, "%s.jsonl", dir);
-    snprintf(args, sizeof args, "%s%s --batch 8 --steps %d --warmup 5 --lr 3e-3 --threads 1 "
-             "--device cpu --ckpt-dir %s --log-json %s %s", model ? "--model " : "",
-             model ? model : "", STEPS, dir, jl, extra);
-    zt_zrun_ok(args, log);
+    zt_zrunf_ok(log, "%s%s --batch 8 --steps %d --warmup 5 --lr 3e-3 --threads 1 --device cpu "
+                "--ckpt-dir %s --log-json %s %s", model ? "--model " : "", model ? model : "",
+                STEPS, dir, jl, extra);
 }
 
 ZT_TEST(llama_trains_at_every_stage)

@@ -237,11 +237,10 @@ ZT_TEST(restart_verify_on_resume_modes)
     static const char *mode[3] = {"full", "quick", "off"};
     static const char *says[3] = {"every file hashed", "quick check", "not verified"};
     for (int i = 0; i < 3; i++) {
-        char args[1024], log[32];
-        snprintf(args, sizeof args, "--model %s --batch 4 --steps %d --threads 1 --ckpt-dir run "
-                 "--verify-on-resume %s", MODEL, 5 + i, mode[i]);
+        char log[32];
         snprintf(log, sizeof log, "v%d.log", i);
-        ZT_CHECK_EQ(zt_zrun(args, log), 0);
+        zt_zrunf_ok(log, "--model %s --batch 4 --steps %d --threads 1 --ckpt-dir run "
+                    "--verify-on-resume %s", MODEL, 5 + i, mode[i]);
         char *t = zt_slurp(log);
         if (!strstr(t, says[i]) || !strstr(t, "continuing at step"))
             ZT_FAIL("--verify-on-resume %s: the resume line does not say '%s':\n%s", mode[i],
