@@ -266,31 +266,40 @@ $(BUILD)/zt: $(TEST_OBJ) $(BUILD)/cli/common.o $(BUILD)/libzr.a $(BUILD)/libzfmt
 # and numpy, and openai-whisper without its dependencies for the GPT-2 ranks it ships; then, as a
 # second step with its own marker, torch (PyPI's wheel, used on the CPU) for the HF oracles of
 # tests/formats/hf_torch.py, so that a failed torch install leaves the others working (those
-# tests then skip). Each step runs once when PyPI is reachable; a failed torch install is
-# remembered in .oracle-torch-failed (remove it to try again). ZT_VENV=DIR (a ready venv with
-# these packages) makes both steps do nothing and the tests use DIR instead.
+# tests then skip). Each marker holds the pins it was made with: a step runs when its marker is
+# missing or names other pins, so moving a pin updates an existing venv. A failed torch install
+# of the same pin is remembered in .oracle-torch-failed (remove it to try again); pip's output
+# is kept in .oracle-log and .oracle-torch-log. ZT_VENV=DIR (a ready venv with these packages)
+# makes both steps do nothing and the tests use DIR instead.
 ORACLE_VENV := build/venv
 # Pinned to the versions the oracle tests were checked against (a new release can change a
 # reference's numbers or its file layout; move the pins deliberately, with `make test`).
 ORACLE_PKGS := tokenizers==0.23.3 transformers==5.25.0 safetensors==0.8.0 numpy==2.4.6
+ORACLE_WHISPER := openai-whisper==20250625
 ORACLE_TORCH := torch==2.15.0
 ORACLE_TORCH_TIMEOUT ?= 1200
 oracle-venv:
 	@if [ -n "$$ZT_VENV" ]; then echo "oracle-venv: the tests use ZT_VENV=$$ZT_VENV"; exit 0; fi; \
-	test -f $(ORACLE_VENV)/.oracle-ready || { \
-	  { test -x $(ORACLE_VENV)/bin/python || python3 -m venv $(ORACLE_VENV); } >/dev/null 2>&1 && \
-	  timeout 600 $(ORACLE_VENV)/bin/pip install -q $(ORACLE_PKGS) >/dev/null 2>&1 && \
-	  { timeout 300 $(ORACLE_VENV)/bin/pip install -q --no-deps openai-whisper==20250625 >/dev/null 2>&1 || \
-	    true; } && touch $(ORACLE_VENV)/.oracle-ready || \
-	  echo "oracle-venv: no venv with $(ORACLE_PKGS) (PyPI not reachable?): oracle tests will skip"; }; \
-	test ! -f $(ORACLE_VENV)/.oracle-ready -o -f $(ORACLE_VENV)/.oracle-torch -o \
-	  -f $(ORACLE_VENV)/.oracle-torch-failed || { \
-	  echo "oracle-venv: installing torch into $(ORACLE_VENV) (about 5 GB, a few minutes)"; \
-	  timeout $(ORACLE_TORCH_TIMEOUT) $(ORACLE_VENV)/bin/pip install -q $(ORACLE_TORCH) \
-	    > $(ORACLE_VENV)/.oracle-torch-log 2>&1 && \
-	  $(ORACLE_VENV)/bin/python -c 'import torch; torch.zeros(1)' >> $(ORACLE_VENV)/.oracle-torch-log 2>&1 && \
-	  touch $(ORACLE_VENV)/.oracle-torch || { touch $(ORACLE_VENV)/.oracle-torch-failed; \
-	  echo "oracle-venv: torch did not install (see $(ORACLE_VENV)/.oracle-torch-log): the torch oracles will skip"; }; }
+	v=$(ORACLE_VENV); \
+	if ! grep -qxF '$(ORACLE_PKGS) $(ORACLE_WHISPER)' $$v/.oracle-ready 2>/dev/null; then \
+	  rm -f $$v/.oracle-ready; \
+	  { test -x $$v/bin/python || python3 -m venv $$v; } >/dev/null 2>&1 && \
+	  timeout 600 $$v/bin/pip install -q $(ORACLE_PKGS) > $$v/.oracle-log 2>&1 && \
+	  { timeout 300 $$v/bin/pip install -q --no-deps $(ORACLE_WHISPER) >> $$v/.oracle-log 2>&1 || \
+	    true; } && echo '$(ORACLE_PKGS) $(ORACLE_WHISPER)' > $$v/.oracle-ready || \
+	  echo "oracle-venv: no venv with $(ORACLE_PKGS) (PyPI not reachable, or a pin that does" \
+	       "not install on this Python? see $$v/.oracle-log): oracle tests will skip"; \
+	fi; \
+	if [ -f $$v/.oracle-ready ] && ! grep -qxF '$(ORACLE_TORCH)' $$v/.oracle-torch 2>/dev/null && \
+	   ! grep -qxF '$(ORACLE_TORCH)' $$v/.oracle-torch-failed 2>/dev/null; then \
+	  rm -f $$v/.oracle-torch $$v/.oracle-torch-failed; \
+	  echo "oracle-venv: installing $(ORACLE_TORCH) into $$v (about 5 GB, a few minutes)"; \
+	  timeout $(ORACLE_TORCH_TIMEOUT) $$v/bin/pip install -q $(ORACLE_TORCH) \
+	    > $$v/.oracle-torch-log 2>&1 && \
+	  $$v/bin/python -c 'import torch; torch.zeros(1)' >> $$v/.oracle-torch-log 2>&1 && \
+	  echo '$(ORACLE_TORCH)' > $$v/.oracle-torch || { echo '$(ORACLE_TORCH)' > $$v/.oracle-torch-failed; \
+	  echo "oracle-venv: torch did not install (see $$v/.oracle-torch-log): the torch oracles will skip"; }; \
+	fi
 
 # the CLI tests run the real zckpt, zrun, zgen and ztok binaries (ZT_ZCKPT, ZT_ZRUN, ZT_ZGEN,
 # ZT_ZTOK)

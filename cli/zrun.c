@@ -100,9 +100,11 @@ static int under_mpi(const char *master, int comm, uint32_t nproc, uint32_t max_
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
         /* each value checked under its own name (a bad one is the launcher's, not ours) */
         int rank = 0, world = 0, local = 0, has_r, has_w, has_l;
-        if (zr_env_int(&world, &has_w, vars[i][1], 1, ZCK_MAX_WORLD) < 0)
+        if (!zr_env(vars[i][0])) /* not this launcher's rank (a size alone says nothing) */
+            continue;
+        if (zr_env_int(&world, &has_w, vars[i][1], 0, ZCK_MAX_WORLD) < 0)
             return zcli_fail_lib(PROG, NULL), -1;
-        if (!has_w || world <= 1 || !zr_env(vars[i][0]))
+        if (!has_w || world <= 1)
             continue;
         if (zr_env_int(&rank, &has_r, vars[i][0], 0, world - 1) < 0 ||
             zr_env_int(&local, &has_l, vars[i][2], 0, world - 1) < 0)

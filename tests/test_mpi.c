@@ -152,9 +152,9 @@ ZT_TEST(mpi_nccl_id_over_mpi_on_hostsim)
     zt_same_latest("ref", "dev", 0, 0);
 }
 
+/* What zrun makes of a launcher's environment: only variables, so no mpirun is needed */
 ZT_TEST(mpi_option_errors)
 {
-    need_mpirun();
     static const struct {
         const char *env, *args, *want;
     } bad[] = {
@@ -169,6 +169,9 @@ ZT_TEST(mpi_option_errors)
          "OMPI_COMM_WORLD_LOCAL_RANK"},
         {"OMPI_COMM_WORLD_RANK=2 OMPI_COMM_WORLD_SIZE=2", "", "OMPI_COMM_WORLD_RANK"},
         {"SLURM_PROCID=0 SLURM_NTASKS=two", "", "SLURM_NTASKS"},
+        /* a size without its rank is not that launcher: ignored, the next error is reached */
+        {"SLURM_NTASKS=two OMPI_COMM_WORLD_SIZE=0", "--comm tcp --nproc 2",
+         "--comm tcp needs --nnodes > 1"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char args[512];
@@ -181,7 +184,12 @@ ZT_TEST(mpi_option_errors)
                     bad[i].want, t);
         free(t);
     }
-    /* a zrun without libzr_mpi.so next to it, under mpirun: every rank says what is missing */
+}
+
+/* a zrun without libzr_mpi.so next to it, under mpirun: every rank says what is missing */
+ZT_TEST(mpi_without_its_backend_says_what_is_missing)
+{
+    need_mpirun();
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "mkdir -p bin && cp %s bin/zrun", zt_zrun_path());
     ZT_CHECK(system(cmd) == 0);
