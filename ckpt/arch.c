@@ -107,6 +107,10 @@ static int llama_check(const double *v, const char *what)
 }
 
 #define U32 1, 4294967295.0
+/* layers: far more than any model trained today (a few hundred), and a bound on the layout a
+ * hostile config.json or model spec can ask for (each layer is a group of up to a dozen
+ * tensors) */
+#define LAYERS 1, 65536.0
 #define C1 {{1, G_DIM}}
 #define W(o, i) {{o, G_DIM}, {i, G_DIM}}
 #define LC {1, LL_DIM}
@@ -117,7 +121,7 @@ static const zck_arch families[] = {
     {
         .name = "gpt2",
         .n_fields = 5, /* defaults: the engine's "tiny" */
-        .fields = {{"layers", 4, U32}, {"heads", 4, U32}, {"dim", 128, U32}, {"ctx", 128, U32},
+        .fields = {{"layers", 4, LAYERS}, {"heads", 4, U32}, {"dim", 128, U32}, {"ctx", 128, U32},
                    {"vocab", 256, U32}},
         .layers = G_LAYERS,
         .div_a = G_DIM,
@@ -147,7 +151,7 @@ static const zck_arch families[] = {
          * model with grouped-query attention (ffn about 8/3 dim) */
         .name = "llama",
         .n_fields = 10,
-        .fields = {{"layers", 4, U32}, {"heads", 4, U32}, {"kv_heads", 2, U32},
+        .fields = {{"layers", 4, LAYERS}, {"heads", 4, U32}, {"kv_heads", 2, U32},
                    {"dim", 128, U32}, {"ffn", 344, U32}, {"ctx", 128, U32},
                    {"vocab", 256, U32}, {"rope_theta", 10000, 1, 1e12, 1},
                    {"norm_eps", 1e-5, 1e-12, 0.1, 1}, {"tied", 0, 0, 1}},
@@ -584,9 +588,12 @@ int zck_arch_layout(zck_layout **out, const zck_arch_config *c)
     zck_layout *L = NULL;
     int rc = 0;
     ZR_TRY_GOTO(zck_layout_new(&L), rc, fail);
+    L->unchecked = true; /* names checked all at once below: a check per name is O(n^2) */
     for (size_t s = 0; s < c->arch->n_states; s++)
         ZR_TRY_GOTO(zck_layout_add_state(L, c->arch->states[s], ZCK_F32), rc, fail);
     ZR_TRY_GOTO(add_groups(L, c), rc, fail);
+    L->unchecked = false;
+    ZR_TRY_GOTO(zck__layout_check_unique(L), rc, fail);
     *out = L;
     return 0;
 fail:

@@ -127,7 +127,10 @@ ZT_TEST(engine_config_errors)
                                  "heads 3"},
         {"gpt2:dim=130", "dim 130 is not a multiple of heads 4"},
         {"gpt2:dim=4294967295,heads=5", "tensors too large"},
-        {"gpt2:layers=4294967295,dim=1024,heads=16", "model too large"},
+        {"gpt2:layers=65536,dim=2097152,heads=16", "model too large"},
+        /* a bound on the layout a spec or a config.json can ask for */
+        {"gpt2:layers=65537", "field 'layers': '65537' is too large (at most 65536)"},
+        {"gpt2:layers=4294967295,dim=1024,heads=16", "'4294967295' is too large (at most 65536)"},
     };
     zt_config_refusals(zr_gpt2_config_parse, cases, sizeof cases / sizeof *cases);
 }
@@ -197,7 +200,7 @@ ZT_TEST(engine_config_from_json)
         {"{\"arch\":\"gpt2\",\"layers\":4,\"heads\":4,\"dim\":8,\"ctx\":8}",
          "missing field 'vocab'"},
         {"{\"arch\":\"gpt2\",\"layers\":\"4\",\"heads\":4,\"dim\":8,\"ctx\":8,\"vocab\":8}",
-         "field 'layers': expected an integer in [1, 4294967295]"},
+         "field 'layers': expected an integer in [1, 65536]"},
         {"{\"arch\":\"gpt2\",\"layers\":4.0,\"heads\":4,\"dim\":8,\"ctx\":8,\"vocab\":8}",
          "field 'layers': expected an integer"},
         {"{\"arch\":\"gpt2\",\"layers\":4,\"heads\":0,\"dim\":8,\"ctx\":8,\"vocab\":8}",

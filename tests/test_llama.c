@@ -305,6 +305,7 @@ ZT_TEST(llama_config_specs)
         {"llama:dim=130", "dim 130 is not a multiple of heads 4"},
         {"llama:kv_heads=0", "field 'kv_heads' is 0"},
         {"llama:tied=2", "field 'tied': '2' is too large"},
+        {"llama:layers=65537", "field 'layers': '65537' is too large"},
         {"llama:rope_theta=abc", "field 'rope_theta': 'abc' is not a number"},
         {"llama:rope_theta=-1", "field 'rope_theta': '-1' is not a number"},
         {"llama:norm_eps=0", "field 'norm_eps' is 0 (expected a number in"},

@@ -1369,16 +1369,28 @@ static void set_run_id(run *r)
     snprintf(r->run_id, sizeof r->run_id, "%016llx", (unsigned long long)v);
 }
 
-/* The highest step of the step records already in the JSON log (0: none, or no log yet). */
+/* The highest step of the step records already in the JSON log (0: none, no log yet, or a
+ * log that is not a regular file: a FIFO or a device such as /dev/stdout holds no history, and
+ * reading one could block or never end). Only the bytes there at the start are read. */
 static uint64_t logged_max_step(const char *path)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
+    int fd;
+    uint64_t left;
+    if (zck_open_regular(&fd, path, ZCK_FOLLOW, &left) < 0) {
+        zr_err_clear();
         return 0;
+    }
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        close(fd);
+        return 0;
+    }
     char *line = NULL;
     size_t cap = 0;
     uint64_t max = 0;
-    while (getline(&line, &cap, f) > 0) {
+    ssize_t len;
+    while (left && (len = getline(&line, &cap, f)) > 0) {
+        left -= (uint64_t)len < left ? (uint64_t)len : left;
         json_t *j = json_loads(line, 0, NULL);
         json_t *st = json_object_get(j, "step");
         if (json_is_integer(st) && !json_object_get(j, "event") &&
