@@ -4,7 +4,8 @@
  * through the launcher; --batch not a multiple of the world size names the batches that
  * work; the JSON log's records carry the time and the run id, which the checkpoint records,
  * and a resume that redoes logged steps says so; a run whose loss becomes non-finite stops at
- * that step without saving it; the progress bar's frames.
+ * that step without saving it; the progress bar's frames; --log-json's hostile paths (a
+ * FIFO without a reader, the run's own files, /dev/full, /dev/urandom at a resume).
  */
 #include "ckutil.h"
 #include "common.h"
@@ -109,6 +110,43 @@ static int is_iso_time(const char *s)
     return strlen(s) == 24 &&
            sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d.%3d%c", &y, &mo, &d, &h, &mi, &sec, &ms, &z) == 8 &&
            z == 'Z' && y >= 2020 && mo >= 1 && mo <= 12;
+}
+
+/* --log-json's hostile places: a FIFO nobody reads is refused at once (it used to block in
+ * open); a file of the run directory (a shard of a step directory, latest, through a symbolic
+ * link too) is refused and the run stays sound (a shard took the log's lines); a log that cannot
+ * be written (/dev/full) is said and training goes on; a resume reads no history from a
+ * device that never ends (/dev/urandom was read forever); an empty path is refused. */
+ZT_TEST(output_json_log_hostile_paths)
+{
+#define RUN "--model " SMALL " --batch 4 --threads 1 "
+    ZT_CHECK(mkfifo("fifo", 0644) == 0);
+    ZT_CHECK_EQ(zt_zrunf("fifo.log", RUN "--steps 2 --ckpt-dir r0 --log-json fifo"), 2);
+    zt_file_has("fifo.log", "--log-json fifo: a FIFO that no process reads");
+    zt_zrunf_ok("r.log", RUN "--steps 2 --ckpt-dir r");
+    ZT_CHECK(symlink("r/latest", "link") == 0);
+    static const char *const inside[][2] = {
+        {"r/step-00000002/shard-00000-of-00001.bin", "on 'step-00000002', which the run manages"},
+        {"r/latest", "on 'latest', which the run manages"},
+        {"link", "on 'latest', which the run manages"},
+        {"r/.lock", "on '.lock'"},
+        {"", "--log-json: empty path"},
+    };
+    for (size_t i = 0; i < sizeof inside / sizeof *inside; i++) {
+        ZT_CHECK_EQ(zt_zrunf("in.log", RUN "--steps 3 --ckpt-dir r --log-json '%s'",
+                             inside[i][0]), 2);
+        zt_file_has("in.log", inside[i][1]);
+    }
+    ZT_CHECK_EQ(zt_verify_count("r", 0), 0);
+    ZT_CHECK_EQ(latest_step("r"), 2);
+    zt_zrunf_ok("full.log", RUN "--steps 3 --ckpt-dir r --log-json /dev/full");
+    zt_file_has("full.log", "--log-json /dev/full: write failed (No space left on device)");
+    zt_file_has("full.log", "the JSON log /dev/full lacks the records from step 3 on");
+    zt_zrunf_ok("urandom.log", RUN "--steps 4 --ckpt-dir r --log-json /dev/urandom");
+    zt_file_has("urandom.log", "done at step 4/4");
+    zt_zrunf_ok("own.log", RUN "--steps 5 --ckpt-dir r --log-json r/mine.jsonl");
+    zt_file_has("r/mine.jsonl", "\"step\":5");
+#undef RUN
 }
 
 ZT_TEST(output_json_log_time_run_id_and_redone_steps)

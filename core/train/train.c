@@ -56,6 +56,7 @@ typedef struct {
     int32_t *tokens, *inputs, *targets;
     zr_data *data;
     FILE *jlog, *log;        /* log: o->log on rank 0, else NULL */
+    uint64_t jlog_lost;      /* the step from which the JSON log failed (0: it did not) */
     double save_s;           /* the last synchronous save's duration */
     double blocked_s;        /* how long the last save blocked training */
     zr_saver *saver;         /* asynchronous saves (NULL: synchronous) */
@@ -631,6 +632,23 @@ static uint64_t rss_peak(void)
     return getrusage(RUSAGE_SELF, &ru) ? 0 : (uint64_t)ru.ru_maxrss * 1024;
 }
 
+/* After each record: the JSON log flushed. A write that failed (a full disk, /dev/full) is
+ * said once on the step log and the JSON log closed: training and its checkpoints go on, and
+ * the last line says the log is incomplete. */
+static void json_log_flush(run *r)
+{
+    if (!r->jlog || (fflush(r->jlog) == 0 && !ferror(r->jlog)))
+        return;
+    int e = errno;
+    fclose(r->jlog);
+    r->jlog = NULL;
+    r->jlog_lost = r->step ? r->step : 1;
+    if (r->log)
+        fprintf(r->log, "warning: --log-json %s: write failed (%s): no more JSON records from "
+                        "step %llu on; training goes on\n", r->o->log_json, strerror(e),
+                (unsigned long long)r->jlog_lost);
+}
+
 /* The step's line on the terminal (before its save, if any) and, with save_ms (how long a
  * save at this step blocked training; 0 without one), its JSON line (after it). */
 static void log_step(run *r, int json, float loss, float lr, float norm, double dt,
@@ -681,7 +699,7 @@ static void log_step(run *r, int json, float loss, float lr, float norm, double 
                 (unsigned long long)ab, (unsigned long long)zb.nvme,
                 (unsigned long long)zb.pinned,
                 (unsigned long long)rss_peak(), iso_time(when), r->run_id);
-        fflush(r->jlog);
+        json_log_flush(r);
     }
 }
 
@@ -1403,6 +1421,86 @@ static uint64_t logged_max_step(const char *path)
     return max;
 }
 
+/* Whether name, an entry of a run directory, is one the run itself manages: its step
+ * directories (damaged ones too), `latest`, its lock, its plot, and the hidden temporaries of
+ * saves, unpacks and `latest` (all named ".*"). */
+static int run_owns(const char *name, size_t n)
+{
+    static const char *const whole[] = {"latest", "train.svg"};
+    static const char *const prefix[] = {"step-", "damaged-step-", "."};
+    for (size_t i = 0; i < sizeof whole / sizeof *whole; i++)
+        if (n == strlen(whole[i]) && !memcmp(name, whole[i], n))
+            return 1;
+    for (size_t i = 0; i < sizeof prefix / sizeof *prefix; i++)
+        if (n >= strlen(prefix[i]) && !memcmp(name, prefix[i], strlen(prefix[i])))
+            return 1;
+    return 0;
+}
+
+/* The JSON log at path is not a file of the run directory's own (a shard would take the log's
+ * lines, `latest` would lose them at the next save): the first name below ckpt_dir on its way,
+ * symbolic links resolved, is not one run_owns. The log's directory exists. */
+static int json_log_not_the_runs(const char *path, const char *ckpt_dir)
+{
+    /* the log resolved: the file itself when it exists (it may be a link), else its directory */
+    char *full = realpath(path, NULL), *copy = full ? NULL : strdup(path), *dir = NULL;
+    char *rund = realpath(ckpt_dir, NULL);
+    const char *base = NULL;
+    if (full) {
+        char *slash = strrchr(full, '/');
+        *slash = 0;
+        base = slash + 1;
+        dir = full[0] ? strdup(full) : strdup("/");
+    } else if (copy) {
+        char *slash = strrchr(copy, '/');
+        base = slash ? slash + 1 : copy;
+        if (slash)
+            *slash = 0;
+        dir = realpath(slash ? (copy[0] ? copy : "/") : ".", NULL);
+    }
+    int rc = 0;
+    size_t n = rund ? strlen(rund) : 0;
+    if (dir && rund && !strncmp(dir, rund, n) && (dir[n] == '/' || !dir[n])) {
+        const char *first = dir[n] ? dir + n + 1 : base; /* the entry of the run directory */
+        int len = (int)strcspn(first, "/");
+        if (run_owns(first, (size_t)len))
+            rc = zr_err_set(ZR_EINVAL, "--log-json %s: inside the checkpoint directory %s, on "
+                            "'%.*s', which the run manages (step directories, latest, .lock, "
+                            "train.svg, temporaries): give another path, such as the default "
+                            "%s/train.jsonl", path, ckpt_dir, len, first, ckpt_dir);
+    }
+    free(full);
+    free(copy);
+    free(dir);
+    free(rund);
+    return rc;
+}
+
+/* The JSON log opened for appending (parent directories made): a regular file, created when
+ * missing, or a pipe or FIFO whose reader is already there; a FIFO nobody reads is refused at
+ * once rather than waited on, and so is a file of the run directory's own. */
+static int open_json_log(FILE **out, const char *path, const char *ckpt_dir)
+{
+    *out = NULL;
+    if (!path[0])
+        return zr_err_set(ZR_EINVAL, "--log-json: empty path (give a file, or none)");
+    make_parent_dirs(path); /* open says what is wrong if this was not enough */
+    ZR_TRY(json_log_not_the_runs(path, ckpt_dir));
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == ENXIO)
+        return zr_err_set(ZR_EINVAL, "--log-json %s: a FIFO that no process reads (start its "
+                          "reader first, or give a file)", path);
+    if (fd < 0)
+        return zr_err_sys(errno, "%s: open for appending", path);
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 || !(*out = fdopen(fd, "a"))) {
+        int e = errno;
+        close(fd);
+        return zr_err_sys(e, "%s: open for appending", path);
+    }
+    return 0;
+}
+
 /* A resume behind the JSON log's last step (a crash after steps the checkpoint does not hold):
  * the steps redone said, one "resume" record in the log and a line on the step log. */
 static void log_redone(run *r, uint64_t logged)
@@ -1417,7 +1515,7 @@ static void log_redone(run *r, uint64_t logged)
                          "\"checkpoint_run_id\":\"%s\"}\n",
                 iso_time(when), r->run_id, (unsigned long long)r->step,
                 (unsigned long long)k, (unsigned long long)logged, r->ck_run_id);
-        fflush(r->jlog);
+        json_log_flush(r);
     }
     if (r->log)
         fprintf(r->log, "note: %s already holds steps up to %llu: steps %llu-%llu are redone "
@@ -1448,10 +1546,7 @@ static int resume_or_init(run *r)
     int lrc = 0;
     if (o->log_json && r->rank == 0) {
         uint64_t logged = r->rd ? logged_max_step(o->log_json) : 0;
-        make_parent_dirs(o->log_json); /* fopen says what is wrong if this was not enough */
-        if (!(r->jlog = fopen(o->log_json, "a")))
-            lrc = zr_err_sys(errno, "%s: open for appending", o->log_json);
-        else
+        if (!(lrc = open_json_log(&r->jlog, o->log_json, o->ckpt_dir)))
             log_redone(r, logged);
     }
     ZR_TRY(agree(r, lrc));
@@ -1535,7 +1630,7 @@ static int sample_now(run *r)
         char *line = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         if (line)
             fprintf(r->jlog, "%s\n", line);
-        fflush(r->jlog);
+        json_log_flush(r);
         free(line);
         json_decref(j);
     }
@@ -1647,6 +1742,9 @@ static int finish(run *r, zr_train_result *out, float loss, uint64_t done, int s
                 out->stopped ? "stopped" : "done", (unsigned long long)r->step,
                 (unsigned long long)o->steps, loss, rss_peak() / 1048576.0,
                 out->ckpt[0] ? "; checkpoint " : "", out->ckpt);
+    if (r->log && r->jlog_lost)
+        fprintf(r->log, "warning: the JSON log %s lacks the records from step %llu on (its "
+                        "write failed)\n", o->log_json, (unsigned long long)r->jlog_lost);
     return 0;
 }
 
