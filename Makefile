@@ -343,8 +343,11 @@ tsan-run: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/libzr_hostsim.so
 # One libFuzzer binary per tests/fuzz/fuzz_<target>.c (clang, -fsanitize=fuzzer,address), each
 # run on a copy of its seed corpus tests/fuzz/corpus/<target>/ for FUZZ_SECONDS split between
 # the targets (at least 1 s each). A crash leaves its input in build/fuzz/<target>-crash-*.
-# make test replays the same corpora through the same entry points (tests/test_fuzz.c).
+# make test replays the same corpora through the same entry points (tests/test_fuzz.c). One
+# input that runs longer than FUZZ_INPUT_TIMEOUT seconds is a finding too (libFuzzer's
+# "timeout", its input kept like a crash's): a parser that slow on at most 128 KiB hangs a tool.
 FUZZ_SECONDS ?= 60
+FUZZ_INPUT_TIMEOUT ?= 60
 FUZZ_CC      ?= clang
 FUZZ_DIR     := build/fuzz
 FUZZ_TARGETS := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
@@ -372,7 +375,7 @@ fuzz: $(FUZZ_TARGETS:%=$(FUZZ_DIR)/fuzz_%)
 	for t in $(FUZZ_TARGETS); do \
 	  rm -rf $(FUZZ_DIR)/corpus/$$t && mkdir -p $(FUZZ_DIR)/corpus/$$t && \
 	  cp tests/fuzz/corpus/$$t/* $(FUZZ_DIR)/corpus/$$t/ || exit 1; \
-	  if ! $(FUZZ_DIR)/fuzz_$$t -max_total_time=$$s -max_len=131072 -print_final_stats=1 \
+	  if ! $(FUZZ_DIR)/fuzz_$$t -max_total_time=$$s -timeout=$(FUZZ_INPUT_TIMEOUT) -max_len=131072 -print_final_stats=1 \
 	       -artifact_prefix=$(FUZZ_DIR)/$$t- $(FUZZ_DIR)/corpus/$$t >$(FUZZ_DIR)/$$t.log 2>&1; then \
 	    tail -n 40 $(FUZZ_DIR)/$$t.log; echo "[fuzz] $$t: FAILED"; exit 1; \
 	  fi; \
