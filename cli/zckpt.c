@@ -760,7 +760,10 @@ static int cmd_plot(const void *args)
     }
     zr_plot_info info;
     int rc = ZCLI_OK;
-    if (zr_plot_write(&info, log, out) < 0)
+    const char *in[1] = {log};
+    if (zcli_check_output(PROG, out, in, 1))
+        rc = ZCLI_ERROR;
+    else if (zr_plot_write(&info, log, out) < 0)
         rc = zcli_fail_lib(PROG, a->log || !dir ? "the log is the file zrun --log-json names"
                                                 : "zrun writes the log given by --log-json; "
                                                   "name it with --log FILE");

@@ -39,6 +39,8 @@ static int cmd_train(const void *args)
     zcli_bar bar;
     o.vocab = a->vocab;
     o.special = a->special;
+    if (zcli_check_output(PROG, a->out, a->files.v, a->files.n))
+        return ZCLI_ERROR;
     o.progress = zcli_progress_init(&bar);
     int rc = zfmt_tok_train(a->out, a->files.v, a->files.n, &o);
     zcli_progress_end(&bar);
@@ -66,16 +68,44 @@ static char *val_name(const char *out)
     return s;
 }
 
+/* Each output of encode (the token file, and the validation file when there is one) is none of
+ * the inputs, the tokenizer, or the other output. */
+static int encode_outputs_ok(const ztok_args *a, const char *val)
+{
+    size_t n = a->files.n;
+    const char **in = malloc((n + 2) * sizeof *in);
+    if (!in)
+        return zcli_fail(PROG, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        in[i] = a->files.v[i];
+    in[n] = a->tokenizer;
+    in[n + 1] = val;
+    int rc = zcli_check_output(PROG, a->out, in, n + 2);
+    in[n + 1] = NULL;
+    if (!rc && val)
+        rc = zcli_check_output(PROG, val, in, n + 1);
+    free(in);
+    return rc;
+}
+
 static int cmd_encode(const void *args)
 {
     const ztok_args *a = args;
-    zfmt_tok *t;
-    if (zfmt_tok_load(&t, a->tokenizer) < 0)
-        return zcli_fail_lib(PROG, NULL);
-    char *val = a->val_out ? strdup(a->val_out) : val_name(a->out);
-    if (!val) {
-        zfmt_tok_free(t);
+    if (a->val_out && !(a->val_fraction > 0))
+        return zcli_fail(PROG, "add --val-fraction F (the share of the tokens it receives)",
+                         "--val-output %s: no validation file without --val-fraction",
+                         a->val_out);
+    char *val = a->val_fraction > 0 ? a->val_out ? strdup(a->val_out) : val_name(a->out) : NULL;
+    if (a->val_fraction > 0 && !val)
         return zcli_fail(PROG, NULL, "out of memory");
+    if (encode_outputs_ok(a, val)) {
+        free(val);
+        return ZCLI_ERROR;
+    }
+    zfmt_tok *t;
+    if (zfmt_tok_load(&t, a->tokenizer) < 0) {
+        free(val);
+        return zcli_fail_lib(PROG, NULL);
     }
     zfmt_tok_file_opts o = ZFMT_TOK_FILE_OPTS_INIT;
     zfmt_tok_file_stats st;
@@ -93,7 +123,7 @@ static int cmd_encode(const void *args)
            (unsigned long long)st.tokens, st.version == 2 ? "uint32" : "uint16",
            st.tokens ? (double)st.bytes / (double)(st.tokens + st.val_tokens) : 0.0,
            (unsigned long long)st.bytes);
-    if (st.val_tokens)
+    if (val && st.val_tokens)
         printf("%s: %llu tokens\n", val, (unsigned long long)st.val_tokens);
     free(val);
     return ZCLI_OK;
@@ -104,6 +134,9 @@ static int cmd_encode(const void *args)
 static int cmd_decode(const void *args)
 {
     const ztok_args *a = args;
+    const char *in[2] = {a->in, a->tokenizer};
+    if (a->out && zcli_check_output(PROG, a->out, in, 2))
+        return ZCLI_ERROR;
     zfmt_tok *t;
     if (zfmt_tok_load(&t, a->tokenizer) < 0)
         return zcli_fail_lib(PROG, NULL);
@@ -121,14 +154,17 @@ static int cmd_decode(const void *args)
     zfmt_tok_free(t);
     if (rc < 0)
         return zcli_fail_lib(PROG, NULL);
-    FILE *f = a->out ? fopen(a->out, "wb") : stdout;
-    int bad = !f || fwrite(text, 1, n, f) != n;
-    bad |= f && (f == stdout ? fflush(f) : fclose(f)) != 0;
+    if (a->out) { /* replaced whole or not at all */
+        rc = zck_write_file_atomic(a->out, text, n);
+        free(text);
+        return rc < 0 ? zcli_fail_lib(PROG, NULL) : ZCLI_OK;
+    }
+    int bad = fwrite(text, 1, n, stdout) != n;
+    bad |= fflush(stdout) != 0;
     int e = errno;
     free(text);
     if (bad)
-        return zcli_fail(PROG, NULL, "%s: %s", a->out ? a->out : "standard output",
-                         strerror(e));
+        return zcli_fail(PROG, NULL, "standard output: %s", strerror(e));
     return ZCLI_OK;
 }
 
@@ -163,7 +199,7 @@ static const zcli_opt encode_opts[] = {
 static const zcli_opt decode_opts[] = {
     OPT_TOKENIZER,
     ZCLI_POSITIONAL("FILE", in),
-    OPT_OUTPUT(0, "FILE", "write the text here"),
+    OPT_OUTPUT(0, "FILE", "write the text here (replaced whole, atomically)"),
 };
 
 #define TABLE(t) ZCLI_TABLE(t)
@@ -180,7 +216,8 @@ static const zcli_command commands[] = {
      "uint16 tokens (version 1), or uint32 (version 2) when the vocabulary exceeds 65536.\n"
      "The ids are exactly those of the Hugging Face tokenizers library.\n"},
     {"decode", cmd_decode, TABLE(decode_opts),
-     "Decode a token file back to text (standard output unless -o).\n"},
+     "Decode a token file back to text (standard output unless -o).\n"
+     "An output is never one of the inputs, and one that exists must be a regular file.\n"},
 };
 #define N_COMMANDS (sizeof commands / sizeof *commands)
 

@@ -404,6 +404,16 @@ ZT_TEST(plot_zckpt_plot_truncated_log)
     rc = zt_zckpt(&o, "plot run/train.jsonl");
     ZT_CHECK(rc == 2 && strstr(o, "add -o FILE.svg"));
     free(o);
+    /* the output is never the log it reads (it was replaced by the drawing), nor a FIFO */
+    ZT_CHECK_EQ(system("cp run/train.jsonl keep.jsonl"), 0);
+    rc = zt_zckpt(&o, "plot run -o run/./train.jsonl");
+    ZT_CHECK(rc == 2 && strstr(o, "the output is run/train.jsonl"));
+    free(o);
+    ZT_CHECK(zt_same_file("run/train.jsonl", "keep.jsonl"));
+    ZT_CHECK_EQ(mkfifo("fifo.svg", 0644), 0);
+    rc = zt_zckpt(&o, "plot run -o fifo.svg");
+    ZT_CHECK(rc == 2 && strstr(o, "fifo.svg: the output exists and is a FIFO"));
+    free(o);
     zt_write_file("empty.jsonl", "");
     rc = zt_zckpt(&o, "plot empty.jsonl -o e.svg");
     ZT_CHECK(rc == 2 && strstr(o, "zckpt: error: empty.jsonl: no step records to plot"));

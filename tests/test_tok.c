@@ -6,7 +6,8 @@
  *     and decodes back to the text; training is deterministic and round-trips; other model
  *     types, normalizers and bad files are refused naming the field; token files of both
  *     versions load in zr_data_open, which refuses a vocabulary larger than the model's.
- *   - ztok through the binary (ZT_ZTOK): train, encode with --val-fraction, decode, a FIFO.
+ *   - ztok through the binary (ZT_ZTOK): train, encode with --val-fraction, decode, a FIFO;
+ *     an output is never an input.
  *   - the library itself as the oracle (build/venv, tests/tok/oracle.py; skipped without):
  *     GPT-2's tokenizer, tokenizers the library trained (ByteLevel, and Sequence[Split,
  *     ByteLevel]) and ztok's own output (loaded by the library) give the same ids.
@@ -285,6 +286,46 @@ ZT_TEST(tok_cli_train_encode_decode)
     /* decode takes one token file, and its usage says so */
     ZT_CHECK_EQ(sh("%s decode --help > h.txt", z), 0);
     zt_file_has("h.txt", "usage: ztok decode --tokenizer FILE FILE [-o FILE]");
+}
+
+/* An output is never one of the inputs (the corpus, the tokenizer, the token file) nor the
+ * other output, whatever its spelling (./, a symbolic link): refused before anything is
+ * written, the input intact; an output that exists and is a FIFO is refused without blocking
+ * (decode wrote through fopen, which waits for a reader); --val-output needs --val-fraction. */
+ZT_TEST(tok_cli_outputs_are_never_inputs)
+{
+    const char *z = zt_bin("ZT_ZTOK"), *txt = data_path("text.txt");
+    ZT_CHECK_EQ(sh("cp %s c.txt && cp c.txt keep.txt && ln -s c.txt link.txt", txt), 0);
+    ZT_CHECK_EQ(sh("%s train c.txt --vocab 300 -o t.json > /dev/null 2>&1", z), 0);
+    ZT_CHECK_EQ(sh("%s encode --tokenizer t.json c.txt -o tokens.bin > /dev/null 2>&1", z), 0);
+    ZT_CHECK_EQ(sh("cp t.json t0.json && cp tokens.bin tokens0.bin"), 0);
+    static const char *const bad[][2] = {
+        {"train c.txt --vocab 300 -o c.txt", "c.txt: the output is c.txt"},
+        {"train c.txt --vocab 300 -o link.txt", "link.txt: the output is c.txt"},
+        {"encode --tokenizer t.json c.txt -o ./c.txt", "./c.txt: the output is c.txt"},
+        {"encode --tokenizer t.json c.txt -o t.json", "t.json: the output is t.json"},
+        {"encode --tokenizer t.json c.txt --val-fraction 0.5 --val-output x.bin -o x.bin",
+         "x.bin: the output is x.bin"},
+        {"encode --tokenizer t.json c.txt --val-fraction 0.5 --val-output c.txt -o y.bin",
+         "c.txt: the output is c.txt"},
+        {"encode --tokenizer t.json c.txt --val-output v.bin -o y.bin",
+         "--val-output v.bin: no validation file without --val-fraction"},
+        {"decode --tokenizer t.json tokens.bin -o tokens.bin", "the output is tokens.bin"},
+        {"decode --tokenizer t.json tokens.bin -o t.json", "the output is t.json"},
+        {"decode --tokenizer t.json tokens.bin -o fifo", "fifo: the output exists and is a FIFO"},
+    };
+    ZT_CHECK_EQ(mkfifo("fifo", 0644), 0);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ZT_CHECK_EQ(sh("timeout 20 %s %s > e.log 2>&1", z, bad[i][0]), 2);
+        zt_file_has("e.log", bad[i][1]);
+    }
+    ZT_CHECK(zt_same_file("c.txt", "keep.txt") && zt_same_file("t.json", "t0.json") &&
+             zt_same_file("tokens.bin", "tokens0.bin"));
+    ZT_CHECK(access("x.bin", F_OK) != 0 && access("y.bin", F_OK) != 0);
+    /* decode -o replaces an earlier output whole */
+    zt_write_file("out.txt", "old text, longer than nothing");
+    ZT_CHECK_EQ(sh("%s decode --tokenizer t.json tokens.bin -o out.txt && cmp -s out.txt c.txt",
+                   z), 0);
 }
 
 /* ---------------------------------------------------------------- the library as oracle */
