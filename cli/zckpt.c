@@ -593,14 +593,14 @@ static int cmd_export(const void *args)
     const char *src = a->path, *out = a->out;
     bool force = a->force;
     int dtype = a->dtype;
+    if (a->tokenizer && a->format != FMT_HF)
+        return zcli_fail(PROG, NULL, "--tokenizer applies to --format hf only");
     if (a->format == FMT_SAFETENSORS) {
         zfmt_st_opts so = ZFMT_ST_OPTS_INIT;
         so.dtype = dtype;
         so.params_only = 1;
         return export_st(src, out, force, &so);
     }
-    if (a->tokenizer && a->format != FMT_HF)
-        return zcli_fail(PROG, NULL, "--tokenizer applies to --format hf only");
     if (a->format == FMT_HF)
         return export_hf(a);
     if (dtype >= 0)
