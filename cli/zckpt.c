@@ -739,6 +739,41 @@ static int cmd_prune(const void *args)
 
 /* ------------------------------------------------------------------ plot */
 
+/* An earlier drawing: "<svg" in the first bytes of the regular file at path. */
+static bool is_svg(const char *path)
+{
+    int fd;
+    if (zck_open_regular(&fd, path, ZCK_NOFOLLOW, NULL) < 0) {
+        zr_err_clear();
+        return false;
+    }
+    char buf[512];
+    ssize_t n = pread(fd, buf, sizeof buf, 0);
+    close(fd);
+    return n > 0 && memmem(buf, (size_t)n, "<svg", 4);
+}
+
+/* Whether the drawing may go to out: never over the log it reads nor over anything but a
+ * regular file (looked at, never opened: a FIFO does not block); a regular file that is not an
+ * earlier drawing only with --force. 0, or the exit code after the error. */
+static int plot_target(const char *log, const char *out, bool force)
+{
+    struct stat st;
+    if (zr_plot_check_target(log, out) < 0)
+        return zcli_fail_lib(PROG, "choose another -o");
+    if (lstat(out, &st) < 0)
+        return ZCLI_OK;
+    if (!S_ISREG(st.st_mode))
+        return zcli_fail(PROG, "choose another -o", "%s: exists and is %s, not a regular file: "
+                         "refusing to replace it", out, S_ISDIR(st.st_mode) ? "a directory"
+                         : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISLNK(st.st_mode)
+                         ? "a symbolic link" : "a device or socket");
+    if (!force && !is_svg(out))
+        return zcli_fail(PROG, "choose another -o, or pass --force to replace it", "%s: exists "
+                         "and is not an SVG drawing", out);
+    return ZCLI_OK;
+}
+
 /* RUN's JSON log (--log, else RUN/train.jsonl; RUN may be the log itself) drawn into -o (else
  * RUN/train.svg). */
 static int cmd_plot(const void *args)
@@ -759,12 +794,13 @@ static int cmd_plot(const void *args)
         return zcli_fail(PROG, NULL, "out of memory");
     }
     zr_plot_info info;
-    int rc = ZCLI_OK;
-    if (zr_plot_write(&info, log, out) < 0)
-        rc = zcli_fail_lib(PROG, a->log || !dir ? "the log is the file zrun --log-json names"
-                                                : "zrun writes the log given by --log-json; "
-                                                  "name it with --log FILE");
-    else {
+    int rc = plot_target(log, out, a->force);
+    if (!rc && zr_plot_write(&info, log, out) < 0)
+        rc = zcli_fail_lib(PROG, zr_err_code() != ZR_ENOTFOUND || exists(log) ? NULL
+                                 : a->log || !dir ? "the log is the file zrun --log-json names"
+                                                  : "zrun writes the log given by --log-json; "
+                                                    "name it with --log FILE");
+    else if (!rc) {
         printf("%s: %zu step records drawn, %zu resume or world-size mark%s\n", out,
                info.records, info.marks, info.marks == 1 ? "" : "s");
         if (info.skipped)
@@ -991,6 +1027,8 @@ static const zcli_opt plot_opts[] = {
      .off = offsetof(zckpt_args, out), .meta = "FILE.svg", .def = "RUN/train.svg",
      .help = "the SVG (written beside it, then renamed over it)"},
     ZCLI_STRING("--log", log, "FILE", "RUN/train.jsonl", "the JSON log (zrun --log-json)"),
+    ZCLI_FLAG("--force", force, "replace an output that is not an SVG drawing (never the log, "
+                                "nor anything but a regular file)"),
 };
 static const zcli_opt prune_opts[] = {
     ZCLI_POSITIONAL("RUNDIR", path),

@@ -182,9 +182,13 @@ typedef struct {
  * vertical lines; long logs decimated (each series keeps the lowest and highest of each bucket
  * of points). Lines that are not JSON objects and values that are not finite are skipped. The
  * file is written beside svg_path and renamed over it. ZR_ENOTFOUND for a missing log,
- * ZR_ECORRUPT for one that is not a regular file, ZR_EINVAL when it has no step record, I/O
- * errors naming the file. info (may be NULL): what was drawn. */
+ * ZR_ECORRUPT for one that is not a regular file, ZR_EINVAL when it has no step record or
+ * svg_path is the log itself (zr_plot_check_target), I/O errors naming the file. info (may be
+ * NULL): what was drawn. */
 int zr_plot_write(zr_plot_info *info, const char *log_path, const char *svg_path);
+/* ZR_EINVAL naming both when svg_path is the log at log_path (the same device and inode): the
+ * drawing renamed over it would replace the log. 0 otherwise (also when either is missing). */
+int zr_plot_check_target(const char *log_path, const char *svg_path);
 
 /* ---------------------------------------------------------------- the audit before a resume */
 
