@@ -28,9 +28,7 @@ int zcli_fail_lib(const char *prog, const char *hint)
 {
     int code = zr_err_code();
     if (!hint) {
-        if (code == ZR_ECORRUPT)
-            hint = "run `zckpt verify` on it for the full list of problems";
-        else if (code == ZR_EVERSION)
+        if (code == ZR_EVERSION)
             hint = "this checkpoint was written by a newer zero; upgrade to read it";
         else if (code == ZR_EEXIST)
             hint = "choose another output path, or pass --force where the command offers it";
@@ -41,6 +39,13 @@ int zcli_fail_lib(const char *prog, const char *hint)
     return zcli_fail(prog, hint, "%s",
                      zr_err_msg()[0] ? zr_printable(msg, sizeof msg, zr_err_msg())
                                      : "unknown error");
+}
+
+int zcli_fail_ckpt(const char *prog, const char *hint)
+{
+    if (!hint && zr_err_code() == ZR_ECORRUPT)
+        hint = "run `zckpt verify` on it for the full list of problems";
+    return zcli_fail_lib(prog, hint);
 }
 
 bool zcli_parse_size(const char *prog, const char *opt, const char *text, size_t *out)

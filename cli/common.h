@@ -18,6 +18,10 @@ int zcli_fail(const char *prog, const char *hint, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* The library's last error as above, with a hint chosen from its code when hint is NULL. */
 int zcli_fail_lib(const char *prog, const char *hint);
+/* As zcli_fail_lib after reading a checkpoint (or an archive of one): a ZR_ECORRUPT gets the
+ * hint to run `zckpt verify` on it. zcli_fail_lib gives none: tokenizers, token files, logs and
+ * Hugging Face files are corrupt too, and verify does not read them. */
+int zcli_fail_ckpt(const char *prog, const char *hint);
 
 /* "256M", "1G", "4096", "64KiB" -> bytes; false (after printing the error naming opt) when the
  * text is not a size. Options are parsed by their table (opts.h), which uses this. */

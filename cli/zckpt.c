@@ -82,7 +82,7 @@ static int cmd_ls(const void *args)
     int json = a->json;
     zck_run_list *l;
     if (zck_run_list_open(&l, run) < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     if (json) {
         json_t *arr = json_array();
         for (size_t i = 0; i < l->n; i++) {
@@ -173,7 +173,7 @@ static int cmd_inspect(const void *args)
     int json = a->json, tensors = a->tensors;
     zck_reader *r;
     if (zck_reader_open(&r, path) < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     const zck_layout *L = zck_reader_layout(r);
     uint64_t bytes = 0, params = 0;
     for (size_t i = 0; i < zck_reader_n_shards(r); i++)
@@ -349,7 +349,7 @@ static int verify_run(const char *run, int all, const zck_verify_opts *o, int js
 {
     zck_run_list *l = NULL;
     if (zck_run_list_open(&l, run) < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     size_t found = 0;
     json_t *arr = json ? json_array() : NULL;
     int rc = 0;
@@ -401,7 +401,7 @@ static int verify_run(const char *run, int all, const zck_verify_opts *o, int js
     free(nolatest);
     zck_run_list_free(l);
     if (rc < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     return found ? ZCLI_FOUND : ZCLI_OK;
 }
 
@@ -426,7 +426,7 @@ static int cmd_verify(const void *args)
         zck_report *rep = NULL;
         if (is_archive(path) ? zfmt_archive_verify(&rep, path, &o.progress) < 0
                              : zck_verify(&rep, path, &o) < 0)
-            rc = zcli_fail_lib(PROG, NULL);
+            rc = zcli_fail_ckpt(PROG, NULL);
         else {
             report_print(rep, path, path, "", o.quick, json, &j, &n);
             if (json)
@@ -452,7 +452,7 @@ static int refuse_existing(const char *out)
 static int progress_done(zcli_bar *bar, int rc)
 {
     zcli_progress_end(bar);
-    return rc < 0 ? zcli_fail_lib(PROG, NULL) : ZCLI_OK;
+    return rc < 0 ? zcli_fail_ckpt(PROG, NULL) : ZCLI_OK;
 }
 
 /* Write a new run directory at out through fn(tmp), then move it into place: when out exists
@@ -463,12 +463,12 @@ static int into_place(const char *out, const char *src, bool force,
     if (exists(out) && !force)
         return refuse_existing(out);
     if (zck_check_replaceable(out, src) < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     char tmp[4096], old[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out, (long)getpid());
     snprintf(old, sizeof old, "%s.old-%ld", out, (long)getpid());
     if (fn(tmp, ctx) < 0) {
-        int rc = zcli_fail_lib(PROG, NULL);
+        int rc = zcli_fail_ckpt(PROG, NULL);
         if (exists(tmp) && zck_remove_tree(tmp) < 0)
             fprintf(stderr, PROG ": warning: %s\n", zr_err_msg());
         return rc;
@@ -571,7 +571,7 @@ static int export_hf(const zckpt_args *a)
     int rc = zfmt_hf_export(a->path, a->out, &o);
     zcli_progress_end(&bar);
     if (rc < 0)
-        return zcli_fail_lib(PROG, rc == ZR_EEXIST && !a->force
+        return zcli_fail_ckpt(PROG, rc == ZR_EEXIST && !a->force
                                        ? "choose another output, or pass --force to replace an "
                                          "earlier export"
                                        : NULL);
@@ -622,10 +622,12 @@ static int cmd_import(const void *args)
     zfmt_import_opts o = a->import;
     zcli_bar bar;
     o.progress = zcli_progress_init(&bar);
-    int rc = progress_done(&bar, zfmt_import(src, out, &o));
-    if (rc == ZCLI_OK)
-        printf("%s: imported %s as a world-%u checkpoint at step 0\n", out, src, o.world);
-    return rc;
+    int rc = zfmt_import(src, out, &o);
+    zcli_progress_end(&bar);
+    if (rc < 0) /* the source is no checkpoint: `zckpt verify` does not read it */
+        return zcli_fail_lib(PROG, NULL);
+    printf("%s: imported %s as a world-%u checkpoint at step 0\n", out, src, o.world);
+    return ZCLI_OK;
 }
 
 /* ------------------------------------------------------------------ pack, unpack */
@@ -666,7 +668,7 @@ static int cmd_diff(const void *vargs)
     zck_diff_opts o = args->diff;
     zck_diff *d;
     if (zck_diff_run(&d, a, b, &o) < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     size_t differ = 0;
     for (size_t i = 0; i < d->n; i++)
         differ += !d->e[i].match;
@@ -719,7 +721,7 @@ static int cmd_prune(const void *args)
     zck_namelist removed = {0, NULL};
     if (zck_prune(&removed, run, &o) < 0) {
         zck_namelist_free(&removed);
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     }
     if (json) {
         json_t *arr = json_array();
@@ -896,7 +898,7 @@ static int cmd_audit(const void *args)
     const zckpt_args *a = args;
     zr_audit *au = NULL;
     if (zr_audit_run(&au, a->path, &a->audit) < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     if (a->json)
         print_json(audit_json(a->path, au));
     else

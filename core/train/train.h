@@ -123,6 +123,11 @@ typedef struct {
     float loss;              /* loss of the last step */
     char ckpt[4096];         /* the last checkpoint written ("" if none) */
     int stopped;             /* 1 when stopped early (signal, --stop-after, time limit) */
+    int ckpt_error;          /* on failure, 1 when the error came from the checkpoint's part of
+                                the start: picking, opening, verifying or loading the checkpoint
+                                to resume from (and the model and tokenizer checks beside them);
+                                0 when from the data, the engine or later. A ZR_ECORRUPT with 1
+                                is a damaged checkpoint (zrun's hint: verify it) */
 } zr_train_result;
 
 /* Train (resuming per opts->resume), save every save_every steps and at the end or when
