@@ -516,4 +516,6 @@ ZT_TEST(cli_verify_hint_only_for_checkpoints)
               "--resume run/step-00000002", "shard-00000", true);
     zt_write_file("run/step-00000002/manifest.json", "{\n");
     hint_case("ZT_ZCKPT", "inspect run", "manifest.json", true);
+    hint_case("ZT_ZRUN", "--dry-run --model " AUDIT_MODEL " --batch 4 --ckpt-dir run --resume "
+              "run/step-00000002", "manifest.json", true);
 }
