@@ -29,9 +29,7 @@ int zcli_fail_lib(const char *prog, const char *hint)
 {
     int code = zr_err_code();
     if (!hint) {
-        if (code == ZR_ECORRUPT)
-            hint = "run `zckpt verify` on it for the full list of problems";
-        else if (code == ZR_EVERSION)
+        if (code == ZR_EVERSION)
             hint = "this checkpoint was written by a newer zero; upgrade to read it";
         else if (code == ZR_EEXIST)
             hint = "choose another output path, or pass --force where the command offers it";
@@ -89,6 +87,13 @@ int zcli_check_output(const char *prog, const char *out, const char *const *in, 
                          : S_ISCHR(st.st_mode) ? "a character device"
                                                : "not a plain file");
     return 0;
+}
+
+int zcli_fail_ckpt(const char *prog, const char *hint)
+{
+    if (!hint && zr_err_code() == ZR_ECORRUPT)
+        hint = "run `zckpt verify` on it for the full list of problems";
+    return zcli_fail_lib(prog, hint);
 }
 
 bool zcli_parse_size(const char *prog, const char *opt, const char *text, size_t *out)

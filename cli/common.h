@@ -18,6 +18,10 @@ int zcli_fail(const char *prog, const char *hint, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* The library's last error as above, with a hint chosen from its code when hint is NULL. */
 int zcli_fail_lib(const char *prog, const char *hint);
+/* As zcli_fail_lib after reading a checkpoint (or an archive of one): a ZR_ECORRUPT gets the
+ * hint to run `zckpt verify` on it. zcli_fail_lib gives none: tokenizers, token files, logs and
+ * Hugging Face files are corrupt too, and verify does not read them. */
+int zcli_fail_ckpt(const char *prog, const char *hint);
 
 /* Whether out may be written by a command that reads the files in[0..n): 0 when so; else 2
  * after printing why: out is one of them (the same device and inode; or, when neither exists

@@ -82,7 +82,7 @@ static int cmd_ls(const void *args)
     int json = a->json;
     zck_run_list *l;
     if (zck_run_list_open(&l, run) < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     if (json) {
         json_t *arr = json_array();
         for (size_t i = 0; i < l->n; i++) {
@@ -173,7 +173,7 @@ static int cmd_inspect(const void *args)
     int json = a->json, tensors = a->tensors;
     zck_reader *r;
     if (zck_reader_open(&r, path) < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     const zck_layout *L = zck_reader_layout(r);
     uint64_t bytes = 0, params = 0;
     for (size_t i = 0; i < zck_reader_n_shards(r); i++)
@@ -349,7 +349,7 @@ static int verify_run(const char *run, int all, const zck_verify_opts *o, int js
 {
     zck_run_list *l = NULL;
     if (zck_run_list_open(&l, run) < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     size_t found = 0;
     json_t *arr = json ? json_array() : NULL;
     int rc = 0;
@@ -401,7 +401,7 @@ static int verify_run(const char *run, int all, const zck_verify_opts *o, int js
     free(nolatest);
     zck_run_list_free(l);
     if (rc < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     return found ? ZCLI_FOUND : ZCLI_OK;
 }
 
@@ -426,7 +426,7 @@ static int cmd_verify(const void *args)
         zck_report *rep = NULL;
         if (is_archive(path) ? zfmt_archive_verify(&rep, path, &o.progress) < 0
                              : zck_verify(&rep, path, &o) < 0)
-            rc = zcli_fail_lib(PROG, NULL);
+            rc = zcli_fail_ckpt(PROG, NULL);
         else {
             report_print(rep, path, path, "", o.quick, json, &j, &n);
             if (json)
@@ -452,7 +452,7 @@ static int refuse_existing(const char *out)
 static int progress_done(zcli_bar *bar, int rc)
 {
     zcli_progress_end(bar);
-    return rc < 0 ? zcli_fail_lib(PROG, NULL) : ZCLI_OK;
+    return rc < 0 ? zcli_fail_ckpt(PROG, NULL) : ZCLI_OK;
 }
 
 /* Write a new run directory at out through fn(tmp), then move it into place: when out exists
@@ -463,12 +463,12 @@ static int into_place(const char *out, const char *src, bool force,
     if (exists(out) && !force)
         return refuse_existing(out);
     if (zck_check_replaceable(out, src) < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     char tmp[4096], old[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out, (long)getpid());
     snprintf(old, sizeof old, "%s.old-%ld", out, (long)getpid());
     if (fn(tmp, ctx) < 0) {
-        int rc = zcli_fail_lib(PROG, NULL);
+        int rc = zcli_fail_ckpt(PROG, NULL);
         if (exists(tmp) && zck_remove_tree(tmp) < 0)
             fprintf(stderr, PROG ": warning: %s\n", zr_err_msg());
         return rc;
@@ -571,7 +571,7 @@ static int export_hf(const zckpt_args *a)
     int rc = zfmt_hf_export(a->path, a->out, &o);
     zcli_progress_end(&bar);
     if (rc < 0)
-        return zcli_fail_lib(PROG, rc == ZR_EEXIST && !a->force
+        return zcli_fail_ckpt(PROG, rc == ZR_EEXIST && !a->force
                                        ? "choose another output, or pass --force to replace an "
                                          "earlier export"
                                        : NULL);
@@ -593,14 +593,14 @@ static int cmd_export(const void *args)
     const char *src = a->path, *out = a->out;
     bool force = a->force;
     int dtype = a->dtype;
+    if (a->tokenizer && a->format != FMT_HF)
+        return zcli_fail(PROG, NULL, "--tokenizer applies to --format hf only");
     if (a->format == FMT_SAFETENSORS) {
         zfmt_st_opts so = ZFMT_ST_OPTS_INIT;
         so.dtype = dtype;
         so.params_only = 1;
         return export_st(src, out, force, &so);
     }
-    if (a->tokenizer && a->format != FMT_HF)
-        return zcli_fail(PROG, NULL, "--tokenizer applies to --format hf only");
     if (a->format == FMT_HF)
         return export_hf(a);
     if (dtype >= 0)
@@ -622,10 +622,12 @@ static int cmd_import(const void *args)
     zfmt_import_opts o = a->import;
     zcli_bar bar;
     o.progress = zcli_progress_init(&bar);
-    int rc = progress_done(&bar, zfmt_import(src, out, &o));
-    if (rc == ZCLI_OK)
-        printf("%s: imported %s as a world-%u checkpoint at step 0\n", out, src, o.world);
-    return rc;
+    int rc = zfmt_import(src, out, &o);
+    zcli_progress_end(&bar);
+    if (rc < 0) /* the source is no checkpoint: `zckpt verify` does not read it */
+        return zcli_fail_lib(PROG, NULL);
+    printf("%s: imported %s as a world-%u checkpoint at step 0\n", out, src, o.world);
+    return ZCLI_OK;
 }
 
 /* ------------------------------------------------------------------ pack, unpack */
@@ -666,7 +668,7 @@ static int cmd_diff(const void *vargs)
     zck_diff_opts o = args->diff;
     zck_diff *d;
     if (zck_diff_run(&d, a, b, &o) < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     size_t differ = 0;
     for (size_t i = 0; i < d->n; i++)
         differ += !d->e[i].match;
@@ -719,7 +721,7 @@ static int cmd_prune(const void *args)
     zck_namelist removed = {0, NULL};
     if (zck_prune(&removed, run, &o) < 0) {
         zck_namelist_free(&removed);
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     }
     if (json) {
         json_t *arr = json_array();
@@ -738,6 +740,41 @@ static int cmd_prune(const void *args)
 }
 
 /* ------------------------------------------------------------------ plot */
+
+/* An earlier drawing: "<svg" in the first bytes of the regular file at path. */
+static bool is_svg(const char *path)
+{
+    int fd;
+    if (zck_open_regular(&fd, path, ZCK_NOFOLLOW, NULL) < 0) {
+        zr_err_clear();
+        return false;
+    }
+    char buf[512];
+    ssize_t n = pread(fd, buf, sizeof buf, 0);
+    close(fd);
+    return n > 0 && memmem(buf, (size_t)n, "<svg", 4);
+}
+
+/* Whether the drawing may go to out: never over the log it reads nor over anything but a
+ * regular file (looked at, never opened: a FIFO does not block); a regular file that is not an
+ * earlier drawing only with --force. 0, or the exit code after the error. */
+static int plot_target(const char *log, const char *out, bool force)
+{
+    struct stat st;
+    if (zr_plot_check_target(log, out) < 0)
+        return zcli_fail_lib(PROG, "choose another -o");
+    if (lstat(out, &st) < 0)
+        return ZCLI_OK;
+    if (!S_ISREG(st.st_mode))
+        return zcli_fail(PROG, "choose another -o", "%s: exists and is %s, not a regular file: "
+                         "refusing to replace it", out, S_ISDIR(st.st_mode) ? "a directory"
+                         : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISLNK(st.st_mode)
+                         ? "a symbolic link" : "a device or socket");
+    if (!force && !is_svg(out))
+        return zcli_fail(PROG, "choose another -o, or pass --force to replace it", "%s: exists "
+                         "and is not an SVG drawing", out);
+    return ZCLI_OK;
+}
 
 /* RUN's JSON log (--log, else RUN/train.jsonl; RUN may be the log itself) drawn into -o (else
  * RUN/train.svg). */
@@ -759,15 +796,13 @@ static int cmd_plot(const void *args)
         return zcli_fail(PROG, NULL, "out of memory");
     }
     zr_plot_info info;
-    int rc = ZCLI_OK;
-    const char *in[1] = {log};
-    if (zcli_check_output(PROG, out, in, 1))
-        rc = ZCLI_ERROR;
-    else if (zr_plot_write(&info, log, out) < 0)
-        rc = zcli_fail_lib(PROG, a->log || !dir ? "the log is the file zrun --log-json names"
-                                                : "zrun writes the log given by --log-json; "
-                                                  "name it with --log FILE");
-    else {
+    int rc = plot_target(log, out, a->force);
+    if (!rc && zr_plot_write(&info, log, out) < 0)
+        rc = zcli_fail_lib(PROG, zr_err_code() != ZR_ENOTFOUND || exists(log) ? NULL
+                                 : a->log || !dir ? "the log is the file zrun --log-json names"
+                                                  : "zrun writes the log given by --log-json; "
+                                                    "name it with --log FILE");
+    else if (!rc) {
         printf("%s: %zu step records drawn, %zu resume or world-size mark%s\n", out,
                info.records, info.marks, info.marks == 1 ? "" : "s");
         if (info.skipped)
@@ -863,7 +898,7 @@ static int cmd_audit(const void *args)
     const zckpt_args *a = args;
     zr_audit *au = NULL;
     if (zr_audit_run(&au, a->path, &a->audit) < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return zcli_fail_ckpt(PROG, NULL);
     if (a->json)
         print_json(audit_json(a->path, au));
     else
@@ -994,6 +1029,8 @@ static const zcli_opt plot_opts[] = {
      .off = offsetof(zckpt_args, out), .meta = "FILE.svg", .def = "RUN/train.svg",
      .help = "the SVG (written beside it, then renamed over it)"},
     ZCLI_STRING("--log", log, "FILE", "RUN/train.jsonl", "the JSON log (zrun --log-json)"),
+    ZCLI_FLAG("--force", force, "replace an output that is not an SVG drawing (never the log, "
+                                "nor anything but a regular file)"),
 };
 static const zcli_opt prune_opts[] = {
     ZCLI_POSITIONAL("RUNDIR", path),

@@ -344,7 +344,7 @@ int main(int argc, char **argv)
     size_t np = 0;
     zr_gen *g = NULL;
     if ((rc = load(a.path, &params, &cfg, &ckpt, &c))) {
-        zcli_fail_lib(PROG, zr_err_code() == ZR_ECORRUPT ? "run `zckpt verify` on it" : NULL);
+        zcli_fail_ckpt(PROG, NULL);
         goto out;
     }
     if ((rc = prompt_ids(&a, &cfg, &c, &prompt, &np)))

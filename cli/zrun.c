@@ -476,7 +476,7 @@ static int run_rank(zr_train_opts *o)
     if (zr_train(&res, o) < 0)
         return zcli_fail_lib(PROG, zr_err_code() == ZR_EEXIST
                                        ? "use a new --ckpt-dir, or --resume auto to continue"
-                                       : zr_err_code() == ZR_ECORRUPT
+                                       : zr_err_code() == ZR_ECORRUPT && res.ckpt_error
                                              ? "run `zckpt verify` on the run directory"
                                              : NULL);
     if (stop_flag)
@@ -535,7 +535,7 @@ static int launch(zrun_args *ap, char **argv)
     if (a.dry_run) { /* the plan of the whole job: every node's ranks */
         if ((a.dry_json ? zr_train_dry_run_json : zr_train_dry_run)(o, (int)(nproc * no.nnodes),
                                                                     stdout) < 0)
-            return zcli_fail_lib(PROG, NULL);
+            return zcli_fail_ckpt(PROG, NULL); /* what it reads is the checkpoint to resume */
         return ZCLI_OK;
     }
     const char *world_env = zr_env(ZR_ENV_WORLD);

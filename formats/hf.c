@@ -177,27 +177,28 @@ static json_t *llama_config(const zck_arch_config *a, int dtype, uint64_t step)
 #undef F
 }
 
-/* Copy src (a regular file, a link followed: the user named it; a FIFO is refused) to path. */
-static int copy_file(const char *path, const char *src)
+/* The tokenizer.json given for the export (path), read and checked as zfmt_tok_load checks it
+ * (a FIFO refused), its vocabulary within the model's: *out its bytes. What is wrong with it is
+ * the caller's argument, ZR_EINVAL (ZR_EUNSUPPORTED for a tokenizer the loader does not know),
+ * not a damaged checkpoint. */
+static int given_tokenizer(char **out, size_t *n_bytes, const char *path, uint32_t model_vocab)
 {
-    int fd;
-    uint64_t bytes;
-    ZR_TRY(zck_open_regular(&fd, src, ZCK_FOLLOW, &bytes));
-    zfmt__out *f = NULL;
-    char buf[1 << 16];
-    int rc = zfmt__out_open(&f, path);
-    for (uint64_t off = 0; !rc && off < bytes;) {
-        size_t k = bytes - off < sizeof buf ? (size_t)(bytes - off) : sizeof buf;
-        rc = zfmt__pread_full(fd, buf, k, off, src);
-        if (!rc)
-            rc = zfmt__out_write(f, buf, k);
-        off += k;
+    uint32_t vocab;
+    int rc = zfmt_tok_read(out, n_bytes, &vocab, path);
+    if (rc == ZR_ECORRUPT) { /* the message is formatted into the record it reads: copy it */
+        char why[1024];
+        snprintf(why, sizeof why, "%s", zr_err_msg());
+        return zr_err_set(ZR_EINVAL, "Hugging Face export: %s", why);
     }
-    if (!rc)
-        rc = zfmt__out_commit(f);
-    zfmt__out_free(f);
-    close(fd);
-    return rc;
+    if (rc < 0)
+        return rc;
+    if (vocab > model_vocab) {
+        free(*out);
+        *out = NULL;
+        return zr_err_set(ZR_EINVAL, "Hugging Face export: the tokenizer %s has a vocabulary of "
+                          "%u tokens, the model only %u", path, vocab, model_vocab);
+    }
+    return 0;
 }
 
 /* The checkpoint's own tokenizer.json (zrun --tokenizer), verified, to path; none is fine. */
@@ -285,11 +286,18 @@ int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o)
     int exists, stored;
     zck_arch_config c;
     uint64_t step;
+    char *tok = NULL; /* the tokenizer.json given, checked before anything is written */
+    size_t tok_bytes = 0;
     ZR_TRY(check_target(dir, o->force, &exists));
     ZR_TRY(read_config(&c, &step, &stored, ckpt));
+    if (o->tokenizer_json)
+        ZR_TRY(given_tokenizer(&tok, &tok_bytes, o->tokenizer_json,
+                               (uint32_t)zck_arch_config_get(&c, "vocab")));
     int dtype = o->dtype < 0 ? stored : o->dtype; /* config.json says what the tensors are */
-    if (mkdir(tmp, 0755) < 0)
+    if (mkdir(tmp, 0755) < 0) {
+        free(tok);
         return zr_err_sys(errno, "%s: create", tmp);
+    }
 
     zfmt_st_opts so = ZFMT_ST_OPTS_INIT;
     so.dtype = o->dtype;
@@ -304,8 +312,9 @@ int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o)
     }
     if (!rc) {
         snprintf(path, sizeof path, "%s/tokenizer.json", tmp);
-        rc = o->tokenizer_json ? copy_file(path, o->tokenizer_json) : ckpt_tokenizer(path, ckpt);
+        rc = tok ? write_text(path, tok, tok_bytes) : ckpt_tokenizer(path, ckpt);
     }
+    free(tok);
     if (!rc)
         rc = zfmt__fsync_dir_of(path);
     if (!rc)

@@ -83,8 +83,10 @@ typedef struct {
     int dtype;           /* -1: as stored (f32); else ZCK_F32, ZCK_BF16 or ZCK_F16 */
     int force;           /* replace out_dir when it holds a Hugging Face export (only the files
                             an export writes); anything else there is never replaced */
-    const char *tokenizer_json; /* a tokenizer.json to put in the export; NULL: the checkpoint's
-                                   own (zrun --tokenizer), verified, when it has one */
+    const char *tokenizer_json; /* a tokenizer.json to put in the export, loaded as
+                                   zfmt_tok_load does and its vocabulary at most the model's
+                                   (ZR_EINVAL otherwise); NULL: the checkpoint's own (zrun
+                                   --tokenizer), verified, when it has one */
     uint64_t shard_bytes; /* model.safetensors larger than this: shards and an index file (0: one
                              file whatever its size) */
     zck_progress progress;

@@ -464,3 +464,58 @@ ZT_TEST(cli_audit_no_checkpoint_and_usage)
     expect(2, "unknown option", "audit empty --frobnicate");
     expect(0, "--model SPEC", "audit --help");
 }
+
+/* ---------------------------------------------------------------- the `zckpt verify` hint */
+
+/* bin (a ZT_* program) with args fails (exit 2, zgen 1) naming what, with the hint to run `zckpt
+ * verify` when hint, and without it otherwise. */
+static void hint_case(const char *bin, const char *args, const char *what, bool hint)
+{
+    char *o;
+    int rc = zt_run(&o, zt_bin(bin), args);
+    int want = strcmp(bin, "ZT_ZGEN") ? 2 : 1; /* zgen: 1 for a damaged checkpoint */
+    if (rc != want || !strstr(o, what) || (strstr(o, "zckpt verify") != NULL) != hint)
+        ZT_FAIL("%s %s: exit %d, expected %d naming '%s' %s the `zckpt verify` hint:\n%s",
+                bin, args, rc, want, what, hint ? "with" : "without", o);
+    free(o);
+}
+
+/* The hint goes with a damaged checkpoint (zckpt reading one, zrun resuming from one, zgen),
+ * never with other corrupt files: tokenizers (ztok, zrun --tokenizer), token files (zrun
+ * --data), import sources. */
+ZT_TEST(cli_verify_hint_only_for_checkpoints)
+{
+    zt_write_file("bad.json", "{\"model\": \n");
+    zt_write_file("text.txt", "some words\n");
+    hint_case("ZT_ZTOK", "encode --tokenizer bad.json text.txt -o t.bin", "bad.json", false);
+    hint_case("ZT_ZRUN", "--model " AUDIT_MODEL " --tokenizer bad.json --steps 1 --ckpt-dir r0",
+              "bad.json", false);
+    /* an llm.c token file in all but its magic */
+    uint32_t hdr[256] = {12345, ZCK_TOKENS_U16, 100};
+    uint16_t toks[100] = {0};
+    FILE *f = fopen("bad.bin", "wb");
+    ZT_CHECK(f && fwrite(hdr, sizeof hdr, 1, f) == 1 && fwrite(toks, sizeof toks, 1, f) == 1);
+    fclose(f);
+    hint_case("ZT_ZRUN", "--model " AUDIT_MODEL " --data bad.bin --batch 4 --steps 1 "
+              "--threads 1 --ckpt-dir r1", "bad.bin", false);
+    /* import sources: a Hugging Face directory's config.json, a safetensors file */
+    ZT_CHECK(mkdir("hf", 0755) == 0);
+    zt_write_file("hf/config.json", "{\"model_type\": \n");
+    zt_write_file("hf/model.safetensors", "not a safetensors file");
+    hint_case("ZT_ZCKPT", "import hf -o imp", "config.json", false);
+    zt_write_file("x.safetensors", "\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":1}");
+    hint_case("ZT_ZCKPT", "import x.safetensors -o imp", "x.safetensors", false);
+    /* a damaged checkpoint: zckpt, zgen and zrun resuming from it say to verify it */
+    zt_zrun_ok("--model " AUDIT_MODEL " --batch 4 --steps 2 --save-every 2 --threads 1 "
+               "--ckpt-dir run", "run.log");
+    zt_flip_byte("run/step-00000002/shard-00000-of-00001.bin", 100);
+    hint_case("ZT_ZCKPT", "export run --format safetensors -o m.safetensors", "shard-00000",
+              true);
+    hint_case("ZT_ZGEN", "run --prompt-ids 1,2 --tokens 2", "shard-00000", true);
+    hint_case("ZT_ZRUN", "--model " AUDIT_MODEL " --batch 4 --steps 4 --threads 1 --ckpt-dir run "
+              "--resume run/step-00000002", "shard-00000", true);
+    zt_write_file("run/step-00000002/manifest.json", "{\n");
+    hint_case("ZT_ZCKPT", "inspect run", "manifest.json", true);
+    hint_case("ZT_ZRUN", "--dry-run --model " AUDIT_MODEL " --batch 4 --ckpt-dir run --resume "
+              "run/step-00000002", "manifest.json", true);
+}

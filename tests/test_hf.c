@@ -57,6 +57,17 @@ static void same_params(const char *a, const char *b)
     zck_reader_free(rb);
 }
 
+/* A tokenizer.json of 256 tokens (the bytes, no merge, no special token): the model's vocabulary */
+static void byte_tokenizer(const char *path)
+{
+    zt_write_file("tok.txt", "a b\n");
+    const char *files[] = {"tok.txt"};
+    zfmt_tok_train_opts o = ZFMT_TOK_TRAIN_OPTS_INIT;
+    o.vocab = 256;
+    o.special = "";
+    ZT_OK(zfmt_tok_train(path, files, 1, &o));
+}
+
 /* Entries of dir whose name starts with prefix (temporary files left behind). */
 static int count_like(const char *dir, const char *prefix)
 {
@@ -124,10 +135,10 @@ ZT_TEST(hf_export_refuses_and_leaves_nothing)
     ZT_CHECK(lstat("hf/notes.txt", &st) == 0);
     ZT_OK(zfmt_hf_export("run", "hf2", NULL));
     ZT_ERR(zfmt_hf_export("run", "hf2", NULL), ZR_EEXIST, "not empty");
-    zt_write_file("tok.json", "{\"model\": {\"type\": \"BPE\"}}\n");
+    byte_tokenizer("tok.json");
     o.tokenizer_json = "tok.json";
     ZT_OK(zfmt_hf_export("run", "hf2", &o)); /* an earlier export is replaced */
-    ZT_CHECK(lstat("hf2/tokenizer.json", &st) == 0);
+    ZT_CHECK(zt_same_file("hf2/tokenizer.json", "tok.json"));
     ZT_CHECK_EQ(count_like(".", "hf2."), 0);
     /* a file or a link where the directory goes */
     zt_write_file("plain", "x\n");
@@ -145,6 +156,60 @@ ZT_TEST(hf_export_refuses_and_leaves_nothing)
     snprintf(cmd, sizeof cmd, "%s export run --format llmc -o x.bin --tokenizer tok.json "
              "> out.txt 2>&1", getenv("ZT_ZCKPT"));
     ZT_CHECK(WEXITSTATUS(system(cmd)) == 2);
+}
+
+/* --tokenizer FILE is loaded as a tokenizer and must fit the model's vocabulary: anything else
+ * is refused naming the file, before anything is written; it is a usage error with a format
+ * that has no tokenizer. */
+ZT_TEST(hf_export_checks_the_given_tokenizer)
+{
+    train("run", 1, 1);
+    char big[4096];
+    snprintf(big, sizeof big, "%s/tests/data/tok/hf_bpe.json", zt_root());
+    zt_write_file("notjson.json", "{\"model\": \n");
+    zt_write_file("text.json", "just some words\n");
+    const unsigned char bin[] = {0x7f, 'E', 'L', 'F', 0, 1, 2, 0xff, 0xfe, 0};
+    zt_write_bytes("bin.json", bin, sizeof bin);
+    zt_write_file("other.json", "{\"model\": {\"type\": \"BPE\"}}\n");
+    ZT_CHECK(mkfifo("fifo.json", 0644) == 0); /* refused without blocking on an open */
+    const char *bad[] = {"notjson.json", "text.json", "bin.json", "other.json", "fifo.json"};
+    const int code[] = {ZR_EINVAL, ZR_EINVAL, ZR_EINVAL, ZR_EUNSUPPORTED, ZR_EINVAL};
+    zfmt_hf_opts o = ZFMT_HF_OPTS_INIT;
+    struct stat st;
+    char *out;
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        o.tokenizer_json = bad[i];
+        ZT_ERR(zfmt_hf_export("run", "hf", &o), code[i], bad[i]);
+        ZT_CHECK(lstat("hf", &st) < 0);
+        ZT_CHECK_EQ(zt_zckpt(&out, "export run --format hf -o hf --tokenizer %s", bad[i]), 2);
+        if (!strstr(out, bad[i]) || strstr(out, "zckpt verify"))
+            ZT_FAIL("export --tokenizer %s:\n%s", bad[i], out);
+        free(out);
+        ZT_CHECK(lstat("hf", &st) < 0);
+    }
+    ZT_CHECK_EQ(count_like(".", "hf."), 0);
+    /* a sound tokenizer.json of 700 tokens for a model of 256: both numbers said */
+    o.tokenizer_json = big;
+    ZT_ERR(zfmt_hf_export("run", "hf", &o), ZR_EINVAL, "vocabulary of 700 tokens, the model only "
+           "256");
+    ZT_CHECK_EQ(zt_zckpt(&out, "export run --format hf -o hf --tokenizer %s", big), 2);
+    ZT_CHECK(strstr(out, big) && strstr(out, "700") && strstr(out, "256"));
+    free(out);
+    ZT_CHECK(lstat("hf", &st) < 0);
+    /* one that fits goes in as it is */
+    byte_tokenizer("tok.json");
+    ZT_CHECK_EQ(zt_zckpt(&out, "export run --format hf -o hf --tokenizer tok.json"), 0);
+    free(out);
+    ZT_CHECK(zt_same_file("hf/tokenizer.json", "tok.json"));
+    /* formats without a tokenizer: a usage error, nothing written */
+    const char *fmts[] = {"safetensors -o x.safetensors", "llmc -o x.bin"};
+    for (size_t i = 0; i < 2; i++) {
+        ZT_CHECK_EQ(zt_zckpt(&out, "export run --format %s --tokenizer tok.json", fmts[i]), 2);
+        if (!strstr(out, "--tokenizer applies to --format hf only"))
+            ZT_FAIL("export --format %s --tokenizer:\n%s", fmts[i], out);
+        free(out);
+    }
+    ZT_CHECK(lstat("x.safetensors", &st) < 0 && lstat("x.bin", &st) < 0);
 }
 
 /* What zero computes for tokens [T] with the model latest names in run, for tests/formats/

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { S_LOSS, S_VAL, S_LR, S_TPS, N_SERIES };
@@ -384,8 +385,19 @@ static int write_svg(const plog *L, const char *svg_path, const char *title)
     return rc;
 }
 
+int zr_plot_check_target(const char *log_path, const char *svg_path)
+{
+    struct stat l, s; /* the entry at svg_path is what the rename replaces: a link, not its target */
+    if (lstat(svg_path, &s) == 0 && stat(log_path, &l) == 0 && s.st_dev == l.st_dev &&
+        s.st_ino == l.st_ino)
+        return zr_err_set(ZR_EINVAL, "%s is the log %s itself: the drawing would replace it",
+                          svg_path, log_path);
+    return 0;
+}
+
 int zr_plot_write(zr_plot_info *info, const char *log_path, const char *svg_path)
 {
+    ZR_TRY(zr_plot_check_target(log_path, svg_path));
     plog L;
     memset(&L, 0, sizeof L);
     int rc = read_log(&L, log_path);

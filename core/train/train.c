@@ -1524,14 +1524,17 @@ static void log_redone(run *r, uint64_t logged)
                 (unsigned long long)logged, (unsigned long long)k, k == 1 ? "" : "s");
 }
 
-/* The states from the checkpoint, or each rank initializes what it holds; then the JSON log
- * and the first lines. */
-static int resume_or_init(run *r)
+/* The states from the checkpoint (*ckpt_error set when that fails), or each rank initializes
+ * what it holds; then the JSON log and the first lines. */
+static int resume_or_init(run *r, int *ckpt_error)
 {
     const zr_train_opts *o = r->o;
     if (r->rd) {
         double t0 = now_s();
-        ZR_TRY(agree(r, load(r, r->rd)));
+        int rc = agree(r, load(r, r->rd));
+        *ckpt_error = rc != 0;
+        if (rc)
+            return rc;
         if (r->log)
             fprintf(r->log, "resumed from %s (world %u, ZeRO %d; %s, %.2f s) at world %d, "
                             "ZeRO %d: continuing at step %llu, next sample %llu\n",
@@ -1756,15 +1759,17 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
     memset(&r, 0, sizeof r);
     r.o = o;
     set_run_id(&r);
-    int rc = 0, lrc = 0, saved_now = 0;
+    int rc = 0, saved_now = 0;
     float loss = 0;
     uint64_t done = 0;
     ZR_TRY_GOTO(open_world(&r), rc, out);
-    lrc = pick_start(&r);
-    if (!lrc)
-        lrc = build_engine(&r);
-    ZR_TRY_GOTO(agree(&r, lrc), rc, out);
-    ZR_TRY_GOTO(resume_or_init(&r), rc, out);
+    /* a failure picking, opening or loading the checkpoint (and checking the model and the
+     * tokenizer beside it) is the checkpoint's part; the data and the engine are not */
+    out->ckpt_error = 1;
+    ZR_TRY_GOTO(agree(&r, pick_start(&r)), rc, out);
+    out->ckpt_error = 0;
+    ZR_TRY_GOTO(agree(&r, build_engine(&r)), rc, out);
+    ZR_TRY_GOTO(resume_or_init(&r, &out->ckpt_error), rc, out);
     out->start_step = r.step;
     ZR_TRY_GOTO(train_loop(&r, out, &loss, &done, &saved_now), rc, out);
     ZR_TRY_GOTO(finish(&r, out, loss, done, saved_now), rc, out);

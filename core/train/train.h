@@ -123,6 +123,11 @@ typedef struct {
     float loss;              /* loss of the last step */
     char ckpt[4096];         /* the last checkpoint written ("" if none) */
     int stopped;             /* 1 when stopped early (signal, --stop-after, time limit) */
+    int ckpt_error;          /* on failure, 1 when the error came from the checkpoint's part of
+                                the start: picking, opening, verifying or loading the checkpoint
+                                to resume from (and the model and tokenizer checks beside them);
+                                0 when from the data, the engine or later. A ZR_ECORRUPT with 1
+                                is a damaged checkpoint (zrun's hint: verify it) */
 } zr_train_result;
 
 /* Train (resuming per opts->resume), save every save_every steps and at the end or when
@@ -182,9 +187,13 @@ typedef struct {
  * vertical lines; long logs decimated (each series keeps the lowest and highest of each bucket
  * of points). Lines that are not JSON objects and values that are not finite are skipped. The
  * file is written beside svg_path and renamed over it. ZR_ENOTFOUND for a missing log,
- * ZR_ECORRUPT for one that is not a regular file, ZR_EINVAL when it has no step record, I/O
- * errors naming the file. info (may be NULL): what was drawn. */
+ * ZR_ECORRUPT for one that is not a regular file, ZR_EINVAL when it has no step record or
+ * svg_path is the log itself (zr_plot_check_target), I/O errors naming the file. info (may be
+ * NULL): what was drawn. */
 int zr_plot_write(zr_plot_info *info, const char *log_path, const char *svg_path);
+/* ZR_EINVAL naming both when svg_path is the log at log_path (the same device and inode): the
+ * drawing renamed over it would replace the log. 0 otherwise (also when either is missing). */
+int zr_plot_check_target(const char *log_path, const char *svg_path);
 
 /* ---------------------------------------------------------------- the audit before a resume */
 
