@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,53 +39,6 @@ int zcli_fail_lib(const char *prog, const char *hint)
     return zcli_fail(prog, hint, "%s",
                      zr_err_msg()[0] ? zr_printable(msg, sizeof msg, zr_err_msg())
                                      : "unknown error");
-}
-
-/* path resolved: the file itself when it exists, else its directory resolved and its name
- * (malloc'd; NULL when neither resolves) */
-static char *resolve(const char *path)
-{
-    char *r = realpath(path, NULL);
-    if (r || errno != ENOENT)
-        return r;
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, (size_t)(slash - path)) : strdup(".");
-    char *rd = dir ? realpath(dir[0] ? dir : "/", NULL) : NULL;
-    if (rd && asprintf(&r, "%s/%s", rd, slash ? slash + 1 : path) < 0)
-        r = NULL;
-    free(dir);
-    free(rd);
-    return r;
-}
-
-static bool same_file(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    int ea = stat(a, &sa), eb = stat(b, &sb);
-    if (!ea || !eb)
-        return !ea && !eb && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-    char *ra = resolve(a), *rb = resolve(b);
-    bool same = ra && rb && !strcmp(ra, rb);
-    free(ra);
-    free(rb);
-    return same;
-}
-
-int zcli_check_output(const char *prog, const char *out, const char *const *in, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (in[i] && same_file(out, in[i]))
-            return zcli_fail(prog, "give the output another path",
-                             "%s: the output is %s, which this command reads or also writes: "
-                             "writing it would destroy that", out, in[i]);
-    struct stat st;
-    if (stat(out, &st) == 0 && !S_ISREG(st.st_mode))
-        return zcli_fail(prog, NULL, "%s: the output exists and is %s, not a regular file", out,
-                         S_ISFIFO(st.st_mode)  ? "a FIFO"
-                         : S_ISDIR(st.st_mode) ? "a directory"
-                         : S_ISCHR(st.st_mode) ? "a character device"
-                                               : "not a plain file");
-    return 0;
 }
 
 int zcli_fail_ckpt(const char *prog, const char *hint)

@@ -23,13 +23,6 @@ int zcli_fail_lib(const char *prog, const char *hint);
  * Hugging Face files are corrupt too, and verify does not read them. */
 int zcli_fail_ckpt(const char *prog, const char *hint);
 
-/* Whether out may be written by a command that reads the files in[0..n): 0 when so; else 2
- * after printing why: out is one of them (the same device and inode; or, when neither exists
- * yet, the same name in the same directory), so writing it would destroy what the command reads
- * or write two results into one file; or out exists and is not a regular file (a FIFO would
- * block, a device or a directory is not an output). NULL entries of in are skipped. */
-int zcli_check_output(const char *prog, const char *out, const char *const *in, size_t n);
-
 /* "256M", "1G", "4096", "64KiB" -> bytes; false (after printing the error naming opt) when the
  * text is not a size. Options are parsed by their table (opts.h), which uses this. */
 bool zcli_parse_size(const char *prog, const char *opt, const char *text, size_t *out);

@@ -3,6 +3,7 @@
  * files, encode text files into llm.c token files for `zrun --data`, decode a token file back to
  * text. Each subcommand declares its options in a table (cli/opts.h) and calls formats/
  * (zfmt.h, "byte-level BPE tokenizer"). Exit codes: 0 ok, 2 usage, I/O or any other error.
+ * Outputs: see "outputs" below.
  */
 #include "common.h"
 #include "opts.h"
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define PROG "ztok"
@@ -30,25 +32,91 @@ static void args_init(ztok_args *a)
     *a = (ztok_args){.special = "<|endoftext|>"};
 }
 
+/* The library's last error, with a hint when the input is damaged (not a checkpoint). */
+static int fail_lib(void)
+{
+    return zcli_fail_lib(PROG, zr_err_code() == ZR_ECORRUPT
+                                   ? "the file is damaged, or is not a file ztok reads" : NULL);
+}
+
+/* ------------------------------------------------------------------ outputs
+ * Every output is written under a temporary name and renamed into place, so an existing regular
+ * file is replaced whole (no --force needed), or not at all. Refused before any work: an output
+ * that is one of the command's inputs or the other output, and one that exists but is not a
+ * regular file (the rename would replace a FIFO, a device or a directory). */
+
+/* path with its directory resolved (realpath), malloc'ed; a copy of path when the directory does
+ * not resolve; NULL when out of memory */
+static char *resolved(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, (size_t)(slash - path) + 1) : strdup(".");
+    char *real = dir ? realpath(dir, NULL) : NULL, *s = NULL;
+    if (real) {
+        size_t n = strlen(real) + strlen(path) + 2;
+        if ((s = malloc(n)))
+            snprintf(s, n, "%s/%s", real, slash ? slash + 1 : path);
+    } else if (dir) {
+        s = strdup(path);
+    }
+    free(dir);
+    free(real);
+    return s;
+}
+
+/* a and b are one file: the same device and inode when both exist, else the same path once
+ * their directories are resolved */
+static bool same_file(const char *a, const char *b)
+{
+    struct stat x, y;
+    if (stat(a, &x) == 0 && stat(b, &y) == 0)
+        return x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+    char *ra = resolved(a), *rb = resolved(b);
+    bool same = ra && rb ? !strcmp(ra, rb) : !strcmp(a, b);
+    free(ra);
+    free(rb);
+    return same;
+}
+
+/* out (described by what: "-o", "--val-output") may be written: not a non-regular file, not
+ * one of the n inputs in; else the error is printed and false returned */
+static bool output_ok(const char *what, const char *out, const char *const *in, size_t n)
+{
+    struct stat st;
+    if (stat(out, &st) == 0 && !S_ISREG(st.st_mode)) {
+        zcli_fail(PROG, "choose another output path", "%s %s is %s, not a regular file", what,
+                  out, S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "a socket");
+        return false;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (in[i] && same_file(out, in[i])) {
+            zcli_fail(PROG, "choose another output path", "%s %s is the same file as the input "
+                      "%s: it would be replaced", what, out, in[i]);
+            return false;
+        }
+    return true;
+}
+
 /* ------------------------------------------------------------------ train */
 
 static int cmd_train(const void *args)
 {
     const ztok_args *a = args;
+    if (!output_ok("-o", a->out, (const char *const *)a->files.v, a->files.n))
+        return ZCLI_ERROR;
     zfmt_tok_train_opts o = ZFMT_TOK_TRAIN_OPTS_INIT;
     zcli_bar bar;
     o.vocab = a->vocab;
     o.special = a->special;
-    if (zcli_check_output(PROG, a->out, a->files.v, a->files.n))
-        return ZCLI_ERROR;
     o.progress = zcli_progress_init(&bar);
     int rc = zfmt_tok_train(a->out, a->files.v, a->files.n, &o);
     zcli_progress_end(&bar);
     if (rc < 0)
-        return zcli_fail_lib(PROG, NULL);
+        return fail_lib();
     zfmt_tok *t;
     if (zfmt_tok_load(&t, a->out) < 0) /* what was written must read back */
-        return zcli_fail_lib(PROG, NULL);
+        return fail_lib();
     printf("wrote %s: vocabulary %u\n", a->out, zfmt_tok_vocab(t));
     zfmt_tok_free(t);
     return ZCLI_OK;
@@ -68,44 +136,37 @@ static char *val_name(const char *out)
     return s;
 }
 
-/* Each output of encode (the token file, and the validation file when there is one) is none of
- * the inputs, the tokenizer, or the other output. */
-static int encode_outputs_ok(const ztok_args *a, const char *val)
-{
-    size_t n = a->files.n;
-    const char **in = malloc((n + 2) * sizeof *in);
-    if (!in)
-        return zcli_fail(PROG, NULL, "out of memory");
-    for (size_t i = 0; i < n; i++)
-        in[i] = a->files.v[i];
-    in[n] = a->tokenizer;
-    in[n + 1] = val;
-    int rc = zcli_check_output(PROG, a->out, in, n + 2);
-    in[n + 1] = NULL;
-    if (!rc && val)
-        rc = zcli_check_output(PROG, val, in, n + 1);
-    free(in);
-    return rc;
-}
-
 static int cmd_encode(const void *args)
 {
     const ztok_args *a = args;
     if (a->val_out && !(a->val_fraction > 0))
-        return zcli_fail(PROG, "add --val-fraction F (the share of the tokens it receives)",
-                         "--val-output %s: no validation file without --val-fraction",
+        return zcli_fail(PROG, "add --val-fraction F, or leave --val-output out",
+                         "--val-output %s without --val-fraction: no validation file is written",
                          a->val_out);
-    char *val = a->val_fraction > 0 ? a->val_out ? strdup(a->val_out) : val_name(a->out) : NULL;
-    if (a->val_fraction > 0 && !val)
+    char *val = a->val_out ? strdup(a->val_out) : val_name(a->out);
+    const char **in = malloc((a->files.n + 1) * sizeof *in);
+    if (!val || !in) {
+        free(val);
+        free(in);
         return zcli_fail(PROG, NULL, "out of memory");
-    if (encode_outputs_ok(a, val)) {
-        free(val);
-        return ZCLI_ERROR;
     }
+    in[0] = a->tokenizer;
+    memcpy(in + 1, a->files.v, a->files.n * sizeof *in);
+    bool ok = output_ok("-o", a->out, in, a->files.n + 1);
+    if (ok && a->val_fraction > 0) {
+        ok = output_ok(a->val_out ? "--val-output" : "the validation file", val, in,
+                       a->files.n + 1);
+        if (ok && same_file(val, a->out)) {
+            zcli_fail(PROG, "choose another --val-output", "the validation output %s is the "
+                      "same file as -o %s", val, a->out);
+            ok = false;
+        }
+    }
+    free(in);
     zfmt_tok *t;
-    if (zfmt_tok_load(&t, a->tokenizer) < 0) {
+    if (!ok || zfmt_tok_load(&t, a->tokenizer) < 0) {
         free(val);
-        return zcli_fail_lib(PROG, NULL);
+        return ok ? fail_lib() : ZCLI_ERROR;
     }
     zfmt_tok_file_opts o = ZFMT_TOK_FILE_OPTS_INIT;
     zfmt_tok_file_stats st;
@@ -117,13 +178,13 @@ static int cmd_encode(const void *args)
     zfmt_tok_free(t);
     if (rc < 0) {
         free(val);
-        return zcli_fail_lib(PROG, NULL);
+        return fail_lib();
     }
     printf("%s: %llu tokens (%s, %.2f bytes/token) from %llu bytes\n", a->out,
            (unsigned long long)st.tokens, st.version == 2 ? "uint32" : "uint16",
            st.tokens ? (double)st.bytes / (double)(st.tokens + st.val_tokens) : 0.0,
            (unsigned long long)st.bytes);
-    if (val && st.val_tokens)
+    if (st.val_tokens)
         printf("%s: %llu tokens\n", val, (unsigned long long)st.val_tokens);
     free(val);
     return ZCLI_OK;
@@ -134,38 +195,22 @@ static int cmd_encode(const void *args)
 static int cmd_decode(const void *args)
 {
     const ztok_args *a = args;
-    const char *in[2] = {a->in, a->tokenizer};
-    if (a->out && zcli_check_output(PROG, a->out, in, 2))
+    const char *in[] = {a->in, a->tokenizer};
+    if (a->out && !output_ok("-o", a->out, in, 2))
         return ZCLI_ERROR;
     zfmt_tok *t;
     if (zfmt_tok_load(&t, a->tokenizer) < 0)
-        return zcli_fail_lib(PROG, NULL);
-    zfmt_tok_ids ids = {0};
-    uint32_t vocab;
+        return fail_lib();
     char *text = NULL;
     size_t n = 0;
-    int rc = zfmt_tok_file_read(&ids, &vocab, a->in);
-    if (rc == 0 && vocab > zfmt_tok_vocab(t))
-        rc = zr_err_set(ZR_EINVAL, "%s was written for a vocabulary of %u, the tokenizer %s has "
-                        "%u", a->in, vocab, a->tokenizer, zfmt_tok_vocab(t));
-    if (rc == 0)
-        rc = zfmt_tok_decode(&text, &n, t, ids.id, ids.n);
-    zfmt_tok_ids_free(&ids);
+    int rc = zfmt_tok_file_decode(&text, &n, t, a->in);
     zfmt_tok_free(t);
-    if (rc < 0)
-        return zcli_fail_lib(PROG, NULL);
-    if (a->out) { /* replaced whole or not at all */
-        rc = zck_write_file_atomic(a->out, text, n);
-        free(text);
-        return rc < 0 ? zcli_fail_lib(PROG, NULL) : ZCLI_OK;
-    }
-    int bad = fwrite(text, 1, n, stdout) != n;
-    bad |= fflush(stdout) != 0;
-    int e = errno;
+    if (rc == 0 && a->out)
+        rc = zck_write_file_atomic(a->out, text, n); /* a temporary renamed into place */
+    else if (rc == 0 && (fwrite(text, 1, n, stdout) != n || fflush(stdout) != 0))
+        rc = zr_err_sys(errno, "standard output");
     free(text);
-    if (bad)
-        return zcli_fail(PROG, NULL, "standard output: %s", strerror(e));
-    return ZCLI_OK;
+    return rc < 0 ? fail_lib() : ZCLI_OK;
 }
 
 /* ------------------------------------------------------------------ options */
@@ -194,12 +239,12 @@ static const zcli_opt encode_opts[] = {
     ZCLI_REAL(DOUBLE, "--val-fraction", val_fraction, "F", 0, 0.99, NULL,
               "put the last F of the tokens into the validation file instead"),
     ZCLI_STRING("--val-output", val_out, "FILE", "OUT with _val before its suffix",
-                "the validation token file (with --val-fraction)"),
+                "the validation token file (only with --val-fraction)"),
 };
 static const zcli_opt decode_opts[] = {
     OPT_TOKENIZER,
     ZCLI_POSITIONAL("FILE", in),
-    OPT_OUTPUT(0, "FILE", "write the text here (replaced whole, atomically)"),
+    OPT_OUTPUT(0, "FILE", "write the text here (atomically)"),
 };
 
 #define TABLE(t) ZCLI_TABLE(t)
@@ -214,10 +259,10 @@ static const zcli_command commands[] = {
     {"encode", cmd_encode, TABLE(encode_opts),
      "Encode UTF-8 text files (concatenated) into an llm.c token file for `zrun --data`:\n"
      "uint16 tokens (version 1), or uint32 (version 2) when the vocabulary exceeds 65536.\n"
-     "The ids are exactly those of the Hugging Face tokenizers library.\n"},
+     "The ids are exactly those of the Hugging Face tokenizers library. Written atomically.\n"},
     {"decode", cmd_decode, TABLE(decode_opts),
-     "Decode a token file back to text (standard output unless -o).\n"
-     "An output is never one of the inputs, and one that exists must be a regular file.\n"},
+     "Decode a token file back to text (standard output unless -o; a file is written\n"
+     "atomically).\n"},
 };
 #define N_COMMANDS (sizeof commands / sizeof *commands)
 

@@ -6,8 +6,10 @@
  */
 #include "tok_int.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define HEADER_INTS (ZCK_TOKENS_HEADER_BYTES / 4)
 #define VERSION_U16 ZCK_TOKENS_U16
@@ -85,22 +87,59 @@ static uint32_t le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* The header is checked against the file's size before any token is read: a file whose size
+ * the header does not explain is refused at once, whatever its length. */
 int zfmt_tok_file_read(zfmt_tok_ids *out, uint32_t *vocab, const char *path)
 {
-    char *buf;
-    size_t n;
-    ZR_TRY(zfmt__read_file(&buf, &n, path));
+    int fd;
+    uint64_t size;
+    ZR_TRY(zck_open_regular(&fd, path, ZCK_FOLLOW, &size));
+    uint8_t head[ZCK_TOKENS_HEADER_BYTES];
+    size_t head_n = size < sizeof head ? (size_t)size : sizeof head;
     zck_token_header h;
-    int rc = zck_token_header_parse(&h, buf, n, path);
-    if (rc == 0 && !(out->id = malloc((h.count ? h.count : 1) * sizeof *out->id)))
-        rc = zr_err_set(ZR_ENOMEM, "out of memory");
-    if (rc == 0) {
-        const uint8_t *q = (const uint8_t *)buf + ZCK_TOKENS_HEADER_BYTES;
-        for (size_t i = 0; i < h.count; i++)
-            out->id[i] = h.width == 4 ? le32(q + 4 * i) : (uint32_t)q[2 * i] | q[2 * i + 1] << 8;
-        out->n = out->cap = h.count;
-        *vocab = h.vocab;
+    int rc = zfmt__pread_full(fd, head, head_n, 0, path);
+    if (rc == 0)
+        rc = zck_token_header_parse(&h, head, size < SIZE_MAX ? (size_t)size : SIZE_MAX, path);
+    uint8_t *buf = NULL;
+    uint32_t *ids = NULL;
+    size_t data_n = rc == 0 ? (size_t)h.count * (size_t)h.width : 0;
+    if (rc == 0 && (!(buf = malloc(data_n ? data_n : 1)) ||
+                    !(ids = malloc((h.count ? h.count : 1) * sizeof *ids))))
+        rc = zr_err_set(ZR_ENOMEM, "%s: out of memory (%llu tokens)", path,
+                        (unsigned long long)h.count);
+    if (rc == 0)
+        rc = zfmt__pread_full(fd, buf, data_n, ZCK_TOKENS_HEADER_BYTES, path);
+    close(fd);
+    for (size_t i = 0; rc == 0 && i < h.count; i++) {
+        uint32_t id = h.width == 4 ? le32(buf + 4 * i) : (uint32_t)buf[2 * i] | buf[2 * i + 1] << 8;
+        if (h.vocab && id >= h.vocab)
+            rc = zr_err_set(ZR_ECORRUPT, "llm.c token file '%s': id %u (position %zu) is beyond "
+                            "the vocabulary of %u its header declares", path, id, i, h.vocab);
+        else
+            ids[i] = id;
     }
     free(buf);
+    if (rc < 0) {
+        free(ids);
+        return rc;
+    }
+    out->id = ids;
+    out->n = out->cap = h.count;
+    *vocab = h.vocab;
+    return 0;
+}
+
+int zfmt_tok_file_decode(char **out, size_t *n_bytes, const zfmt_tok *t, const char *path)
+{
+    zfmt_tok_ids ids = {0};
+    uint32_t vocab;
+    ZR_TRY(zfmt_tok_file_read(&ids, &vocab, path));
+    int rc = 0;
+    if (vocab > zfmt_tok_vocab(t))
+        rc = zr_err_set(ZR_EINVAL, "%s was written for a vocabulary of %u, the tokenizer %s has "
+                        "%u", path, vocab, zfmt__tok_name(t), zfmt_tok_vocab(t));
+    if (rc == 0)
+        rc = zfmt__tok_decode_from(out, n_bytes, t, ids.id, ids.n, path);
+    zfmt_tok_ids_free(&ids);
     return rc;
 }

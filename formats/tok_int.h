@@ -92,6 +92,14 @@ bool zfmt__split_next(zfmt__split *s, const uint8_t *text, size_t n, size_t *pos
 /* ZR_EINVAL naming what and the byte offset of the first invalid UTF-8 sequence. */
 int zfmt__tok_check_utf8(const uint8_t *p, size_t n, const char *what);
 
+/* zfmt_tok_decode of ids read from src (a token file): an id the tokenizer does not have is
+ * ZR_EINVAL naming src and the id's position (src NULL: naming the tokenizer, as
+ * zfmt_tok_decode). */
+int zfmt__tok_decode_from(char **out, size_t *n_bytes, const zfmt_tok *t, const uint32_t *ids,
+                          size_t n, const char *src);
+/* The name t was loaded as (its file's path; borrowed). */
+const char *zfmt__tok_name(const zfmt_tok *t);
+
 /* Make room for need elements of elem bytes in the array *p of *cap (doubling from first);
  * ZR_ENOMEM naming what. */
 int zfmt__grow(void **p, size_t *cap, size_t need, size_t elem, size_t first, const char *what);

@@ -677,12 +677,25 @@ int zfmt_tok_encode(zfmt_tok_ids *out, zfmt_tok *t, const char *text, size_t n_b
 int zfmt_tok_decode(char **out, size_t *n_bytes, const zfmt_tok *t, const uint32_t *ids,
                     size_t n)
 {
+    return zfmt__tok_decode_from(out, n_bytes, t, ids, n, NULL);
+}
+
+const char *zfmt__tok_name(const zfmt_tok *t) { return t->name; }
+
+int zfmt__tok_decode_from(char **out, size_t *n_bytes, const zfmt_tok *t, const uint32_t *ids,
+                          size_t n, const char *src)
+{
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        if (ids[i] >= t->vocab_n || t->tok_len[ids[i]] == UINT32_MAX)
-            return zr_err_set(ZR_EINVAL, "%s: id %u (position %zu) is not in the tokenizer "
-                              "(vocab %u)", t->name, ids[i], i, t->vocab_n);
-        total += t->tok_len[ids[i]];
+        if (ids[i] < t->vocab_n && t->tok_len[ids[i]] != UINT32_MAX) {
+            total += t->tok_len[ids[i]];
+            continue;
+        }
+        if (src)
+            return zr_err_set(ZR_EINVAL, "%s: id %u (position %zu) is not in the tokenizer %s "
+                              "(vocab %u)", src, ids[i], i, t->name, t->vocab_n);
+        return zr_err_set(ZR_EINVAL, "%s: id %u (position %zu) is not in the tokenizer "
+                          "(vocab %u)", t->name, ids[i], i, t->vocab_n);
     }
     char *s = malloc(total + 1);
     if (!s)

@@ -245,6 +245,10 @@ int zfmt_tok_encode_files(zfmt_tok_file_stats *out, zfmt_tok *t, const char *con
                           const zfmt_tok_file_opts *o);
 /* Read a token file (either version) into out; *vocab the header's vocabulary (0: not said). */
 int zfmt_tok_file_read(zfmt_tok_ids *out, uint32_t *vocab, const char *path);
+/* Read a token file and decode it with t into *out (malloc'ed, NUL-terminated; *n_bytes without
+ * the NUL). ZR_EINVAL when the header's vocabulary exceeds t's, or an id is not in t (naming
+ * path and the id's position). */
+int zfmt_tok_file_decode(char **out, size_t *n_bytes, const zfmt_tok *t, const char *path);
 
 #ifdef __cplusplus
 }

@@ -6,8 +6,7 @@
  *     and decodes back to the text; training is deterministic and round-trips; other model
  *     types, normalizers and bad files are refused naming the field; token files of both
  *     versions load in zr_data_open, which refuses a vocabulary larger than the model's.
- *   - ztok through the binary (ZT_ZTOK): train, encode with --val-fraction, decode, a FIFO;
- *     an output is never an input.
+ *   - ztok through the binary (ZT_ZTOK): train, encode with --val-fraction, decode, a FIFO.
  *   - the library itself as the oracle (build/venv, tests/tok/oracle.py; skipped without):
  *     GPT-2's tokenizer, tokenizers the library trained (ByteLevel, and Sequence[Split,
  *     ByteLevel]) and ztok's own output (loaded by the library) give the same ids.
@@ -288,44 +287,97 @@ ZT_TEST(tok_cli_train_encode_decode)
     zt_file_has("h.txt", "usage: ztok decode --tokenizer FILE FILE [-o FILE]");
 }
 
-/* An output is never one of the inputs (the corpus, the tokenizer, the token file) nor the
- * other output, whatever its spelling (./, a symbolic link): refused before anything is
- * written, the input intact; an output that exists and is a FIFO is refused without blocking
- * (decode wrote through fopen, which waits for a reader); --val-output needs --val-fraction. */
-ZT_TEST(tok_cli_outputs_are_never_inputs)
+/* ztok's outputs: never one of its inputs, nor the other output, nor a FIFO or directory (refused
+ * before any work, naming both paths); an existing file is replaced by a rename, whole. */
+ZT_TEST(tok_cli_outputs_refused)
 {
     const char *z = zt_bin("ZT_ZTOK"), *txt = data_path("text.txt");
-    ZT_CHECK_EQ(sh("cp %s c.txt && cp c.txt keep.txt && ln -s c.txt link.txt", txt), 0);
-    ZT_CHECK_EQ(sh("%s train c.txt --vocab 300 -o t.json > /dev/null 2>&1", z), 0);
-    ZT_CHECK_EQ(sh("%s encode --tokenizer t.json c.txt -o tokens.bin > /dev/null 2>&1", z), 0);
-    ZT_CHECK_EQ(sh("cp t.json t0.json && cp tokens.bin tokens0.bin"), 0);
-    static const char *const bad[][2] = {
-        {"train c.txt --vocab 300 -o c.txt", "c.txt: the output is c.txt"},
-        {"train c.txt --vocab 300 -o link.txt", "link.txt: the output is c.txt"},
-        {"encode --tokenizer t.json c.txt -o ./c.txt", "./c.txt: the output is c.txt"},
-        {"encode --tokenizer t.json c.txt -o t.json", "t.json: the output is t.json"},
-        {"encode --tokenizer t.json c.txt --val-fraction 0.5 --val-output x.bin -o x.bin",
-         "x.bin: the output is x.bin"},
-        {"encode --tokenizer t.json c.txt --val-fraction 0.5 --val-output c.txt -o y.bin",
-         "c.txt: the output is c.txt"},
-        {"encode --tokenizer t.json c.txt --val-output v.bin -o y.bin",
-         "--val-output v.bin: no validation file without --val-fraction"},
-        {"decode --tokenizer t.json tokens.bin -o tokens.bin", "the output is tokens.bin"},
-        {"decode --tokenizer t.json tokens.bin -o t.json", "the output is t.json"},
-        {"decode --tokenizer t.json tokens.bin -o fifo", "fifo: the output exists and is a FIFO"},
+    ZT_CHECK_EQ(sh("cp %s c.txt && %s train c.txt --vocab 300 -o t.json > /dev/null && %s encode "
+                   "--tokenizer t.json c.txt -o toks.bin > /dev/null && cp t.json t.orig && cp "
+                   "toks.bin toks.orig", txt, z, z), 0);
+    static const struct {
+        const char *args, *text;
+    } cases[] = {
+        {"encode --tokenizer t.json c.txt -o c.txt", "-o c.txt is the same file as the input c.txt"},
+        {"encode --tokenizer t.json c.txt -o ./t.json",
+         "-o ./t.json is the same file as the input t.json"},
+        {"train c.txt --vocab 300 -o c.txt", "-o c.txt is the same file as the input c.txt"},
+        {"train c.txt --vocab 300 -o link.txt", "-o link.txt is the same file as the input c.txt"},
+        {"decode --tokenizer t.json toks.bin -o toks.bin",
+         "-o toks.bin is the same file as the input toks.bin"},
+        {"decode --tokenizer t.json toks.bin -o t.json",
+         "-o t.json is the same file as the input t.json"},
+        {"encode --tokenizer t.json c.txt --val-fraction 0.5 --val-output c.txt -o x.bin",
+         "--val-output c.txt is the same file as the input c.txt"},
+        {"encode --tokenizer t.json c.txt --val-fraction 0.5 --val-output x.bin -o ./x.bin",
+         "the validation output x.bin is the same file as -o ./x.bin"},
+        {"encode --tokenizer t.json c.txt --val-output v.bin -o x.bin",
+         "--val-output v.bin without --val-fraction"},
+        {"decode --tokenizer t.json toks.bin -o fifo", "-o fifo is a FIFO, not a regular file"},
+        {"encode --tokenizer t.json c.txt -o fifo", "-o fifo is a FIFO, not a regular file"},
+        {"train c.txt --vocab 300 -o dir", "-o dir is a directory, not a regular file"},
     };
+    ZT_CHECK_EQ(symlink("c.txt", "link.txt"), 0);
     ZT_CHECK_EQ(mkfifo("fifo", 0644), 0);
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        ZT_CHECK_EQ(sh("timeout 20 %s %s > e.log 2>&1", z, bad[i][0]), 2);
-        zt_file_has("e.log", bad[i][1]);
+    ZT_CHECK_EQ(mkdir("dir", 0755), 0);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *out;
+        char args[512];
+        snprintf(args, sizeof args, "%s < /dev/null", cases[i].args);
+        int st = zt_run(&out, z, args);
+        if (st != 2 || !strstr(out, cases[i].text))
+            ZT_FAIL("ztok %s: status %d (expected 2), output:\n%s\n(expected: %s)",
+                    cases[i].args, st, out, cases[i].text);
+        free(out);
     }
-    ZT_CHECK(zt_same_file("c.txt", "keep.txt") && zt_same_file("t.json", "t0.json") &&
-             zt_same_file("tokens.bin", "tokens0.bin"));
-    ZT_CHECK(access("x.bin", F_OK) != 0 && access("y.bin", F_OK) != 0);
-    /* decode -o replaces an earlier output whole */
-    zt_write_file("out.txt", "old text, longer than nothing");
-    ZT_CHECK_EQ(sh("%s decode --tokenizer t.json tokens.bin -o out.txt && cmp -s out.txt c.txt",
+    /* nothing replaced, nothing written */
+    ZT_CHECK(zt_same_file("c.txt", txt) && zt_same_file("t.json", "t.orig") &&
+             zt_same_file("toks.bin", "toks.orig"));
+    struct stat st;
+    ZT_CHECK(lstat("fifo", &st) == 0 && S_ISFIFO(st.st_mode));
+    ZT_CHECK(lstat("link.txt", &st) == 0 && S_ISLNK(st.st_mode));
+    ZT_CHECK(access("x.bin", F_OK) != 0 && access("v.bin", F_OK) != 0);
+    /* an existing output is replaced by a new file renamed over it: a hard link to the old one
+     * keeps the old bytes (decode used to truncate and rewrite the file in place) */
+    zt_write_file("old.txt", "old text\n");
+    ZT_CHECK_EQ(link("old.txt", "keep.txt"), 0);
+    ZT_CHECK_EQ(sh("%s decode --tokenizer t.json toks.bin -o old.txt && cmp -s old.txt c.txt",
                    z), 0);
+    zt_file_has("keep.txt", "old text\n");
+}
+
+/* A token file's header is checked against its size before its tokens are read: a valid
+ * header before a 5 GB (sparse) tail is refused at once; an id beyond the header's vocabulary
+ * and an id the tokenizer lacks name the token file and the position. */
+ZT_TEST(tok_file_header_before_tokens)
+{
+    const char *z = zt_bin("ZT_ZTOK"), *txt = data_path("text.txt");
+    ZT_CHECK_EQ(sh("%s train %s --vocab 300 -o t.json > /dev/null && %s encode --tokenizer "
+                   "t.json %s -o toks.bin > /dev/null", z, txt, z, txt), 0);
+    zt_truncate("toks.bin", (uint64_t)5 << 30);
+    zfmt_tok_ids ids = {0};
+    uint32_t vocab;
+    double t0 = zt_now_s();
+    ZT_ERR(zfmt_tok_file_read(&ids, &vocab, "toks.bin"), ZR_ECORRUPT,
+           "llm.c token file 'toks.bin': 53687");
+    ZT_CHECK(zt_now_s() - t0 < 1.0); /* the whole file read took seconds */
+    ZT_CHECK(!ids.id);
+    /* 10 uint16 tokens, the last 65535; the header says vocabulary 300, then 0 (not said) */
+    int32_t h[256] = {20240520, 1, 10, 300};
+    uint16_t tk[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 65535};
+    char buf[sizeof h + sizeof tk];
+    memcpy(buf, h, sizeof h);
+    memcpy(buf + sizeof h, tk, sizeof tk);
+    zt_write_bytes("bad.bin", buf, sizeof buf);
+    h[3] = 0;
+    memcpy(buf, h, sizeof h);
+    zt_write_bytes("bad0.bin", buf, sizeof buf);
+    ZT_CHECK_EQ(sh("%s decode --tokenizer t.json bad.bin 2> e.log", z), 2);
+    zt_file_has("e.log", "llm.c token file 'bad.bin': id 65535 (position 9) is beyond the "
+                "vocabulary of 300 its header declares");
+    ZT_CHECK_EQ(sh("%s decode --tokenizer t.json bad0.bin 2> e.log", z), 2);
+    zt_file_has("e.log", "ztok: error: bad0.bin: id 65535 (position 9) is not in the tokenizer "
+                "t.json (vocab 300)");
 }
 
 /* ---------------------------------------------------------------- the library as oracle */
