@@ -448,8 +448,10 @@ static int parse_args(zrun_args *a, int argc, char **argv)
     if (a->o.tokenizer_path) { /* checked and read once, before any rank starts */
         char *json;
         if (zfmt_tok_read(&json, &a->o.tokenizer_bytes, &a->o.tokenizer_vocab,
-                          a->o.tokenizer_path) < 0)
+                          a->o.tokenizer_path) < 0) {
+            zr_err_prefix("--tokenizer: ");
             return zcli_fail_lib(PROG, NULL);
+        }
         a->o.tokenizer_json = json; /* kept for the run */
     }
     if (a->o.offload_params != ZR_OFFLOAD_NONE && a->o.zero_stage != 3)

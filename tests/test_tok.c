@@ -572,8 +572,13 @@ ZT_TEST(tok_zrun_refuses_vocabulary_mismatch)
     /* a WordPiece tokenizer is refused before anything starts */
     write_json("wp.json", "{\"type\":\"WordPiece\",\"vocab\":{\"a\":0}}", BL, "null");
     ZT_CHECK_EQ(zt_zrun("--tokenizer wp.json --ckpt-dir run2 --steps 1", "c.log"), 2);
-    zt_file_has("c.log", "zrun: error: wp.json: model of type 'WordPiece' is not supported");
+    zt_file_has("c.log",
+                "zrun: error: --tokenizer: wp.json: model of type 'WordPiece' is not supported");
     ZT_CHECK(access("run2", F_OK) != 0);
+    /* a FIFO is refused without blocking, the option named */
+    ZT_CHECK_EQ(mkfifo("tf", 0644), 0);
+    ZT_CHECK_EQ(zt_zrun("--tokenizer tf --ckpt-dir run2 --steps 1", "f.log"), 2);
+    zt_file_has("f.log", "zrun: error: --tokenizer: tf is a FIFO, not a regular file");
 }
 
 ZT_TEST(tok_ckpt_extra_file_names_checked)
