@@ -201,6 +201,43 @@ const char *zck__file_type_name(mode_t m)
          : S_ISLNK(m) ? "a symbolic link" : "not a plain file";
 }
 
+char *zck_path_resolve(const char *path)
+{
+    char *r = realpath(path, NULL);
+    if (r || errno != ENOENT)
+        return r;
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, (size_t)(slash - path)) : strdup(".");
+    char *rd = dir ? realpath(dir[0] ? dir : "/", NULL) : NULL;
+    if (rd && asprintf(&r, "%s/%s", strcmp(rd, "/") ? rd : "", slash ? slash + 1 : path) < 0)
+        r = NULL;
+    free(dir);
+    free(rd);
+    return r;
+}
+
+int zck_same_file(const char *a, const char *b)
+{
+    struct stat x, y;
+    int ea = stat(a, &x), eb = stat(b, &y);
+    if (!ea || !eb)
+        return !ea && !eb && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+    char *ra = zck_path_resolve(a), *rb = zck_path_resolve(b);
+    int same = ra && rb ? !strcmp(ra, rb) : !strcmp(a, b);
+    free(ra);
+    free(rb);
+    return same;
+}
+
+int zck_check_output(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return zr_err_set(ZR_EINVAL, "%s is %s, not a regular file", path,
+                          zck__file_type_name(st.st_mode));
+    return 0;
+}
+
 int zck_open_regular(int *out, const char *path, int nofollow, uint64_t *bytes)
 {
     /* O_NONBLOCK: opening a FIFO with no writer would wait forever; O_NOFOLLOW: a symbolic link

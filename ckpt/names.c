@@ -58,6 +58,17 @@ void zck__steps_free(zck__stepdir *v, size_t n)
     free(v);
 }
 
+int zck_run_owns(const char *name, size_t n)
+{
+    static const char *const prefix[] = {"step-", "damaged-step-", "."};
+    if (n == 6 && !memcmp(name, "latest", 6))
+        return 1;
+    for (size_t i = 0; i < sizeof prefix / sizeof *prefix; i++)
+        if (n >= strlen(prefix[i]) && !memcmp(name, prefix[i], strlen(prefix[i])))
+            return 1;
+    return 0;
+}
+
 void zck_step_dirname(char out[32], uint64_t step)
 {
     snprintf(out, 32, "step-%08llu", (unsigned long long)step);

@@ -322,6 +322,17 @@ int zck_fsync_dir(const char *dir);
  * on failure the temporary is removed and the message names path. */
 int zck_write_file_atomic(const char *path, const void *data, size_t len);
 int zck_rename_noreplace(const char *from, const char *to);
+/* Paths of outputs, checked before a tool writes them (a temporary renamed over the path).
+ * zck_path_resolve: path with symbolic links resolved, the file itself when it exists, else its
+ * directory resolved and its name appended (malloc'd; NULL when neither resolves or on ENOMEM).
+ * zck_same_file: whether a and b name one file: the same device and inode when both exist, else
+ * the same resolved path (an output not written yet against another). zck_check_output: 0 when
+ * nothing is at path or it is a regular file; else ZR_EINVAL "<path> is a FIFO, not a regular
+ * file" (a directory, a device, a socket, a symbolic link: what the rename would replace),
+ * looked at with lstat, never opened (a FIFO does not block). */
+char *zck_path_resolve(const char *path);
+int zck_same_file(const char *a, const char *b);
+int zck_check_output(const char *path);
 
 /* ---------------------------------------------------------------- writing a checkpoint */
 
@@ -421,6 +432,10 @@ int zck_latest_set(const char *run_dir, uint64_t step);
 
 /* Directory name of a step ("step-00001000"). */
 void zck_step_dirname(char out[32], uint64_t step);
+/* Whether name (its first n bytes), an entry of a run directory, is one the format manages: a
+ * step directory (damaged ones too: damaged-step-N), `latest`, and the hidden entries (`.lock`,
+ * the temporaries of saves, deletions, unpacks and `latest`, all named ".*"). */
+int zck_run_owns(const char *name, size_t n);
 /* Resolve run_dir/latest to a malloc'ed checkpoint path; ZR_ENOTFOUND without latest,
  * ZR_ECORRUPT when latest does not hold a plain step directory name. */
 int zck_latest(char **out, const char *run_dir);

@@ -760,17 +760,9 @@ static bool is_svg(const char *path)
  * earlier drawing only with --force. 0, or the exit code after the error. */
 static int plot_target(const char *log, const char *out, bool force)
 {
-    struct stat st;
-    if (zr_plot_check_target(log, out) < 0)
+    if (zr_plot_check_target(log, out) < 0 || zck_check_output(out) < 0)
         return zcli_fail_lib(PROG, "choose another -o");
-    if (lstat(out, &st) < 0)
-        return ZCLI_OK;
-    if (!S_ISREG(st.st_mode))
-        return zcli_fail(PROG, "choose another -o", "%s: exists and is %s, not a regular file: "
-                         "refusing to replace it", out, S_ISDIR(st.st_mode) ? "a directory"
-                         : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISLNK(st.st_mode)
-                         ? "a symbolic link" : "a device or socket");
-    if (!force && !is_svg(out))
+    if (!force && exists(out) && !is_svg(out))
         return zcli_fail(PROG, "choose another -o, or pass --force to replace it", "%s: exists "
                          "and is not an SVG drawing", out);
     return ZCLI_OK;

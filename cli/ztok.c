@@ -43,58 +43,23 @@ static int fail_lib(void)
  * Every output is written under a temporary name and renamed into place, so an existing regular
  * file is replaced whole (no --force needed), or not at all. Refused before any work: an output
  * that is one of the command's inputs or the other output, and one that exists but is not a
- * regular file (the rename would replace a FIFO, a device or a directory). */
+ * regular file (the rename would replace a FIFO, a device, a directory or a symbolic link). */
 
-/* path with its directory resolved (realpath), malloc'ed; a copy of path when the directory does
- * not resolve; NULL when out of memory */
-static char *resolved(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, (size_t)(slash - path) + 1) : strdup(".");
-    char *real = dir ? realpath(dir, NULL) : NULL, *s = NULL;
-    if (real) {
-        size_t n = strlen(real) + strlen(path) + 2;
-        if ((s = malloc(n)))
-            snprintf(s, n, "%s/%s", real, slash ? slash + 1 : path);
-    } else if (dir) {
-        s = strdup(path);
-    }
-    free(dir);
-    free(real);
-    return s;
-}
-
-/* a and b are one file: the same device and inode when both exist, else the same path once
- * their directories are resolved */
-static bool same_file(const char *a, const char *b)
-{
-    struct stat x, y;
-    if (stat(a, &x) == 0 && stat(b, &y) == 0)
-        return x.st_dev == y.st_dev && x.st_ino == y.st_ino;
-    char *ra = resolved(a), *rb = resolved(b);
-    bool same = ra && rb ? !strcmp(ra, rb) : !strcmp(a, b);
-    free(ra);
-    free(rb);
-    return same;
-}
-
-/* out (described by what: "-o", "--val-output") may be written: not a non-regular file, not
- * one of the n inputs in; else the error is printed and false returned */
+/* out (described by what: "-o", "--val-output") may be written: not one of the n inputs in,
+ * not a non-regular file; else the error is printed and false returned */
 static bool output_ok(const char *what, const char *out, const char *const *in, size_t n)
 {
-    struct stat st;
-    if (stat(out, &st) == 0 && !S_ISREG(st.st_mode)) {
-        zcli_fail(PROG, "choose another output path", "%s %s is %s, not a regular file", what,
-                  out, S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory"
-                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "a socket");
-        return false;
-    }
     for (size_t i = 0; i < n; i++)
-        if (in[i] && same_file(out, in[i])) {
+        if (in[i] && zck_same_file(out, in[i])) {
             zcli_fail(PROG, "choose another output path", "%s %s is the same file as the input "
                       "%s: it would be replaced", what, out, in[i]);
             return false;
         }
+    if (zck_check_output(out) < 0) {
+        zr_err_prefix("%s ", what);
+        zcli_fail_lib(PROG, "choose another output path");
+        return false;
+    }
     return true;
 }
 
@@ -156,7 +121,7 @@ static int cmd_encode(const void *args)
     if (ok && a->val_fraction > 0) {
         ok = output_ok(a->val_out ? "--val-output" : "the validation file", val, in,
                        a->files.n + 1);
-        if (ok && same_file(val, a->out)) {
+        if (ok && zck_same_file(val, a->out)) {
             zcli_fail(PROG, "choose another --val-output", "the validation output %s is the "
                       "same file as -o %s", val, a->out);
             ok = false;

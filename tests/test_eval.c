@@ -311,6 +311,15 @@ ZT_TEST(plot_train_svg_marks_a_resume)
 }
 
 /* n step records (the JSON log's format) into f, from step `from`, run id `run`. */
+/* A run directory "run" and its JSON log, opened for writing records */
+static FILE *new_run_log(void)
+{
+    ZT_CHECK_EQ(mkdir("run", 0755), 0);
+    FILE *f = fopen("run/train.jsonl", "w");
+    ZT_CHECK(f);
+    return f;
+}
+
 static void records(FILE *f, uint64_t from, uint64_t n, const char *run, int world)
 {
     for (uint64_t i = 0; i < n; i++) {
@@ -397,8 +406,7 @@ ZT_TEST(plot_robust_logs)
  * --force. */
 ZT_TEST(plot_zckpt_plot_output_refusals)
 {
-    ZT_CHECK_EQ(mkdir("run", 0755), 0);
-    FILE *f = fopen("run/train.jsonl", "w");
+    FILE *f = new_run_log();
     records(f, 1, 20, "a", 1);
     fclose(f);
     char *log = zt_slurp("run/train.jsonl"), *o;
@@ -455,8 +463,7 @@ ZT_TEST(plot_zckpt_plot_output_refusals)
 
 ZT_TEST(plot_zckpt_plot_truncated_log)
 {
-    ZT_CHECK_EQ(mkdir("run", 0755), 0);
-    FILE *f = fopen("run/train.jsonl", "w");
+    FILE *f = new_run_log();
     records(f, 1, 30, "a", 1);
     records(f, 21, 10, "b", 2);
     fputs("{\"step\":31,\"lo", f); /* a crash in the middle of a record */

@@ -1421,57 +1421,24 @@ static uint64_t logged_max_step(const char *path)
     return max;
 }
 
-/* Whether name, an entry of a run directory, is one the run itself manages: its step
- * directories (damaged ones too), `latest`, its lock, its plot, and the hidden temporaries of
- * saves, unpacks and `latest` (all named ".*"). */
-static int run_owns(const char *name, size_t n)
-{
-    static const char *const whole[] = {"latest", "train.svg"};
-    static const char *const prefix[] = {"step-", "damaged-step-", "."};
-    for (size_t i = 0; i < sizeof whole / sizeof *whole; i++)
-        if (n == strlen(whole[i]) && !memcmp(name, whole[i], n))
-            return 1;
-    for (size_t i = 0; i < sizeof prefix / sizeof *prefix; i++)
-        if (n >= strlen(prefix[i]) && !memcmp(name, prefix[i], strlen(prefix[i])))
-            return 1;
-    return 0;
-}
-
 /* The JSON log at path is not a file of the run directory's own (a shard would take the log's
  * lines, `latest` would lose them at the next save): the first name below ckpt_dir on its way,
  * symbolic links resolved, is not one run_owns. The log's directory exists. */
 static int json_log_not_the_runs(const char *path, const char *ckpt_dir)
 {
-    /* the log resolved: the file itself when it exists (it may be a link), else its directory */
-    char *full = realpath(path, NULL), *copy = full ? NULL : strdup(path), *dir = NULL;
-    char *rund = realpath(ckpt_dir, NULL);
-    const char *base = NULL;
-    if (full) {
-        char *slash = strrchr(full, '/');
-        *slash = 0;
-        base = slash + 1;
-        dir = full[0] ? strdup(full) : strdup("/");
-    } else if (copy) {
-        char *slash = strrchr(copy, '/');
-        base = slash ? slash + 1 : copy;
-        if (slash)
-            *slash = 0;
-        dir = realpath(slash ? (copy[0] ? copy : "/") : ".", NULL);
-    }
-    int rc = 0;
+    char *log = zck_path_resolve(path), *rund = realpath(ckpt_dir, NULL);
     size_t n = rund ? strlen(rund) : 0;
-    if (dir && rund && !strncmp(dir, rund, n) && (dir[n] == '/' || !dir[n])) {
-        const char *first = dir[n] ? dir + n + 1 : base; /* the entry of the run directory */
+    int rc = 0;
+    if (log && rund && !strncmp(log, rund, n) && log[n] == '/') {
+        const char *first = log + n + 1; /* the entry of the run directory on the log's way */
         int len = (int)strcspn(first, "/");
-        if (run_owns(first, (size_t)len))
+        if (zck_run_owns(first, (size_t)len) || (len == 9 && !memcmp(first, "train.svg", 9)))
             rc = zr_err_set(ZR_EINVAL, "--log-json %s: inside the checkpoint directory %s, on "
                             "'%.*s', which the run manages (step directories, latest, .lock, "
                             "train.svg, temporaries): give another path, such as the default "
                             "%s/train.jsonl", path, ckpt_dir, len, first, ckpt_dir);
     }
-    free(full);
-    free(copy);
-    free(dir);
+    free(log);
     free(rund);
     return rc;
 }
