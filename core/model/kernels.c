@@ -352,9 +352,9 @@ static void bias_block(void *p, size_t n0, size_t n1, size_t j0, size_t j1)
         } else if (!a->bias) {
             memcpy(o, a->res + n * OC + j0, w);
         } else {
-            const float *r = a->res + n * OC;
-            for (size_t j = j0; j < j1; j++)
-                o[j] = r[j] + a->bias[j];
+            const float *r = a->res + n * OC + j0, *b = a->bias + j0;
+            for (size_t j = 0; j < j1 - j0; j++)
+                o[j] = r[j] + b[j];
         }
     }
 }
