@@ -322,11 +322,13 @@ stress: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/zgen $(BUILD)/ztok ora
 
 # ------------------------------------------------------------------ ThreadSanitizer
 # The tests whose threads share memory, built with TSan in build-tsan/ (-O1 -g): the model's
-# thread pool (sumsq, AdamW, threads 2), the ZeRO engine's comm thread at stages 2 and 3 over
+# thread pool (sumsq, AdamW, threads 2; every forward and backward kernel at 1-3 threads on
+# random shapes and against the double references), the ZeRO engine's comm thread at stages 2 and 3 over
 # the shm communicator, the asynchronous saver, ckpt's hashing and reshard pools, the
 # verification thread of an export, the TCP communicator. OpenBLAS's own threads stay off
 # (TSan does not see their synchronization). tests/tsan.supp holds what TSan cannot judge.
-TSAN_TESTS ?= engine_sumsq_and_adamw_threads train_resume_is_bit_exact_with_two_threads \
+TSAN_TESTS ?= engine_sumsq_and_adamw_threads model_threads_agree_on_random_shapes model_grad_check \
+  llama_grad_check train_resume_is_bit_exact_with_two_threads \
   zero_stages_agree_across_worlds restart_sigkill_during_async_saves_keeps_latest_sound \
   roundtrip_many_worlds reshard_roundtrip_is_byte_identical corrupt_several_problems_all_reported \
   formats_safetensors_export comm_every_op_every_world_exact_bits comm_tcp_every_op_exact_bits \

@@ -14,6 +14,8 @@
 #include "zr.h"
 
 #include <dirent.h>
+#include <jansson.h>
+#include <math.h>
 #include <sys/stat.h>
 
 /* a GPT-2 of 2 layers, 2 heads, width 16, context 16, vocabulary 256 */
@@ -218,6 +220,7 @@ ZT_TEST(hf_export_checks_the_given_tokenizer)
  * tokens[:-1]. */
 static void zero_outputs(const char *run, const char *out, const int32_t *tokens, size_t T)
 {
+    zr_set_threads(2); /* zrun's default --threads */
     zck_reader *r;
     ZT_OK(zck_reader_open(&r, run));
     zr_gpt2_config c;
@@ -281,7 +284,7 @@ static void hf_torch(const char *args)
 
 /* n Hugging Face directories dirs[i] against the runs runs[i] (the same model in zero):
  * transformers' from_pretrained of each gives zero's logits, probabilities and loss on tokens
- * (each below the vocabulary). */
+ * (each below the vocabulary), zero computing on 2 threads as zrun does by default. */
 static void torch_agrees(const char *const *dirs, const char *const *runs,
                          size_t n, const int32_t *tokens, size_t T)
 {
@@ -554,4 +557,34 @@ ZT_TEST(hf_torch_import_gives_the_same_loss)
     }
     ZT_CHECK(access("ex0/model.safetensors.index.json", F_OK) == 0);
     torch_agrees(dirs, runs, N + X, TOKENS, N_TOKENS);
+}
+
+/* The audit of issue 24: a transformers GPT-2 of width 48 imported, then zrun at its default
+ * --threads 2 on a corpus of one byte ('a') and a batch of 2 x 16 tokens (fewer rows than the
+ * matmuls' output channels: the column split of kernels.c's gemm). Its first-step loss, before
+ * the update, is transformers' on the same tokens (it was 5.77 to 5.90 against 5.170056). */
+ZT_TEST(hf_torch_zrun_default_threads_first_loss)
+{
+    hf_torch("make gpt2-float32-wide hfw 7");
+    char *out;
+    if (zt_zckpt(&out, "import hfw -o imp --world 1"))
+        ZT_FAIL("zckpt import: %s", out);
+    free(out);
+    char corpus[20001];
+    memset(corpus, 'a', 20000);
+    corpus[20000] = 0;
+    zt_write_file("a.txt", corpus);
+    zt_zrunf_ok("zrun.log", "--resume imp --data a.txt --steps 1 --batch 2 --lr 1e-6 "
+                "--log-json imp/train.jsonl");
+    json_error_t je;
+    json_t *line = json_load_file("imp/train.jsonl", JSON_DISABLE_EOF_CHECK, &je);
+    ZT_CHECK(line && json_integer_value(json_object_get(line, "step")) == 1);
+    double zero = json_number_value(json_object_get(line, "loss"));
+    json_decref(line);
+    hf_torch("loss hfw 97 16");
+    char *txt = zt_slurp("torch.txt");
+    double hf = strtod(txt, NULL);
+    free(txt);
+    if (!(fabs(zero - hf) <= 1e-5 * fabs(hf)))
+        ZT_FAIL("first-step loss: zrun %.7f, transformers %.7f", zero, hf);
 }

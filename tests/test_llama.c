@@ -209,21 +209,29 @@ static void grad_check(const char *spec, size_t max_B, size_t B, size_t T, uint6
         in[i] = (int32_t)(rng_next(&seed) % c.vocab);
         tg[i] = (int32_t)(rng_next(&seed) % c.vocab);
     }
-    float loss;
-    zr_model_zero_grad(m);
-    ZT_OK(zr_model_forward(m, in, tg, B, T, &loss));
-    ZT_OK(zr_model_backward(m, 1.0f));
-    const float *gf = zr_model_grad(m, 0);
     double *pd = malloc(n * sizeof *pd), *probs = malloc(B * T * c.vocab * sizeof *probs);
     for (uint64_t i = 0; i < n; i++)
         pd[i] = pf[i];
     double ref = ref_loss(r, pd, in, tg, B, T, probs);
-    if (!(fabs(loss - ref) <= 1e-5 * fabs(ref)))
-        ZT_FAIL("%s: loss %.9g, double reference %.12g", spec, loss, ref);
-    const float *pr = zr_model_probs(m);
-    for (size_t i = 0; i < B * T * c.vocab; i++)
-        if (!(fabs(pr[i] - probs[i]) <= 1e-6))
-            ZT_FAIL("%s: probs[%zu] = %.9g, double reference %.12g", spec, i, pr[i], probs[i]);
+    /* the model at 1, 2 and 3 threads (zrun's default is 2): each against the reference */
+    float *gt[3];
+    for (int t = 0; t < 3; t++) {
+        float loss;
+        zr_set_threads(t + 1);
+        zr_model_zero_grad(m);
+        ZT_OK(zr_model_forward(m, in, tg, B, T, &loss));
+        ZT_OK(zr_model_backward(m, 1.0f));
+        if (!(fabs(loss - ref) <= 1e-5 * fabs(ref)))
+            ZT_FAIL("%s, %d threads: loss %.9g, double reference %.12g", spec, t + 1, loss, ref);
+        const float *pr = zr_model_probs(m);
+        for (size_t i = 0; i < B * T * c.vocab; i++)
+            if (!(fabs(pr[i] - probs[i]) <= 1e-6))
+                ZT_FAIL("%s, %d threads: probs[%zu] = %.9g, double reference %.12g", spec,
+                        t + 1, i, pr[i], probs[i]);
+        ZT_CHECK((gt[t] = malloc(n * sizeof(float))));
+        memcpy(gt[t], zr_model_grad(m, 0), n * sizeof(float));
+    }
+    zr_set_threads(1);
     const double h = 1e-5;
     for (size_t k = 0; k < r->nt; k++) {
         uint64_t nj = r->t[k].numel < per_tensor ? r->t[k].numel : per_tensor, nz = 0;
@@ -236,10 +244,12 @@ static void grad_check(const char *spec, size_t max_B, size_t B, size_t T, uint6
             pd[i] = save - h;
             double lm = ref_loss(r, pd, in, tg, B, T, NULL);
             pd[i] = save;
-            double fd = (lp - lm) / (2 * h), err = fabs(gf[i] - fd);
-            if (!(err <= 1e-6 + 1e-4 * fabs(fd)))
-                ZT_FAIL("%s B=%zu T=%zu: d loss / d %s[%llu] = %.9g, finite difference %.9g",
-                        spec, B, T, r->t[k].name, (unsigned long long)j, gf[i], fd);
+            double fd = (lp - lm) / (2 * h);
+            for (int t = 0; t < 3; t++)
+                if (!(fabs(gt[t][i] - fd) <= 1e-6 + 1e-4 * fabs(fd)))
+                    ZT_FAIL("%s B=%zu T=%zu, %d threads: d loss / d %s[%llu] = %.9g, finite "
+                            "difference %.9g", spec, B, T, t + 1, r->t[k].name,
+                            (unsigned long long)j, gt[t][i], fd);
             nz += fabs(fd) > 1e-4;
         }
         /* every tensor carries signal (embedding rows no token touches get none untied) */
@@ -248,6 +258,8 @@ static void grad_check(const char *spec, size_t max_B, size_t B, size_t T, uint6
                     r->t[k].name, (unsigned long long)nz, (unsigned long long)nj);
     }
     ZT_CHECK_EQ(r->nt, 9 * c.layers + (c.tied ? 2 : 3));
+    for (int t = 0; t < 3; t++)
+        free(gt[t]);
     free(pd);
     free(probs);
     free(r);

@@ -312,23 +312,31 @@ static void grad_check(uint32_t L, uint32_t NH, uint32_t C, uint32_t ctx, uint32
         in[i] = (int32_t)(rng_next(&seed) % V);
         tg[i] = (int32_t)(rng_next(&seed) % V);
     }
-    float loss;
-    zr_model_zero_grad(m);
-    ZT_OK(zr_model_forward(m, in, tg, B, T, &loss));
-    ZT_OK(zr_model_backward(m, 1.0f));
-
     uint64_t n = zr_model_numel(m);
-    const float *pf = zr_model_param(m, 0), *gf = zr_model_grad(m, 0);
+    const float *pf = zr_model_param(m, 0);
     double *pd = malloc(n * sizeof *pd), *probs = malloc(B * T * V * sizeof *probs);
     for (uint64_t i = 0; i < n; i++)
         pd[i] = pf[i];
     double ref = ref_loss(&r, pd, in, tg, B, T, probs);
-    if (fabs(loss - ref) > 1e-5 * fabs(ref))
-        ZT_FAIL("loss %.9g, double reference %.12g", loss, ref);
-    const float *pr = zr_model_probs(m);
-    for (size_t i = 0; i < B * T * V; i++)
-        if (fabs(pr[i] - probs[i]) > 1e-6)
-            ZT_FAIL("probs[%zu] = %.9g, double reference %.12g", i, pr[i], probs[i]);
+    /* the model at 1, 2 and 3 threads (zrun's default is 2): each against the reference */
+    float *gt[3];
+    for (int t = 0; t < 3; t++) {
+        float loss;
+        zr_set_threads(t + 1);
+        zr_model_zero_grad(m);
+        ZT_OK(zr_model_forward(m, in, tg, B, T, &loss));
+        ZT_OK(zr_model_backward(m, 1.0f));
+        if (fabs(loss - ref) > 1e-5 * fabs(ref))
+            ZT_FAIL("%d threads: loss %.9g, double reference %.12g", t + 1, loss, ref);
+        const float *pr = zr_model_probs(m);
+        for (size_t i = 0; i < B * T * V; i++)
+            if (fabs(pr[i] - probs[i]) > 1e-6)
+                ZT_FAIL("%d threads: probs[%zu] = %.9g, double reference %.12g", t + 1, i,
+                        pr[i], probs[i]);
+        ZT_CHECK((gt[t] = malloc(n * sizeof(float))));
+        memcpy(gt[t], zr_model_grad(m, 0), n * sizeof(float));
+    }
+    zr_set_threads(1);
 
     tinfo ts[64];
     size_t nt = layout_tensors(ts, 64, lay), kinds_seen = 0;
@@ -345,10 +353,12 @@ static void grad_check(uint32_t L, uint32_t NH, uint32_t C, uint32_t ctx, uint32
             pd[i] = save - h;
             double lm = ref_loss(&r, pd, in, tg, B, T, NULL);
             pd[i] = save;
-            double fd = (lp - lm) / (2 * h), err = fabs(gf[i] - fd);
-            if (err > 1e-6 + 1e-4 * fabs(fd))
-                ZT_FAIL("B=%zu T=%zu: d loss / d %s[%llu] = %.9g, finite difference %.9g", B, T,
-                        ts[k].name, (unsigned long long)j, gf[i], fd);
+            double fd = (lp - lm) / (2 * h);
+            for (int t = 0; t < 3; t++)
+                if (fabs(gt[t][i] - fd) > 1e-6 + 1e-4 * fabs(fd))
+                    ZT_FAIL("B=%zu T=%zu, %d threads: d loss / d %s[%llu] = %.9g, finite "
+                            "difference %.9g", B, T, t + 1, ts[k].name, (unsigned long long)j,
+                            gt[t][i], fd);
             nz += fabs(fd) > 1e-4;
         }
         /* every tensor must carry signal to be a real check: rows of wte no token touches
@@ -361,9 +371,11 @@ static void grad_check(uint32_t L, uint32_t NH, uint32_t C, uint32_t ctx, uint32
     }
     ZT_CHECK_EQ(kinds_seen, 12 * L + 4);
     /* positions t >= T exist in wpe but take no part: exactly zero gradient */
-    const float *gwpe = zr_model_grad(m, 1);
+    const float *gwpe = gt[0] + (zr_model_grad(m, 1) - zr_model_grad(m, 0));
     for (size_t i = T * C; i < (size_t)ctx * C; i++)
         ZT_CHECK(gwpe[i] == 0.0f);
+    for (int t = 0; t < 3; t++)
+        free(gt[t]);
     free(pd);
     free(probs);
     zck_layout_free(lay);

@@ -10,7 +10,12 @@ transformers themselves (run on the CPU, float32).
       KIND is llama-DTYPE-untied or llama-DTYPE-tied (LlamaForCausalLM, grouped-query attention:
       4 heads, 2 KV heads, width 32, vocabulary 64) or gpt2-DTYPE (GPT2LMHeadModel, 2 layers,
       2 heads, width 16, vocabulary 256); DTYPE is float32, bfloat16 or float16 (the weights are
-      saved in that type).
+      saved in that type). gpt2-DTYPE-wide is the GPT-2 of the audit of issue 24: 2 layers,
+      4 heads, width 48, 16 positions, vocabulary 256.
+  hf_torch.py loss DIR TOKEN T
+      print (one number) transformers' mean cross-entropy of the T next-token targets of a
+      sequence of T + 1 copies of TOKEN: what zrun's first step computes on a corpus of that
+      one byte, before its update.
   hf_torch.py check DIR OUT [DIR OUT ...]
       load DIR with GPT2LMHeadModel.from_pretrained or LlamaForCausalLM.from_pretrained (the
       class config.json's architectures names; float32; no weight missing or unexpected) and
@@ -52,8 +57,9 @@ def build(kind, seed):
                           hidden_act="swish" if "swish" in flags else "silu")
         model, scale = LlamaForCausalLM(cfg), 0.3
     else:
-        cfg = GPT2Config(vocab_size=256, n_positions=16, n_embd=16, n_layer=2, n_head=2,
-                         bos_token_id=None, eos_token_id=None)
+        wide = "wide" in flags
+        cfg = GPT2Config(vocab_size=256, n_positions=16, n_embd=48 if wide else 16, n_layer=2,
+                         n_head=4 if wide else 2, bos_token_id=None, eos_token_id=None)
         model, scale = GPT2LMHeadModel(cfg), 0.5
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -107,6 +113,18 @@ def check(d, out):
     return ok
 
 
+def loss(d, token, T):
+    arch = json.load(open(os.path.join(d, "config.json")))["architectures"]
+    model = CLASSES[arch[0]].from_pretrained(d, dtype=torch.float32)
+    model.eval()
+    ids = torch.full((1, int(T)), int(token), dtype=torch.long)
+    with torch.no_grad():
+        logits = model(ids).logits[0]
+    # the targets are the same token: the next one of each position
+    print("%.9g" % float(torch.nn.functional.cross_entropy(logits, ids[0])))
+    return True
+
+
 def main():
     torch.set_num_threads(1)
     transformers.utils.logging.disable_progress_bar()
@@ -115,6 +133,8 @@ def main():
         for i in range(0, len(args), 3):
             make(*args[i:i + 3])
         return 0
+    if cmd == "loss" and len(args) == 3:
+        return 0 if loss(*args) else 1
     if cmd == "check" and args and len(args) % 2 == 0:
         return 0 if all([check(args[i], args[i + 1]) for i in range(0, len(args), 2)]) else 1
     sys.stderr.write(__doc__)
