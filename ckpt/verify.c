@@ -31,6 +31,8 @@ const char *zck_problem_kind_name(zck_problem_kind k)
     case ZCK_PROB_UNLISTED: return "unlisted file";
     case ZCK_PROB_SUMS: return "SHA256SUMS mismatch";
     case ZCK_PROB_IO: return "unreadable";
+    case ZCK_PROB_COVERAGE: return "coverage";
+    case ZCK_PROB_UNSAFE: return "unsafe pickle";
     }
     return "?";
 }

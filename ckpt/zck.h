@@ -635,6 +635,8 @@ typedef enum {
     ZCK_PROB_UNLISTED,   /* a file in the directory the manifest does not name */
     ZCK_PROB_SUMS,       /* SHA256SUMS missing or disagreeing with the manifest */
     ZCK_PROB_IO,         /* a file could not be read */
+    ZCK_PROB_COVERAGE,   /* a tensor not covered exactly by its parts (other formats) */
+    ZCK_PROB_UNSAFE,     /* a pickle naming code (other formats): refused, never run */
 } zck_problem_kind;
 
 typedef struct {

@@ -420,7 +420,22 @@ static int cmd_verify(const void *args)
     int rc = ZCLI_OK;
     size_t n = 0;
     json_t *j = NULL;
-    if (run) {
+    zfmt_foreign_kind fk = zfmt_foreign_detect(path);
+    if (fk != ZFMT_FOREIGN_NONE) {
+        zck_report *rep = NULL;
+        char label[4200];
+        snprintf(label, sizeof label, "%s (%s)", path, zfmt_foreign_name(fk));
+        if (zfmt_foreign_verify(&rep, path, &o) < 0) {
+            rc = zcli_fail_lib(PROG, NULL);
+        } else {
+            report_print(rep, path, label, "", o.quick, json, &j, &n);
+            if (json) {
+                json_object_set_new(j, "format", json_string(zfmt_foreign_name(fk)));
+                print_json(j);
+            }
+            rc = n ? ZCLI_FOUND : ZCLI_OK;
+        }
+    } else if (run) {
         rc = verify_run(path, all, &o, json);
     } else {
         zck_report *rep = NULL;

@@ -224,6 +224,25 @@ int zfmt_tok_train(const char *out_json, const char *const *files, size_t n_file
  * The format and its header parser are zck.h's ("llm.c token files"): the engine reads them
  * too. Version 2 (uint32 tokens) is written when the vocabulary exceeds 65536.
  */
+/* ---------------------------------------------------------------- other frameworks' checkpoints
+ *
+ * DeepSpeed ZeRO and PyTorch DCP checkpoints read in C, their pickles through a restricted
+ * unpickler that never executes anything (docs/FORMAT.md, "Foreign checkpoints"). */
+
+typedef enum {
+    ZFMT_FOREIGN_NONE = 0,
+    ZFMT_FOREIGN_DCP,       /* a directory with .metadata and __R_N.distcp files */
+    ZFMT_FOREIGN_DEEPSPEED, /* a save_dir with `latest`, or a tag folder of *_states.pt files */
+} zfmt_foreign_kind;
+
+/* What path holds, looked at without reading any file's contents (NONE: not one of these). */
+zfmt_foreign_kind zfmt_foreign_detect(const char *path);
+const char *zfmt_foreign_name(zfmt_foreign_kind k); /* "PyTorch DCP", "DeepSpeed ZeRO" */
+/* Verify a foreign checkpoint, problems into a report as zck_verify's (missing rank files and
+ * .distcp files, truncated zips, tensors not covered exactly by their chunks or partitions, CRC-32
+ * mismatches, pickles naming a global outside the allowlist). 0 when the check ran. */
+int zfmt_foreign_verify(zck_report **out, const char *path, const zck_verify_opts *o);
+
 #define ZFMT_TOKENS_MAGIC ZCK_TOKENS_MAGIC
 
 typedef struct {

@@ -1,0 +1,140 @@
+/*
+ * foreign.h: internal interface of the readers of other frameworks' checkpoints (not for cli/):
+ * the zip container of torch.save (torchzip.c) and a restricted unpickler (pickle.c) that builds
+ * plain values and never calls anything. DeepSpeed and DCP readers are built on these two.
+ * Names with a double underscore are internal.
+ *
+ * Facts about the formats, with their sources: docs/FORMAT.md, "Foreign checkpoints".
+ */
+#ifndef ZFMT_FOREIGN_H
+#define ZFMT_FOREIGN_H
+
+#include "zfmt.h"
+
+#include <stdint.h>
+
+/* ---------------------------------------------------------------- torch.save zip (torchzip.c) */
+
+typedef struct {
+    char *name;        /* the whole name, root folder included ("archive/data.pkl") */
+    uint64_t data_off; /* where the stored bytes start, from the start of the zip */
+    uint64_t size;     /* bytes (stored: compressed = uncompressed) */
+    uint32_t crc;      /* the central directory's CRC-32 */
+} zfmt__zip_entry;
+
+typedef struct {
+    char *path;  /* for messages */
+    int fd;      /* owned when own_fd */
+    int own_fd;
+    uint64_t base, len; /* the zip is bytes [base, base + len) of the file */
+    char *root;         /* "archive" or the file's stem: every record is root/... */
+    zfmt__zip_entry *e; /* in central-directory order */
+    size_t n;
+} zfmt__zip;
+
+/* Open a torch.save zip file (the whole file), or one that is bytes [off, off + len) of fd (a
+ * DCP item; fd stays the caller's). Sizes and offsets come from the central directory (ZIP64
+ * records understood); every record must be stored (not compressed), unencrypted, with a local
+ * header naming it at its offset, its bytes inside the zip and before the central directory,
+ * no two records overlapping or sharing a name, every name under one root folder. ZR_ECORRUPT
+ * naming the file and what is wrong (a truncated file: "no end of central directory");
+ * ZR_EIO for a read error. */
+int zfmt__zip_open(zfmt__zip **out, const char *path);
+int zfmt__zip_open_slice(zfmt__zip **out, int fd, const char *path, uint64_t off, uint64_t len);
+void zfmt__zip_free(zfmt__zip *z);
+/* The record root/rel, or NULL. */
+const zfmt__zip_entry *zfmt__zip_find(const zfmt__zip *z, const char *rel);
+/* n bytes of record e from byte off of it. ZR_ECORRUPT when past its end. */
+int zfmt__zip_read(const zfmt__zip *z, const zfmt__zip_entry *e, uint64_t off, void *buf,
+                   size_t n);
+/* The whole record into a malloc'ed buffer (+1 NUL byte), refused above max bytes. */
+int zfmt__zip_slurp(const zfmt__zip *z, const zfmt__zip_entry *e, size_t max, char **out);
+/* Stream record e and compare its CRC-32 with the central directory's. ZR_ECORRUPT naming the
+ * file and the record on a mismatch. */
+int zfmt__zip_check_crc(const zfmt__zip *z, const zfmt__zip_entry *e);
+/* CRC-32 (ISO-HDLC, zip's) of n bytes, continuing from crc (0 to start). */
+uint32_t zfmt__crc32(uint32_t crc, const void *data, size_t n);
+
+/* ---------------------------------------------------------------- restricted unpickler (pickle.c) */
+
+typedef enum {
+    ZFMT__PK_NONE,
+    ZFMT__PK_BOOL,
+    ZFMT__PK_INT,
+    ZFMT__PK_FLOAT,
+    ZFMT__PK_STR,     /* UTF-8 text (s, len) */
+    ZFMT__PK_BYTES,   /* (s, len) */
+    ZFMT__PK_LIST,    /* items[n] */
+    ZFMT__PK_TUPLE,   /* items[n]; torch.Size too */
+    ZFMT__PK_DICT,    /* items[2n]: key, value, key, value ... in insertion order */
+    ZFMT__PK_SET,     /* items[n] */
+    ZFMT__PK_GLOBAL,  /* s = "module.name", one of the allowlist */
+    ZFMT__PK_OBJECT,  /* an instance of an allowed class, never constructed: cls (a GLOBAL), args
+                         (a TUPLE), state (BUILD's argument, or NULL) */
+    ZFMT__PK_STORAGE, /* a torch storage: s = its record key, dtype, numel (elements) */
+    ZFMT__PK_TENSOR,  /* a tensor view: storage, dtype, offset, ndim, size[], stride[] */
+} zfmt__pk_kind;
+
+typedef struct zfmt__pv zfmt__pv;
+struct zfmt__pv {
+    zfmt__pk_kind kind;
+    int64_t i;       /* BOOL, INT; STORAGE: numel; TENSOR: storage offset (elements) */
+    double f;        /* FLOAT */
+    char *s;         /* STR, BYTES, GLOBAL, STORAGE's key */
+    size_t len;      /* of s */
+    zfmt__pv **items;
+    size_t n, cap;   /* items (DICT: pairs: 2n items) */
+    zfmt__pv *cls, *args, *state, *storage;
+    zck_dtype dtype; /* STORAGE, TENSOR */
+    int dtype_known; /* 0: a dtype zero does not read (complex, bool, ...) */
+    const char *dtype_name; /* torch's name ("float32", "bool") */
+    size_t ndim;
+    uint64_t size[ZCK_MAX_DIMS];
+    int64_t stride[ZCK_MAX_DIMS];
+};
+
+typedef struct zfmt__pickle zfmt__pickle; /* owns every value it built */
+
+/* Unpickle data[0, n) (protocols 2 to 5, the opcodes Python's pickler writes for plain data).
+ * Every GLOBAL must be on the allowlist (torch's weights_only globals, the DeepSpeed and DCP
+ * classes of docs/FORMAT.md); any other is refused naming it ("pickle global 'os.system' is not
+ * allowed"), and nothing is ever called or executed: a REDUCE or NEWOBJ of an allowed class
+ * builds an OBJECT, torch's rebuild functions a TENSOR, OrderedDict a DICT, set a SET,
+ * _codecs.encode BYTES. Memory is bounded by max_bytes (values, memo, stack). what names the
+ * source in messages ("x.pt: data.pkl"). ZR_ECORRUPT / ZR_EUNSUPPORTED with the byte offset. */
+int zfmt__pickle_load(zfmt__pickle **out, const void *data, size_t n, const char *what,
+                      size_t max_bytes);
+const zfmt__pv *zfmt__pickle_root(const zfmt__pickle *p);
+void zfmt__pickle_free(zfmt__pickle *p);
+
+/* Lookups on values (NULL when absent or of another kind) */
+const zfmt__pv *zfmt__pv_get(const zfmt__pv *dict, const char *key); /* str key */
+const zfmt__pv *zfmt__pv_attr(const zfmt__pv *obj, const char *key); /* OBJECT's state dict */
+/* An integer: INT, BOOL, or an int-valued enum OBJECT (ZeroStageEnum(2)); 0 if not one */
+int zfmt__pv_int(const zfmt__pv *v, int64_t *out);
+/* 1 when v is an OBJECT whose class is module.name */
+int zfmt__pv_is(const zfmt__pv *v, const char *global);
+/* A one-line description for messages and inspect ("tensor f32 [16, 48]", "dict of 3") */
+void zfmt__pv_describe(const zfmt__pv *v, char *buf, size_t n);
+
+/* torch's dtype name ("float32", "bfloat16") as ours: 1, or 0 for one zero does not read */
+int zfmt__torch_dtype(zck_dtype *out, const char *name);
+
+/* ---------------------------------------------------------------- PyTorch DCP (dcp.c) */
+
+typedef struct zfmt__dcp zfmt__dcp;
+/* Parse dir/.metadata: its items and chunks, each chunk's file and byte range. Problems in
+ * storage_data that leave the metadata usable (an entry matching no chunk, two entries for one)
+ * go into rep; an unusable .metadata is ZR_ECORRUPT (a refused global named), a missing one
+ * ZR_ENOTFOUND. */
+int zfmt__dcp_open(zfmt__dcp **out, const char *dir, zck_report *rep);
+void zfmt__dcp_free(zfmt__dcp *d);
+/* Every check of dcp.c's head comment, problems into rep; negative only when the check could
+ * not run. */
+int zfmt__dcp_verify(zck_report *rep, const char *dir, const zck_verify_opts *o);
+/* The one tensor of a DCP tensor item (a torch.save zip), checked: dtype dt, sizes, its storage
+ * record's size. *pk owns it (free it also on failure). */
+int zfmt__dcp_item_tensor(zfmt__zip *z, const char *fqn, zck_dtype dt, size_t nd,
+                          const uint64_t *size, zfmt__pickle **pk, const zfmt__pv **t);
+
+#endif
