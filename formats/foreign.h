@@ -49,7 +49,8 @@ int zfmt__zip_read(const zfmt__zip *z, const zfmt__zip_entry *e, uint64_t off, v
                    size_t n);
 /* The whole record into a malloc'ed buffer (+1 NUL byte), refused above max bytes. */
 int zfmt__zip_slurp(const zfmt__zip *z, const zfmt__zip_entry *e, size_t max, char **out);
-/* Stream record e and compare its CRC-32 with the central directory's. ZR_ECORRUPT naming the
+/* Stream record e and compare its CRC-32 with the central directory's (a CRC of 0: none was
+ * recorded, torch.serialization.set_crc32_options(False)). ZR_ECORRUPT naming the
  * file and the record on a mismatch. */
 int zfmt__zip_check_crc(const zfmt__zip *z, const zfmt__zip_entry *e);
 /* CRC-32 (ISO-HDLC, zip's) of n bytes, continuing from crc (0 to start). */

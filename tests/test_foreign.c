@@ -1,0 +1,282 @@
+/*
+ * test_foreign.c: the readers of other frameworks' checkpoints (formats/torchzip.c, pickle.c,
+ * dcp.c) on files PyTorch itself wrote (tests/formats/torch_files.py, from the oracle venv;
+ * skipped without torch), and on hand-made hostile bytes (always run).
+ */
+#include "ckutil.h"
+#include "foreign.h"
+#include "harness.h"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+/* tests/formats/torch_files.py with args; skips without torch */
+static void torch_files(const char *args)
+{
+    const char *py = zt_venv_python("torch");
+    if (!py)
+        ZT_SKIP("no oracle venv with torch (make oracle-venv)");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' '%s/tests/formats/torch_files.py' %s > py.txt 2>&1", py,
+             zt_root(), args);
+    int rc = system(cmd);
+    char *txt = zt_slurp("py.txt");
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77)
+        ZT_SKIP("%s", txt);
+    if (rc)
+        ZT_FAIL("torch_files.py %s: %s", args, txt);
+    free(txt);
+}
+
+static zfmt__pickle *load_pkl(const zfmt__zip *z)
+{
+    const zfmt__zip_entry *e = zfmt__zip_find(z, "data.pkl");
+    ZT_CHECK(e);
+    char *b;
+    ZT_OK(zfmt__zip_slurp(z, e, 1 << 20, &b));
+    zfmt__pickle *p;
+    ZT_OK(zfmt__pickle_load(&p, b, (size_t)e->size, "data.pkl", 1 << 24));
+    free(b);
+    return p;
+}
+
+/* the SHA-256 of a tensor's values in row-major order, read through its storage and strides */
+static void tensor_sha(const zfmt__zip *z, const zfmt__pv *t, char hex[65])
+{
+    char rec[128];
+    snprintf(rec, sizeof rec, "data/%s", t->storage->s);
+    const zfmt__zip_entry *e = zfmt__zip_find(z, rec);
+    ZT_CHECK(e);
+    size_t es = zck_dtype_size(t->dtype), numel = 1;
+    for (size_t d = 0; d < t->ndim; d++)
+        numel *= t->size[d];
+    char *all;
+    ZT_OK(zfmt__zip_slurp(z, e, 1 << 20, &all));
+    ZT_CHECK_EQ(e->size, (uint64_t)t->storage->i * es);
+    zck_sha256 *h;
+    ZT_OK(zck_sha256_new(&h));
+    for (size_t i = 0; i < numel; i++) {
+        size_t rest = i, at = (size_t)t->i;
+        for (size_t d = t->ndim; d-- > 0;) {
+            at += (rest % t->size[d]) * (size_t)t->stride[d];
+            rest /= t->size[d];
+        }
+        zck_sha256_update(h, all + at * es, es);
+    }
+    zck_sha256_hex(h, hex);
+    zck_sha256_free(h);
+    free(all);
+}
+
+ZT_TEST(foreign_torch_save_values)
+{
+    torch_files("save a.pt");
+    zfmt__zip *z;
+    ZT_OK(zfmt__zip_open(&z, "a.pt"));
+    ZT_CHECK(!strcmp(z->root, "a")); /* torch.save of a path: the file's stem */
+    for (size_t i = 0; i < z->n; i++)
+        ZT_OK(zfmt__zip_check_crc(z, &z->e[i]));
+    zfmt__pickle *p = load_pkl(z);
+    const zfmt__pv *root = zfmt__pickle_root(p), *sd = zfmt__pv_get(root, "state_dict");
+    int64_t i;
+    ZT_CHECK(zfmt__pv_int(zfmt__pv_get(root, "step"), &i) && i == 7);
+    ZT_CHECK(zfmt__pv_int(zfmt__pv_get(root, "big"), &i) && i == (int64_t)1 << 40);
+    ZT_CHECK(zfmt__pv_int(zfmt__pv_get(root, "neg"), &i) && i == -5);
+    ZT_CHECK(zfmt__pv_get(root, "lr")->kind == ZFMT__PK_FLOAT && zfmt__pv_get(root, "lr")->f == 1e-3);
+    ZT_CHECK(!strcmp(zfmt__pv_get(root, "name")->s, "x"));
+    ZT_CHECK(zfmt__pv_get(root, "flag")->kind == ZFMT__PK_BOOL && zfmt__pv_get(root, "flag")->i);
+    ZT_CHECK(zfmt__pv_get(root, "none")->kind == ZFMT__PK_NONE);
+    ZT_CHECK(zfmt__pv_get(root, "list")->n == 3 && zfmt__pv_get(root, "set")->kind == ZFMT__PK_SET);
+    const zfmt__pv *by = zfmt__pv_get(root, "bytes");
+    ZT_CHECK(by->kind == ZFMT__PK_BYTES && by->len == 4 && !memcmp(by->s, "\0\xff" "ab", 4));
+    const zfmt__pv *sz = zfmt__pv_get(root, "size");
+    ZT_CHECK(sz->kind == ZFMT__PK_TUPLE && sz->n == 2 && sz->items[1]->i == 4);
+    /* every tensor of the state dict: dtype, shape and values as torch has them */
+    char *expect = zt_slurp("a.pt.expect"), *save = NULL;
+    size_t seen = 0;
+    for (char *line = strtok_r(expect, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char name[64], dtype[32], shape[64], sha[65], got[65], gshape[64] = "";
+        ZT_CHECK(sscanf(line, "%63s %31s %63s %64s", name, dtype, shape, sha) == 4);
+        if (!strcmp(shape, "-"))
+            shape[0] = 0;
+        const zfmt__pv *t = zfmt__pv_get(sd, name);
+        ZT_CHECK(t && t->kind == ZFMT__PK_TENSOR);
+        for (size_t d = 0; d < t->ndim; d++)
+            snprintf(gshape + strlen(gshape), sizeof gshape - strlen(gshape), "%s%llu",
+                     d ? "," : "", (unsigned long long)t->size[d]);
+        if (strcmp(t->dtype_name, dtype) || strcmp(gshape, shape))
+            ZT_FAIL("%s: %s [%s], torch says %s [%s]", name, t->dtype_name, gshape, dtype, shape);
+        tensor_sha(z, t, got);
+        if (strcmp(got, sha))
+            ZT_FAIL("%s: the values differ from torch's", name);
+        seen++;
+    }
+    ZT_CHECK_EQ(seen, 7);
+    free(expect);
+    zfmt__pickle_free(p);
+    zfmt__zip_free(z);
+}
+
+/* a pickle that would run code: refused naming the global; nothing runs */
+ZT_TEST(foreign_pickles_naming_code_are_refused)
+{
+    const char *kinds[2][2] = {{"system", "posix.system"}, {"eval", "builtins.eval"}};
+    for (int k = 0; k < 2; k++) {
+        char args[256];
+        snprintf(args, sizeof args, "evil evil.pt %s %s/PWNED", kinds[k][0], getcwd(NULL, 0));
+        torch_files(args);
+        zfmt__zip *z;
+        ZT_OK(zfmt__zip_open(&z, "evil.pt"));
+        const zfmt__zip_entry *e = zfmt__zip_find(z, "data.pkl");
+        char *b;
+        ZT_OK(zfmt__zip_slurp(z, e, 1 << 20, &b));
+        zfmt__pickle *p = NULL;
+        char want[64];
+        snprintf(want, sizeof want, "pickle global '%s' is not allowed", kinds[k][1]);
+        ZT_ERR(zfmt__pickle_load(&p, b, (size_t)e->size, "evil.pt", 1 << 24), ZR_ECORRUPT, want);
+        ZT_CHECK(access("PWNED", F_OK) < 0);
+        free(b);
+        zfmt__zip_free(z);
+    }
+    /* hand-made: GLOBAL + REDUCE, STACK_GLOBAL, INST (text opcodes never accepted) */
+    static const struct {
+        const char *bytes;
+        size_t n;
+        const char *msg;
+    } bad[] = {
+        {"\x80\x02" "cos\nsystem\nX\x04\0\0\0true\x85R.", 20, "'os.system' is not allowed"},
+        {"\x80\x04\x8c\x08" "builtins\x8c\x04" "exec\x93.", 20, "'builtins.exec' is not allowed"},
+        {"(S'x'\nios\nsystem\n.", 17, "unsupported pickle opcode"},
+        {"\x80\x02" "ctorch._utils\n_rebuild_tensor_v2\n)R.", 38, "arguments torch never writes"},
+        {"\x80\x02]q\xff.", 6, NULL}, /* fine: an empty list memoized at 255 */
+        {"\x80\x02" "h\x05.", 5, "a memo read of an index never stored"},
+        {"\x80\x02]r\xff\xff\xff\x7f.", 9, "a memo index over 2^30"},
+        {"\x80\x02(((((", 7, "ends without STOP"},
+        {"\x80\x02" "X\xff\xff\0\0ab.", 10, "runs past the end"},
+        {"\x80\x02" "ctorch\nFloatStorage\n)R.", 25, "is not callable"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        zfmt__pickle *p = NULL;
+        if (!bad[i].msg) {
+            ZT_OK(zfmt__pickle_load(&p, bad[i].bytes, bad[i].n, "x", 1 << 20));
+            zfmt__pickle_free(p);
+            continue;
+        }
+        zr_err_clear();
+        int rc = zfmt__pickle_load(&p, bad[i].bytes, bad[i].n, "x", 1 << 20);
+        if (rc != ZR_ECORRUPT || !strstr(zr_err_msg(), bad[i].msg))
+            ZT_FAIL("bad pickle %zu: %s, message '%s', expected '%s'", i, zr_err_name(rc),
+                    zr_err_msg(), bad[i].msg);
+    }
+}
+
+/* memory is bounded: a pickle of many values stops at the budget, with a message */
+ZT_TEST(foreign_pickle_memory_is_bounded)
+{
+    size_t n = 1 << 20;
+    char *b = malloc(n + 4);
+    b[0] = '\x80';
+    b[1] = 2;
+    memset(b + 2, ']', n); /* a million empty lists on the stack */
+    b[n + 2] = '.';
+    zfmt__pickle *p = NULL;
+    ZT_ERR(zfmt__pickle_load(&p, b, n + 3, "big", 16 << 20), ZR_ECORRUPT, "more than 16777216 bytes");
+    free(b);
+    /* a list appended into itself (a cycle) loads; describing it does not recurse */
+    static const char cyc[] = "\x80\x02]q\x00h\x00" "a.";
+    ZT_OK(zfmt__pickle_load(&p, cyc, sizeof cyc - 1, "cycle", 1 << 20));
+    char d[64];
+    zfmt__pv_describe(zfmt__pickle_root(p), d, sizeof d);
+    ZT_CHECK(!strcmp(d, "list of 1") && zfmt__pickle_root(p)->items[0] == zfmt__pickle_root(p));
+    zfmt__pickle_free(p);
+}
+
+/* zip damage: truncation, a flipped byte, a compressed record, a record outside the root */
+ZT_TEST(foreign_zip_damage_is_named)
+{
+    torch_files("save a.pt");
+    char *all = zt_slurp("a.pt");
+    struct stat st;
+    ZT_CHECK(stat("a.pt", &st) == 0);
+    zfmt__zip *z = NULL;
+    zt_write_bytes("half.pt", all, (size_t)st.st_size / 2);
+    ZT_ERR(zfmt__zip_open(&z, "half.pt"), ZR_ECORRUPT, "no end of central directory");
+    zt_write_bytes("tail.pt", all, (size_t)st.st_size - 30); /* the end record cut */
+    ZT_ERR(zfmt__zip_open(&z, "tail.pt"), ZR_ECORRUPT, "tail.pt");
+    /* one byte of a storage flipped: the zip opens, the record's CRC-32 differs */
+    ZT_OK(zfmt__zip_open(&z, "a.pt"));
+    const zfmt__zip_entry *e = zfmt__zip_find(z, "data/0");
+    ZT_CHECK(e);
+    all[e->data_off + 3] ^= 1;
+    zfmt__zip_free(z);
+    zt_write_bytes("flip.pt", all, (size_t)st.st_size);
+    ZT_OK(zfmt__zip_open(&z, "flip.pt"));
+    ZT_ERR(zfmt__zip_check_crc(z, zfmt__zip_find(z, "data/0")), ZR_ECORRUPT,
+           "record 'a/data/0': CRC-32");
+    zfmt__zip_free(z);
+    free(all);
+    /* zips torch never writes (Python's zipfile): compressed, no root folder, two roots */
+    const char *py = zt_venv_python("zipfile");
+    ZT_CHECK(py);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' -c \"import zipfile\n"
+             "z = zipfile.ZipFile('deflated.pt', 'w', zipfile.ZIP_DEFLATED)\n"
+             "z.writestr('archive/data.pkl', b'x' * 1000)\nz.close()\n"
+             "z = zipfile.ZipFile('flat.pt', 'w')\nz.writestr('data.pkl', b'.')\nz.close()\n"
+             "z = zipfile.ZipFile('roots.pt', 'w')\nz.writestr('a/data.pkl', b'.')\n"
+             "z.writestr('b/x', b'.')\nz.close()\n\"", py);
+    ZT_CHECK(system(cmd) == 0);
+    ZT_ERR(zfmt__zip_open(&z, "deflated.pt"), ZR_EUNSUPPORTED, "is compressed");
+    ZT_ERR(zfmt__zip_open(&z, "flat.pt"), ZR_ECORRUPT, "not in a folder");
+    ZT_ERR(zfmt__zip_open(&z, "roots.pt"), ZR_ECORRUPT, "outside the root folder 'a'");
+    mkfifo("fifo.pt", 0600);
+    ZT_ERR(zfmt__zip_open(&z, "fifo.pt"), ZR_ECORRUPT, "FIFO");
+}
+
+/* zckpt verify of a DCP save: sound; then each damage named, exit 1 */
+ZT_TEST(foreign_dcp_verify_names_each_damage)
+{
+    torch_files("dcp d");
+    char *out;
+    if (zt_zckpt(&out, "verify d") != 0 || !strstr(out, "d (PyTorch DCP): sound"))
+        ZT_FAIL("verify d: %s", out);
+    free(out);
+    ZT_CHECK(zt_zckpt(&out, "verify d --json") == 0 && strstr(out, "\"format\": \"PyTorch DCP\""));
+    free(out);
+    struct {
+        const char *setup, *want;
+    } cases[] = {
+        /* a missing .distcp */
+        {"rm e/__0_0.distcp", "__0_0.distcp: missing: named by .metadata, absent"},
+        /* a truncated one */
+        {"truncate -s 1000 e/__0_0.distcp", "__0_0.distcp: truncated: 1000 bytes"},
+        /* a flipped byte in the middle of the first item */
+        {"printf '\\001' | dd of=e/__0_0.distcp bs=1 seek=3000 conv=notrunc 2>/dev/null",
+         "__0_0.distcp: hash mismatch: item"},
+        /* a .distcp of another save */
+        {"cp e/__0_0.distcp e/__1_0.distcp", "__1_0.distcp: unlisted file"},
+        /* no .metadata pickle at all */
+        {"echo x > e/.metadata", ".metadata: bad manifest"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ZT_CHECK(system("rm -rf e && cp -r d e") == 0);
+        ZT_CHECK(system(cases[i].setup) == 0);
+        int rc = zt_zckpt(&out, "verify e");
+        if (rc != 1 || !strstr(out, cases[i].want))
+            ZT_FAIL("%s: exit %d, expected 1 and '%s':\n%s", cases[i].setup, rc, cases[i].want,
+                    out);
+        free(out);
+    }
+    /* a chunk missing from .metadata: the tensor's chunks no longer cover it */
+    ZT_CHECK(system("rm -rf e && cp -r d e") == 0);
+    const char *py = zt_venv_python("torch");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' -c \"import pickle\nm = pickle.load(open('e/.metadata', "
+             "'rb'))\nm.state_dict_metadata['model.w'].chunks.pop(0)\n"
+             "pickle.dump(m, open('e/.metadata', 'wb'))\" 2>/dev/null", py);
+    ZT_CHECK(system(cmd) == 0);
+    ZT_CHECK(zt_zckpt(&out, "verify e") == 1);
+    if (!strstr(out, "'model.w': its chunks cover 0 of its 960 elements"))
+        ZT_FAIL("chunk missing: %s", out);
+    free(out);
+}
