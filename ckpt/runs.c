@@ -444,3 +444,75 @@ int zck_check_replaceable(const char *target, const char *src)
     }
     return 0;
 }
+
+/* ---------------------------------------------------------------- where outputs may go */
+
+/* path with its directories resolved (symbolic links followed, as far as they exist; the rest
+ * as written), its last component as written: what a rename over path replaces. malloc'd. */
+static char *resolve_dirs(const char *path)
+{
+    char *p = strdup(path), *rest = strdup("");
+    size_t n = p ? strlen(p) : 0;
+    while (n > 1 && p[n - 1] == '/')
+        p[--n] = 0;
+    char *real = NULL;
+    while (p && rest && !real) {
+        char *slash = strrchr(p, '/');
+        char *tail = NULL;
+        if (asprintf(&tail, "%s%s%s", slash ? slash + 1 : p, rest[0] ? "/" : "", rest) < 0)
+            break;
+        free(rest);
+        rest = tail;
+        if (!slash)
+            real = realpath(".", NULL);
+        else if (slash == p)
+            real = strdup("/");
+        else {
+            *slash = 0;
+            real = realpath(p, NULL);
+        }
+        if (!real && errno != ENOENT && errno != ENOTDIR)
+            break;
+    }
+    char *out = NULL;
+    if (real && rest && asprintf(&out, "%s/%s", strcmp(real, "/") ? real : "", rest) < 0)
+        out = NULL;
+    free(p);
+    free(rest);
+    free(real);
+    return out;
+}
+
+/* A run directory: a latest file, or step-N directories with manifests. */
+static bool is_run_dir(const char *dir)
+{
+    return !has_manifest(dir) && is_zckpt_dir(dir);
+}
+
+int zck_check_unmanaged(const char *path)
+{
+    char *full = resolve_dirs(path);
+    if (!full)
+        return errno == ENOMEM ? zr_err_set(ZR_ENOMEM, "out of memory")
+                               : zr_err_sys(errno, "%s: resolve", path);
+    int rc = 0;
+    for (size_t i = strlen(full); i-- > 0 && !rc;) {
+        if (full[i] != '/')
+            continue;
+        const char *entry = full + i + 1; /* the entry of the directory full[0, i) on the way */
+        int len = (int)strcspn(entry, "/");
+        char *dir = strndup(full, i ? i : 1);
+        if (!dir)
+            rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        else if (has_manifest(dir))
+            rc = zr_err_set(ZR_EINVAL, "%s: inside the checkpoint directory %s: refusing to "
+                            "write there", path, dir);
+        else if (zck_run_owns(entry, (size_t)len) && is_run_dir(dir))
+            rc = zr_err_set(ZR_EINVAL, "%s: '%.*s' of the run directory %s is the run's own "
+                            "(step directories, latest, .lock, temporaries): refusing to write "
+                            "there", path, len, entry, dir);
+        free(dir);
+    }
+    free(full);
+    return rc;
+}

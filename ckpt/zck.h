@@ -333,6 +333,15 @@ int zck_rename_noreplace(const char *from, const char *to);
 char *zck_path_resolve(const char *path);
 int zck_same_file(const char *a, const char *b);
 int zck_check_output(const char *path);
+/* zck_make_parents: make the missing directories on the way to path (mkdir -p of its parent,
+ * each new directory made durable in its own parent); an existing component must be a
+ * directory or a symbolic link to one, else ZR_EINVAL naming it and what it is (a file, a
+ * dangling link and its target). *made (may be NULL): the malloc'd path of the topmost
+ * directory it made, NULL when none. zck_unmake_parents: after the output failed, remove the
+ * directories it made for path that are still empty, from path's parent up to made (NULL
+ * accepted). */
+int zck_make_parents(char **made, const char *path);
+void zck_unmake_parents(const char *made, const char *path);
 
 /* ---------------------------------------------------------------- writing a checkpoint */
 
@@ -517,6 +526,13 @@ const char *zck_ckpt_status_name(zck_ckpt_status s); /* "complete", "incomplete"
  * live job holds. ZR_EEXIST when it is anything else, or src itself or a directory holding src
  * (compared by device and inode, src may be NULL); ZR_EBUSY while a job holds it. */
 int zck_check_replaceable(const char *target, const char *src);
+/* Whether a tool may write at path (a file or a directory it makes): ZR_EINVAL when path lies
+ * inside a checkpoint directory (one holding manifest.json), or on an entry of a run directory
+ * that the format manages (zck_run_owns: step and damaged-step directories, latest, the hidden
+ * lock and temporaries), naming the directory and the entry. The directories on the way are
+ * resolved (symbolic links followed, as far as they exist); the last component is taken as
+ * written (a rename over a symbolic link replaces the link). 0 otherwise. */
+int zck_check_unmanaged(const char *path);
 
 /* ---------------------------------------------------------------- resuming a run */
 

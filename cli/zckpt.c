@@ -447,6 +447,29 @@ static int refuse_existing(const char *out)
                      "%s: already exists", out);
 }
 
+/* Before a command writes its output out (a file with file set, else a directory): not where a
+ * run or a checkpoint keeps its own files (zck_check_unmanaged; a file: nothing but a regular
+ * file there, zck_check_output), then its missing parent directories made (*made: the topmost,
+ * for output_failed). 0, or the exit code after the error. */
+static int output_ready(const char *out, bool file, char **made)
+{
+    *made = NULL;
+    if (zck_check_unmanaged(out) < 0 || (file && zck_check_output(out) < 0) ||
+        zck_make_parents(made, out) < 0)
+        return zcli_fail_lib(PROG, "choose another output");
+    return ZCLI_OK;
+}
+
+/* rc of the command that wrote out: when it failed, the parent directories output_ready made
+ * for it go again (those still empty). made is freed. */
+static int output_done(int rc, char *made, const char *out)
+{
+    if (rc != ZCLI_OK)
+        zck_unmake_parents(made, out);
+    free(made);
+    return rc;
+}
+
 /* the end of a library call shown with a progress bar: the bar's line cleared, then the
  * call's error if it failed (rc < 0) */
 static int progress_done(zcli_bar *bar, int rc)
@@ -457,6 +480,7 @@ static int progress_done(zcli_bar *bar, int rc)
 
 /* Write a new run directory at out through fn(tmp), then move it into place: when out exists
  * (only with force) the old one is removed only after the new one is complete. */
+static int into_place_now(const char *out, int (*fn)(const char *tmp, void *), void *ctx);
 static int into_place(const char *out, const char *src, bool force,
                       int (*fn)(const char *tmp, void *), void *ctx)
 {
@@ -464,6 +488,14 @@ static int into_place(const char *out, const char *src, bool force,
         return refuse_existing(out);
     if (zck_check_replaceable(out, src) < 0)
         return zcli_fail_ckpt(PROG, NULL);
+    char *made;
+    int rc = output_ready(out, false, &made);
+    return rc ? rc : output_done(into_place_now(out, fn, ctx), made, out);
+}
+
+/* into_place once out is checked and its parents made */
+static int into_place_now(const char *out, int (*fn)(const char *tmp, void *), void *ctx)
+{
     char tmp[4096], old[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out, (long)getpid());
     snprintf(old, sizeof old, "%s.old-%ld", out, (long)getpid());
@@ -527,12 +559,16 @@ static int export_st(const char *src, const char *out, bool force, zfmt_st_opts 
 {
     if (exists(out) && !force)
         return refuse_existing(out);
+    char *made;
+    int rc = output_ready(out, true, &made);
+    if (rc)
+        return rc;
     zcli_bar bar;
     so->progress = zcli_progress_init(&bar);
-    int rc = progress_done(&bar, zfmt_safetensors_export(src, out, so));
+    rc = progress_done(&bar, zfmt_safetensors_export(src, out, so));
     if (rc == ZCLI_OK)
         printf("%s: safetensors of %s\n", out, src);
-    return rc;
+    return output_done(rc, made, out);
 }
 
 static int cmd_consolidate(const void *args)
@@ -567,14 +603,20 @@ static int export_hf(const zckpt_args *a)
     o.force = a->force;
     o.tokenizer_json = a->tokenizer;
     o.shard_bytes = a->shard_bytes;
+    char *made;
+    int rc = output_ready(a->out, false, &made);
+    if (rc)
+        return rc;
     o.progress = zcli_progress_init(&bar);
-    int rc = zfmt_hf_export(a->path, a->out, &o);
+    rc = zfmt_hf_export(a->path, a->out, &o);
     zcli_progress_end(&bar);
     if (rc < 0)
-        return zcli_fail_ckpt(PROG, rc == ZR_EEXIST && !a->force
-                                       ? "choose another output, or pass --force to replace an "
-                                         "earlier export"
-                                       : NULL);
+        return output_done(zcli_fail_ckpt(PROG, rc == ZR_EEXIST && !a->force
+                                                    ? "choose another output, or pass --force "
+                                                      "to replace an earlier export"
+                                                    : NULL),
+                           made, a->out);
+    free(made);
     char tj[4200];
     struct stat st;
     snprintf(tj, sizeof tj, "%s/tokenizer.json", a->out);
@@ -607,12 +649,16 @@ static int cmd_export(const void *args)
         return zcli_fail(PROG, NULL, "llm.c model files are float32: --dtype does not apply");
     if (exists(out) && !force)
         return refuse_existing(out);
+    char *made;
+    int rc = output_ready(out, true, &made);
+    if (rc)
+        return rc;
     zcli_bar bar;
     zck_progress p = zcli_progress_init(&bar);
-    int rc = progress_done(&bar, zfmt_llmc_export(src, out, &p));
+    rc = progress_done(&bar, zfmt_llmc_export(src, out, &p));
     if (rc == ZCLI_OK)
         printf("%s: llm.c GPT-2 model file of %s\n", out, src);
-    return rc;
+    return output_done(rc, made, out);
 }
 
 static int cmd_import(const void *args)
@@ -635,27 +681,31 @@ static int cmd_import(const void *args)
 /* pack and unpack: input, -o output, one library call that streams with progress */
 static int archive_cmd(const zckpt_args *a,
                        int (*fn)(const char *, const char *, const zck_progress *),
-                       const char *done)
+                       const char *done, bool file)
 {
     const char *src = a->path, *out = a->out;
+    char *made;
+    int rc = output_ready(out, file, &made);
+    if (rc)
+        return rc;
     zcli_bar bar;
     zck_progress p = zcli_progress_init(&bar);
-    int rc = progress_done(&bar, fn(src, out, &p));
+    rc = progress_done(&bar, fn(src, out, &p));
     if (rc == ZCLI_OK)
         printf("%s: %s %s\n", out, done, src);
-    return rc;
+    return output_done(rc, made, out);
 }
 
 static int cmd_pack(const void *args)
 {
     const zckpt_args *a = args;
-    return archive_cmd(a, zfmt_pack, "archive of");
+    return archive_cmd(a, zfmt_pack, "archive of", true);
 }
 
 static int cmd_unpack(const void *args)
 {
     const zckpt_args *a = args;
-    return archive_cmd(a, zfmt_unpack, "unpacked and verified");
+    return archive_cmd(a, zfmt_unpack, "unpacked and verified", false);
 }
 
 /* ------------------------------------------------------------------ diff */
@@ -788,7 +838,10 @@ static int cmd_plot(const void *args)
         return zcli_fail(PROG, NULL, "out of memory");
     }
     zr_plot_info info;
+    char *made = NULL;
     int rc = plot_target(log, out, a->force);
+    if (!rc)
+        rc = output_ready(out, true, &made);
     if (!rc && zr_plot_write(&info, log, out) < 0)
         rc = zcli_fail_lib(PROG, zr_err_code() != ZR_ENOTFOUND || exists(log) ? NULL
                                  : a->log || !dir ? "the log is the file zrun --log-json names"
@@ -801,6 +854,7 @@ static int cmd_plot(const void *args)
             printf("note: %s: %zu line%s skipped (not a JSON object: a truncated last line?)\n",
                    log, info.skipped, info.skipped == 1 ? "" : "s");
     }
+    rc = output_done(rc, made, out);
     free(log);
     free(out);
     return rc;

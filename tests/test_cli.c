@@ -519,3 +519,103 @@ ZT_TEST(cli_verify_hint_only_for_checkpoints)
     hint_case("ZT_ZRUN", "--dry-run --model " AUDIT_MODEL " --batch 4 --ckpt-dir run --resume "
               "run/step-00000002", "manifest.json", true);
 }
+
+/* ------------------------------------------------------------------ outputs (issue 24) */
+
+/* A GPT-2-shaped run at step 5, world 2 (the formats commands read it). */
+static void gpt2_run(const char *run)
+{
+    zfmt_gpt2_config c = {2, 2, 8, 16, 11};
+    zck_layout *L;
+    ZT_OK(zfmt_gpt2_layout(&L, &c));
+    char *model;
+    ZT_OK(zfmt_gpt2_config_to_json(&model, &c));
+    zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
+    o.step = 5;
+    o.world = 2;
+    o.model_json = model;
+    uint64_t seed = 3;
+    free(zt_save_as(run, L, &o, zt_seed_fill, &seed));
+    free(model);
+    zck_layout_free(L);
+}
+
+static bool is_dir(const char *p)
+{
+    struct stat st;
+    return lstat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Every output's missing parent directories are made (the README's `-o hf/mine` on a fresh
+ * checkout failed: "hf/mine.tmp-N: create: No such file or directory"); a parent that is a
+ * file or a dangling link is refused by name; a failed command leaves none of the directories
+ * it made. */
+ZT_TEST(cli_outputs_make_parent_directories)
+{
+    gpt2_run("run");
+    expect(0, "Hugging Face model", "export run -o hf/mine --format hf");
+    ZT_CHECK(is_dir("hf/mine"));
+    expect(0, "llm.c GPT-2 model file", "export run -o a/b/m.bin --format llmc");
+    expect(0, "safetensors of run", "export run -o a/c/m.safetensors --format safetensors");
+    expect(0, "safetensors of run", "consolidate run -o c/one.safetensors");
+    expect(0, "world 1 checkpoint", "consolidate run -o c/d/one");
+    expect(0, "world 3 checkpoint", "reshard run --world 3 -o r/s/three");
+    expect(0, "archive of run", "pack run -o p/q/run.tar.gz");
+    expect(0, "unpacked and verified", "unpack p/q/run.tar.gz -o u/v/copy");
+    expect(0, "match", "diff run u/v/copy");
+    zt_write_file("u/log.jsonl", "{\"step\": 1, \"loss\": 2.5}\n{\"step\": 2, \"loss\": 2.0}\n");
+    expect(0, "2 step records", "plot u/log.jsonl -o g/h/loss.svg");
+    ZT_CHECK(access("g/h/loss.svg", F_OK) == 0);
+
+    zt_write_file("afile", "x");
+    expect(2, "afile is a file, not a directory", "export run -o afile/x/m.bin --format llmc");
+    ZT_CHECK(symlink("nowhere", "dangling") == 0);
+    expect(2, "dangling is a symbolic link to 'nowhere', which does not exist",
+           "export run -o dangling/hf --format hf");
+    ZT_CHECK(access("nowhere", F_OK) < 0);
+    /* a failure after the directories were made takes them away again */
+    expect(2, "no-such-run", "export no-such-run -o n1/n2/hf --format hf");
+    expect(2, "no-such-run", "export no-such-run -o n1/n2/m.bin --format llmc");
+    expect(2, "no-such-run", "reshard no-such-run --world 2 -o n1/n2/r");
+    ZT_CHECK(access("n1", F_OK) < 0);
+    ZT_CHECK(mkdir("kept", 0755) == 0); /* one that was there stays */
+    expect(2, "no-such-run", "export no-such-run -o kept/n2/hf --format hf");
+    ZT_CHECK(is_dir("kept") && access("kept/n2", F_OK) < 0);
+}
+
+/* export --format llmc|safetensors --force replaced any regular file, the source run's latest
+ * or a shard of a checkpoint among them (and the next resume then told of an interrupted
+ * commit). Outputs never go where a run or a checkpoint keeps its own files. */
+ZT_TEST(cli_outputs_never_replace_a_runs_files)
+{
+    gpt2_run("run");
+    const char *shard = "run/step-00000005/shard-00000-of-00002.bin";
+    ZT_CHECK(system("cp run/latest latest.orig && cp run/step-00000005/shard-00000-of-00002.bin"
+                    " shard.orig") == 0);
+    expect(2, "'latest' of the run directory", "export run -o run/latest --format llmc --force");
+    expect(2, "'latest' of the run directory",
+           "export run -o run/latest --format safetensors --force");
+    expect(2, "inside the checkpoint directory",
+           "export run -o run/step-00000005/shard-00000-of-00002.bin --format llmc --force");
+    expect(2, "inside the checkpoint directory",
+           "export run -o run/step-00000005/shard-00000-of-00002.bin --format safetensors "
+           "--force");
+    expect(2, "inside the checkpoint directory",
+           "consolidate run -o run/step-00000005/shard-00000-of-00002.bin --format safetensors "
+           "--force");
+    expect(2, "'latest' of the run directory", "plot run -o run/latest --force");
+    ZT_CHECK(zt_same_file("run/latest", "latest.orig"));
+    ZT_CHECK(zt_same_file(shard, "shard.orig"));
+    /* through a symbolic link to the run, and with a new directory inside a checkpoint */
+    ZT_CHECK(symlink("run", "alias") == 0);
+    expect(2, "'latest' of the run directory", "export run -o alias/latest --format llmc --force");
+    expect(2, "inside the checkpoint directory",
+           "export run -o run/step-00000005/sub/m.bin --format llmc");
+    expect(2, "inside the checkpoint directory", "export run -o run/step-00000005/hf --format hf");
+    expect(2, "'step-00000009' of the run directory", "unpack x.tar -o run/step-00000009");
+    ZT_CHECK(access("run/step-00000005/sub", F_OK) < 0 && access("run/step-00000005/hf", F_OK) < 0);
+    expect(0, "sound (all checks", "verify run");
+    /* beside the checkpoints is fine */
+    expect(0, "llm.c GPT-2 model file", "export run -o run/model.bin --format llmc");
+    expect(0, "llm.c GPT-2 model file", "export run -o run/model.bin --format llmc --force");
+}
