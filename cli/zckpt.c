@@ -10,6 +10,7 @@
 #include "zr.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <float.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -523,10 +524,81 @@ typedef struct {
     zck_reshard_opts o;
 } reshard_ctx;
 
+/* A run directory, as the library resolves a source (a latest file and no manifest.json): its
+ * checkpoint is what latest names. */
+static bool is_run_dir(const char *path)
+{
+    char m[4200], l[4200];
+    struct stat st;
+    snprintf(m, sizeof m, "%s/manifest.json", path);
+    snprintf(l, sizeof l, "%s/latest", path);
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) && stat(m, &st) < 0 && stat(l, &st) == 0;
+}
+
+/* Copy the regular file from into the new file to (fsync'ed). */
+static int copy_file(const char *from, const char *to)
+{
+    int in, out;
+    if (zck_open_regular(&in, from, ZCK_NOFOLLOW, NULL) < 0)
+        return -1;
+    out = open(to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (out < 0) {
+        close(in);
+        return zr_err_set(ZR_EIO, "%s: create: %s", to, strerror(errno));
+    }
+    char buf[1 << 16];
+    int rc = 0;
+    for (;;) {
+        ssize_t k = read(in, buf, sizeof buf);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            rc = zr_err_set(ZR_EIO, "%s: read: %s", from, strerror(errno));
+        if (k <= 0)
+            break;
+        for (ssize_t off = 0; !rc && off < k;) {
+            ssize_t w = write(out, buf + off, (size_t)(k - off));
+            if (w < 0 && errno != EINTR)
+                rc = zr_err_set(ZR_EIO, "%s: write: %s", to, strerror(errno));
+            off += w > 0 ? w : 0;
+        }
+        if (rc)
+            break;
+    }
+    if (!rc && fsync(out) < 0)
+        rc = zr_err_set(ZR_EIO, "%s: fsync: %s", to, strerror(errno));
+    close(in);
+    if (close(out) < 0 && !rc)
+        rc = zr_err_set(ZR_EIO, "%s: close: %s", to, strerror(errno));
+    return rc;
+}
+
+/* The source run's JSON log (train.jsonl, zrun's default --log-json) goes with the new run
+ * directory, so that its plot keeps the history: only from a run directory (a checkpoint
+ * directory has no log of its own); none is fine, and one that cannot be copied (a FIFO, a
+ * read error) is a warning: the checkpoint is what was asked for. */
+static void carry_log(const char *src, const char *tmp)
+{
+    char from[4200], to[4200];
+    struct stat st;
+    snprintf(from, sizeof from, "%s/train.jsonl", src);
+    snprintf(to, sizeof to, "%s/train.jsonl", tmp);
+    if (!is_run_dir(src) || lstat(from, &st) < 0)
+        return;
+    if (copy_file(from, to) < 0 || zck_fsync_dir(tmp) < 0) {
+        fprintf(stderr, PROG ": warning: the run's log was not copied: %s\n", zr_err_msg());
+        unlink(to);
+        zr_err_clear();
+    }
+}
+
 static int do_reshard(const char *tmp, void *vctx)
 {
     reshard_ctx *c = vctx;
-    return zck_reshard(NULL, c->src, tmp, c->world, &c->o);
+    int rc = zck_reshard(NULL, c->src, tmp, c->world, &c->o);
+    if (!rc)
+        carry_log(c->src, tmp);
+    return rc;
 }
 
 static int reshard_common(const char *src, const char *out, uint32_t world, bool force,

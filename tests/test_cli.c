@@ -619,3 +619,22 @@ ZT_TEST(cli_outputs_never_replace_a_runs_files)
     expect(0, "llm.c GPT-2 model file", "export run -o run/model.bin --format llmc");
     expect(0, "llm.c GPT-2 model file", "export run -o run/model.bin --format llmc --force");
 }
+
+/* reshard -o (and consolidate into a run directory) carry the source run's JSON log
+ * (train.jsonl), so that `zckpt plot` of the new run keeps its history; from a checkpoint
+ * directory there is no log to carry. */
+ZT_TEST(cli_reshard_carries_the_runs_log)
+{
+    gpt2_run("run");
+    zt_write_file("run/train.jsonl", "{\"step\": 1, \"loss\": 3.0}\n{\"step\": 2, \"loss\": 2.5}\n"
+                  "{\"step\": 3, \"loss\": 2.25}\n");
+    expect(0, "world 3 checkpoint", "reshard run --world 3 -o r3");
+    ZT_CHECK(zt_same_file("run/train.jsonl", "r3/train.jsonl"));
+    expect(0, "3 step records", "plot r3");
+    expect(0, "world 1 checkpoint", "consolidate run -o one");
+    ZT_CHECK(zt_same_file("run/train.jsonl", "one/train.jsonl"));
+    expect(0, "world 2 checkpoint", "reshard run --world 2 -o r3 --force"); /* replaced whole */
+    ZT_CHECK(zt_same_file("run/train.jsonl", "r3/train.jsonl"));
+    expect(0, "world 2 checkpoint", "reshard run/step-00000005 --world 2 -o r2");
+    ZT_CHECK(access("r2/train.jsonl", F_OK) < 0);
+}
