@@ -480,19 +480,29 @@ typedef struct {
     uint64_t keep_every;  /* also keep steps that are multiples of this; 0: none */
     int gc_tmp;           /* remove stale .tmp-step-N-* (N <= latest), .del-*, .latest.tmp-* */
     int dry_run;          /* only say what would go */
+    int damaged;          /* only the damaged-step-N directories the resume policy moved aside
+                             (nothing else: no retention, no temporaries) */
 } zck_prune_opts;
-#define ZCK_PRUNE_OPTS_INIT {.keep_last = 0, .keep_every = 0, .gc_tmp = 1, .dry_run = 0}
+#define ZCK_PRUNE_OPTS_INIT {.keep_last = 0, .keep_every = 0, .gc_tmp = 1, .dry_run = 0, .damaged = 0}
 
 /* Apply retention to run_dir now, holding its lock (ZR_EBUSY while a job works there): never
  * removes what latest names, nor any step directory above it (an orphan of a crashed commit).
  * With gc_tmp, every abandoned staging directory goes, whatever its step (also without
  * latest). Only what the format wrote is deleted: a directory holding anything but
- * manifest.json, SHA256SUMS and shard-*.bin is left in place with a warning. Step directories
+ * manifest.json, SHA256SUMS, shard-*.bin and the extra files its manifest lists is left in
+ * place with a warning. With o->damaged, only the damaged-step-N (damaged-step-N.K)
+ * directories go, under the same rule. Step directories
  * are renamed out of sight before they are deleted. *removed (may be NULL) lists what went
  * (or would go). */
 int zck_prune(zck_namelist *removed, const char *run_dir, const zck_prune_opts *o);
 
-typedef enum { ZCK_CKPT_COMPLETE, ZCK_CKPT_INCOMPLETE, ZCK_CKPT_CORRUPT } zck_ckpt_status;
+/* ZCK_CKPT_DAMAGED: a damaged-step-N directory (zck_run_list's damaged) */
+typedef enum {
+    ZCK_CKPT_COMPLETE,
+    ZCK_CKPT_INCOMPLETE,
+    ZCK_CKPT_CORRUPT,
+    ZCK_CKPT_DAMAGED
+} zck_ckpt_status;
 
 typedef struct {
     char *name;          /* "step-00001000" */
@@ -501,7 +511,8 @@ typedef struct {
     int zero_stage;
     uint64_t bytes;      /* sum of the files in the directory */
     zck_ckpt_status status;  /* from a quick verify (no hashing) */
-    char *detail;        /* first problem, "" when complete */
+    char *detail;        /* "" when complete; else "FILE: problem", the first one (incomplete:
+                            every missing or short file, "; "-separated) */
     int is_latest;
 } zck_run_entry;
 
@@ -513,12 +524,17 @@ typedef struct {
     char *holder;         /* the live job holding the directory (zck_run_lock_holder), or NULL */
     zck_namelist foreign; /* step-<N> names that are not directories (a symbolic link to one
                              among them): not part of the run, never resumed from or removed */
+    zck_run_entry *damaged; /* the damaged-step-N directories the resume policy moved aside,
+                               sorted by step, each with its quick check's detail; status
+                               ZCK_CKPT_DAMAGED */
+    size_t n_damaged;
 } zck_run_list;
 
 /* List the checkpoints of a run directory with a quick check of each. */
 int zck_run_list_open(zck_run_list **out, const char *run_dir);
 void zck_run_list_free(zck_run_list *l);
-const char *zck_ckpt_status_name(zck_ckpt_status s); /* "complete", "incomplete", "corrupt" */
+/* "complete", "incomplete", "corrupt", "damaged (moved aside)" */
+const char *zck_ckpt_status_name(zck_ckpt_status s);
 
 /* Whether target (an output a tool was told to replace, --force) may be deleted: 0 when it
  * does not exist or is a symlink (only the link goes), or a zckpt run directory (a latest

@@ -76,6 +76,35 @@ static bool exists(const char *path)
 
 /* ------------------------------------------------------------------ ls */
 
+/* The entries of ls --json (checkpoints or damaged ones). */
+static json_t *entries_json(const zck_run_entry *v, size_t n)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++) {
+        const zck_run_entry *e = &v[i];
+        json_array_append_new(arr, json_pack(
+            "{s:s, s:I, s:i, s:i, s:I, s:s, s:b, s:s}", "name", e->name, "step",
+            (json_int_t)e->step, "world_size", (int)e->world, "zero_stage", e->zero_stage,
+            "bytes", (json_int_t)e->bytes, "status", zck_ckpt_status_name(e->status),
+            "latest", e->is_latest, "detail", e->detail));
+    }
+    return arr;
+}
+
+/* The rows of the ls table (checkpoints or damaged ones). */
+static void entries_print(const zck_run_entry *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const zck_run_entry *e = &v[i];
+        char h[32], det[1280], nm[300];
+        printf("%-24s %10llu %6u %6d %12s  %s%s%s%s\n", zr_printable(nm, sizeof nm, e->name),
+               (unsigned long long)e->step, e->world, e->zero_stage,
+               zcli_human(h, (double)e->bytes), zck_ckpt_status_name(e->status),
+               e->is_latest ? " (latest)" : "", e->detail[0] ? ": " : "",
+               zr_printable(det, sizeof det, e->detail));
+    }
+}
+
 static int cmd_ls(const void *args)
 {
     const zckpt_args *a = args;
@@ -85,37 +114,27 @@ static int cmd_ls(const void *args)
     if (zck_run_list_open(&l, run) < 0)
         return zcli_fail_ckpt(PROG, NULL);
     if (json) {
-        json_t *arr = json_array();
-        for (size_t i = 0; i < l->n; i++) {
-            const zck_run_entry *e = &l->ckpt[i];
-            json_array_append_new(arr, json_pack(
-                "{s:s, s:I, s:i, s:i, s:I, s:s, s:b, s:s}", "name", e->name, "step",
-                (json_int_t)e->step, "world_size", (int)e->world, "zero_stage", e->zero_stage,
-                "bytes", (json_int_t)e->bytes, "status", zck_ckpt_status_name(e->status),
-                "latest", e->is_latest, "detail", e->detail));
-        }
+        json_t *arr = entries_json(l->ckpt, l->n);
         json_t *stale = json_array();
         for (size_t i = 0; i < l->stale.n; i++)
             json_array_append_new(stale, json_string(l->stale.name[i]));
         json_t *foreign = json_array();
         for (size_t i = 0; i < l->foreign.n; i++)
             json_array_append_new(foreign, json_string(l->foreign.name[i]));
-        print_json(json_pack("{s:s, s:s?, s:o, s:o, s:o}", "run_dir", run, "latest", l->latest,
-                             "checkpoints", arr, "stale", stale, "foreign", foreign));
+        print_json(json_pack("{s:s, s:s?, s:o, s:o, s:o, s:o}", "run_dir", run, "latest",
+                             l->latest, "checkpoints", arr, "damaged",
+                             entries_json(l->damaged, l->n_damaged), "stale", stale, "foreign",
+                             foreign));
     } else {
-        printf("%-22s %10s %6s %6s %12s  %s\n", "CHECKPOINT", "STEP", "WORLD", "STAGE", "BYTES",
+        printf("%-24s %10s %6s %6s %12s  %s\n", "CHECKPOINT", "STEP", "WORLD", "STAGE", "BYTES",
                "STATUS");
-        for (size_t i = 0; i < l->n; i++) {
-            const zck_run_entry *e = &l->ckpt[i];
-            char h[32], det[1280];
-            printf("%-22s %10llu %6u %6d %12s  %s%s%s%s\n", e->name,
-                   (unsigned long long)e->step, e->world, e->zero_stage,
-                   zcli_human(h, (double)e->bytes), zck_ckpt_status_name(e->status),
-                   e->is_latest ? " (latest)" : "", e->detail[0] ? ": " : "",
-                   zr_printable(det, sizeof det, e->detail));
-        }
+        entries_print(l->ckpt, l->n);
+        entries_print(l->damaged, l->n_damaged);
         if (!l->n)
             printf("(no checkpoints)\n");
+        if (l->n_damaged)
+            printf("damaged checkpoints moved aside by a resume: %zu (removed by `zckpt prune "
+                   "--damaged`)\n", l->n_damaged);
         if (!l->latest)
             printf("latest: none\n");
         if (l->holder)
@@ -840,6 +859,12 @@ static int cmd_prune(const void *args)
     const char *run = a->path;
     int json = a->json;
     zck_prune_opts o = a->prune;
+    if (!o.damaged && !o.keep_last)
+        return zcli_fail(PROG, "see `zckpt prune --help`", "missing --keep-last K (or "
+                         "--damaged)");
+    if (o.damaged && (o.keep_last || o.keep_every))
+        return zcli_fail(PROG, "run them one after the other", "--damaged removes only the "
+                         "damaged-step directories: not with --keep-last or --keep-every");
     zck_namelist removed = {0, NULL};
     if (zck_prune(&removed, run, &o) < 0) {
         zck_namelist_free(&removed);
@@ -1152,11 +1177,13 @@ static const zcli_opt plot_opts[] = {
 };
 static const zcli_opt prune_opts[] = {
     ZCLI_POSITIONAL("RUNDIR", path),
-    {.name = "--keep-last", .kind = ZCLI_OPT_U32, .flags = ZCLI_OPT_REQUIRED,
-     .off = offsetof(zckpt_args, prune.keep_last), .meta = "K", .lo = 1, .hi = UINT32_MAX,
-     .help = "keep the newest K checkpoints"},
+    {.name = "--keep-last", .kind = ZCLI_OPT_U32, .off = offsetof(zckpt_args, prune.keep_last),
+     .meta = "K", .lo = 1, .hi = UINT32_MAX,
+     .help = "keep the newest K checkpoints (required, unless --damaged)"},
     ZCLI_INTEGER(U64, "--keep-every", prune.keep_every, "N", 1, UINT32_MAX, "",
                  "also keep those whose step is a multiple of N"),
+    ZCLI_FLAG("--damaged", prune.damaged, "remove only the damaged-step-N directories a "
+              "resume moved aside (those holding only the format's files), nothing else"),
     ZCLI_FLAG("--dry-run", prune.dry_run, "only say what would be removed"),
     OPT_JSON,
 };
@@ -1168,8 +1195,9 @@ static const zcli_opt prune_opts[] = {
 static const zcli_command commands[] = {
     {"ls", cmd_ls, TABLE(ls_opts),
      "List every checkpoint of a run directory with its step, world size, ZeRO stage, bytes\n"
-     "and status from a quick check (complete, incomplete, corrupt), which one `latest`\n"
-     "names, and stale temporaries.\n"},
+     "and status from a quick check (complete, incomplete, corrupt: the files at fault named),\n"
+     "which one `latest` names, the damaged ones a resume moved aside (damaged-step-N), and\n"
+     "stale temporaries.\n"},
     {"inspect", cmd_inspect, TABLE(inspect_opts),
      "Summarize a checkpoint's manifest. CKPT is a checkpoint directory or a run directory\n"
      "(its `latest` is used).\n"},
@@ -1224,7 +1252,8 @@ static const zcli_command commands[] = {
      "error.\n"},
     {"prune", cmd_prune, TABLE(prune_opts),
      "Remove all but the newest K checkpoints (and those whose step is a multiple of N), and\n"
-     "stale temporaries. Never removes what `latest` names, nor checkpoints newer than it.\n"},
+     "stale temporaries. Never removes what `latest` names, nor checkpoints newer than it.\n"
+     "With --damaged instead: only the damaged-step-N directories a resume moved aside.\n"},
 };
 #define N_COMMANDS (sizeof commands / sizeof *commands)
 

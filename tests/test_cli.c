@@ -638,3 +638,79 @@ ZT_TEST(cli_reshard_carries_the_runs_log)
     expect(0, "world 2 checkpoint", "reshard run/step-00000005 --world 2 -o r2");
     ZT_CHECK(access("r2/train.jsonl", F_OK) < 0);
 }
+
+/* ls names the files at fault of an incomplete checkpoint (it said only "listed with N bytes,
+ * not on disk"), and lists the checkpoints a resume moved aside (damaged-step-N, .2, ...),
+ * which nothing showed or removed; prune --damaged removes those (only those, and only when
+ * they hold nothing but the format's files). */
+ZT_TEST(cli_ls_and_prune_damaged_checkpoints)
+{
+    zck_layout *L = zt_layout(3, sizes);
+    for (uint64_t s = 1; s <= 3; s++)
+        free(zt_save("run", L, 3, s, 1, 0));
+    zck_resume_opts ro = ZCK_RESUME_OPTS_INIT;
+    ro.verify = ZCK_RESUME_VERIFY_QUICK;
+    for (int k = 0; k < 2; k++) { /* step 3 damaged twice: damaged-step-00000003, then .2 */
+        ZT_CHECK(unlink("run/step-00000003/shard-00001-of-00003.bin") == 0);
+        char *pick = NULL;
+        ZT_OK(zck_resume_pick(&pick, "run", &ro));
+        ZT_CHECK(pick && strstr(pick, "step-00000002"));
+        free(pick);
+        if (!k)
+            free(zt_save("run", L, 3, 3, 1, 0));
+    }
+    ZT_CHECK(is_dir("run/damaged-step-00000003") && is_dir("run/damaged-step-00000003.2"));
+    ZT_CHECK(unlink("run/step-00000001/shard-00000-of-00003.bin") == 0);
+    zt_truncate("run/step-00000001/shard-00002-of-00003.bin", 100);
+    expect(0, "incomplete: shard-00000-of-00003.bin: listed with", "ls run");
+    expect(0, "; shard-00002-of-00003.bin: 100 bytes", "ls run");
+    expect(0, "damaged-step-00000003             3      3      3", "ls run");
+    expect(0, "damaged (moved aside): shard-00001-of-00003.bin: listed with", "ls run");
+    expect(0, "damaged (moved aside)", "ls run");
+    json_t *j = json_of("ls run --json");
+    json_t *d = json_object_get(j, "damaged");
+    ZT_CHECK_EQ(json_array_size(d), 2);
+    ZT_CHECK_EQ(json_array_size(json_object_get(j, "checkpoints")), 2);
+    ZT_CHECK(!strcmp(json_string_value(json_object_get(json_array_get(d, 0), "status")),
+                     "damaged (moved aside)"));
+    ZT_CHECK(strstr(json_string_value(json_object_get(json_array_get(d, 0), "detail")),
+                    "shard-00001-of-00003.bin"));
+    json_decref(j);
+
+    expect(2, "missing --keep-last K (or --damaged)", "prune run");
+    expect(2, "not with --keep-last", "prune run --damaged --keep-last 1");
+    zt_write_file("run/damaged-step-00000003.2/notes.txt", "mine");
+    zt_write_file("run/damaged-step-00000009", "a file, not a directory");
+    ZT_CHECK(mkdir("run/damaged-stuff", 0755) == 0);
+    expect(0, "would remove run/damaged-step-00000003\n", "prune run --damaged --dry-run");
+    ZT_CHECK(is_dir("run/damaged-step-00000003"));
+    expect(0, "removed run/damaged-step-00000003\n", "prune run --damaged");
+    ZT_CHECK(access("run/damaged-step-00000003", F_OK) < 0);
+    ZT_CHECK(access("run/damaged-step-00000003.2/notes.txt", F_OK) == 0);
+    ZT_CHECK(access("run/damaged-step-00000009", F_OK) == 0 && is_dir("run/damaged-stuff"));
+    ZT_CHECK(is_dir("run/step-00000001") && is_dir("run/step-00000002"));
+    expect(0, "nothing to remove", "prune run --damaged");
+    zck_layout_free(L);
+}
+
+/* Retention removes checkpoints that hold the extra files their manifest lists (the run's
+ * tokenizer.json): they were left in place as "files zckpt did not write", so a run with
+ * --tokenizer kept every checkpoint whatever --keep-last said. A file the manifest does not
+ * list still keeps its directory. */
+ZT_TEST(cli_prune_removes_checkpoints_with_a_tokenizer)
+{
+    zck_layout *L = zt_layout(3, sizes);
+    zck_extra_file tok = {"tokenizer.json", "{}", 2};
+    zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
+    o.world = 2;
+    o.files = &tok;
+    o.n_files = 1;
+    uint64_t seed = 1;
+    for (o.step = 1; o.step <= 3; o.step++)
+        free(zt_save_as("run", L, &o, zt_seed_fill, &seed));
+    zt_write_file("run/step-00000001/user.txt", "mine");
+    expect(0, "removed run/step-00000002", "prune run --keep-last 1");
+    ZT_CHECK(access("run/step-00000002", F_OK) < 0 && is_dir("run/step-00000001"));
+    ZT_CHECK(access("run/step-00000003/tokenizer.json", F_OK) == 0);
+    zck_layout_free(L);
+}
