@@ -602,6 +602,17 @@ static bool is_run_dir(const char *dir)
     return !has_manifest(dir) && is_zckpt_dir(dir);
 }
 
+/* A checkpoint directory wherever it is: manifest.json and SHA256SUMS (a manifest.json alone,
+ * a web project's, does not make one). */
+static bool is_ckpt_dir(const char *dir)
+{
+    char *p = zck_path_join(dir, "SHA256SUMS");
+    struct stat st;
+    bool r = p && lstat(p, &st) == 0 && S_ISREG(st.st_mode) && has_manifest(dir);
+    free(p);
+    return r;
+}
+
 int zck_check_unmanaged(const char *path)
 {
     char *full = resolve_dirs(path);
@@ -617,7 +628,7 @@ int zck_check_unmanaged(const char *path)
         char *dir = strndup(full, i ? i : 1);
         if (!dir)
             rc = zr_err_set(ZR_ENOMEM, "out of memory");
-        else if (has_manifest(dir))
+        else if (is_ckpt_dir(dir))
             rc = zr_err_set(ZR_EINVAL, "%s: inside the checkpoint directory %s: refusing to "
                             "write there", path, dir);
         else if (zck_run_owns(entry, (size_t)len) && is_run_dir(dir))

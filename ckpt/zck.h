@@ -543,7 +543,7 @@ const char *zck_ckpt_status_name(zck_ckpt_status s);
  * (compared by device and inode, src may be NULL); ZR_EBUSY while a job holds it. */
 int zck_check_replaceable(const char *target, const char *src);
 /* Whether a tool may write at path (a file or a directory it makes): ZR_EINVAL when path lies
- * inside a checkpoint directory (one holding manifest.json), or on an entry of a run directory
+ * inside a checkpoint directory (one holding manifest.json and SHA256SUMS), or on an entry of a run directory
  * that the format manages (zck_run_owns: step and damaged-step directories, latest, the hidden
  * lock and temporaries), naming the directory and the entry. The directories on the way are
  * resolved (symbolic links followed, as far as they exist); the last component is taken as

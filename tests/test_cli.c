@@ -615,6 +615,12 @@ ZT_TEST(cli_outputs_never_replace_a_runs_files)
     expect(2, "'step-00000009' of the run directory", "unpack x.tar -o run/step-00000009");
     ZT_CHECK(access("run/step-00000005/sub", F_OK) < 0 && access("run/step-00000005/hf", F_OK) < 0);
     expect(0, "sound (all checks", "verify run");
+    /* a checkpoint directory outside any run; a manifest.json alone makes none */
+    ZT_CHECK(system("cp -r run/step-00000005 lone") == 0);
+    expect(2, "inside the checkpoint directory", "export run -o lone/m.bin --format llmc");
+    ZT_CHECK(mkdir("web", 0755) == 0);
+    zt_write_file("web/manifest.json", "{\"name\": \"a web app\"}");
+    expect(0, "llm.c GPT-2 model file", "export run -o web/m.bin --format llmc");
     /* beside the checkpoints is fine */
     expect(0, "llm.c GPT-2 model file", "export run -o run/model.bin --format llmc");
     expect(0, "llm.c GPT-2 model file", "export run -o run/model.bin --format llmc --force");
