@@ -758,11 +758,16 @@ static int cmd_import(const void *args)
     const char *src = a->path, *out = a->out;
     zfmt_import_opts o = a->import;
     zcli_bar bar;
+    char *made;
+    int rc = output_ready(out, false, &made);
+    if (rc)
+        return rc;
     o.progress = zcli_progress_init(&bar);
-    int rc = zfmt_import(src, out, &o);
+    rc = zfmt_import(src, out, &o);
     zcli_progress_end(&bar);
     if (rc < 0) /* the source is no checkpoint: `zckpt verify` does not read it */
-        return zcli_fail_lib(PROG, NULL);
+        return output_done(zcli_fail_lib(PROG, NULL), made, out);
+    free(made);
     printf("%s: imported %s as a world-%u checkpoint at step 0\n", out, src, o.world);
     return ZCLI_OK;
 }

@@ -563,6 +563,8 @@ ZT_TEST(cli_outputs_make_parent_directories)
     expect(0, "archive of run", "pack run -o p/q/run.tar.gz");
     expect(0, "unpacked and verified", "unpack p/q/run.tar.gz -o u/v/copy");
     expect(0, "match", "diff run u/v/copy");
+    expect(0, "imported", "import a/b/m.bin -o i/j/imported");
+    expect(2, "inside the checkpoint directory", "import a/b/m.bin -o run/step-00000005/x");
     zt_write_file("u/log.jsonl", "{\"step\": 1, \"loss\": 2.5}\n{\"step\": 2, \"loss\": 2.0}\n");
     expect(0, "2 step records", "plot u/log.jsonl -o g/h/loss.svg");
     ZT_CHECK(access("g/h/loss.svg", F_OK) == 0);
