@@ -306,3 +306,83 @@ int zck__read_small(char **out, size_t *len, const char *path, size_t max)
         *len = done;
     return 0;
 }
+
+/* One existing component p of the way to path's parent: a directory, or a symbolic link to
+ * one (followed, as mkdir -p does); else what it is, named. */
+static int parent_is_dir(const char *p, const struct stat *st, const char *path)
+{
+    struct stat t;
+    if (S_ISDIR(st->st_mode) || (S_ISLNK(st->st_mode) && stat(p, &t) == 0 && S_ISDIR(t.st_mode)))
+        return 0;
+    if (!S_ISLNK(st->st_mode))
+        return zr_err_set(ZR_EINVAL, "%s: %s is %s, not a directory: cannot make the "
+                          "directories it should hold", path, p,
+                          S_ISREG(st->st_mode) ? "a file" : zck__file_type_name(st->st_mode));
+    char to[1024];
+    ssize_t n = readlink(p, to, sizeof to - 1);
+    to[n < 0 ? 0 : n] = 0;
+    return zr_err_set(ZR_EINVAL, "%s: %s is a symbolic link to '%s', %s: cannot make the "
+                      "directories it should hold", path, p, to,
+                      stat(p, &t) < 0 ? "which does not exist" : "not a directory");
+}
+
+int zck_make_parents(char **made, const char *path)
+{
+    if (made)
+        *made = NULL;
+    char *p = strdup(path);
+    if (!p)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') /* "out/" names out itself */
+        p[--n] = 0;
+    char *last = strrchr(p, '/');
+    n = last ? (size_t)(last - p) : 0; /* the parent is p[0, n) */
+    int rc = 0;
+    for (size_t i = 1; i <= n && !rc; i++) {
+        if (i < n && p[i] != '/')
+            continue;
+        if (p[i - 1] == '/') /* "a//b": the same component again */
+            continue;
+        char c = p[i];
+        p[i] = 0;
+        struct stat st;
+        if (lstat(p, &st) == 0)
+            rc = parent_is_dir(p, &st, path);
+        else if (errno != ENOENT)
+            rc = zr_err_sys(errno, "%s", p);
+        else if (!(rc = zck__mkdir(p))) {
+            char *slash = strrchr(p, '/');
+            if (slash)
+                *slash = 0;
+            rc = zck_fsync_dir(!slash ? "." : slash == p ? "/" : p);
+            if (slash)
+                *slash = '/';
+            if (!rc && made && !*made && !(*made = strdup(p)))
+                rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        }
+        p[i] = c;
+    }
+    free(p);
+    return rc;
+}
+
+void zck_unmake_parents(const char *made, const char *path)
+{
+    if (!made)
+        return;
+    char *p = strdup(path);
+    size_t m = strlen(made);
+    while (p) {
+        size_t n = strlen(p);
+        while (n > 1 && p[n - 1] == '/')
+            p[--n] = 0;
+        char *slash = strrchr(p, '/');
+        if (!slash)
+            break;
+        *slash = 0; /* p: the next directory up */
+        if (strlen(p) < m || strncmp(p, made, m) || (p[m] && p[m] != '/') || rmdir(p) < 0)
+            break;
+    }
+    free(p);
+}

@@ -47,15 +47,33 @@ static bool is_dir_in(const char *dir, const char *name)
 }
 
 /* A temporary of the format: a staging directory of step <= below (.tmp-step-N-*), an
- * unpack's (.tmp-unpack-*), a step directory being deleted (.del-step-*), a half-written
- * latest (.latest.tmp-*). */
+ * unpack's (.tmp-unpack-*), a step directory being deleted (.del-step-*, .del-damaged-step-*),
+ * a half-written latest (.latest.tmp-*). */
 static bool is_stale_tmp(const char *nm, uint64_t below)
 {
     unsigned long long ts;
     char dash;
     return (sscanf(nm, ".tmp-step-%llu%c", &ts, &dash) == 2 && dash == '-' && ts <= below) ||
            !strncmp(nm, ".tmp-unpack-", 12) || !strncmp(nm, ".del-step-", 10) ||
-           !strncmp(nm, ".latest.tmp-", 12);
+           !strncmp(nm, ".del-damaged-step-", 18) || !strncmp(nm, ".latest.tmp-", 12);
+}
+
+/* A checkpoint the resume policy moved aside: a directory named damaged-step-N or
+ * damaged-step-N.K (zck_resume_pick); *step its N. */
+static bool parse_damaged(const char *nm, uint64_t *step)
+{
+    if (strncmp(nm, "damaged-", 8))
+        return false;
+    char base[32];
+    size_t n = strcspn(nm + 8, ".");
+    if (n >= sizeof base)
+        return false;
+    memcpy(base, nm + 8, n);
+    base[n] = 0;
+    const char *k = nm + 8 + n;
+    if (*k && (!k[1] || strlen(k + 1) > 3 || strspn(k + 1, "0123456789") != strlen(k + 1)))
+        return false;
+    return zck__parse_step_name(base, step);
 }
 
 static bool is_format_file(const char *nm)
@@ -65,14 +83,30 @@ static bool is_format_file(const char *nm)
            (!strncmp(nm, "shard-", 6) && n > 10 && !strcmp(nm + n - 4, ".bin"));
 }
 
+/* name is an extra file (tokenizer.json) that the manifest of the checkpoint read by r lists;
+ * r may be NULL (no readable manifest: none is). */
+static bool listed_extra(const zck_reader *r, const char *name)
+{
+    for (size_t i = 0; r && i < zck_reader_n_files(r); i++)
+        if (!strcmp(zck_reader_file_name(r, i), name))
+            return true;
+    return false;
+}
+
 /* dir holds only what the format writes: manifest.json, SHA256SUMS and shard-*.bin regular
- * files, and, when nest is set, step-* directories holding only those (an unpack's temporary).
- * Anything else (a user's file, a symlink, a subdirectory) keeps it from being deleted. */
+ * files, the extra files its manifest lists, and, when nest is set, step-* directories holding
+ * only those (an unpack's temporary). Anything else (a user's file, a symlink, a subdirectory)
+ * keeps it from being deleted. */
 static bool format_only(const char *dir, int nest)
 {
     DIR *d = opendir(dir);
     if (!d)
         return false;
+    zck_reader *r = NULL;
+    if (zck_reader_open(&r, dir) < 0) { /* no manifest, or a damaged one: no extra files */
+        r = NULL;
+        zr_err_clear();
+    }
     bool ok = true;
     struct dirent *de;
     while (ok && (de = readdir(d))) {
@@ -85,12 +119,13 @@ static bool format_only(const char *dir, int nest)
         if (!p || lstat(p, &st) < 0)
             ok = false;
         else if (S_ISREG(st.st_mode))
-            ok = is_format_file(nm);
+            ok = is_format_file(nm) || listed_extra(r, nm);
         else
             ok = S_ISDIR(st.st_mode) && nest && zck__parse_step_name(nm, &s) && format_only(p, 0);
         free(p);
     }
     closedir(d);
+    zck_reader_free(r);
     return ok;
 }
 
@@ -184,6 +219,32 @@ int zck__housekeeping(const char *run_dir, uint64_t step, uint64_t tmp_below, co
     return rc;
 }
 
+/* zck_prune with o->damaged: every damaged-step-N directory that holds only the format's
+ * files, and nothing else. */
+static int prune_damaged(zck_namelist *removed, const char *run_dir, const zck_prune_opts *o)
+{
+    DIR *d = opendir(run_dir);
+    if (!d)
+        return zr_err_sys(errno, "%s: opendir", run_dir);
+    zck_namelist found = {0, NULL};
+    int rc = 0;
+    struct dirent *de;
+    uint64_t s;
+    while (!rc && (de = readdir(d)))
+        if (parse_damaged(de->d_name, &s) && is_dir_in(run_dir, de->d_name))
+            rc = names_add(&found, de->d_name);
+    closedir(d);
+    for (size_t i = 0; i < found.n && !rc; i++) {
+        if (!ours_to_delete(run_dir, found.name[i]))
+            continue;
+        rc = names_add(removed, found.name[i]);
+        if (!rc && !o->dry_run)
+            rc = remove_step_dir(run_dir, found.name[i]);
+    }
+    zck_namelist_free(&found);
+    return rc;
+}
+
 int zck_prune(zck_namelist *removed, const char *run_dir, const zck_prune_opts *o)
 {
     zck_prune_opts def = ZCK_PRUNE_OPTS_INIT;
@@ -194,6 +255,11 @@ int zck_prune(zck_namelist *removed, const char *run_dir, const zck_prune_opts *
         return zr_err_sys(errno, "%s", run_dir);
     zck_lock *lk = NULL;
     ZR_TRY(zck_run_lock(&lk, run_dir, "prune"));
+    if (o->damaged) {
+        int rc = prune_damaged(removed, run_dir, o);
+        zck_run_unlock(lk);
+        return rc;
+    }
     char *latest = NULL;
     int rc = zck_latest(&latest, run_dir);
     if (rc == ZR_ENOTFOUND) {
@@ -220,8 +286,10 @@ int zck_prune(zck_namelist *removed, const char *run_dir, const zck_prune_opts *
 
 const char *zck_ckpt_status_name(zck_ckpt_status s)
 {
-    return s == ZCK_CKPT_COMPLETE ? "complete" : s == ZCK_CKPT_INCOMPLETE ? "incomplete"
-                                                                        : "corrupt";
+    return s == ZCK_CKPT_COMPLETE     ? "complete"
+           : s == ZCK_CKPT_INCOMPLETE ? "incomplete"
+           : s == ZCK_CKPT_DAMAGED    ? "damaged (moved aside)"
+                                      : "corrupt";
 }
 
 static uint64_t dir_bytes(const char *dir)
@@ -243,8 +311,54 @@ static uint64_t dir_bytes(const char *dir)
 
 static int cmp_entry(const void *a, const void *b)
 {
-    const zck_run_entry *x = a, *y = b;
-    return x->step < y->step ? -1 : x->step > y->step;
+    const zck_run_entry *x = a, *y = b; /* damaged-step-N before damaged-step-N.2 */
+    return x->step < y->step ? -1 : x->step > y->step ? 1 : strcmp(x->name, y->name);
+}
+
+/* What ls says of a checkpoint the quick check found problems in ("" when none), each problem
+ * with its file: the first one; when incomplete, every missing or short file (at most 8 named,
+ * then their count). malloc'd, NULL on ENOMEM. */
+static char *entry_detail(const zck_report *rep, bool incomplete)
+{
+    size_t n = zck_report_count(rep), shown = 0, more = 0;
+    char buf[1200] = "";
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+        const zck_problem *p = zck_report_get(rep, i);
+        bool short_file = p->kind == ZCK_PROB_MISSING || p->kind == ZCK_PROB_TRUNCATED;
+        if (i && (!incomplete || !short_file))
+            continue;
+        if (shown == 8 || len >= sizeof buf - 1) {
+            more++;
+            continue;
+        }
+        int k = snprintf(buf + len, sizeof buf - len, "%s%s: %s", shown ? "; " : "", p->file,
+                         p->detail);
+        len = k < 0 ? len : len + (size_t)k < sizeof buf ? len + (size_t)k : sizeof buf - 1;
+        shown++;
+    }
+    char *out = NULL;
+    if (more ? asprintf(&out, "%s; and %zu more", buf, more) < 0 : !(out = strdup(buf)))
+        return NULL;
+    return out;
+}
+
+/* A new zeroed entry named name (step s) at the end of *v (*n of them): *out. */
+static int add_entry(zck_run_entry **out, zck_run_entry **v, size_t *n, const char *name,
+                     uint64_t s)
+{
+    zck_run_entry *nv = realloc(*v, (*n + 1) * sizeof *nv);
+    if (!nv)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    *v = nv;
+    zck_run_entry *e = &nv[*n];
+    memset(e, 0, sizeof *e);
+    e->step = s;
+    if (!(e->name = strdup(name)))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    (*n)++;
+    *out = e;
+    return 0;
 }
 
 static int check_entry(zck_run_entry *e, const char *run_dir)
@@ -267,16 +381,14 @@ static int check_entry(zck_run_entry *e, const char *run_dir)
     if (rc)
         return rc;
     e->status = ZCK_CKPT_COMPLETE;
-    const char *detail = "";
     if (zck_report_count(rep)) {
         const zck_problem *pb = zck_report_get(rep, 0);
         bool missing_manifest = pb->kind == ZCK_PROB_MANIFEST && strstr(pb->detail, ": missing");
         e->status = missing_manifest || pb->kind == ZCK_PROB_MISSING ||
                             pb->kind == ZCK_PROB_TRUNCATED ? ZCK_CKPT_INCOMPLETE
                                                            : ZCK_CKPT_CORRUPT;
-        detail = pb->detail;
     }
-    e->detail = strdup(detail);
+    e->detail = entry_detail(rep, e->status == ZCK_CKPT_INCOMPLETE);
     zck_report_free(rep);
     return e->detail ? 0 : zr_err_set(ZR_ENOMEM, "out of memory");
 }
@@ -309,22 +421,16 @@ int zck_run_list_open(zck_run_list **out, const char *run_dir)
     while ((de = readdir(d)) && !rc) {
         uint64_t s;
         if (zck__parse_step_name(de->d_name, &s) && is_dir_in(run_dir, de->d_name)) {
-            zck_run_entry *nv = realloc(l->ckpt, (l->n + 1) * sizeof *nv);
-            if (!nv) {
-                rc = zr_err_set(ZR_ENOMEM, "out of memory");
-                break;
+            zck_run_entry *e;
+            if (!(rc = add_entry(&e, &l->ckpt, &l->n, de->d_name, s))) {
+                e->is_latest = l->latest && !strcmp(l->latest, de->d_name);
+                rc = check_entry(e, run_dir);
             }
-            l->ckpt = nv;
-            zck_run_entry *e = &l->ckpt[l->n];
-            memset(e, 0, sizeof *e);
-            e->step = s;
-            if (!(e->name = strdup(de->d_name))) {
-                rc = zr_err_set(ZR_ENOMEM, "out of memory");
-                break;
-            }
-            l->n++;
-            e->is_latest = l->latest && !strcmp(l->latest, de->d_name);
-            rc = check_entry(e, run_dir);
+        } else if (parse_damaged(de->d_name, &s) && is_dir_in(run_dir, de->d_name)) {
+            zck_run_entry *e;
+            if (!(rc = add_entry(&e, &l->damaged, &l->n_damaged, de->d_name, s)) &&
+                !(rc = check_entry(e, run_dir)))
+                e->status = ZCK_CKPT_DAMAGED;
         } else if (de->d_name[0] == '.' && is_stale_tmp(de->d_name, latest_step)) {
             rc = names_add(&l->stale, de->d_name);
         } else if (zck__parse_step_name(de->d_name, &s)) {
@@ -338,6 +444,8 @@ int zck_run_list_open(zck_run_list **out, const char *run_dir)
     }
     if (l->n) /* qsort(NULL, 0, ...) is undefined */
         qsort(l->ckpt, l->n, sizeof *l->ckpt, cmp_entry);
+    if (l->n_damaged)
+        qsort(l->damaged, l->n_damaged, sizeof *l->damaged, cmp_entry);
     *out = l;
     return 0;
 }
@@ -350,7 +458,12 @@ void zck_run_list_free(zck_run_list *l)
         free(l->ckpt[i].name);
         free(l->ckpt[i].detail);
     }
+    for (size_t i = 0; i < l->n_damaged; i++) {
+        free(l->damaged[i].name);
+        free(l->damaged[i].detail);
+    }
     free(l->ckpt);
+    free(l->damaged);
     free(l->latest);
     free(l->holder);
     zck_namelist_free(&l->stale);
@@ -443,4 +556,87 @@ int zck_check_replaceable(const char *target, const char *src)
         return rc;
     }
     return 0;
+}
+
+/* ---------------------------------------------------------------- where outputs may go */
+
+/* path with its directories resolved (symbolic links followed, as far as they exist; the rest
+ * as written), its last component as written: what a rename over path replaces. malloc'd. */
+static char *resolve_dirs(const char *path)
+{
+    char *p = strdup(path), *rest = strdup("");
+    size_t n = p ? strlen(p) : 0;
+    while (n > 1 && p[n - 1] == '/')
+        p[--n] = 0;
+    char *real = NULL;
+    while (p && rest && !real) {
+        char *slash = strrchr(p, '/');
+        char *tail = NULL;
+        if (asprintf(&tail, "%s%s%s", slash ? slash + 1 : p, rest[0] ? "/" : "", rest) < 0)
+            break;
+        free(rest);
+        rest = tail;
+        if (!slash)
+            real = realpath(".", NULL);
+        else if (slash == p)
+            real = strdup("/");
+        else {
+            *slash = 0;
+            real = realpath(p, NULL);
+        }
+        if (!real && errno != ENOENT && errno != ENOTDIR)
+            break;
+    }
+    char *out = NULL;
+    if (real && rest && asprintf(&out, "%s/%s", strcmp(real, "/") ? real : "", rest) < 0)
+        out = NULL;
+    free(p);
+    free(rest);
+    free(real);
+    return out;
+}
+
+/* A run directory: a latest file, or step-N directories with manifests. */
+static bool is_run_dir(const char *dir)
+{
+    return !has_manifest(dir) && is_zckpt_dir(dir);
+}
+
+/* A checkpoint directory wherever it is: manifest.json and SHA256SUMS (a manifest.json alone,
+ * a web project's, does not make one). */
+static bool is_ckpt_dir(const char *dir)
+{
+    char *p = zck_path_join(dir, "SHA256SUMS");
+    struct stat st;
+    bool r = p && lstat(p, &st) == 0 && S_ISREG(st.st_mode) && has_manifest(dir);
+    free(p);
+    return r;
+}
+
+int zck_check_unmanaged(const char *path)
+{
+    char *full = resolve_dirs(path);
+    if (!full)
+        return errno == ENOMEM ? zr_err_set(ZR_ENOMEM, "out of memory")
+                               : zr_err_sys(errno, "%s: resolve", path);
+    int rc = 0;
+    for (size_t i = strlen(full); i-- > 0 && !rc;) {
+        if (full[i] != '/')
+            continue;
+        const char *entry = full + i + 1; /* the entry of the directory full[0, i) on the way */
+        int len = (int)strcspn(entry, "/");
+        char *dir = strndup(full, i ? i : 1);
+        if (!dir)
+            rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        else if (is_ckpt_dir(dir))
+            rc = zr_err_set(ZR_EINVAL, "%s: inside the checkpoint directory %s: refusing to "
+                            "write there", path, dir);
+        else if (zck_run_owns(entry, (size_t)len) && is_run_dir(dir))
+            rc = zr_err_set(ZR_EINVAL, "%s: '%.*s' of the run directory %s is the run's own "
+                            "(step directories, latest, .lock, temporaries): refusing to write "
+                            "there", path, len, entry, dir);
+        free(dir);
+    }
+    free(full);
+    return rc;
 }

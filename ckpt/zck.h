@@ -333,6 +333,15 @@ int zck_rename_noreplace(const char *from, const char *to);
 char *zck_path_resolve(const char *path);
 int zck_same_file(const char *a, const char *b);
 int zck_check_output(const char *path);
+/* zck_make_parents: make the missing directories on the way to path (mkdir -p of its parent,
+ * each new directory made durable in its own parent); an existing component must be a
+ * directory or a symbolic link to one, else ZR_EINVAL naming it and what it is (a file, a
+ * dangling link and its target). *made (may be NULL): the malloc'd path of the topmost
+ * directory it made, NULL when none. zck_unmake_parents: after the output failed, remove the
+ * directories it made for path that are still empty, from path's parent up to made (NULL
+ * accepted). */
+int zck_make_parents(char **made, const char *path);
+void zck_unmake_parents(const char *made, const char *path);
 
 /* ---------------------------------------------------------------- writing a checkpoint */
 
@@ -471,19 +480,29 @@ typedef struct {
     uint64_t keep_every;  /* also keep steps that are multiples of this; 0: none */
     int gc_tmp;           /* remove stale .tmp-step-N-* (N <= latest), .del-*, .latest.tmp-* */
     int dry_run;          /* only say what would go */
+    int damaged;          /* only the damaged-step-N directories the resume policy moved aside
+                             (nothing else: no retention, no temporaries) */
 } zck_prune_opts;
-#define ZCK_PRUNE_OPTS_INIT {.keep_last = 0, .keep_every = 0, .gc_tmp = 1, .dry_run = 0}
+#define ZCK_PRUNE_OPTS_INIT {.keep_last = 0, .keep_every = 0, .gc_tmp = 1, .dry_run = 0, .damaged = 0}
 
 /* Apply retention to run_dir now, holding its lock (ZR_EBUSY while a job works there): never
  * removes what latest names, nor any step directory above it (an orphan of a crashed commit).
  * With gc_tmp, every abandoned staging directory goes, whatever its step (also without
  * latest). Only what the format wrote is deleted: a directory holding anything but
- * manifest.json, SHA256SUMS and shard-*.bin is left in place with a warning. Step directories
+ * manifest.json, SHA256SUMS, shard-*.bin and the extra files its manifest lists is left in
+ * place with a warning. With o->damaged, only the damaged-step-N (damaged-step-N.K)
+ * directories go, under the same rule. Step directories
  * are renamed out of sight before they are deleted. *removed (may be NULL) lists what went
  * (or would go). */
 int zck_prune(zck_namelist *removed, const char *run_dir, const zck_prune_opts *o);
 
-typedef enum { ZCK_CKPT_COMPLETE, ZCK_CKPT_INCOMPLETE, ZCK_CKPT_CORRUPT } zck_ckpt_status;
+/* ZCK_CKPT_DAMAGED: a damaged-step-N directory (zck_run_list's damaged) */
+typedef enum {
+    ZCK_CKPT_COMPLETE,
+    ZCK_CKPT_INCOMPLETE,
+    ZCK_CKPT_CORRUPT,
+    ZCK_CKPT_DAMAGED
+} zck_ckpt_status;
 
 typedef struct {
     char *name;          /* "step-00001000" */
@@ -492,7 +511,8 @@ typedef struct {
     int zero_stage;
     uint64_t bytes;      /* sum of the files in the directory */
     zck_ckpt_status status;  /* from a quick verify (no hashing) */
-    char *detail;        /* first problem, "" when complete */
+    char *detail;        /* "" when complete; else "FILE: problem", the first one (incomplete:
+                            every missing or short file, "; "-separated) */
     int is_latest;
 } zck_run_entry;
 
@@ -504,12 +524,17 @@ typedef struct {
     char *holder;         /* the live job holding the directory (zck_run_lock_holder), or NULL */
     zck_namelist foreign; /* step-<N> names that are not directories (a symbolic link to one
                              among them): not part of the run, never resumed from or removed */
+    zck_run_entry *damaged; /* the damaged-step-N directories the resume policy moved aside,
+                               sorted by step, each with its quick check's detail; status
+                               ZCK_CKPT_DAMAGED */
+    size_t n_damaged;
 } zck_run_list;
 
 /* List the checkpoints of a run directory with a quick check of each. */
 int zck_run_list_open(zck_run_list **out, const char *run_dir);
 void zck_run_list_free(zck_run_list *l);
-const char *zck_ckpt_status_name(zck_ckpt_status s); /* "complete", "incomplete", "corrupt" */
+/* "complete", "incomplete", "corrupt", "damaged (moved aside)" */
+const char *zck_ckpt_status_name(zck_ckpt_status s);
 
 /* Whether target (an output a tool was told to replace, --force) may be deleted: 0 when it
  * does not exist or is a symlink (only the link goes), or a zckpt run directory (a latest
@@ -517,6 +542,13 @@ const char *zck_ckpt_status_name(zck_ckpt_status s); /* "complete", "incomplete"
  * live job holds. ZR_EEXIST when it is anything else, or src itself or a directory holding src
  * (compared by device and inode, src may be NULL); ZR_EBUSY while a job holds it. */
 int zck_check_replaceable(const char *target, const char *src);
+/* Whether a tool may write at path (a file or a directory it makes): ZR_EINVAL when path lies
+ * inside a checkpoint directory (one holding manifest.json and SHA256SUMS), or on an entry of a run directory
+ * that the format manages (zck_run_owns: step and damaged-step directories, latest, the hidden
+ * lock and temporaries), naming the directory and the entry. The directories on the way are
+ * resolved (symbolic links followed, as far as they exist); the last component is taken as
+ * written (a rename over a symbolic link replaces the link). 0 otherwise. */
+int zck_check_unmanaged(const char *path);
 
 /* ---------------------------------------------------------------- resuming a run */
 

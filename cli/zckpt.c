@@ -10,6 +10,7 @@
 #include "zr.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <float.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -75,6 +76,35 @@ static bool exists(const char *path)
 
 /* ------------------------------------------------------------------ ls */
 
+/* The entries of ls --json (checkpoints or damaged ones). */
+static json_t *entries_json(const zck_run_entry *v, size_t n)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++) {
+        const zck_run_entry *e = &v[i];
+        json_array_append_new(arr, json_pack(
+            "{s:s, s:I, s:i, s:i, s:I, s:s, s:b, s:s}", "name", e->name, "step",
+            (json_int_t)e->step, "world_size", (int)e->world, "zero_stage", e->zero_stage,
+            "bytes", (json_int_t)e->bytes, "status", zck_ckpt_status_name(e->status),
+            "latest", e->is_latest, "detail", e->detail));
+    }
+    return arr;
+}
+
+/* The rows of the ls table (checkpoints or damaged ones). */
+static void entries_print(const zck_run_entry *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const zck_run_entry *e = &v[i];
+        char h[32], det[1280], nm[300];
+        printf("%-24s %10llu %6u %6d %12s  %s%s%s%s\n", zr_printable(nm, sizeof nm, e->name),
+               (unsigned long long)e->step, e->world, e->zero_stage,
+               zcli_human(h, (double)e->bytes), zck_ckpt_status_name(e->status),
+               e->is_latest ? " (latest)" : "", e->detail[0] ? ": " : "",
+               zr_printable(det, sizeof det, e->detail));
+    }
+}
+
 static int cmd_ls(const void *args)
 {
     const zckpt_args *a = args;
@@ -84,37 +114,27 @@ static int cmd_ls(const void *args)
     if (zck_run_list_open(&l, run) < 0)
         return zcli_fail_ckpt(PROG, NULL);
     if (json) {
-        json_t *arr = json_array();
-        for (size_t i = 0; i < l->n; i++) {
-            const zck_run_entry *e = &l->ckpt[i];
-            json_array_append_new(arr, json_pack(
-                "{s:s, s:I, s:i, s:i, s:I, s:s, s:b, s:s}", "name", e->name, "step",
-                (json_int_t)e->step, "world_size", (int)e->world, "zero_stage", e->zero_stage,
-                "bytes", (json_int_t)e->bytes, "status", zck_ckpt_status_name(e->status),
-                "latest", e->is_latest, "detail", e->detail));
-        }
+        json_t *arr = entries_json(l->ckpt, l->n);
         json_t *stale = json_array();
         for (size_t i = 0; i < l->stale.n; i++)
             json_array_append_new(stale, json_string(l->stale.name[i]));
         json_t *foreign = json_array();
         for (size_t i = 0; i < l->foreign.n; i++)
             json_array_append_new(foreign, json_string(l->foreign.name[i]));
-        print_json(json_pack("{s:s, s:s?, s:o, s:o, s:o}", "run_dir", run, "latest", l->latest,
-                             "checkpoints", arr, "stale", stale, "foreign", foreign));
+        print_json(json_pack("{s:s, s:s?, s:o, s:o, s:o, s:o}", "run_dir", run, "latest",
+                             l->latest, "checkpoints", arr, "damaged",
+                             entries_json(l->damaged, l->n_damaged), "stale", stale, "foreign",
+                             foreign));
     } else {
-        printf("%-22s %10s %6s %6s %12s  %s\n", "CHECKPOINT", "STEP", "WORLD", "STAGE", "BYTES",
+        printf("%-24s %10s %6s %6s %12s  %s\n", "CHECKPOINT", "STEP", "WORLD", "STAGE", "BYTES",
                "STATUS");
-        for (size_t i = 0; i < l->n; i++) {
-            const zck_run_entry *e = &l->ckpt[i];
-            char h[32], det[1280];
-            printf("%-22s %10llu %6u %6d %12s  %s%s%s%s\n", e->name,
-                   (unsigned long long)e->step, e->world, e->zero_stage,
-                   zcli_human(h, (double)e->bytes), zck_ckpt_status_name(e->status),
-                   e->is_latest ? " (latest)" : "", e->detail[0] ? ": " : "",
-                   zr_printable(det, sizeof det, e->detail));
-        }
+        entries_print(l->ckpt, l->n);
+        entries_print(l->damaged, l->n_damaged);
         if (!l->n)
             printf("(no checkpoints)\n");
+        if (l->n_damaged)
+            printf("damaged checkpoints moved aside by a resume: %zu (removed by `zckpt prune "
+                   "--damaged`)\n", l->n_damaged);
         if (!l->latest)
             printf("latest: none\n");
         if (l->holder)
@@ -462,6 +482,29 @@ static int refuse_existing(const char *out)
                      "%s: already exists", out);
 }
 
+/* Before a command writes its output out (a file with file set, else a directory): not where a
+ * run or a checkpoint keeps its own files (zck_check_unmanaged; a file: nothing but a regular
+ * file there, zck_check_output), then its missing parent directories made (*made: the topmost,
+ * for output_failed). 0, or the exit code after the error. */
+static int output_ready(const char *out, bool file, char **made)
+{
+    *made = NULL;
+    if (zck_check_unmanaged(out) < 0 || (file && zck_check_output(out) < 0) ||
+        zck_make_parents(made, out) < 0)
+        return zcli_fail_lib(PROG, "choose another output");
+    return ZCLI_OK;
+}
+
+/* rc of the command that wrote out: when it failed, the parent directories output_ready made
+ * for it go again (those still empty). made is freed. */
+static int output_done(int rc, char *made, const char *out)
+{
+    if (rc != ZCLI_OK)
+        zck_unmake_parents(made, out);
+    free(made);
+    return rc;
+}
+
 /* the end of a library call shown with a progress bar: the bar's line cleared, then the
  * call's error if it failed (rc < 0) */
 static int progress_done(zcli_bar *bar, int rc)
@@ -472,6 +515,7 @@ static int progress_done(zcli_bar *bar, int rc)
 
 /* Write a new run directory at out through fn(tmp), then move it into place: when out exists
  * (only with force) the old one is removed only after the new one is complete. */
+static int into_place_now(const char *out, int (*fn)(const char *tmp, void *), void *ctx);
 static int into_place(const char *out, const char *src, bool force,
                       int (*fn)(const char *tmp, void *), void *ctx)
 {
@@ -479,6 +523,14 @@ static int into_place(const char *out, const char *src, bool force,
         return refuse_existing(out);
     if (zck_check_replaceable(out, src) < 0)
         return zcli_fail_ckpt(PROG, NULL);
+    char *made;
+    int rc = output_ready(out, false, &made);
+    return rc ? rc : output_done(into_place_now(out, fn, ctx), made, out);
+}
+
+/* into_place once out is checked and its parents made */
+static int into_place_now(const char *out, int (*fn)(const char *tmp, void *), void *ctx)
+{
     char tmp[4096], old[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out, (long)getpid());
     snprintf(old, sizeof old, "%s.old-%ld", out, (long)getpid());
@@ -506,10 +558,81 @@ typedef struct {
     zck_reshard_opts o;
 } reshard_ctx;
 
+/* A run directory, as the library resolves a source (a latest file and no manifest.json): its
+ * checkpoint is what latest names. */
+static bool is_run_dir(const char *path)
+{
+    char m[4200], l[4200];
+    struct stat st;
+    snprintf(m, sizeof m, "%s/manifest.json", path);
+    snprintf(l, sizeof l, "%s/latest", path);
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) && stat(m, &st) < 0 && stat(l, &st) == 0;
+}
+
+/* Copy the regular file from into the new file to (fsync'ed). */
+static int copy_file(const char *from, const char *to)
+{
+    int in, out;
+    if (zck_open_regular(&in, from, ZCK_NOFOLLOW, NULL) < 0)
+        return -1;
+    out = open(to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (out < 0) {
+        close(in);
+        return zr_err_set(ZR_EIO, "%s: create: %s", to, strerror(errno));
+    }
+    char buf[1 << 16];
+    int rc = 0;
+    for (;;) {
+        ssize_t k = read(in, buf, sizeof buf);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            rc = zr_err_set(ZR_EIO, "%s: read: %s", from, strerror(errno));
+        if (k <= 0)
+            break;
+        for (ssize_t off = 0; !rc && off < k;) {
+            ssize_t w = write(out, buf + off, (size_t)(k - off));
+            if (w < 0 && errno != EINTR)
+                rc = zr_err_set(ZR_EIO, "%s: write: %s", to, strerror(errno));
+            off += w > 0 ? w : 0;
+        }
+        if (rc)
+            break;
+    }
+    if (!rc && fsync(out) < 0)
+        rc = zr_err_set(ZR_EIO, "%s: fsync: %s", to, strerror(errno));
+    close(in);
+    if (close(out) < 0 && !rc)
+        rc = zr_err_set(ZR_EIO, "%s: close: %s", to, strerror(errno));
+    return rc;
+}
+
+/* The source run's JSON log (train.jsonl, zrun's default --log-json) goes with the new run
+ * directory, so that its plot keeps the history: only from a run directory (a checkpoint
+ * directory has no log of its own); none is fine, and one that cannot be copied (a FIFO, a
+ * read error) is a warning: the checkpoint is what was asked for. */
+static void carry_log(const char *src, const char *tmp)
+{
+    char from[4200], to[4200];
+    struct stat st;
+    snprintf(from, sizeof from, "%s/train.jsonl", src);
+    snprintf(to, sizeof to, "%s/train.jsonl", tmp);
+    if (!is_run_dir(src) || lstat(from, &st) < 0)
+        return;
+    if (copy_file(from, to) < 0 || zck_fsync_dir(tmp) < 0) {
+        fprintf(stderr, PROG ": warning: the run's log was not copied: %s\n", zr_err_msg());
+        unlink(to);
+        zr_err_clear();
+    }
+}
+
 static int do_reshard(const char *tmp, void *vctx)
 {
     reshard_ctx *c = vctx;
-    return zck_reshard(NULL, c->src, tmp, c->world, &c->o);
+    int rc = zck_reshard(NULL, c->src, tmp, c->world, &c->o);
+    if (!rc)
+        carry_log(c->src, tmp);
+    return rc;
 }
 
 static int reshard_common(const char *src, const char *out, uint32_t world, bool force,
@@ -542,12 +665,16 @@ static int export_st(const char *src, const char *out, bool force, zfmt_st_opts 
 {
     if (exists(out) && !force)
         return refuse_existing(out);
+    char *made;
+    int rc = output_ready(out, true, &made);
+    if (rc)
+        return rc;
     zcli_bar bar;
     so->progress = zcli_progress_init(&bar);
-    int rc = progress_done(&bar, zfmt_safetensors_export(src, out, so));
+    rc = progress_done(&bar, zfmt_safetensors_export(src, out, so));
     if (rc == ZCLI_OK)
         printf("%s: safetensors of %s\n", out, src);
-    return rc;
+    return output_done(rc, made, out);
 }
 
 static int cmd_consolidate(const void *args)
@@ -582,14 +709,20 @@ static int export_hf(const zckpt_args *a)
     o.force = a->force;
     o.tokenizer_json = a->tokenizer;
     o.shard_bytes = a->shard_bytes;
+    char *made;
+    int rc = output_ready(a->out, false, &made);
+    if (rc)
+        return rc;
     o.progress = zcli_progress_init(&bar);
-    int rc = zfmt_hf_export(a->path, a->out, &o);
+    rc = zfmt_hf_export(a->path, a->out, &o);
     zcli_progress_end(&bar);
     if (rc < 0)
-        return zcli_fail_ckpt(PROG, rc == ZR_EEXIST && !a->force
-                                       ? "choose another output, or pass --force to replace an "
-                                         "earlier export"
-                                       : NULL);
+        return output_done(zcli_fail_ckpt(PROG, rc == ZR_EEXIST && !a->force
+                                                    ? "choose another output, or pass --force "
+                                                      "to replace an earlier export"
+                                                    : NULL),
+                           made, a->out);
+    free(made);
     char tj[4200];
     struct stat st;
     snprintf(tj, sizeof tj, "%s/tokenizer.json", a->out);
@@ -622,12 +755,16 @@ static int cmd_export(const void *args)
         return zcli_fail(PROG, NULL, "llm.c model files are float32: --dtype does not apply");
     if (exists(out) && !force)
         return refuse_existing(out);
+    char *made;
+    int rc = output_ready(out, true, &made);
+    if (rc)
+        return rc;
     zcli_bar bar;
     zck_progress p = zcli_progress_init(&bar);
-    int rc = progress_done(&bar, zfmt_llmc_export(src, out, &p));
+    rc = progress_done(&bar, zfmt_llmc_export(src, out, &p));
     if (rc == ZCLI_OK)
         printf("%s: llm.c GPT-2 model file of %s\n", out, src);
-    return rc;
+    return output_done(rc, made, out);
 }
 
 static int cmd_import(const void *args)
@@ -636,11 +773,16 @@ static int cmd_import(const void *args)
     const char *src = a->path, *out = a->out;
     zfmt_import_opts o = a->import;
     zcli_bar bar;
+    char *made;
+    int rc = output_ready(out, false, &made);
+    if (rc)
+        return rc;
     o.progress = zcli_progress_init(&bar);
-    int rc = zfmt_import(src, out, &o);
+    rc = zfmt_import(src, out, &o);
     zcli_progress_end(&bar);
     if (rc < 0) /* the source is no checkpoint: `zckpt verify` does not read it */
-        return zcli_fail_lib(PROG, NULL);
+        return output_done(zcli_fail_lib(PROG, NULL), made, out);
+    free(made);
     printf("%s: imported %s as a world-%u checkpoint at step 0\n", out, src, o.world);
     return ZCLI_OK;
 }
@@ -650,27 +792,31 @@ static int cmd_import(const void *args)
 /* pack and unpack: input, -o output, one library call that streams with progress */
 static int archive_cmd(const zckpt_args *a,
                        int (*fn)(const char *, const char *, const zck_progress *),
-                       const char *done)
+                       const char *done, bool file)
 {
     const char *src = a->path, *out = a->out;
+    char *made;
+    int rc = output_ready(out, file, &made);
+    if (rc)
+        return rc;
     zcli_bar bar;
     zck_progress p = zcli_progress_init(&bar);
-    int rc = progress_done(&bar, fn(src, out, &p));
+    rc = progress_done(&bar, fn(src, out, &p));
     if (rc == ZCLI_OK)
         printf("%s: %s %s\n", out, done, src);
-    return rc;
+    return output_done(rc, made, out);
 }
 
 static int cmd_pack(const void *args)
 {
     const zckpt_args *a = args;
-    return archive_cmd(a, zfmt_pack, "archive of");
+    return archive_cmd(a, zfmt_pack, "archive of", true);
 }
 
 static int cmd_unpack(const void *args)
 {
     const zckpt_args *a = args;
-    return archive_cmd(a, zfmt_unpack, "unpacked and verified");
+    return archive_cmd(a, zfmt_unpack, "unpacked and verified", false);
 }
 
 /* ------------------------------------------------------------------ diff */
@@ -733,6 +879,12 @@ static int cmd_prune(const void *args)
     const char *run = a->path;
     int json = a->json;
     zck_prune_opts o = a->prune;
+    if (!o.damaged && !o.keep_last)
+        return zcli_fail(PROG, "see `zckpt prune --help`", "missing --keep-last K (or "
+                         "--damaged)");
+    if (o.damaged && (o.keep_last || o.keep_every))
+        return zcli_fail(PROG, "run them one after the other", "--damaged removes only the "
+                         "damaged-step directories: not with --keep-last or --keep-every");
     zck_namelist removed = {0, NULL};
     if (zck_prune(&removed, run, &o) < 0) {
         zck_namelist_free(&removed);
@@ -803,7 +955,10 @@ static int cmd_plot(const void *args)
         return zcli_fail(PROG, NULL, "out of memory");
     }
     zr_plot_info info;
+    char *made = NULL;
     int rc = plot_target(log, out, a->force);
+    if (!rc)
+        rc = output_ready(out, true, &made);
     if (!rc && zr_plot_write(&info, log, out) < 0)
         rc = zcli_fail_lib(PROG, zr_err_code() != ZR_ENOTFOUND || exists(log) ? NULL
                                  : a->log || !dir ? "the log is the file zrun --log-json names"
@@ -816,6 +971,7 @@ static int cmd_plot(const void *args)
             printf("note: %s: %zu line%s skipped (not a JSON object: a truncated last line?)\n",
                    log, info.skipped, info.skipped == 1 ? "" : "s");
     }
+    rc = output_done(rc, made, out);
     free(log);
     free(out);
     return rc;
@@ -1041,11 +1197,13 @@ static const zcli_opt plot_opts[] = {
 };
 static const zcli_opt prune_opts[] = {
     ZCLI_POSITIONAL("RUNDIR", path),
-    {.name = "--keep-last", .kind = ZCLI_OPT_U32, .flags = ZCLI_OPT_REQUIRED,
-     .off = offsetof(zckpt_args, prune.keep_last), .meta = "K", .lo = 1, .hi = UINT32_MAX,
-     .help = "keep the newest K checkpoints"},
+    {.name = "--keep-last", .kind = ZCLI_OPT_U32, .off = offsetof(zckpt_args, prune.keep_last),
+     .meta = "K", .lo = 1, .hi = UINT32_MAX,
+     .help = "keep the newest K checkpoints (required, unless --damaged)"},
     ZCLI_INTEGER(U64, "--keep-every", prune.keep_every, "N", 1, UINT32_MAX, "",
                  "also keep those whose step is a multiple of N"),
+    ZCLI_FLAG("--damaged", prune.damaged, "remove only the damaged-step-N directories a "
+              "resume moved aside (those holding only the format's files), nothing else"),
     ZCLI_FLAG("--dry-run", prune.dry_run, "only say what would be removed"),
     OPT_JSON,
 };
@@ -1057,8 +1215,9 @@ static const zcli_opt prune_opts[] = {
 static const zcli_command commands[] = {
     {"ls", cmd_ls, TABLE(ls_opts),
      "List every checkpoint of a run directory with its step, world size, ZeRO stage, bytes\n"
-     "and status from a quick check (complete, incomplete, corrupt), which one `latest`\n"
-     "names, and stale temporaries.\n"},
+     "and status from a quick check (complete, incomplete, corrupt: the files at fault named),\n"
+     "which one `latest` names, the damaged ones a resume moved aside (damaged-step-N), and\n"
+     "stale temporaries.\n"},
     {"inspect", cmd_inspect, TABLE(inspect_opts),
      "Summarize a checkpoint's manifest. CKPT is a checkpoint directory or a run directory\n"
      "(its `latest` is used).\n"},
@@ -1113,7 +1272,8 @@ static const zcli_command commands[] = {
      "error.\n"},
     {"prune", cmd_prune, TABLE(prune_opts),
      "Remove all but the newest K checkpoints (and those whose step is a multiple of N), and\n"
-     "stale temporaries. Never removes what `latest` names, nor checkpoints newer than it.\n"},
+     "stale temporaries. Never removes what `latest` names, nor checkpoints newer than it.\n"
+     "With --damaged instead: only the damaged-step-N directories a resume moved aside.\n"},
 };
 #define N_COMMANDS (sizeof commands / sizeof *commands)
 

@@ -454,10 +454,55 @@ typedef struct {
     int tmp_fd, step_fd;
     char top[32];             /* the step directory, "" until the first member */
     int have_manifest;
+    zck_reader *listing;      /* the manifest once unpacked (sizes of later members), or NULL */
     unsigned char *buf;
     prog pg;
     uint64_t archive_bytes;
 } unpack_ctx;
+
+/* The most bytes the member file (of tmp/<top>) may hold, and what says so: the size the
+ * manifest (unpacked before it, as `zckpt pack` writes it first) lists for a shard or an extra
+ * file, else the format's limit for the name. */
+static uint64_t member_limit(const unpack_ctx *c, const char *file, const char **what)
+{
+    *what = "a checkpoint's file may have";
+    if (!strcmp(file, "manifest.json")) {
+        *what = "a manifest may have";
+        return ZCK_MAX_MANIFEST_BYTES;
+    }
+    if (!strcmp(file, "SHA256SUMS")) {
+        *what = "a SHA256SUMS may have";
+        return MAX_SUMS_BYTES;
+    }
+    for (size_t i = 0; c->listing && i < zck_reader_n_shards(c->listing); i++) {
+        const zck_shard *sh = zck_reader_shard(c->listing, i);
+        if (!strcmp(zck_shard_file(sh), file)) {
+            *what = "the manifest lists for it";
+            return zck_shard_bytes(sh);
+        }
+    }
+    for (size_t i = 0; c->listing && i < zck_reader_n_files(c->listing); i++)
+        if (!strcmp(zck_reader_file_name(c->listing, i), file)) {
+            *what = "the manifest lists for it";
+            return zck_reader_file_bytes(c->listing, i);
+        }
+    if (!c->listing && !strncmp(file, "shard-", 6)) {
+        *what = "a member may have";
+        return (uint64_t)MAX_MEMBER_BYTES;
+    }
+    return ZCK_MAX_FILE_BYTES; /* an extra file, or one the manifest does not list */
+}
+
+/* After manifest.json is unpacked: its listing, for the sizes of the members after it; a
+ * manifest that does not parse is left to the verification at the end (its message). */
+static void unpack_listing(unpack_ctx *c)
+{
+    char *dir = zck_path_join(c->tmp, c->top);
+    if (dir && zck_reader_open(&c->listing, dir) < 0)
+        c->listing = NULL;
+    zr_err_clear();
+    free(dir);
+}
 
 /* The first member names the step directory: refuse one that exists, create it in tmp. */
 static int unpack_begin_step(unpack_ctx *c, const char *name, size_t top_len)
@@ -481,9 +526,16 @@ static int unpack_begin_step(unpack_ctx *c, const char *name, size_t top_len)
     return 0;
 }
 
-static int unpack_file(unpack_ctx *c, struct archive *a, const char *member, const char *file)
+static int unpack_file(unpack_ctx *c, struct archive *a, struct archive_entry *e,
+                       const char *member, const char *file)
 {
     char nb[256];
+    const char *what;
+    uint64_t limit = member_limit(c, file, &what);
+    if (archive_entry_size_is_set(e) && (uint64_t)archive_entry_size(e) > limit)
+        return zr_err_set(ZR_ECORRUPT, "%s: member '%s': %" PRId64 " bytes (its tar header), "
+                          "more than the %" PRIu64 " %s: refused before reading it", c->archive,
+                          shown(nb, member), archive_entry_size(e), limit, what);
     int fd = openat(c->step_fd, file, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                     0644);
     if (fd < 0 && errno == EEXIST)
@@ -503,9 +555,9 @@ static int unpack_file(unpack_ctx *c, struct archive *a, const char *member, con
             goto out;
         }
         total += (uint64_t)k;
-        if (total > (uint64_t)MAX_MEMBER_BYTES) {
-            rc = zr_err_set(ZR_ECORRUPT, "%s: member '%s': more than 2^50 bytes", c->archive,
-                            shown(nb, member));
+        if (total > limit) { /* a header without a size, or one that lied */
+            rc = zr_err_set(ZR_ECORRUPT, "%s: member '%s': more than the %" PRIu64 " bytes %s",
+                            c->archive, shown(nb, member), limit, what);
             goto out;
         }
         for (size_t off = 0; off < (size_t)k;) {
@@ -551,9 +603,11 @@ static int unpack_members(unpack_ctx *c, struct archive *a)
             ZR_TRY(unpack_begin_step(c, name, top_len));
         if (is_dir)
             continue;
-        ZR_TRY(unpack_file(c, a, name, file));
-        if (!strcmp(file, "manifest.json"))
+        ZR_TRY(unpack_file(c, a, e, name, file));
+        if (!strcmp(file, "manifest.json")) {
             c->have_manifest = 1;
+            unpack_listing(c);
+        }
     }
     if (!*c->top)
         return zr_err_set(ZR_ECORRUPT, "%s: no checkpoint in the archive (no members)",
@@ -709,6 +763,7 @@ out:
     if (rc && made_out)
         rmdir(out_dir); /* leave no trace of a failed unpack (fails harmlessly if not empty) */
     reader_free(a, afd);
+    zck_reader_free(c.listing);
     free(final);
     free(c.buf);
     free(c.tmp);

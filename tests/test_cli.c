@@ -519,3 +519,206 @@ ZT_TEST(cli_verify_hint_only_for_checkpoints)
     hint_case("ZT_ZRUN", "--dry-run --model " AUDIT_MODEL " --batch 4 --ckpt-dir run --resume "
               "run/step-00000002", "manifest.json", true);
 }
+
+/* ------------------------------------------------------------------ outputs (issue 24) */
+
+/* A GPT-2-shaped run at step 5, world 2 (the formats commands read it). */
+static void gpt2_run(const char *run)
+{
+    zfmt_gpt2_config c = {2, 2, 8, 16, 11};
+    zck_layout *L;
+    ZT_OK(zfmt_gpt2_layout(&L, &c));
+    char *model;
+    ZT_OK(zfmt_gpt2_config_to_json(&model, &c));
+    zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
+    o.step = 5;
+    o.world = 2;
+    o.model_json = model;
+    uint64_t seed = 3;
+    free(zt_save_as(run, L, &o, zt_seed_fill, &seed));
+    free(model);
+    zck_layout_free(L);
+}
+
+static bool is_dir(const char *p)
+{
+    struct stat st;
+    return lstat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Every output's missing parent directories are made (the README's `-o hf/mine` on a fresh
+ * checkout failed: "hf/mine.tmp-N: create: No such file or directory"); a parent that is a
+ * file or a dangling link is refused by name; a failed command leaves none of the directories
+ * it made. */
+ZT_TEST(cli_outputs_make_parent_directories)
+{
+    gpt2_run("run");
+    expect(0, "Hugging Face model", "export run -o hf/mine --format hf");
+    ZT_CHECK(is_dir("hf/mine"));
+    expect(0, "llm.c GPT-2 model file", "export run -o a/b/m.bin --format llmc");
+    expect(0, "safetensors of run", "export run -o a/c/m.safetensors --format safetensors");
+    expect(0, "safetensors of run", "consolidate run -o c/one.safetensors");
+    expect(0, "world 1 checkpoint", "consolidate run -o c/d/one");
+    expect(0, "world 3 checkpoint", "reshard run --world 3 -o r/s/three");
+    expect(0, "archive of run", "pack run -o p/q/run.tar.gz");
+    expect(0, "unpacked and verified", "unpack p/q/run.tar.gz -o u/v/copy");
+    expect(0, "match", "diff run u/v/copy");
+    expect(0, "imported", "import a/b/m.bin -o i/j/imported");
+    expect(2, "inside the checkpoint directory", "import a/b/m.bin -o run/step-00000005/x");
+    zt_write_file("u/log.jsonl", "{\"step\": 1, \"loss\": 2.5}\n{\"step\": 2, \"loss\": 2.0}\n");
+    expect(0, "2 step records", "plot u/log.jsonl -o g/h/loss.svg");
+    ZT_CHECK(access("g/h/loss.svg", F_OK) == 0);
+
+    zt_write_file("afile", "x");
+    expect(2, "afile is a file, not a directory", "export run -o afile/x/m.bin --format llmc");
+    ZT_CHECK(symlink("nowhere", "dangling") == 0);
+    expect(2, "dangling is a symbolic link to 'nowhere', which does not exist",
+           "export run -o dangling/hf --format hf");
+    ZT_CHECK(access("nowhere", F_OK) < 0);
+    /* a failure after the directories were made takes them away again */
+    expect(2, "no-such-run", "export no-such-run -o n1/n2/hf --format hf");
+    expect(2, "no-such-run", "export no-such-run -o n1/n2/m.bin --format llmc");
+    expect(2, "no-such-run", "reshard no-such-run --world 2 -o n1/n2/r");
+    ZT_CHECK(access("n1", F_OK) < 0);
+    ZT_CHECK(mkdir("kept", 0755) == 0); /* one that was there stays */
+    expect(2, "no-such-run", "export no-such-run -o kept/n2/hf --format hf");
+    ZT_CHECK(is_dir("kept") && access("kept/n2", F_OK) < 0);
+}
+
+/* export --format llmc|safetensors --force replaced any regular file, the source run's latest
+ * or a shard of a checkpoint among them (and the next resume then told of an interrupted
+ * commit). Outputs never go where a run or a checkpoint keeps its own files. */
+ZT_TEST(cli_outputs_never_replace_a_runs_files)
+{
+    gpt2_run("run");
+    const char *shard = "run/step-00000005/shard-00000-of-00002.bin";
+    ZT_CHECK(system("cp run/latest latest.orig && cp run/step-00000005/shard-00000-of-00002.bin"
+                    " shard.orig") == 0);
+    expect(2, "'latest' of the run directory", "export run -o run/latest --format llmc --force");
+    expect(2, "'latest' of the run directory",
+           "export run -o run/latest --format safetensors --force");
+    expect(2, "inside the checkpoint directory",
+           "export run -o run/step-00000005/shard-00000-of-00002.bin --format llmc --force");
+    expect(2, "inside the checkpoint directory",
+           "export run -o run/step-00000005/shard-00000-of-00002.bin --format safetensors "
+           "--force");
+    expect(2, "inside the checkpoint directory",
+           "consolidate run -o run/step-00000005/shard-00000-of-00002.bin --format safetensors "
+           "--force");
+    expect(2, "'latest' of the run directory", "plot run -o run/latest --force");
+    ZT_CHECK(zt_same_file("run/latest", "latest.orig"));
+    ZT_CHECK(zt_same_file(shard, "shard.orig"));
+    /* through a symbolic link to the run, and with a new directory inside a checkpoint */
+    ZT_CHECK(symlink("run", "alias") == 0);
+    expect(2, "'latest' of the run directory", "export run -o alias/latest --format llmc --force");
+    expect(2, "inside the checkpoint directory",
+           "export run -o run/step-00000005/sub/m.bin --format llmc");
+    expect(2, "inside the checkpoint directory", "export run -o run/step-00000005/hf --format hf");
+    expect(2, "'step-00000009' of the run directory", "unpack x.tar -o run/step-00000009");
+    ZT_CHECK(access("run/step-00000005/sub", F_OK) < 0 && access("run/step-00000005/hf", F_OK) < 0);
+    expect(0, "sound (all checks", "verify run");
+    /* a checkpoint directory outside any run; a manifest.json alone makes none */
+    ZT_CHECK(system("cp -r run/step-00000005 lone") == 0);
+    expect(2, "inside the checkpoint directory", "export run -o lone/m.bin --format llmc");
+    ZT_CHECK(mkdir("web", 0755) == 0);
+    zt_write_file("web/manifest.json", "{\"name\": \"a web app\"}");
+    expect(0, "llm.c GPT-2 model file", "export run -o web/m.bin --format llmc");
+    /* beside the checkpoints is fine */
+    expect(0, "llm.c GPT-2 model file", "export run -o run/model.bin --format llmc");
+    expect(0, "llm.c GPT-2 model file", "export run -o run/model.bin --format llmc --force");
+}
+
+/* reshard -o (and consolidate into a run directory) carry the source run's JSON log
+ * (train.jsonl), so that `zckpt plot` of the new run keeps its history; from a checkpoint
+ * directory there is no log to carry. */
+ZT_TEST(cli_reshard_carries_the_runs_log)
+{
+    gpt2_run("run");
+    zt_write_file("run/train.jsonl", "{\"step\": 1, \"loss\": 3.0}\n{\"step\": 2, \"loss\": 2.5}\n"
+                  "{\"step\": 3, \"loss\": 2.25}\n");
+    expect(0, "world 3 checkpoint", "reshard run --world 3 -o r3");
+    ZT_CHECK(zt_same_file("run/train.jsonl", "r3/train.jsonl"));
+    expect(0, "3 step records", "plot r3");
+    expect(0, "world 1 checkpoint", "consolidate run -o one");
+    ZT_CHECK(zt_same_file("run/train.jsonl", "one/train.jsonl"));
+    expect(0, "world 2 checkpoint", "reshard run --world 2 -o r3 --force"); /* replaced whole */
+    ZT_CHECK(zt_same_file("run/train.jsonl", "r3/train.jsonl"));
+    expect(0, "world 2 checkpoint", "reshard run/step-00000005 --world 2 -o r2");
+    ZT_CHECK(access("r2/train.jsonl", F_OK) < 0);
+}
+
+/* ls names the files at fault of an incomplete checkpoint (it said only "listed with N bytes,
+ * not on disk"), and lists the checkpoints a resume moved aside (damaged-step-N, .2, ...),
+ * which nothing showed or removed; prune --damaged removes those (only those, and only when
+ * they hold nothing but the format's files). */
+ZT_TEST(cli_ls_and_prune_damaged_checkpoints)
+{
+    zck_layout *L = zt_layout(3, sizes);
+    for (uint64_t s = 1; s <= 3; s++)
+        free(zt_save("run", L, 3, s, 1, 0));
+    zck_resume_opts ro = ZCK_RESUME_OPTS_INIT;
+    ro.verify = ZCK_RESUME_VERIFY_QUICK;
+    for (int k = 0; k < 2; k++) { /* step 3 damaged twice: damaged-step-00000003, then .2 */
+        ZT_CHECK(unlink("run/step-00000003/shard-00001-of-00003.bin") == 0);
+        char *pick = NULL;
+        ZT_OK(zck_resume_pick(&pick, "run", &ro));
+        ZT_CHECK(pick && strstr(pick, "step-00000002"));
+        free(pick);
+        if (!k)
+            free(zt_save("run", L, 3, 3, 1, 0));
+    }
+    ZT_CHECK(is_dir("run/damaged-step-00000003") && is_dir("run/damaged-step-00000003.2"));
+    ZT_CHECK(unlink("run/step-00000001/shard-00000-of-00003.bin") == 0);
+    zt_truncate("run/step-00000001/shard-00002-of-00003.bin", 100);
+    expect(0, "incomplete: shard-00000-of-00003.bin: listed with", "ls run");
+    expect(0, "; shard-00002-of-00003.bin: 100 bytes", "ls run");
+    expect(0, "damaged-step-00000003             3      3      3", "ls run");
+    expect(0, "damaged (moved aside): shard-00001-of-00003.bin: listed with", "ls run");
+    expect(0, "damaged (moved aside)", "ls run");
+    json_t *j = json_of("ls run --json");
+    json_t *d = json_object_get(j, "damaged");
+    ZT_CHECK_EQ(json_array_size(d), 2);
+    ZT_CHECK_EQ(json_array_size(json_object_get(j, "checkpoints")), 2);
+    ZT_CHECK(!strcmp(json_string_value(json_object_get(json_array_get(d, 0), "status")),
+                     "damaged (moved aside)"));
+    ZT_CHECK(strstr(json_string_value(json_object_get(json_array_get(d, 0), "detail")),
+                    "shard-00001-of-00003.bin"));
+    json_decref(j);
+
+    expect(2, "missing --keep-last K (or --damaged)", "prune run");
+    expect(2, "not with --keep-last", "prune run --damaged --keep-last 1");
+    zt_write_file("run/damaged-step-00000003.2/notes.txt", "mine");
+    zt_write_file("run/damaged-step-00000009", "a file, not a directory");
+    ZT_CHECK(mkdir("run/damaged-stuff", 0755) == 0);
+    expect(0, "would remove run/damaged-step-00000003\n", "prune run --damaged --dry-run");
+    ZT_CHECK(is_dir("run/damaged-step-00000003"));
+    expect(0, "removed run/damaged-step-00000003\n", "prune run --damaged");
+    ZT_CHECK(access("run/damaged-step-00000003", F_OK) < 0);
+    ZT_CHECK(access("run/damaged-step-00000003.2/notes.txt", F_OK) == 0);
+    ZT_CHECK(access("run/damaged-step-00000009", F_OK) == 0 && is_dir("run/damaged-stuff"));
+    ZT_CHECK(is_dir("run/step-00000001") && is_dir("run/step-00000002"));
+    expect(0, "nothing to remove", "prune run --damaged");
+    zck_layout_free(L);
+}
+
+/* Retention removes checkpoints that hold the extra files their manifest lists (the run's
+ * tokenizer.json): they were left in place as "files zckpt did not write", so a run with
+ * --tokenizer kept every checkpoint whatever --keep-last said. A file the manifest does not
+ * list still keeps its directory. */
+ZT_TEST(cli_prune_removes_checkpoints_with_a_tokenizer)
+{
+    zck_layout *L = zt_layout(3, sizes);
+    zck_extra_file tok = {"tokenizer.json", "{}", 2};
+    zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
+    o.world = 2;
+    o.files = &tok;
+    o.n_files = 1;
+    uint64_t seed = 1;
+    for (o.step = 1; o.step <= 3; o.step++)
+        free(zt_save_as("run", L, &o, zt_seed_fill, &seed));
+    zt_write_file("run/step-00000001/user.txt", "mine");
+    expect(0, "removed run/step-00000002", "prune run --keep-last 1");
+    ZT_CHECK(access("run/step-00000002", F_OK) < 0 && is_dir("run/step-00000001"));
+    ZT_CHECK(access("run/step-00000003/tokenizer.json", F_OK) == 0);
+    zck_layout_free(L);
+}
