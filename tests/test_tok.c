@@ -581,6 +581,59 @@ ZT_TEST(tok_zrun_refuses_vocabulary_mismatch)
     zt_file_has("f.log", "zrun: error: --tokenizer: tf is a FIFO, not a regular file");
 }
 
+/* A valid tokenizer.json over the 64 MiB a checkpoint's extra file may hold (its bytes
+ * padded with blanks before the last brace) is refused before the first step, naming the
+ * option, the file and the limit: it used to train and fail at the first save (issue 24). */
+ZT_TEST(tok_zrun_refuses_tokenizer_too_big_before_training)
+{
+    make_tok_and_data();
+    char *json = zt_slurp("tok.json");
+    size_t n = strlen(json);
+    while (n && json[n - 1] != '}')
+        n--;
+    ZT_CHECK(n > 0);
+    FILE *f = fopen("big.json", "wb");
+    ZT_CHECK(f != NULL);
+    fwrite(json, 1, n - 1, f);
+    for (int i = 0; i < 65; i++) {
+        static char blanks[1 << 20];
+        memset(blanks, ' ', sizeof blanks);
+        fwrite(blanks, 1, sizeof blanks, f);
+    }
+    fputs("}\n", f);
+    ZT_CHECK_EQ(fclose(f), 0);
+    free(json);
+    struct stat st;
+    ZT_CHECK_EQ(stat("big.json", &st), 0);
+    char want[160];
+    snprintf(want, sizeof want, "zrun: error: --tokenizer big.json: %lld bytes, at most 67108864",
+             (long long)st.st_size);
+    ZT_CHECK_EQ(zt_zrun("--nproc 2 " TINY " --data tok.bin --tokenizer big.json --ckpt-dir run "
+                        "--steps 2 --save-every 0", "a.log"), 2);
+    zt_file_has("a.log", want);
+    zt_file_lacks("a.log", "step      1");
+    zt_file_lacks("a.log", "extra file 'tokenizer.json'");
+    ZT_CHECK(access("run", F_OK) != 0);
+    /* the library refuses it too, before anything starts */
+    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
+    o.ckpt_dir = "run";
+    char *big = malloc((size_t)st.st_size);
+    ZT_CHECK(big != NULL);
+    f = fopen("big.json", "rb");
+    ZT_CHECK(f && fread(big, 1, (size_t)st.st_size, f) == (size_t)st.st_size);
+    fclose(f);
+    o.tokenizer_json = big;
+    o.tokenizer_bytes = (size_t)st.st_size;
+    o.tokenizer_vocab = 300;
+    o.tokenizer_path = "big.json";
+    zr_train_result r;
+    snprintf(want, sizeof want, "--tokenizer big.json: %lld bytes; every checkpoint",
+             (long long)st.st_size);
+    ZT_ERR(zr_train(&r, &o), ZR_EINVAL, want);
+    ZT_CHECK(access("run", F_OK) != 0);
+    free(big);
+}
+
 ZT_TEST(tok_ckpt_extra_file_names_checked)
 {
     static const uint64_t sizes[] = {100, 7};

@@ -772,6 +772,11 @@ int zr_train__check_opts(const zr_train_opts *o)
     if (!o->data || !o->data[0])
         return zr_err_set(ZR_EINVAL, "--data: empty");
     ZR_TRY(check_eval_opts(o));
+    if (o->tokenizer_json && o->tokenizer_bytes > ZCK_MAX_FILE_BYTES)
+        return zr_err_set(ZR_EINVAL, "--tokenizer %s: %zu bytes; every checkpoint records it as "
+                          "the extra file tokenizer.json, of at most %zu bytes (64 MiB)",
+                          o->tokenizer_path ? o->tokenizer_path : "(given)", o->tokenizer_bytes,
+                          ZCK_MAX_FILE_BYTES);
     ZR_TRY(enum_ok(o->verify_on_resume, ZR_VERIFY_FULL, ZR_VERIFY_OFF, "--verify-on-resume",
                    "ZR_VERIFY_FULL, _QUICK or _OFF"));
     ZR_TRY(enum_ok(o->device, ZR_DEVICE_CPU, ZR_DEVICE_AUTO, "--device",
