@@ -634,6 +634,37 @@ ZT_TEST(tok_zrun_refuses_tokenizer_too_big_before_training)
     free(big);
 }
 
+/* Data read as bytes (a text file, the synthetic corpus) beside a BPE tokenizer, given or the
+ * checkpoint's: refused before any step, naming ztok encode (the model trained on byte ids and
+ * every checkpoint named the tokenizer, with which zgen then encoded prompts; issue 24). */
+ZT_TEST(tok_zrun_refuses_byte_data_with_tokenizer)
+{
+    make_tok_and_data();
+    const char *txt = data_path("text.txt");
+    char args[8192];
+    snprintf(args, sizeof args, TINY " --data %s --tokenizer tok.json --ckpt-dir run --steps 2",
+             txt);
+    ZT_CHECK_EQ(zt_zrun(args, "a.log"), 2);
+    zt_file_has("a.log", "is read as raw bytes (token ids 0-255), but the run has a BPE "
+                         "tokenizer (--tokenizer tok.json)");
+    zt_file_has("a.log", "ztok encode --tokenizer tok.json");
+    zt_file_lacks("a.log", "step      1");
+    ZT_CHECK(access("run/latest", F_OK) != 0);
+    ZT_CHECK_EQ(zt_zrun("--nproc 2 " TINY " --tokenizer tok.json --ckpt-dir run --steps 2",
+                        "b.log"), 2);
+    zt_file_has("b.log", "--data synthetic is a corpus of byte tokens, but the run has a BPE "
+                         "tokenizer (--tokenizer tok.json)");
+    zt_file_lacks("b.log", "step      1");
+    ZT_CHECK(access("run/latest", F_OK) != 0);
+    /* a resume without --tokenizer keeps the checkpoint's: text data is refused too */
+    zt_zrun_ok(TINY " --data tok.bin --tokenizer tok.json --ckpt-dir run --steps 2", "c.log");
+    snprintf(args, sizeof args, TINY " --data %s --ckpt-dir run --steps 4", txt);
+    ZT_CHECK_EQ(zt_zrun(args, "d.log"), 2);
+    zt_file_has("d.log", "but the run has a BPE tokenizer (the checkpoint's ");
+    zt_file_has("d.log", "step-00000002/tokenizer.json)");
+    ZT_CHECK(access("run/step-00000004", F_OK) != 0);
+}
+
 ZT_TEST(tok_ckpt_extra_file_names_checked)
 {
     static const uint64_t sizes[] = {100, 7};

@@ -345,6 +345,8 @@ uint64_t zr_data_tokens(const zr_data *d) { return d->n; }
 
 uint32_t zr_data_vocab(const zr_data *d) { return d->hdr_vocab; }
 
+int zr_data_is_bytes(const zr_data *d) { return d->width == 1; }
+
 /* The T+1 tokens from position s. */
 static void copy_tokens(const zr_data *d, uint64_t s, int32_t *tokens)
 {

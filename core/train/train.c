@@ -1332,6 +1332,8 @@ static int build_engine(run *r)
     int offloaded = o->offload_optimizer == ZR_OFFLOAD_NVME ||
                     o->offload_params == ZR_OFFLOAD_NVME;
     ZR_TRY(zr_data_open(&r->data, o->data, r->cfg.vocab, r->T, o->seed));
+    ZR_TRY(zr_train__check_bytes_data(o, zr_data_is_bytes(r->data),
+                                      r->ck_tokenizer ? zck_reader_path(r->rd) : NULL));
     uint32_t dv = zr_data_vocab(r->data);
     if (o->tokenizer_json && dv && dv != o->tokenizer_vocab)
         return zr_err_set(ZR_EINVAL, "%s was encoded with a tokenizer of %u tokens, --tokenizer "

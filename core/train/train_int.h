@@ -24,6 +24,9 @@ int zr_train__seq(uint32_t *out, const zr_train_opts *o, const zr_gpt2_config *c
 /* What o->resume resumes from (*out NULL: a fresh start); "auto": zck_resume_pick with
  * o->verify_on_resume, its lines on log, nothing moved when dry. */
 int zr_train__resume_path(char **out, const zr_train_opts *o, FILE *log, int dry);
+/* A BPE tokenizer (o's, or that of the checkpoint ck resumed from: NULL when it has none)
+ * beside data read as bytes (runchecks.c): refused, naming ztok encode. */
+int zr_train__check_bytes_data(const zr_train_opts *o, int data_is_bytes, const char *ck);
 
 /* The dry run's figures besides the engine's (memplan.c): one rank's host staging for
  * asynchronous saves (b: its zr_zero_plan; on_gpu: a pinned copy of its partitions instead of

@@ -1,0 +1,32 @@
+/*
+ * runchecks.c: checks of a run's options against what the run finds (train_int.h), kept out of
+ * the loop: data read as bytes beside a BPE tokenizer.
+ */
+#include "train_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* A BPE tokenizer (given, or the checkpoint's on a resume) over data read as bytes: the model
+ * would learn byte ids while every checkpoint names the tokenizer, with which zgen and the
+ * samples would then encode prompts for it. Refused, naming ztok encode. */
+int zr_train__check_bytes_data(const zr_train_opts *o, int data_is_bytes, const char *ck)
+{
+    if (!data_is_bytes || (!o->tokenizer_json && !ck))
+        return 0;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", ck ? ck : "");
+    const char *tok = o->tokenizer_json ? (o->tokenizer_path ? o->tokenizer_path : "(given)")
+                                        : path;
+    const char *whose = o->tokenizer_json ? "--tokenizer " : "the checkpoint's ";
+    if (!strcmp(o->data, "synthetic"))
+        return zr_err_set(ZR_EINVAL, "--data synthetic is a corpus of byte tokens, but the run "
+                          "has a BPE tokenizer (%s%s), which every checkpoint would record: "
+                          "give --data a token file encoded with it (ztok encode --tokenizer "
+                          "%s TEXT... -o tokens.bin)", whose, tok, tok);
+    return zr_err_set(ZR_EINVAL, "--data %s is read as raw bytes (token ids 0-255), but the "
+                      "run has a BPE tokenizer (%s%s), which every checkpoint would record and "
+                      "zgen would encode prompts with: encode the text first (ztok encode "
+                      "--tokenizer %s %s -o tokens.bin) and train on --data tokens.bin",
+                      o->data, whose, tok, tok, o->data);
+}
