@@ -1,10 +1,12 @@
 /*
  * runchecks.c: checks of a run's options against what the run finds (train_int.h), kept out of
- * the loop: data read as bytes beside a BPE tokenizer.
+ * the loop: data read as bytes beside a BPE tokenizer; a JSON log inside the run directory.
  */
 #include "train_int.h"
 
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A BPE tokenizer (given, or the checkpoint's on a resume) over data read as bytes: the model
@@ -29,4 +31,20 @@ int zr_train__check_bytes_data(const zr_train_opts *o, int data_is_bytes, const 
                       "zgen would encode prompts with: encode the text first (ztok encode "
                       "--tokenizer %s %s -o tokens.bin) and train on --data tokens.bin",
                       o->data, whose, tok, tok, o->data);
+}
+
+int zr_train__log_in_run(const char *path, const char *ckpt_dir)
+{
+    char *dir = strdup(path), *rund = realpath(ckpt_dir, NULL), *d = NULL;
+    char *slash = dir ? strrchr(dir, '/') : NULL;
+    if (dir && slash)
+        slash == dir ? (void)(slash[1] = 0) : (void)(*slash = 0);
+    if (dir)
+        d = realpath(slash ? dir : ".", NULL);
+    size_t n = rund ? strlen(rund) : 0;
+    int in = d && rund && !strncmp(d, rund, n) && (d[n] == 0 || d[n] == '/' || n == 1);
+    free(dir);
+    free(rund);
+    free(d);
+    return in;
 }

@@ -1460,7 +1460,15 @@ static int open_json_log(FILE **out, const char *path, const char *ckpt_dir)
         return zr_err_set(ZR_EINVAL, "--log-json: empty path (give a file, or none)");
     make_parent_dirs(path); /* open says what is wrong if this was not enough */
     ZR_TRY(json_log_not_the_runs(path, ckpt_dir));
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+    /* the run directory holds no symbolic links: one there would have zrun append outside it */
+    int in_run = zr_train__log_in_run(path, ckpt_dir);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC |
+                            (in_run ? O_NOFOLLOW : 0), 0644);
+    if (fd < 0 && errno == ELOOP && in_run)
+        return zr_err_set(ZR_EINVAL, "--log-json %s: a symbolic link inside the run directory "
+                          "%s, whose files are its own (zrun would append to the file it "
+                          "names): remove the link, or give --log-json that file's path",
+                          path, ckpt_dir);
     if (fd < 0 && errno == ENXIO)
         return zr_err_set(ZR_EINVAL, "--log-json %s: a FIFO that no process reads (start its "
                           "reader first, or give a file)", path);

@@ -27,6 +27,10 @@ int zr_train__resume_path(char **out, const zr_train_opts *o, FILE *log, int dry
 /* A BPE tokenizer (o's, or that of the checkpoint ck resumed from: NULL when it has none)
  * beside data read as bytes (runchecks.c): refused, naming ztok encode. */
 int zr_train__check_bytes_data(const zr_train_opts *o, int data_is_bytes, const char *ck);
+/* 1 when the directory of the file at path (which need not exist) is ckpt_dir or below it,
+ * symbolic links on the way resolved: the JSON log is then one of the run's files, opened
+ * without following a link (runchecks.c). */
+int zr_train__log_in_run(const char *path, const char *ckpt_dir);
 
 /* The dry run's figures besides the engine's (memplan.c): one rank's host staging for
  * asynchronous saves (b: its zr_zero_plan; on_gpu: a pinned copy of its partitions instead of
