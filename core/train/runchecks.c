@@ -1,6 +1,7 @@
 /*
  * runchecks.c: checks of a run's options against what the run finds (train_int.h), kept out of
- * the loop: data read as bytes beside a BPE tokenizer; a JSON log inside the run directory.
+ * the loop: data read as bytes beside a BPE tokenizer; a JSON log inside the run directory;
+ * the note of a resume that changes the learning-rate schedule.
  */
 #include "train_int.h"
 
@@ -47,4 +48,30 @@ int zr_train__log_in_run(const char *path, const char *ckpt_dir)
     free(rund);
     free(d);
     return in;
+}
+
+void zr_train__schedule_note(FILE *log, const zr_train__section *s, const zr_train_opts *o,
+                             uint64_t step)
+{
+    if (!log || !s->sched_known)
+        return;
+    float old_lr = (float)s->lr, old_mr = (float)s->min_lr_ratio;
+    if (s->steps == o->steps && s->warmup == o->warmup && old_lr == o->lr &&
+        old_mr == o->min_lr_ratio)
+        return;
+    float was = zr_lr_at(step, s->warmup, s->steps, old_lr, old_mr);
+    float now = zr_lr_at(step, o->warmup, o->steps, o->lr, o->min_lr_ratio);
+    char warm[160] = "";
+    if (step < o->warmup)
+        snprintf(warm, sizeof warm, "; step %llu is inside the new warmup of %llu steps: the "
+                 "learning rate ramps up again", (unsigned long long)step + 1,
+                 (unsigned long long)o->warmup);
+    fprintf(log, "note: the checkpoint was trained with --steps %llu --lr %g --warmup %llu "
+                 "--min-lr-ratio %g; this run uses --steps %llu --lr %g --warmup %llu "
+                 "--min-lr-ratio %g: the schedule is recomputed with the new values from step "
+                 "%llu on, at lr %.3g where the old one gave %.3g%s\n",
+            (unsigned long long)s->steps, (double)old_lr, (unsigned long long)s->warmup,
+            (double)old_mr, (unsigned long long)o->steps, (double)o->lr,
+            (unsigned long long)o->warmup, (double)o->min_lr_ratio,
+            (unsigned long long)step + 1, (double)now, (double)was, warm);
 }

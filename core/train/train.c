@@ -522,6 +522,7 @@ static int load_training(run *r, zck_reader *rd)
                 (unsigned long long)s.seed, (unsigned long long)s.batch,
                 (unsigned long long)s.seq, s.data ? s.data : "?",
                 (unsigned long long)r->o->seed, r->o->batch, r->T, r->o->data);
+    zr_train__schedule_note(r->log, &s, r->o, r->step);
     zr_train__section_clear(&s);
     return 0;
 }

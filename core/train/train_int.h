@@ -8,6 +8,7 @@
 #define ZR_TRAIN_INT_H
 
 #include "model.h"
+#include "section.h"
 #include "train.h"
 #include "zero.h"
 
@@ -31,6 +32,11 @@ int zr_train__check_bytes_data(const zr_train_opts *o, int data_is_bytes, const 
  * symbolic links on the way resolved: the JSON log is then one of the run's files, opened
  * without following a link (runchecks.c). */
 int zr_train__log_in_run(const char *path, const char *ckpt_dir);
+/* On a resume at step (the steps done), when o's schedule (--steps, --lr, --warmup,
+ * --min-lr-ratio) differs from the one the checkpoint's training section s records: one note
+ * on log giving both and the learning rate of the next step under each (runchecks.c). */
+void zr_train__schedule_note(FILE *log, const zr_train__section *s, const zr_train_opts *o,
+                             uint64_t step);
 
 /* The dry run's figures besides the engine's (memplan.c): one rank's host staging for
  * asynchronous saves (b: its zr_zero_plan; on_gpu: a pinned copy of its partitions instead of
