@@ -285,3 +285,26 @@ ZT_TEST(rundir_json_log_symlink_inside_refused)
     zt_file_has("outside.jsonl", "\"step\":2");
     ZT_CHECK(present("run/latest"));
 }
+
+/* zck_prune_held: retention by the job holding the lock (zck_prune would be refused by it),
+ * keeping latest and also_keep (the checkpoint a run resumed from) besides the newest K. */
+ZT_TEST(rundir_prune_held_keeps_latest_and_the_resume_source)
+{
+    zck_layout *L = zt_layout(3, sizes);
+    for (uint64_t s = 1; s <= 4; s++)
+        free(zt_save("run", L, 2, s, s, 0));
+    zck_prune_opts po = ZCK_PRUNE_OPTS_INIT;
+    po.keep_last = 1;
+    ZT_ERR(zck_prune_held(NULL, NULL, "run", NULL, &po), ZR_EINVAL, "without the run");
+    zck_lock *k = NULL;
+    ZT_OK(zck_run_lock(&k, "run", "zrun"));
+    ZT_ERR(zck_prune(NULL, "run", &po), ZR_EBUSY, "in use");
+    zck_namelist rm = {0, NULL};
+    ZT_OK(zck_prune_held(&rm, k, "run", "run/step-00000002", &po));
+    ZT_CHECK_EQ(rm.n, 2);
+    zck_namelist_free(&rm);
+    ZT_CHECK(!present("run/step-00000001") && !present("run/step-00000003"));
+    ZT_CHECK(present("run/step-00000002") && present("run/step-00000004"));
+    zck_run_unlock(k);
+    zck_layout_free(L);
+}

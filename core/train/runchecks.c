@@ -1,7 +1,7 @@
 /*
  * runchecks.c: checks of a run's options against what the run finds (train_int.h), kept out of
  * the loop: data read as bytes beside a BPE tokenizer; a JSON log inside the run directory;
- * the note of a resume that changes the learning-rate schedule.
+ * the note of a resume that changes the learning-rate schedule; retention at start.
  */
 #include "train_int.h"
 
@@ -74,4 +74,26 @@ void zr_train__schedule_note(FILE *log, const zr_train__section *s, const zr_tra
             (double)old_mr, (unsigned long long)o->steps, (double)o->lr,
             (unsigned long long)o->warmup, (double)o->min_lr_ratio,
             (unsigned long long)step + 1, (double)now, (double)was, warm);
+}
+
+void zr_train__retain_at_start(FILE *log, const zck_lock *lk, const zr_train_opts *o,
+                               const char *from)
+{
+    if (!lk || !o->keep_last)
+        return;
+    zck_prune_opts po = ZCK_PRUNE_OPTS_INIT;
+    po.keep_last = o->keep_last;
+    zck_namelist rm = {0, NULL};
+    if (zck_prune_held(&rm, lk, o->ckpt_dir, from, &po) < 0) {
+        if (log)
+            fprintf(log, "warning: retention (--keep-last %u) before the first save failed: "
+                         "%s\n", o->keep_last, zr_err_msg());
+        zr_err_clear();
+    } else if (log && rm.n) {
+        fprintf(log, "retention (--keep-last %u) before the first save removed", o->keep_last);
+        for (size_t i = 0; i < rm.n; i++)
+            fprintf(log, "%s %s", i ? "," : "", rm.name[i]);
+        fputc('\n', log);
+    }
+    zck_namelist_free(&rm);
 }

@@ -1753,6 +1753,7 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
     out->ckpt_error = 0;
     ZR_TRY_GOTO(agree(&r, build_engine(&r)), rc, out);
     ZR_TRY_GOTO(resume_or_init(&r, &out->ckpt_error), rc, out);
+    zr_train__retain_at_start(r.log, r.lock, o, r.rd ? zck_reader_path(r.rd) : NULL);
     out->start_step = r.step;
     ZR_TRY_GOTO(train_loop(&r, out, &loss, &done, &saved_now), rc, out);
     ZR_TRY_GOTO(finish(&r, out, loss, done, saved_now), rc, out);

@@ -37,6 +37,12 @@ int zr_train__log_in_run(const char *path, const char *ckpt_dir);
  * on log giving both and the learning rate of the next step under each (runchecks.c). */
 void zr_train__schedule_note(FILE *log, const zr_train__section *s, const zr_train_opts *o,
                              uint64_t step);
+/* Rank 0 (lk: its lock of the run directory; NULL elsewhere: nothing done), before the first
+ * save: --keep-last applied to the checkpoints already there (never what latest names, nor
+ * from, the checkpoint resumed from; stale temporaries collected), so a restart with a lower K
+ * after a full disk frees space first. What went is said on log; a failure is a warning. */
+void zr_train__retain_at_start(FILE *log, const zck_lock *lk, const zr_train_opts *o,
+                               const char *from);
 
 /* The dry run's figures besides the engine's (memplan.c): one rank's host staging for
  * asynchronous saves (b: its zr_zero_plan; on_gpu: a pinned copy of its partitions instead of
