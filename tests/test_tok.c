@@ -556,6 +556,9 @@ ZT_TEST(tok_zrun_refuses_vocabulary_mismatch)
                         "--threads 1 --data tok.bin --ckpt-dir run --steps 2", "b.log"), 2);
     zt_file_has("b.log", "'tok.bin' was written for a vocabulary of 300 tokens, the model has "
                          "256");
+    /* the hint names the option that sets it (it named a --vocab zrun does not have) */
+    zt_file_has("b.log", "256 (a vocabulary that large: zrun --model ...,vocab=300)");
+    zt_file_lacks("b.log", "zrun --vocab");
     ZT_CHECK(access("run/latest", F_OK) != 0);
     /* data encoded with another tokenizer (its header says 300) than the one given (260) */
     zt_write_file("sp.txt", "xy<|endoftext|>xy <|endoftext|> zq<|endoftext|>\n");

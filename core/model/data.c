@@ -248,7 +248,8 @@ static int open_llmc(zr_data *d, const char *path, uint32_t vocab)
     uint32_t hdr_vocab = h.vocab;
     if (hdr_vocab > vocab)
         return zr_err_set(ZR_EINVAL, "llm.c token file '%s' was written for a vocabulary of %u "
-                          "tokens, the model has %u (zrun --vocab)", path, hdr_vocab, vocab);
+                          "tokens, the model has %u (a vocabulary that large: zrun --model "
+                          "...,vocab=%u)", path, hdr_vocab, vocab, hdr_vocab);
     d->base = (const uint8_t *)d->map + ZCK_TOKENS_HEADER_BYTES;
     d->width = h.width;
     d->hdr_vocab = hdr_vocab;
