@@ -486,7 +486,11 @@ static int run_rank(zr_train_opts *o)
              "K`, or run again with a lower --keep-last (applied before the first save), "
              "to resume from the newest checkpoint", o->ckpt_dir);
     if (zr_train(&res, o) < 0)
-        return zcli_fail_lib(PROG, zr_err_code() == ZR_EEXIST
+        return zcli_fail_lib(PROG, zr_err_code() == ZR_EEXIST && strstr(zr_err_msg(),
+                                                                          "--nvme-path")
+                                       ? "wait for the process named to end, or give this run "
+                                         "another --nvme-path"
+                                   : zr_err_code() == ZR_EEXIST
                                        ? "use a new --ckpt-dir, or --resume auto to continue"
                                    : zr_err_code() == ZR_ECORRUPT && res.ckpt_error
                                        ? "run `zckpt verify` on the run directory"

@@ -184,22 +184,38 @@ static int share_text(run *r, int root, int status, const char *text, char **tex
     return 0;
 }
 
-/* A rank's local result, agreed: every rank learns the first failing rank's error. */
+/* 32 bits of FNV-1a of an error message (exact in a double), to compare the ranks' errors */
+static double msg_hash(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; s && *s; s++)
+        h = (h ^ (uint8_t)*s) * 16777619u;
+    return (double)h;
+}
+
+/* A rank's local result, agreed: every rank learns the first failing rank's error. When every
+ * rank failed with that very message (a bad option, a checkpoint that does not fit), it stays
+ * as it is, so that all ranks print the same line (the launcher prints it once, "all N
+ * ranks"); otherwise every rank, that one included, says whose it is: "rank K: ...". */
 static int agree(run *r, int rc)
 {
-    double mine = rc, *all = calloc((size_t)r->W, sizeof *all);
-    if (!all)
-        return zr_err_set(ZR_ENOMEM, "out of memory");
     char *msg = rc ? strdup(zr_err_msg()) : NULL;
-    int crc = gather_f64(r, &mine, 1, all);
-    int first = -1;
+    double mine[2] = {rc, rc ? msg_hash(msg) : 0}, *all = calloc(2 * (size_t)r->W, sizeof *all);
+    if (!all) {
+        free(msg);
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    int crc = gather_f64(r, mine, 2, all);
+    int first = -1, same = 1;
     for (int q = 0; !crc && q < r->W && first < 0; q++)
-        if (all[q] != 0)
+        if (all[2 * q] != 0)
             first = q;
+    for (int q = 0; !crc && first >= 0 && q < r->W; q++)
+        same = same && all[2 * q] != 0 && all[2 * q + 1] == all[2 * first + 1];
     free(all);
     if (!crc && first >= 0) {
         crc = share_text(r, first, rc ? rc : ZR_ERROR, msg ? msg : "", NULL);
-        if (crc && r->W > 1 && first != r->rank)
+        if (crc && r->W > 1 && !same)
             zr_err_prefix("rank %d: ", first);
     }
     free(msg);
