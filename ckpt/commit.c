@@ -131,7 +131,7 @@ int zck_commit(char **out, const char *run_dir, const char *staging_dir, const z
     zck_prune_opts po = ZCK_PRUNE_OPTS_INIT;
     po.keep_last = opts->keep_last;
     po.gc_tmp = opts->gc_tmp;
-    if (zck__housekeeping(run_dir, opts->step, opts->step, dirname, &po, NULL) < 0)
+    if (zck__housekeeping(run_dir, opts->step, opts->step, dirname, NULL, &po, NULL) < 0)
         zr_log(ZR_LOG_WARN, "checkpoint %s committed, but cleaning up older ones failed: %s",
                final, zr_err_msg());
     if (out) {

@@ -178,7 +178,7 @@ static int remove_any(const char *run_dir, const char *name)
 }
 
 int zck__housekeeping(const char *run_dir, uint64_t step, uint64_t tmp_below, const char *keep,
-                      const zck_prune_opts *o, zck_namelist *removed)
+                      const char *keep2, const zck_prune_opts *o, zck_namelist *removed)
 {
     DIR *d = opendir(run_dir);
     if (!d)
@@ -204,7 +204,8 @@ int zck__housekeeping(const char *run_dir, uint64_t step, uint64_t tmp_below, co
         unsigned kept = 0;
         for (size_t i = 0; i < n && !rc; i++) {
             bool every = o->keep_every && v[i].step % o->keep_every == 0;
-            if (!strcmp(v[i].name, keep) || kept < o->keep_last) {
+            if (!strcmp(v[i].name, keep) || (keep2 && !strcmp(v[i].name, keep2)) ||
+                kept < o->keep_last) {
                 kept++;
                 continue;
             }
@@ -245,6 +246,31 @@ static int prune_damaged(zck_namelist *removed, const char *run_dir, const zck_p
     return rc;
 }
 
+/* Retention under the run directory's lock (held by the caller), keeping also_keep too. */
+static int prune_locked(zck_namelist *removed, const char *run_dir, const char *also_keep,
+                        const zck_prune_opts *o)
+{
+    char *latest = NULL;
+    int rc = zck_latest(&latest, run_dir);
+    if (rc == ZR_ENOTFOUND) {
+        /* nothing committed: no retention, but what failed saves left is collected */
+        zr_err_clear();
+        zck_prune_opts tmp_only = *o;
+        tmp_only.keep_last = 0;
+        rc = zck__housekeeping(run_dir, 0, UINT64_MAX, "", NULL, &tmp_only, removed);
+    } else if (!rc) {
+        const char *base = strrchr(latest, '/');
+        base = base ? base + 1 : latest;
+        uint64_t step = 0;
+        /* under the lock no job is saving here: every staging directory is abandoned */
+        rc = zck__parse_step_name(base, &step)
+                 ? zck__housekeeping(run_dir, step, UINT64_MAX, base, also_keep, o, removed)
+                 : zr_err_set(ZR_ECORRUPT, "%s/latest: not a step directory name", run_dir);
+    }
+    free(latest);
+    return rc;
+}
+
 int zck_prune(zck_namelist *removed, const char *run_dir, const zck_prune_opts *o)
 {
     zck_prune_opts def = ZCK_PRUNE_OPTS_INIT;
@@ -255,31 +281,23 @@ int zck_prune(zck_namelist *removed, const char *run_dir, const zck_prune_opts *
         return zr_err_sys(errno, "%s", run_dir);
     zck_lock *lk = NULL;
     ZR_TRY(zck_run_lock(&lk, run_dir, "prune"));
-    if (o->damaged) {
-        int rc = prune_damaged(removed, run_dir, o);
-        zck_run_unlock(lk);
-        return rc;
-    }
-    char *latest = NULL;
-    int rc = zck_latest(&latest, run_dir);
-    if (rc == ZR_ENOTFOUND) {
-        /* nothing committed: no retention, but what failed saves left is collected */
-        zr_err_clear();
-        zck_prune_opts tmp_only = *o;
-        tmp_only.keep_last = 0;
-        rc = zck__housekeeping(run_dir, 0, UINT64_MAX, "", &tmp_only, removed);
-    } else if (!rc) {
-        const char *base = strrchr(latest, '/');
-        base = base ? base + 1 : latest;
-        uint64_t step = 0;
-        /* under the lock no job is saving here: every staging directory is abandoned */
-        rc = zck__parse_step_name(base, &step)
-                 ? zck__housekeeping(run_dir, step, UINT64_MAX, base, o, removed)
-                 : zr_err_set(ZR_ECORRUPT, "%s/latest: not a step directory name", run_dir);
-    }
-    free(latest);
+    int rc = o->damaged ? prune_damaged(removed, run_dir, o)
+                        : prune_locked(removed, run_dir, NULL, o);
     zck_run_unlock(lk);
     return rc;
+}
+
+int zck_prune_held(zck_namelist *removed, const zck_lock *held, const char *run_dir,
+                   const char *also_keep, const zck_prune_opts *o)
+{
+    zck_prune_opts def = ZCK_PRUNE_OPTS_INIT;
+    if (!held)
+        return zr_err_set(ZR_EINVAL, "%s: retention without the run directory's lock", run_dir);
+    if (also_keep) { /* a step directory's name, or a path ending in one */
+        const char *b = strrchr(also_keep, '/');
+        also_keep = b ? b + 1 : also_keep;
+    }
+    return prune_locked(removed, run_dir, also_keep, o ? o : &def);
 }
 
 /* ---------------------------------------------------------------- listing */

@@ -495,6 +495,12 @@ typedef struct {
  * are renamed out of sight before they are deleted. *removed (may be NULL) lists what went
  * (or would go). */
 int zck_prune(zck_namelist *removed, const char *run_dir, const zck_prune_opts *o);
+/* The same by the job that holds run_dir's lock (held: its zck_run_lock of run_dir; a job's
+ * own lock would refuse zck_prune), which also keeps the step directory also_keep (a name or a
+ * path ending in one, such as the checkpoint it resumed from; NULL: none). zrun applies its
+ * --keep-last this way at start, before its first save. */
+int zck_prune_held(zck_namelist *removed, const zck_lock *held, const char *run_dir,
+                   const char *also_keep, const zck_prune_opts *o);
 
 /* ZCK_CKPT_DAMAGED: a damaged-step-N directory (zck_run_list's damaged) */
 typedef enum {

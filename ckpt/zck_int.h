@@ -263,11 +263,11 @@ void zck__steps_free(zck__stepdir *v, size_t n);
 /* replace run_dir/latest by a file naming `name` (write-temp + rename + fsync of the directory) */
 int zck__write_latest(const char *run_dir, const char *name);
 /* Retention and garbage collection in run_dir around the checkpoint `keep` of step `step`
- * (the directory latest names): never touches it or step directories above it; staging
- * directories of steps <= tmp_below are collected (with gc_tmp). Only directories holding
- * nothing but the format's files are deleted (others are left with a warning). Names removed
+ * (the directory latest names) and keep2 (NULL: none): never touches them or step directories
+ * above keep; staging directories of steps <= tmp_below are collected (with gc_tmp). Only
+ * directories holding nothing but the format's files are deleted (others are left with a warning). Names removed
  * (or, with dry_run, that would be) go to *removed when it is not NULL. */
 int zck__housekeeping(const char *run_dir, uint64_t step, uint64_t tmp_below, const char *keep,
-                      const zck_prune_opts *o, zck_namelist *removed);
+                      const char *keep2, const zck_prune_opts *o, zck_namelist *removed);
 
 #endif

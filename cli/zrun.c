@@ -453,6 +453,11 @@ static int parse_args(zrun_args *a, int argc, char **argv)
             return zcli_fail_lib(PROG, NULL);
         }
         a->o.tokenizer_json = json; /* kept for the run */
+        if (a->o.tokenizer_bytes > ZCK_MAX_FILE_BYTES) /* before any rank, not at the 1st save */
+            return zcli_fail(PROG, "a checkpoint records the tokenizer as an extra file: use a "
+                             "smaller tokenizer.json (fewer merges, no indentation)",
+                             "--tokenizer %s: %zu bytes, at most %zu (64 MiB)",
+                             a->o.tokenizer_path, a->o.tokenizer_bytes, ZCK_MAX_FILE_BYTES);
     }
     if (a->o.offload_params != ZR_OFFLOAD_NONE && a->o.zero_stage != 3)
         return zcli_fail(PROG, "use --zero 3, or drop --offload-params",
@@ -475,12 +480,24 @@ static int run_rank(zr_train_opts *o)
     o->log = stdout;
     setvbuf(stdout, NULL, _IOLBF, 0);
     zr_train_result res;
+    char full[512];
+    /* a save that found the disk full: the checkpoints there take the space */
+    snprintf(full, sizeof full, "the disk is full: free space with `zckpt prune %s --keep-last "
+             "K`, or run again with a lower --keep-last (applied before the first save), "
+             "to resume from the newest checkpoint", o->ckpt_dir);
     if (zr_train(&res, o) < 0)
-        return zcli_fail_lib(PROG, zr_err_code() == ZR_EEXIST
+        return zcli_fail_lib(PROG, zr_err_code() == ZR_EEXIST && strstr(zr_err_msg(),
+                                                                          "--nvme-path")
+                                       ? "wait for the process named to end, or give this run "
+                                         "another --nvme-path"
+                                   : zr_err_code() == ZR_EEXIST
                                        ? "use a new --ckpt-dir, or --resume auto to continue"
-                                       : zr_err_code() == ZR_ECORRUPT && res.ckpt_error
-                                             ? "run `zckpt verify` on the run directory"
-                                             : NULL);
+                                   : zr_err_code() == ZR_ECORRUPT && res.ckpt_error
+                                       ? "run `zckpt verify` on the run directory"
+                                   : strstr(zr_err_msg(), strerror(ENOSPC)) ||
+                                           strstr(zr_err_msg(), strerror(EDQUOT))
+                                       ? full
+                                       : NULL);
     if (stop_flag)
         printf(PROG ": stopped by a signal after step %llu; checkpoint: %s\n",
                (unsigned long long)res.step, res.ckpt[0] ? res.ckpt : "(none needed)");

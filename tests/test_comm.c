@@ -854,6 +854,44 @@ ZT_TEST(launch_failing_rank_stops_the_others)
     launched_free(&L);
 }
 
+/* The launcher names the rank whose error the others relay ("error: rank K: ..."), not the
+ * rank it saw exit first; an error every rank printed is one line with "(all N ranks)" on the
+ * error line, not on its hint (issue 24). */
+ZT_TEST(launch_blames_the_rank_the_error_came_from)
+{
+    /* rank 0 failed; rank 1 relays its error and exits first */
+    launched L = launch_sh(2, 0,
+                           "echo 'zrun: error: rank 0: boom' >&2; echo 'hint: do this' >&2; "
+                           "if [ $ZR_RANK = 0 ]; then sleep 0.2; fi; exit 2");
+    EXPECT(L, L.rc == 0 && L.code == 2);
+    EXPECT(L, strstr(L.err, "zrun: error: rank 0: boom (all 2 ranks)\nhint: do this\n"));
+    EXPECT(L, count_of(L.err, "boom") == 1 && count_of(L.err, "do this") == 1);
+    EXPECT(L, strstr(L.err, "zrun: rank 0 failed first (the error above); rank 1 exited with "
+                            "status 2"));
+    EXPECT(L, !strstr(L.err, "zrun: rank 1 exited"));
+    launched_free(&L);
+    /* every rank found the same problem: said once, and so is who failed */
+    L = launch_sh(3, 0,
+                  "echo 'zrun: error: bad option' >&2; echo 'hint: fix it' >&2; "
+                  "if [ $ZR_RANK != 2 ]; then sleep 0.2; fi; exit 2");
+    EXPECT(L, L.rc == 0 && L.code == 2);
+    EXPECT(L, strstr(L.err, "zrun: error: bad option (all 3 ranks)\nhint: fix it\n"));
+    EXPECT(L, !strstr(L.err, "fix it (all") && count_of(L.err, "bad option") == 1);
+    EXPECT(L, strstr(L.err, "zrun: all 3 ranks failed with the error above (rank 2 exited with "
+                            "status 2 first)"));
+    EXPECT(L, !strstr(L.err, "zrun: rank 2 exited"));
+    launched_free(&L);
+    /* errors of their own, different: each said, the first exit named */
+    L = launch_sh(2, 0,
+                  "echo \"zrun: error: mine is $ZR_RANK\" >&2; "
+                  "if [ $ZR_RANK = 0 ]; then sleep 0.2; fi; exit 3");
+    EXPECT(L, L.code == 3);
+    EXPECT(L, strstr(L.err, "[rank 0] zrun: error: mine is 0\n") &&
+                  strstr(L.err, "[rank 1] zrun: error: mine is 1\n"));
+    EXPECT(L, strstr(L.err, "zrun: rank 1 exited with status 3"));
+    launched_free(&L);
+}
+
 /* a rank that fails, run by the launcher: the status and time it ends with, what it says */
 typedef struct {
     double grace_s;

@@ -410,3 +410,61 @@ ZT_TEST(hostile_fifo_lock_file_never_hangs)
     ZT_ERR(zck_run_lock(&lk, "run", "test"), ZR_ECORRUPT, "not a regular file");
     alarm(0);
 }
+
+/* A layout of the model's shape but `g` remade: group `g` holds `n` tensors (name, numel) */
+static zck_layout *layout_with(const zck_layout *src, size_t g_new, const char *const *names,
+                               const uint64_t *numels, size_t n)
+{
+    zck_layout *L;
+    ZT_OK(zck_layout_new(&L));
+    ZT_OK(zck_layout_add_state(L, "param", ZCK_F32));
+    for (size_t g = 0; g < zck_layout_n_groups(src); g++) {
+        size_t gi;
+        ZT_OK(zck_layout_add_group(L, &gi, zck_layout_group_name(src, g)));
+        if (g == g_new) {
+            for (size_t t = 0; t < n; t++)
+                ZT_OK(zck_layout_add_tensor(L, gi, names[t], ZCK_F32, 1, &numels[t]));
+            continue;
+        }
+        for (size_t t = 0; t < zck_layout_group_n_tensors(src, g); t++) {
+            zck_tensor_info ti;
+            zck_layout_tensor(src, g, t, &ti);
+            ZT_OK(zck_layout_add_tensor(L, gi, ti.name, ti.dtype, ti.ndim, ti.shape));
+        }
+    }
+    return L;
+}
+
+/* A checkpoint whose layout differs from the model's inside a group says what differs (it said
+ * "group 6 is 'ln_f' of 256 elements, this model expects 'ln_f' of 256": issue 24). */
+ZT_TEST(hostile_layout_mismatch_names_the_difference)
+{
+    zr_gpt2_config c;
+    ZT_OK(zr_gpt2_config_parse(&c, "gpt2:layers=4,heads=2,dim=128,ctx=32,vocab=256"));
+    zck_layout *want;
+    ZT_OK(zr_gpt2_layout(&want, &c));
+    ZT_OK(zr_gpt2_layout_check(want, want, "ck"));
+    /* ln_f as one tensor of 256 elements (an RMSNorm's weight) where the model has weight and
+     * bias of 128 each */
+    const char *one[] = {"ln_f.weight"};
+    const uint64_t n256[] = {256};
+    zck_layout *L = layout_with(want, 6, one, n256, 1);
+    ZT_ERR(zr_gpt2_layout_check(L, want, "ck"), ZR_EINVAL,
+           "ck: group 6 'ln_f', tensor 0: the checkpoint has 'ln_f.weight' [256] f32 at element "
+           "0, this model 'ln_f.weight' [128] f32 at 0 (another model shape)");
+    zck_layout_free(L);
+    /* the same tensors, then one more */
+    const char *three[] = {"ln_f.weight", "ln_f.bias", "ln_f.extra"};
+    const uint64_t n3[] = {128, 128, 4};
+    L = layout_with(want, 6, three, n3, 3);
+    ZT_ERR(zr_gpt2_layout_check(L, want, "ck"), ZR_EINVAL,
+           "ck: group 6 'ln_f' holds 3 tensors, this model's 2: the checkpoint has 'ln_f.extra' "
+           "[4] f32");
+    zck_layout_free(L);
+    /* one fewer */
+    L = layout_with(want, 6, three, n3, 1);
+    ZT_ERR(zr_gpt2_layout_check(L, want, "ck"), ZR_EINVAL,
+           "holds 1 tensor, this model's 2: the checkpoint lacks 'ln_f.bias' [128] f32");
+    zck_layout_free(L);
+    zck_layout_free(want);
+}

@@ -273,3 +273,42 @@ ZT_TEST(output_progress_frames)
     zcli_progress_format(buf, sizeof buf, "pack", 0, 0, 2.0, 0);
     ZT_CHECK(!strstr(buf, "/s"));
 }
+
+/* An error every rank reports is one line with "(all N ranks)" on it (the ranks relaying
+ * rank 0's error said "rank 0: ..." and so printed it apart, and the suffix landed on the hint);
+ * an error of one rank is one line naming it, and the launcher blames that rank, whichever
+ * exited first (issue 24). */
+ZT_TEST(output_rank_errors_said_once_and_blamed_on_their_rank)
+{
+    /* every rank: byte data beside a BPE tokenizer (each rank finds it, then they agree) */
+    ZT_CHECK_EQ(zt_zrunf("a.log", "--nproc 2 --model gpt2:layers=1,heads=2,dim=32,ctx=32,"
+                         "vocab=768 --batch 4 --threads 1 --tokenizer %s/tests/data/tok/"
+                         "hf_bpe.json --ckpt-dir run --steps 2", zt_root()), 2);
+    char *t = zt_slurp("a.log");
+    const char *e = strstr(t, "zrun: error: ");
+    if (!e || strstr(e + 1, "zrun: error: ") || strstr(t, "[rank ") ||
+        !strstr(e, " (all 2 ranks)\n") || strstr(t, "rank 0: ") ||
+        !strstr(t, "zrun: all 2 ranks failed with the error above (rank "))
+        ZT_FAIL("expected one error line for all ranks:\n%s", t);
+    free(t);
+    /* one rank: rank 1's offload directory is held by a live process (this one) */
+    ZT_CHECK_EQ(mkdir("nv", 0755), 0);
+    ZT_CHECK_EQ(mkdir("nv/zrun-swap-rank1", 0700), 0);
+    char pid[32];
+    snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    zt_write_file("nv/zrun-swap-rank1/owner", pid);
+    for (int i = 0; i < 3; i++) { /* whichever rank exits first */
+        ZT_CHECK_EQ(zt_zrun("--nproc 2 --model gpt2:layers=1,heads=2,dim=32,ctx=32,vocab=256 "
+                            "--batch 4 --threads 1 --ckpt-dir run --steps 2 "
+                            "--offload-optimizer nvme --nvme-path nv", "b.log"), 2);
+        t = zt_slurp("b.log");
+        e = strstr(t, "zrun: error: rank 1: nv/zrun-swap-rank1 is in use by a running process");
+        if (!e || strstr(e + 1, "zrun: error: ") || !strstr(e, " (all 2 ranks)\n") ||
+            strstr(t, "zrun: rank 0 exited") || !strstr(t, "zrun: rank 1 ") ||
+            strstr(t, "use a new --ckpt-dir") || strstr(t, "choose another output path") ||
+            !strstr(t, "hint: wait for the process named to end, or give this run another "
+                       "--nvme-path\n"))
+            ZT_FAIL("expected rank 1's error once and rank 1 blamed:\n%s", t);
+        free(t);
+    }
+}

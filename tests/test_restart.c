@@ -261,3 +261,39 @@ ZT_TEST(restart_verify_on_resume_modes)
     free(t);
     free(p);
 }
+
+/* A full disk with --keep-last 3: the failed save's hint names zckpt prune; a restart with
+ * --keep-last 1 applies it to the checkpoints there before its first save (never to what latest
+ * names), so the save fits and the run ends (it failed again at the same save: issue 24). */
+ZT_TEST(restart_lower_keep_last_prunes_before_the_first_save)
+{
+    ZT_CHECK(mkdir("small", 0755) == 0);
+    /* a checkpoint of this model is about 1.4 MiB: two fit in 3.5 MiB, three do not */
+    if (mount("zt", "small", "tmpfs", 0, "size=3500k") < 0)
+        ZT_SKIP("cannot mount a small tmpfs here (%s)", strerror(errno));
+    const char *m = "--model " MODEL " --batch 4 --threads 1 --save-every 5 --async-save off "
+                    "--ckpt-dir small/run";
+    int st = zt_zrunf("a.log", "%s --steps 20 --keep-last 3", m);
+    int st2 = zt_zrunf("b.log", "%s --steps 20 --keep-last 1", m);
+    char *latest = NULL;
+    int lrc = zck_latest(&latest, "small/run");
+    struct stat sb;
+    int five = stat("small/run/step-00000005", &sb) == 0, ten = stat("small/run/step-00000010",
+                                                                     &sb) == 0;
+    size_t problems = lrc == 0 ? zt_verify_count(latest, 0) : 99;
+    umount("small");
+    char *a = zt_slurp("a.log"), *b = zt_slurp("b.log");
+    if (st == 0 || !strstr(a, "No space") ||
+        !strstr(a, "hint: the disk is full: free space with `zckpt prune small/run --keep-last K`"))
+        ZT_FAIL("exit %d; expected the full disk at the step-15 save, with the hint:\n%s", st, a);
+    if (st2 != 0 || !strstr(b, "retention (--keep-last 1) before the first save removed "
+                               "step-00000005\n"))
+        ZT_FAIL("exit %d; expected step 5 pruned before the first save:\n%s", st2, b);
+    free(a);
+    free(b);
+    ZT_CHECK_EQ(lrc, 0);
+    ZT_CHECK(latest && strstr(latest, "step-00000020"));
+    ZT_CHECK(!five && !ten);
+    ZT_CHECK_EQ(problems, 0);
+    free(latest);
+}

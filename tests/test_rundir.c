@@ -255,3 +255,56 @@ ZT_TEST(rundir_verify_names_the_step)
     free(o);
     zck_layout_free(L);
 }
+
+/* RUN/train.jsonl as a symbolic link (to a file outside the run directory) is refused, naming
+ * it, before any step; the file it names is left as it was (zrun appended to it: issue 24). A
+ * link outside the run directory is still followed (a log kept elsewhere). */
+ZT_TEST(rundir_json_log_symlink_inside_refused)
+{
+    const char *args = "--model gpt2:layers=1,heads=2,dim=32,ctx=32,vocab=256 --batch 4 "
+                       "--steps 2 --threads 1 --ckpt-dir run";
+    ZT_OK(zck__mkdir_for_tests("run"));
+    zt_write_file("outside.jsonl", "{\"mine\":1}\n");
+    ZT_CHECK_EQ(symlink("../outside.jsonl", "run/train.jsonl"), 0);
+    ZT_CHECK_EQ(zt_zrun(args, "a.log"), 2);
+    zt_file_has("a.log", "--log-json run/train.jsonl: a symbolic link inside the run directory "
+                         "run");
+    zt_file_lacks("a.log", "step      1");
+    char *t = zt_slurp("outside.jsonl");
+    ZT_CHECK(!strcmp(t, "{\"mine\":1}\n"));
+    free(t);
+    ZT_CHECK(!present("run/latest"));
+    /* named explicitly, through a path that reaches the run directory another way: the same */
+    ZT_CHECK_EQ(symlink("run", "alias"), 0);
+    ZT_CHECK_EQ(zt_zrunf("b.log", "%s --log-json alias/train.jsonl", args), 2);
+    zt_file_has("b.log", "a symbolic link inside the run directory");
+    /* a link kept outside the run directory is followed */
+    ZT_CHECK_EQ(symlink("outside.jsonl", "log-link.jsonl"), 0);
+    ZT_CHECK_EQ(unlink("run/train.jsonl"), 0);
+    zt_zrunf_ok("c.log", "%s --log-json log-link.jsonl", args);
+    zt_file_has("outside.jsonl", "\"step\":2");
+    ZT_CHECK(present("run/latest"));
+}
+
+/* zck_prune_held: retention by the job holding the lock (zck_prune would be refused by it),
+ * keeping latest and also_keep (the checkpoint a run resumed from) besides the newest K. */
+ZT_TEST(rundir_prune_held_keeps_latest_and_the_resume_source)
+{
+    zck_layout *L = zt_layout(3, sizes);
+    for (uint64_t s = 1; s <= 4; s++)
+        free(zt_save("run", L, 2, s, s, 0));
+    zck_prune_opts po = ZCK_PRUNE_OPTS_INIT;
+    po.keep_last = 1;
+    ZT_ERR(zck_prune_held(NULL, NULL, "run", NULL, &po), ZR_EINVAL, "without the run");
+    zck_lock *k = NULL;
+    ZT_OK(zck_run_lock(&k, "run", "zrun"));
+    ZT_ERR(zck_prune(NULL, "run", &po), ZR_EBUSY, "in use");
+    zck_namelist rm = {0, NULL};
+    ZT_OK(zck_prune_held(&rm, k, "run", "run/step-00000002", &po));
+    ZT_CHECK_EQ(rm.n, 2);
+    zck_namelist_free(&rm);
+    ZT_CHECK(!present("run/step-00000001") && !present("run/step-00000003"));
+    ZT_CHECK(present("run/step-00000002") && present("run/step-00000004"));
+    zck_run_unlock(k);
+    zck_layout_free(L);
+}

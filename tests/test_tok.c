@@ -556,6 +556,9 @@ ZT_TEST(tok_zrun_refuses_vocabulary_mismatch)
                         "--threads 1 --data tok.bin --ckpt-dir run --steps 2", "b.log"), 2);
     zt_file_has("b.log", "'tok.bin' was written for a vocabulary of 300 tokens, the model has "
                          "256");
+    /* the hint names the option that sets it (it named a --vocab zrun does not have) */
+    zt_file_has("b.log", "256 (a vocabulary that large: zrun --model ...,vocab=300)");
+    zt_file_lacks("b.log", "zrun --vocab");
     ZT_CHECK(access("run/latest", F_OK) != 0);
     /* data encoded with another tokenizer (its header says 300) than the one given (260) */
     zt_write_file("sp.txt", "xy<|endoftext|>xy <|endoftext|> zq<|endoftext|>\n");
@@ -579,6 +582,90 @@ ZT_TEST(tok_zrun_refuses_vocabulary_mismatch)
     ZT_CHECK_EQ(mkfifo("tf", 0644), 0);
     ZT_CHECK_EQ(zt_zrun("--tokenizer tf --ckpt-dir run2 --steps 1", "f.log"), 2);
     zt_file_has("f.log", "zrun: error: --tokenizer: tf is a FIFO, not a regular file");
+}
+
+/* A valid tokenizer.json over the 64 MiB a checkpoint's extra file may hold (its bytes
+ * padded with blanks before the last brace) is refused before the first step, naming the
+ * option, the file and the limit: it used to train and fail at the first save (issue 24). */
+ZT_TEST(tok_zrun_refuses_tokenizer_too_big_before_training)
+{
+    make_tok_and_data();
+    char *json = zt_slurp("tok.json");
+    size_t n = strlen(json);
+    while (n && json[n - 1] != '}')
+        n--;
+    ZT_CHECK(n > 0);
+    FILE *f = fopen("big.json", "wb");
+    ZT_CHECK(f != NULL);
+    fwrite(json, 1, n - 1, f);
+    for (int i = 0; i < 65; i++) {
+        static char blanks[1 << 20];
+        memset(blanks, ' ', sizeof blanks);
+        fwrite(blanks, 1, sizeof blanks, f);
+    }
+    fputs("}\n", f);
+    ZT_CHECK_EQ(fclose(f), 0);
+    free(json);
+    struct stat st;
+    ZT_CHECK_EQ(stat("big.json", &st), 0);
+    char want[160];
+    snprintf(want, sizeof want, "zrun: error: --tokenizer big.json: %lld bytes, at most 67108864",
+             (long long)st.st_size);
+    ZT_CHECK_EQ(zt_zrun("--nproc 2 " TINY " --data tok.bin --tokenizer big.json --ckpt-dir run "
+                        "--steps 2 --save-every 0", "a.log"), 2);
+    zt_file_has("a.log", want);
+    zt_file_lacks("a.log", "step      1");
+    zt_file_lacks("a.log", "extra file 'tokenizer.json'");
+    ZT_CHECK(access("run", F_OK) != 0);
+    /* the library refuses it too, before anything starts */
+    zr_train_opts o = ZR_TRAIN_OPTS_INIT;
+    o.ckpt_dir = "run";
+    char *big = malloc((size_t)st.st_size);
+    ZT_CHECK(big != NULL);
+    f = fopen("big.json", "rb");
+    ZT_CHECK(f && fread(big, 1, (size_t)st.st_size, f) == (size_t)st.st_size);
+    fclose(f);
+    o.tokenizer_json = big;
+    o.tokenizer_bytes = (size_t)st.st_size;
+    o.tokenizer_vocab = 300;
+    o.tokenizer_path = "big.json";
+    zr_train_result r;
+    snprintf(want, sizeof want, "--tokenizer big.json: %lld bytes; every checkpoint",
+             (long long)st.st_size);
+    ZT_ERR(zr_train(&r, &o), ZR_EINVAL, want);
+    ZT_CHECK(access("run", F_OK) != 0);
+    free(big);
+}
+
+/* Data read as bytes (a text file, the synthetic corpus) beside a BPE tokenizer, given or the
+ * checkpoint's: refused before any step, naming ztok encode (the model trained on byte ids and
+ * every checkpoint named the tokenizer, with which zgen then encoded prompts; issue 24). */
+ZT_TEST(tok_zrun_refuses_byte_data_with_tokenizer)
+{
+    make_tok_and_data();
+    const char *txt = data_path("text.txt");
+    char args[8192];
+    snprintf(args, sizeof args, TINY " --data %s --tokenizer tok.json --ckpt-dir run --steps 2",
+             txt);
+    ZT_CHECK_EQ(zt_zrun(args, "a.log"), 2);
+    zt_file_has("a.log", "is read as raw bytes (token ids 0-255), but the run has a BPE "
+                         "tokenizer (--tokenizer tok.json)");
+    zt_file_has("a.log", "ztok encode --tokenizer tok.json");
+    zt_file_lacks("a.log", "step      1");
+    ZT_CHECK(access("run/latest", F_OK) != 0);
+    ZT_CHECK_EQ(zt_zrun("--nproc 2 " TINY " --tokenizer tok.json --ckpt-dir run --steps 2",
+                        "b.log"), 2);
+    zt_file_has("b.log", "--data synthetic is a corpus of byte tokens, but the run has a BPE "
+                         "tokenizer (--tokenizer tok.json)");
+    zt_file_lacks("b.log", "step      1");
+    ZT_CHECK(access("run/latest", F_OK) != 0);
+    /* a resume without --tokenizer keeps the checkpoint's: text data is refused too */
+    zt_zrun_ok(TINY " --data tok.bin --tokenizer tok.json --ckpt-dir run --steps 2", "c.log");
+    snprintf(args, sizeof args, TINY " --data %s --ckpt-dir run --steps 4", txt);
+    ZT_CHECK_EQ(zt_zrun(args, "d.log"), 2);
+    zt_file_has("d.log", "but the run has a BPE tokenizer (the checkpoint's ");
+    zt_file_has("d.log", "step-00000002/tokenizer.json)");
+    ZT_CHECK(access("run/step-00000004", F_OK) != 0);
 }
 
 ZT_TEST(tok_ckpt_extra_file_names_checked)

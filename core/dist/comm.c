@@ -373,6 +373,11 @@ static int check_peers(zr_comm *c, const char *op)
 
 /* ---------------------------------------------------------------- barrier */
 
+/* A barrier every rank reached succeeds, even when the launcher marked the job aborted
+ * meanwhile: the round's writes are all there (a root that wrote its broadcast and exited
+ * leaves them readable in the segment), so a rank relaying a failed peer's error text gets it
+ * rather than the abort; the abort fails the next call (enter) or a wait that never ends. */
+
 static int barrier(zr_comm *c, const char *op)
 {
     shm_hdr *h = c->h;
@@ -383,20 +388,20 @@ static int barrier(zr_comm *c, const char *op)
         atomic_store(&h->gen, want);
         if (atomic_load(&h->sleepers))
             futex_wake_all(&h->gen);
-        return check_abort(c, op);
+        return 0;
     }
 #define BAR_DONE() ((int32_t)(atomic_load_explicit(&h->gen, memory_order_acquire) - want) >= 0)
     /* a few microseconds of pause (when every rank can have a CPU) */
     for (unsigned i = 0; i < c->spin_pauses; i++) {
         if (BAR_DONE())
-            return check_abort(c, op);
+            return 0;
         cpu_relax();
     }
     /* then yield until SPIN_NS: a peer that shares this CPU runs at once */
     int64_t t0 = now_ns();
     for (;;) {
         if (BAR_DONE())
-            return check_abort(c, op);
+            return 0;
         ZR_TRY(check_abort(c, op));
         if (now_ns() - t0 > SPIN_NS)
             break;
@@ -406,13 +411,13 @@ static int barrier(zr_comm *c, const char *op)
     for (;;) {
         uint32_t g = atomic_load(&h->gen);
         if ((int32_t)(g - want) >= 0)
-            return check_abort(c, op);
+            return 0;
         ZR_TRY(check_abort(c, op));
         atomic_fetch_add(&h->sleepers, 1);
         futex_wait(&h->gen, g, SLEEP_NS);
         atomic_fetch_sub(&h->sleepers, 1);
         if (BAR_DONE())
-            return check_abort(c, op);
+            return 0;
         ZR_TRY(check_abort(c, op));
         ZR_TRY(check_note(c, op));
         int64_t t = now_ns();

@@ -132,23 +132,47 @@ static struct {
     int n;
     int world;   /* ranks of this launcher; holding is off below 2 */
     int nodes;
+    int base;    /* global rank of the first */
+    /* whose error each rank reported (index: local rank): -1 none yet, -2 its own (an error
+     * line naming no rank), else the global rank K its "error: rank K: ..." names */
+    int origin[MAX_NPROC];
+    int shared_error; /* an error line every rank printed */
 } hold;
+
+/* The rank an error line says the error is from: K of "error: rank K: ", -2 when it names
+ * none. */
+static int error_origin(const char *line, size_t n)
+{
+    const char *e = memmem(line, n, "error: rank ", 12);
+    if (!e)
+        return -2;
+    const char *p = e + 12, *end = line + n;
+    long k = 0;
+    int digits = 0;
+    for (; p < end && *p >= '0' && *p <= '9' && digits < 7; p++, digits++)
+        k = k * 10 + (*p - '0');
+    return digits && p < end && *p == ':' ? (int)k : -2;
+}
 
 static int holdable(const char *line, size_t n)
 {
     return memmem(line, n, "error:", 6) || (n >= 5 && !memcmp(line, "hint:", 5));
 }
 
+/* A line every rank printed once, "(all N ranks)" on the error line (not on its hint); a line
+ * of some ranks with the first one's "[rank R] " and, on an error line, how many others. */
 static void hold_print(const held *h)
 {
     char pre[32] = "", post[64] = "";
+    int err = !h->launcher && memmem(h->text, h->n, "error:", 6) != NULL;
     if (!h->launcher) {
-        if (h->count == hold.world)
-            snprintf(post, sizeof post, " (all %d ranks%s)", h->count,
-                     hold.nodes > 1 ? " of this node" : "");
-        else {
+        if (h->count == hold.world) {
+            if (err)
+                snprintf(post, sizeof post, " (all %d ranks%s)", h->count,
+                         hold.nodes > 1 ? " of this node" : "");
+        } else {
             snprintf(pre, sizeof pre, "[rank %d] ", h->rank);
-            if (h->count > 1)
+            if (h->count > 1 && err)
                 snprintf(post, sizeof post, " (and %d other rank%s)", h->count - 1,
                          h->count == 2 ? "" : "s");
         }
@@ -180,7 +204,8 @@ static void hold_add(int rank, int launcher, const char *line, size_t n)
     if (!launcher)
         for (int i = 0; i < hold.n; i++)
             if (!hold.e[i].launcher && hold.e[i].n == n && !memcmp(hold.e[i].text, line, n)) {
-                hold.e[i].count++;
+                if (++hold.e[i].count == hold.world && memmem(line, n, "error:", 6))
+                    hold.shared_error = 1;
                 return;
             }
     if (hold.n == HOLD_MAX)
@@ -201,6 +226,9 @@ static void emit_line(const rank_proc *p, const stream *s, const char *line, siz
     if (!s->show)
         return;
     if (s->dest == 2 && hold.world > 1 && holdable(line, n)) {
+        int i = p->grank - hold.base;
+        if (memmem(line, n, "error:", 6) && i >= 0 && i < hold.world && hold.origin[i] == -1)
+            hold.origin[i] = error_origin(line, n);
         hold_add(p->grank, 0, line, n);
         return;
     }
@@ -442,6 +470,7 @@ typedef struct {
     sigset_t old_mask;
     int handlers, blocked, started;
     int running, first_fail, fail_status, killed;
+    int blame_pending;               /* the line naming the failure is still to be said */
     int64_t term_at, kill_at, all_done_at;
     struct pollfd *pf;
     int *pf_rank;                    /* 2r: rank r's stdout, 2r+1 its stderr, -1 the self-pipe */
@@ -554,8 +583,53 @@ static int launch_spawn(launch *L, char *const argv[])
     return 0;
 }
 
+/* Whom the failure is blamed on, from the error lines the ranks printed (hold.origin): the
+ * rank K every "error: rank K: ..." names (the rank whose error the others relay); -2 when
+ * every rank printed the same error of its own; -1 when the lines say nothing (then the rank
+ * that exited first is named). */
+static int blamed_rank(const launch *L)
+{
+    int own = 0;
+    for (int i = 0; i < L->W; i++) {
+        if (hold.origin[i] >= 0)
+            return hold.origin[i];
+        own += hold.origin[i] == -2;
+    }
+    return own == L->W && hold.shared_error ? -2 : -1;
+}
+
+/* The line naming the failure, once the ranks that found the same problem had HOLD_MS to say
+ * so (all: at the end, every stream read): the rank whose error the others relay, or all ranks, or
+ * else the rank that exited first. */
+static void launch_blame(launch *L, int64_t t, int all)
+{
+    if (!L->blame_pending || (!all && t < L->term_at))
+        return;
+    L->blame_pending = 0;
+    int st = L->fail_status, r = L->base + L->first_fail, who = blamed_rank(L);
+    char d[96], stop[64] = "";
+    if (WIFEXITED(st))
+        snprintf(d, sizeof d, "exited with status %d", WEXITSTATUS(st));
+    else if (WIFSIGNALED(st))
+        snprintf(d, sizeof d, "was killed by signal %d (%s)", WTERMSIG(st),
+                 zr__signal_name(WTERMSIG(st)));
+    else
+        snprintf(d, sizeof d, "failed (wait status %d)", st);
+    if (L->running > 0)
+        snprintf(stop, sizeof stop, "; stopping the other %d rank%s", L->running,
+                 L->running == 1 ? "" : "s");
+    if (who == -2)
+        say("zrun: all %d ranks failed with the error above (rank %d %s first)%s", L->W, r, d,
+            stop);
+    else if (who >= 0 && who != r)
+        say("zrun: rank %d failed first (the error above); rank %d %s%s", who, r, d, stop);
+    else
+        say("zrun: rank %d %s%s", r, d, stop);
+}
+
 /* Rank r failed first (wait status st): its last words, the segment's abort record, a line
- * naming it, and SIGTERM (or SIGKILL without a grace period) to every rank. */
+ * naming the failure (launch_blame), and SIGTERM (or SIGKILL without a grace period) to every
+ * rank. */
 static void launch_rank_failed(launch *L, int r, int st)
 {
     L->first_fail = r;
@@ -567,24 +641,11 @@ static void launch_rank_failed(launch *L, int r, int st)
     }
     if (L->shm)
         zr_comm_shm_abort(L->shm, r, st);
-    if (L->piped) {
-        char d[96];
-        if (WIFEXITED(st))
-            snprintf(d, sizeof d, "exited with status %d", WEXITSTATUS(st));
-        else if (WIFSIGNALED(st))
-            snprintf(d, sizeof d, "was killed by signal %d (%s)", WTERMSIG(st),
-                     zr__signal_name(WTERMSIG(st)));
-        else
-            snprintf(d, sizeof d, "failed (wait status %d)", st);
-        if (L->running > 0)
-            say("zrun: rank %d %s; stopping the other %d rank%s", L->base + r, d, L->running,
-                L->running == 1 ? "" : "s");
-        else
-            say("zrun: rank %d %s", L->base + r, d);
-    }
     /* the others hear of it through the segment at once; the signals wait HOLD_MS, so ranks
-     * that found the same problem say so before they are stopped (their lines become one) */
+     * that found the same problem say so before they are stopped (their lines become one),
+     * and so does the line naming the failure, which their lines decide */
     L->term_at = now_ms() + (L->piped && L->o->kill_grace_s > 0 ? HOLD_MS : 0);
+    L->blame_pending = L->piped;
 }
 
 /* The stop after a failure: SIGTERM to every rank once term_at has come (SIGKILL at once
@@ -711,6 +772,7 @@ static int launch_wait(launch *L)
     for (;;) {
         launch_reap(L);
         int64_t t = now_ms();
+        launch_blame(L, t, 0);
         launch_escalate(L, t);
         int open_streams = 0;
         for (int r = 0; r < L->W; r++)
@@ -727,6 +789,7 @@ static int launch_wait(launch *L)
         launch_pump(L, t);
     }
     L->started = 0; /* all reaped */
+    launch_blame(L, now_ms(), 1);
     if (L->first_fail < 0)
         return 0;
     /* anything a rank left in its process group goes with the job */
@@ -808,6 +871,10 @@ int zr_launch(int *exit_code, const zr_launch_opts *o, char *const argv[])
     hold.n = 0;
     hold.world = L->piped ? L->W : 0;
     hold.nodes = nodes;
+    hold.base = L->base;
+    hold.shared_error = 0;
+    for (int i = 0; i < MAX_NPROC; i++)
+        hold.origin[i] = -1;
     int rc = launch_prepare(L);
     if (!rc)
         rc = launch_spawn(L, argv);

@@ -223,7 +223,51 @@ int zr_gpt2_offsets_get(zr_gpt2_offsets *out, const zr_gpt2_config *c)
     return rc;
 }
 
-/* The groups and tensors of a checkpoint's layout against the model's (states aside). */
+/* "'h.0.attn.c_attn.weight' [64, 192] f32" */
+static void tensor_words(char *buf, size_t cap, const zck_tensor_info *t)
+{
+    int n = snprintf(buf, cap, "'%s' [", t->name);
+    for (size_t d = 0; d < t->ndim && n > 0 && (size_t)n < cap; d++)
+        n += snprintf(buf + n, cap - (size_t)n, "%s%llu", d ? ", " : "",
+                      (unsigned long long)t->shape[d]);
+    if (n > 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, "] %s", zck_dtype_name(t->dtype));
+}
+
+/* Group g's tensors, one against the other: the first that differs (name, size, offset), or
+ * one that one side has and the other lacks, named with both sides (shape and dtype said). */
+static int group_tensors_check(const zck_layout *ck, const zck_layout *want, size_t g,
+                               const char *path)
+{
+    size_t na = zck_layout_group_n_tensors(ck, g), nb = zck_layout_group_n_tensors(want, g);
+    const char *gn = zck_layout_group_name(want, g);
+    char a_w[256], b_w[256];
+    for (size_t t = 0; t < na || t < nb; t++) {
+        zck_tensor_info a, b;
+        if (t < na)
+            zck_layout_tensor(ck, g, t, &a);
+        if (t < nb)
+            zck_layout_tensor(want, g, t, &b);
+        if (t < na)
+            tensor_words(a_w, sizeof a_w, &a);
+        if (t < nb)
+            tensor_words(b_w, sizeof b_w, &b);
+        if (t >= nb || t >= na)
+            return zr_err_set(ZR_EINVAL, "%s: group %zu '%s' holds %zu tensor%s, this model's "
+                              "%zu: the checkpoint %s %s (another model shape)", path, g, gn, na,
+                              na == 1 ? "" : "s", nb, t >= nb ? "has" : "lacks",
+                              t >= nb ? a_w : b_w);
+        if (strcmp(a.name, b.name) || a.numel != b.numel || a.offset != b.offset)
+            return zr_err_set(ZR_EINVAL, "%s: group %zu '%s', tensor %zu: the checkpoint has "
+                              "%s at element %llu, this model %s at %llu (another model shape)",
+                              path, g, gn, t, a_w, (unsigned long long)a.offset, b_w,
+                              (unsigned long long)b.offset);
+    }
+    return 0;
+}
+
+/* The groups and tensors of a checkpoint's layout against the model's (states aside): each
+ * difference said with both sides, down to the first tensor that differs. */
 int zr_gpt2_layout_check(const zck_layout *ck, const zck_layout *want, const char *path)
 {
     if (zck_layout_n_groups(ck) != zck_layout_n_groups(want))
@@ -231,23 +275,17 @@ int zr_gpt2_layout_check(const zck_layout *ck, const zck_layout *want, const cha
                           "(another model shape)", path, zck_layout_n_groups(ck),
                           zck_layout_n_groups(want));
     for (size_t g = 0; g < zck_layout_n_groups(want); g++) {
-        if (strcmp(zck_layout_group_name(ck, g), zck_layout_group_name(want, g)) ||
-            zck_layout_group_numel(ck, g) != zck_layout_group_numel(want, g) ||
-            zck_layout_group_n_tensors(ck, g) != zck_layout_group_n_tensors(want, g))
-            return zr_err_set(ZR_EINVAL, "%s: group %zu is '%s' of %llu elements, this model "
-                              "expects '%s' of %llu (another model shape)", path, g,
+        if (strcmp(zck_layout_group_name(ck, g), zck_layout_group_name(want, g)))
+            return zr_err_set(ZR_EINVAL, "%s: group %zu is '%s', this model expects '%s' "
+                              "(another model shape)", path, g, zck_layout_group_name(ck, g),
+                              zck_layout_group_name(want, g));
+        ZR_TRY(group_tensors_check(ck, want, g, path));
+        if (zck_layout_group_numel(ck, g) != zck_layout_group_numel(want, g))
+            return zr_err_set(ZR_EINVAL, "%s: group %zu '%s' has %llu elements, this model's "
+                              "%llu (another model shape)", path, g,
                               zck_layout_group_name(ck, g),
                               (unsigned long long)zck_layout_group_numel(ck, g),
-                              zck_layout_group_name(want, g),
                               (unsigned long long)zck_layout_group_numel(want, g));
-        for (size_t t = 0; t < zck_layout_group_n_tensors(want, g); t++) {
-            zck_tensor_info a, b;
-            zck_layout_tensor(ck, g, t, &a);
-            zck_layout_tensor(want, g, t, &b);
-            if (strcmp(a.name, b.name) || a.numel != b.numel || a.offset != b.offset)
-                return zr_err_set(ZR_EINVAL, "%s: tensor '%s' where this model has '%s'", path,
-                                  a.name, b.name);
-        }
     }
     return 0;
 }

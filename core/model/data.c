@@ -248,7 +248,8 @@ static int open_llmc(zr_data *d, const char *path, uint32_t vocab)
     uint32_t hdr_vocab = h.vocab;
     if (hdr_vocab > vocab)
         return zr_err_set(ZR_EINVAL, "llm.c token file '%s' was written for a vocabulary of %u "
-                          "tokens, the model has %u (zrun --vocab)", path, hdr_vocab, vocab);
+                          "tokens, the model has %u (a vocabulary that large: zrun --model "
+                          "...,vocab=%u)", path, hdr_vocab, vocab, hdr_vocab);
     d->base = (const uint8_t *)d->map + ZCK_TOKENS_HEADER_BYTES;
     d->width = h.width;
     d->hdr_vocab = hdr_vocab;
@@ -344,6 +345,8 @@ const char *zr_data_describe(const zr_data *d) { return d->desc; }
 uint64_t zr_data_tokens(const zr_data *d) { return d->n; }
 
 uint32_t zr_data_vocab(const zr_data *d) { return d->hdr_vocab; }
+
+int zr_data_is_bytes(const zr_data *d) { return d->width == 1; }
 
 /* The T+1 tokens from position s. */
 static void copy_tokens(const zr_data *d, uint64_t s, int32_t *tokens)

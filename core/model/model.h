@@ -234,6 +234,9 @@ uint64_t zr_data_tokens(const zr_data *d);
 /* The vocabulary a token file's header names (ztok writes it), 0 when not said (llm.c's files,
  * raw bytes, the synthetic corpus). */
 uint32_t zr_data_vocab(const zr_data *d);
+/* 1 when the tokens are bytes (a file read as raw bytes, or the synthetic corpus), 0 for a
+ * token file. */
+int zr_data_is_bytes(const zr_data *d);
 void zr_data_sample(const zr_data *d, uint64_t index, int32_t *tokens /* T+1 */);
 /*
  * Validation data. zr_data_hold_out splits d: a file's last tenth of tokens (rounded down)

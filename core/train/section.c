@@ -47,6 +47,20 @@ static void json_val(const json_t *j, const char *loss, const char *step, int *h
     }
 }
 
+/* The schedule keys (steps, warmup, lr, min_lr_ratio): *known 1 when all four are valid. */
+static void json_sched(const json_t *j, zr_train__section *s)
+{
+    json_t *lr = json_object_get(j, "lr"), *mr = json_object_get(j, "min_lr_ratio");
+    s->steps = s->warmup = 0;
+    s->sched_known = json_is_integer(json_object_get(j, "steps")) &&
+                     json_is_integer(json_object_get(j, "warmup")) &&
+                     !get_u64(j, "steps", &s->steps) && !get_u64(j, "warmup", &s->warmup) &&
+                     json_is_number(lr) && isfinite(json_number_value(lr)) &&
+                     json_is_number(mr) && isfinite(json_number_value(mr));
+    s->lr = s->sched_known ? json_number_value(lr) : 0;
+    s->min_lr_ratio = s->sched_known ? json_number_value(mr) : 0;
+}
+
 static int dup_string(const json_t *t, const char *key, char **out)
 {
     json_t *v = json_object_get(t, key);
@@ -57,7 +71,7 @@ static int dup_string(const json_t *t, const char *key, char **out)
 
 int zr_train__section_parse(zr_train__section *s, const char *json)
 {
-    s->order_known = s->has_val = s->has_best = 0;
+    s->order_known = s->has_val = s->has_best = s->sched_known = 0;
     s->data = s->run_id = s->val_set = NULL;
     json_error_t je;
     json_t *t = json_loads(json, 0, &je);
@@ -76,6 +90,7 @@ int zr_train__section_parse(zr_train__section *s, const char *json)
         rc = dup_string(t, "run_id", &s->run_id);
     if (!rc)
         rc = dup_string(t, "val_set", &s->val_set);
+    json_sched(t, s);
     json_val(t, "val_loss", "val_step", &s->has_val, &s->val_loss, &s->val_step);
     json_val(t, "best_val_loss", "best_val_step", &s->has_best, &s->best_val_loss,
              &s->best_val_step);

@@ -20,11 +20,17 @@ typedef struct {
     double val_loss, best_val_loss;
     uint64_t val_step, best_val_step;
     char *val_set;
+    /* the learning-rate schedule it was trained with: sched_known 1 when steps, warmup, lr and
+     * min_lr_ratio are all present and valid (non-negative integers, finite numbers) */
+    int sched_known;
+    uint64_t steps, warmup;
+    double lr, min_lr_ratio;
 } zr_train__section;
 
 /* Parse the training section (JSON object text). ZR_ECORRUPT "training section unreadable" or
  * naming the field when optimizer_step or next_sample is not a non-negative integer; a bad seed,
- * batch or seq only leaves order_known 0, a bad validation field has_val or has_best 0. Free
+ * batch or seq only leaves order_known 0, a bad schedule field sched_known 0, a bad validation
+ * field has_val or has_best 0. Free
  * s->data, s->run_id and s->val_set with zr_train__section_clear, whatever
  * the result. */
 int zr_train__section_parse(zr_train__section *s, const char *json);

@@ -184,22 +184,38 @@ static int share_text(run *r, int root, int status, const char *text, char **tex
     return 0;
 }
 
-/* A rank's local result, agreed: every rank learns the first failing rank's error. */
+/* 32 bits of FNV-1a of an error message (exact in a double), to compare the ranks' errors */
+static double msg_hash(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; s && *s; s++)
+        h = (h ^ (uint8_t)*s) * 16777619u;
+    return (double)h;
+}
+
+/* A rank's local result, agreed: every rank learns the first failing rank's error. When every
+ * rank failed with that very message (a bad option, a checkpoint that does not fit), it stays
+ * as it is, so that all ranks print the same line (the launcher prints it once, "all N
+ * ranks"); otherwise every rank, that one included, says whose it is: "rank K: ...". */
 static int agree(run *r, int rc)
 {
-    double mine = rc, *all = calloc((size_t)r->W, sizeof *all);
-    if (!all)
-        return zr_err_set(ZR_ENOMEM, "out of memory");
     char *msg = rc ? strdup(zr_err_msg()) : NULL;
-    int crc = gather_f64(r, &mine, 1, all);
-    int first = -1;
+    double mine[2] = {rc, rc ? msg_hash(msg) : 0}, *all = calloc(2 * (size_t)r->W, sizeof *all);
+    if (!all) {
+        free(msg);
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    int crc = gather_f64(r, mine, 2, all);
+    int first = -1, same = 1;
     for (int q = 0; !crc && q < r->W && first < 0; q++)
-        if (all[q] != 0)
+        if (all[2 * q] != 0)
             first = q;
+    for (int q = 0; !crc && first >= 0 && q < r->W; q++)
+        same = same && all[2 * q] != 0 && all[2 * q + 1] == all[2 * first + 1];
     free(all);
     if (!crc && first >= 0) {
         crc = share_text(r, first, rc ? rc : ZR_ERROR, msg ? msg : "", NULL);
-        if (crc && r->W > 1 && first != r->rank)
+        if (crc && r->W > 1 && !same)
             zr_err_prefix("rank %d: ", first);
     }
     free(msg);
@@ -522,6 +538,7 @@ static int load_training(run *r, zck_reader *rd)
                 (unsigned long long)s.seed, (unsigned long long)s.batch,
                 (unsigned long long)s.seq, s.data ? s.data : "?",
                 (unsigned long long)r->o->seed, r->o->batch, r->T, r->o->data);
+    zr_train__schedule_note(r->log, &s, r->o, r->step);
     zr_train__section_clear(&s);
     return 0;
 }
@@ -772,6 +789,11 @@ int zr_train__check_opts(const zr_train_opts *o)
     if (!o->data || !o->data[0])
         return zr_err_set(ZR_EINVAL, "--data: empty");
     ZR_TRY(check_eval_opts(o));
+    if (o->tokenizer_json && o->tokenizer_bytes > ZCK_MAX_FILE_BYTES)
+        return zr_err_set(ZR_EINVAL, "--tokenizer %s: %zu bytes; every checkpoint records it as "
+                          "the extra file tokenizer.json, of at most %zu bytes (64 MiB)",
+                          o->tokenizer_path ? o->tokenizer_path : "(given)", o->tokenizer_bytes,
+                          ZCK_MAX_FILE_BYTES);
     ZR_TRY(enum_ok(o->verify_on_resume, ZR_VERIFY_FULL, ZR_VERIFY_OFF, "--verify-on-resume",
                    "ZR_VERIFY_FULL, _QUICK or _OFF"));
     ZR_TRY(enum_ok(o->device, ZR_DEVICE_CPU, ZR_DEVICE_AUTO, "--device",
@@ -1327,6 +1349,8 @@ static int build_engine(run *r)
     int offloaded = o->offload_optimizer == ZR_OFFLOAD_NVME ||
                     o->offload_params == ZR_OFFLOAD_NVME;
     ZR_TRY(zr_data_open(&r->data, o->data, r->cfg.vocab, r->T, o->seed));
+    ZR_TRY(zr_train__check_bytes_data(o, zr_data_is_bytes(r->data),
+                                      r->ck_tokenizer ? zck_reader_path(r->rd) : NULL));
     uint32_t dv = zr_data_vocab(r->data);
     if (o->tokenizer_json && dv && dv != o->tokenizer_vocab)
         return zr_err_set(ZR_EINVAL, "%s was encoded with a tokenizer of %u tokens, --tokenizer "
@@ -1453,7 +1477,15 @@ static int open_json_log(FILE **out, const char *path, const char *ckpt_dir)
         return zr_err_set(ZR_EINVAL, "--log-json: empty path (give a file, or none)");
     make_parent_dirs(path); /* open says what is wrong if this was not enough */
     ZR_TRY(json_log_not_the_runs(path, ckpt_dir));
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+    /* the run directory holds no symbolic links: one there would have zrun append outside it */
+    int in_run = zr_train__log_in_run(path, ckpt_dir);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC |
+                            (in_run ? O_NOFOLLOW : 0), 0644);
+    if (fd < 0 && errno == ELOOP && in_run)
+        return zr_err_set(ZR_EINVAL, "--log-json %s: a symbolic link inside the run directory "
+                          "%s, whose files are its own (zrun would append to the file it "
+                          "names): remove the link, or give --log-json that file's path",
+                          path, ckpt_dir);
     if (fd < 0 && errno == ENXIO)
         return zr_err_set(ZR_EINVAL, "--log-json %s: a FIFO that no process reads (start its "
                           "reader first, or give a file)", path);
@@ -1737,6 +1769,7 @@ int zr_train(zr_train_result *out, const zr_train_opts *o)
     out->ckpt_error = 0;
     ZR_TRY_GOTO(agree(&r, build_engine(&r)), rc, out);
     ZR_TRY_GOTO(resume_or_init(&r, &out->ckpt_error), rc, out);
+    zr_train__retain_at_start(r.log, r.lock, o, r.rd ? zck_reader_path(r.rd) : NULL);
     out->start_step = r.step;
     ZR_TRY_GOTO(train_loop(&r, out, &loss, &done, &saved_now), rc, out);
     ZR_TRY_GOTO(finish(&r, out, loss, done, saved_now), rc, out);
