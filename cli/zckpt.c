@@ -677,6 +677,28 @@ static int export_st(const char *src, const char *out, bool force, zfmt_st_opts 
     return output_done(rc, made, out);
 }
 
+/* A DeepSpeed or DCP checkpoint into one safetensors file (zfmt_foreign_consolidate). */
+static int consolidate_foreign(const zckpt_args *a, zfmt_foreign_kind k, int fmt)
+{
+    if (fmt != FMT_SAFETENSORS || a->dtype >= 0 || a->params_only)
+        return zcli_fail(PROG, "name a .safetensors output, or pass --format safetensors",
+                         "%s: a %s checkpoint consolidates into one safetensors file, as it is "
+                         "(--dtype and --params-only do not apply)", a->path,
+                         zfmt_foreign_name(k));
+    if (exists(a->out) && !a->force)
+        return refuse_existing(a->out);
+    char *made;
+    int rc = output_ready(a->out, true, &made);
+    if (rc)
+        return rc;
+    zcli_bar bar;
+    zck_progress p = zcli_progress_init(&bar);
+    rc = progress_done(&bar, zfmt_foreign_consolidate(a->path, a->out, &p));
+    if (rc == ZCLI_OK)
+        printf("%s: safetensors of %s (%s)\n", a->out, a->path, zfmt_foreign_name(k));
+    return output_done(rc, made, a->out);
+}
+
 static int cmd_consolidate(const void *args)
 {
     const zckpt_args *a = args;
@@ -686,6 +708,9 @@ static int cmd_consolidate(const void *args)
     zck_reshard_opts o = a->reshard;
     int fmt = a->format >= 0 ? a->format
                              : ends_with(out, ".safetensors") ? FMT_SAFETENSORS : FMT_ZCKPT;
+    zfmt_foreign_kind fk = zfmt_foreign_detect(src);
+    if (fk != ZFMT_FOREIGN_NONE)
+        return consolidate_foreign(a, fk, fmt);
     if (fmt == FMT_SAFETENSORS) {
         zfmt_st_opts so = ZFMT_ST_OPTS_INIT;
         so.dtype = dtype;

@@ -486,3 +486,102 @@ int zfmt__dcp_verify(zck_report *rep, const char *dir, const zck_verify_opts *o)
     zfmt__dcp_free(d);
     return rc;
 }
+
+/* ---------------------------------------------------------------- reading the tensors */
+
+size_t zfmt__dcp_n(const zfmt__dcp *d) { return d->n; }
+
+int zfmt__dcp_tensor(const zfmt__dcp *d, size_t i, const char **fqn, zck_dtype *dt,
+                     size_t *ndim, const uint64_t **size)
+{
+    const dcp_item *it = &d->it[i];
+    *fqn = it->fqn;
+    if (it->is_bytes)
+        return 1;
+    if (!it->dtype_known)
+        return zr_err_set(ZR_EUNSUPPORTED, "%s: '%s' is %s, a dtype zero does not read", d->dir,
+                          it->fqn, it->dtype_name);
+    *dt = it->dtype;
+    *ndim = it->ndim;
+    *size = it->size;
+    return 0;
+}
+
+/* chunk c of item it into o, the tensor starting at byte base of o (row-major) */
+static int copy_chunk(const zfmt__dcp *d, const dcp_item *it, const dcp_chunk *c, zfmt__out *o,
+                      uint64_t base, char *buf, size_t cap)
+{
+    char *path = zck_path_join(d->dir, c->file);
+    int fd = -1;
+    if (!path)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    int rc = zck_open_regular(&fd, path, ZCK_NOFOLLOW, NULL);
+    zfmt__zip *z = NULL;
+    zfmt__pickle *pk = NULL;
+    const zfmt__pv *t = NULL;
+    if (!rc)
+        rc = zfmt__zip_open_slice(&z, fd, path, c->at, c->len);
+    if (!rc)
+        rc = zfmt__dcp_item_tensor(z, it->fqn, it->dtype, it->ndim, c->size, &pk, &t);
+    size_t nd = it->ndim, es = zck_dtype_size(it->dtype);
+    /* the item's tensor row-major contiguous (DCP clones what it saves) */
+    uint64_t want = 1;
+    for (size_t k = nd; !rc && k-- > 0;) {
+        if (c->size[k] > 1 && (uint64_t)t->stride[k] != want)
+            rc = zr_err_set(ZR_EUNSUPPORTED, "%s: the item of '%s' is not contiguous", path,
+                            it->fqn);
+        want *= c->size[k];
+    }
+    const zfmt__zip_entry *e = NULL;
+    if (!rc) {
+        char rec[128];
+        snprintf(rec, sizeof rec, "data/%s", t->storage->s);
+        e = zfmt__zip_find(z, rec);
+    }
+    /* runs: the innermost dimensions the chunk covers whole are contiguous in the output too */
+    size_t j = nd ? nd - 1 : 0;
+    uint64_t run = nd ? c->size[j] : 1, outer = 1, stride_out[ZCK_MAX_DIMS];
+    while (nd && j > 0 && c->size[j] == it->size[j]) {
+        j--;
+        run *= c->size[j];
+    }
+    for (size_t k = nd, s = 1; k-- > 0;) {
+        stride_out[k] = s;
+        s *= it->size[k];
+    }
+    for (size_t k = 0; k < j; k++)
+        outer *= c->size[k];
+    uint64_t idx[ZCK_MAX_DIMS] = {0};
+    for (uint64_t q = 0; !rc && q < outer && run; q++) {
+        uint64_t at = 0;
+        for (size_t k = 0; k < nd; k++)
+            at += (c->off[k] + (k < j ? idx[k] : 0)) * stride_out[k];
+        for (uint64_t done = 0; !rc && done < run;) {
+            size_t n = (size_t)((run - done) * es < cap ? (run - done) * es : cap / es * es);
+            rc = zfmt__zip_read(z, e, ((uint64_t)t->i + q * run + done) * es, buf, n);
+            if (!rc)
+                rc = zfmt__out_pwrite(o, buf, n, base + (at + done) * es);
+            done += n / es;
+        }
+        for (size_t k = j; k-- > 0;) { /* the next outer index */
+            if (++idx[k] < c->size[k])
+                break;
+            idx[k] = 0;
+        }
+    }
+    zfmt__pickle_free(pk);
+    zfmt__zip_free(z);
+    if (fd >= 0)
+        close(fd);
+    free(path);
+    return rc;
+}
+
+int zfmt__dcp_copy(const zfmt__dcp *d, size_t i, zfmt__out *o, uint64_t base, void *buf,
+                   size_t cap)
+{
+    const dcp_item *it = &d->it[i];
+    for (size_t k = 0; k < it->nc; k++)
+        ZR_TRY(copy_chunk(d, it, &it->c[k], o, base, buf, cap));
+    return 0;
+}

@@ -4,7 +4,9 @@
  */
 #include "foreign.h"
 
+#include <jansson.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -23,6 +25,9 @@ zfmt_foreign_kind zfmt_foreign_detect(const char *path)
         return ZFMT_FOREIGN_NONE;
     if (has_file(path, ".metadata"))
         return ZFMT_FOREIGN_DCP;
+    if (has_file(path, "latest") || has_file(path, "mp_rank_00_model_states.pt") ||
+        has_file(path, "zero_pp_rank_0_mp_rank_00_model_states.pt"))
+        return ZFMT_FOREIGN_DEEPSPEED;
     return ZFMT_FOREIGN_NONE;
 }
 
@@ -45,11 +50,208 @@ int zfmt_foreign_verify(zck_report **out, const char *path, const zck_verify_opt
         return zr_err_set(ZR_ENOTFOUND, "%s: neither a DeepSpeed nor a DCP checkpoint", path);
     zck_report *rep;
     ZR_TRY(zck_report_new(&rep));
-    int rc = zfmt__dcp_verify(rep, path, o ? o : &dflt);
+    int rc = k == ZFMT_FOREIGN_DCP ? zfmt__dcp_verify(rep, path, o ? o : &dflt)
+                                   : zfmt__ds_verify(rep, path, o ? o : &dflt);
     if (rc) {
         zck_report_free(rep);
         return rc;
     }
     *out = rep;
     return 0;
+}
+
+/* ---------------------------------------------------------------- consolidate */
+
+#define COPY_BUF ((size_t)8 << 20)
+
+/* one tensor of the output: its name, dtype, shape and where its bytes come from */
+typedef struct {
+    const char *name;
+    zck_dtype dtype;
+    size_t ndim;
+    uint64_t shape[ZCK_MAX_DIMS], bytes, at;
+    size_t src;   /* DS: the parameter; DCP: the item */
+} out_tensor;
+
+/* the safetensors header of ts[0, n) (data offsets from 0), padded to 8 bytes */
+static int st_header(char **out, size_t *len, out_tensor *ts, size_t n)
+{
+    json_t *h = json_object();
+    uint64_t at = 0;
+    int bad = !h;
+    for (size_t i = 0; i < n && !bad; i++) {
+        json_t *shape = json_array();
+        for (size_t k = 0; k < ts[i].ndim && shape; k++)
+            bad |= json_array_append_new(shape, json_integer((json_int_t)ts[i].shape[k]));
+        ts[i].at = at;
+        at += ts[i].bytes;
+        bad |= !shape || json_object_set_new(h, ts[i].name, json_pack("{s:s, s:o, s:[I, I]}",
+                  "dtype", zfmt__st_dtype_name(ts[i].dtype), "shape", shape, "data_offsets",
+                  (json_int_t)ts[i].at, (json_int_t)at));
+    }
+    bad |= json_object_set_new(h, "__metadata__", json_pack("{s:s}", "format", "pt"));
+    char *txt = bad ? NULL : zfmt__json_dump(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(h);
+    if (!txt)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    size_t l = strlen(txt), padded = (l + 7) / 8 * 8;
+    char *b = malloc(8 + padded);
+    if (!b) {
+        free(txt);
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    for (int k = 0; k < 8; k++)
+        b[k] = (char)((uint64_t)padded >> (8 * k));
+    memcpy(b + 8, txt, l);
+    memset(b + 8 + l, ' ', padded - l);
+    free(txt);
+    *out = b;
+    *len = 8 + padded;
+    return 0;
+}
+
+static uint64_t numel_of(size_t nd, const uint64_t *s)
+{
+    uint64_t n = 1;
+    for (size_t k = 0; k < nd; k++)
+        n *= s[k];
+    return n;
+}
+
+/* the tensors of a DeepSpeed checkpoint: its parameters, then the aliases of shared_params */
+static int ds_tensors(const zfmt__ds *d, out_tensor **out, size_t *n)
+{
+    const zfmt__ds_param *p;
+    size_t np = zfmt__ds_params(d, &p);
+    const zfmt__pv *ms = zfmt__ds_model_states(d), *fz = zfmt__pv_get(ms, "frozen_param_shapes"),
+                   *sh = zfmt__pv_get(ms, "shared_params");
+    if (fz && fz->kind == ZFMT__PK_DICT && fz->n)
+        return zr_err_set(ZR_EUNSUPPORTED, "frozen parameters (frozen_param_shapes) are not "
+                          "read yet");
+    size_t ns = sh && sh->kind == ZFMT__PK_DICT ? sh->n / 2 : 0;
+    out_tensor *t = calloc(np + ns + 1, sizeof *t);
+    if (!t)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < np; i++) {
+        t[i] = (out_tensor){.name = p[i].name, .dtype = ZCK_F32, .ndim = p[i].ndim,
+                            .bytes = p[i].numel * 4, .src = i};
+        memcpy(t[i].shape, p[i].shape, sizeof t[i].shape);
+    }
+    size_t k = np;
+    for (size_t s = 0; s < ns; s++) { /* name not stored -> the parameter holding it */
+        const zfmt__pv *a = sh->items[2 * s], *b = sh->items[2 * s + 1];
+        for (size_t i = 0; a->kind == ZFMT__PK_STR && b->kind == ZFMT__PK_STR && i < np; i++)
+            if (!strcmp(p[i].name, b->s)) {
+                t[k] = t[i];
+                t[k++].name = a->s;
+                break;
+            }
+    }
+    *out = t;
+    *n = k;
+    return 0;
+}
+
+static int dcp_tensors(const zfmt__dcp *d, out_tensor **out, size_t *n)
+{
+    size_t ni = zfmt__dcp_n(d), k = 0;
+    out_tensor *t = calloc(ni + 1, sizeof *t);
+    if (!t)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    for (size_t i = 0; i < ni; i++) {
+        const uint64_t *size;
+        int rc = zfmt__dcp_tensor(d, i, &t[k].name, &t[k].dtype, &t[k].ndim, &size);
+        if (rc < 0) {
+            free(t);
+            return rc;
+        }
+        if (rc == 1)
+            continue; /* a bytes item: not a tensor */
+        memcpy(t[k].shape, size, t[k].ndim * sizeof *size);
+        t[k].bytes = numel_of(t[k].ndim, size) * zck_dtype_size(t[k].dtype);
+        t[k++].src = i;
+    }
+    *out = t;
+    *n = k;
+    return 0;
+}
+
+static int write_ds(const zfmt__ds *d, const out_tensor *t, zfmt__out *o, uint64_t base,
+                    float *buf, zfmt__prog *pr)
+{
+    uint64_t numel = t->bytes / 4, cap = COPY_BUF / 4;
+    for (uint64_t at = 0; at < numel; at += cap) {
+        uint64_t n = numel - at < cap ? numel - at : cap;
+        ZR_TRY(zfmt__ds_read(d, t->src, NULL, at, buf, n));
+        ZR_TRY(zfmt__out_pwrite(o, buf, (size_t)n * 4, base + t->at + at * 4));
+        zfmt__prog_add(pr, n * 4);
+    }
+    return 0;
+}
+
+/* A problem found by the verification: the first, as an error */
+static int first_problem(zck_report *rep, const char *path)
+{
+    const zck_problem *p = zck_report_get(rep, 0);
+    int rc = zr_err_set(ZR_ECORRUPT, "%s: %s: %s: %s (%zu problem%s; zckpt verify lists them)",
+                        path, p->file, zck_problem_kind_name(p->kind), p->detail,
+                        zck_report_count(rep), zck_report_count(rep) == 1 ? "" : "s");
+    return rc;
+}
+
+int zfmt_foreign_consolidate(const char *path, const char *out_file, const zck_progress *progress)
+{
+    zfmt_foreign_kind k = zfmt_foreign_detect(path);
+    if (k == ZFMT_FOREIGN_NONE)
+        return zr_err_set(ZR_ENOTFOUND, "%s: neither a DeepSpeed nor a DCP checkpoint", path);
+    /* verified in full first (CRC-32s and coverage): nothing unverified is written */
+    zck_report *rep = NULL;
+    zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
+    if (progress)
+        vo.progress = *progress;
+    ZR_TRY(zck_report_new(&rep));
+    zfmt__ds *ds = NULL;
+    zfmt__dcp *dcp = NULL;
+    int rc = k == ZFMT_FOREIGN_DCP ? zfmt__dcp_verify(rep, path, &vo)
+                                   : zfmt__ds_open(&ds, path, rep, 1, progress);
+    if (rc >= 0 && zck_report_count(rep))
+        rc = first_problem(rep, path);
+    zck_report_free(rep);
+    rep = NULL;
+    if (!rc && k == ZFMT_FOREIGN_DCP && !(rc = zck_report_new(&rep)))
+        rc = zfmt__dcp_open(&dcp, path, rep);
+    zck_report_free(rep);
+    out_tensor *t = NULL;
+    size_t n = 0, hl = 0;
+    char *hdr = NULL;
+    if (!rc)
+        rc = ds ? ds_tensors(ds, &t, &n) : dcp_tensors(dcp, &t, &n);
+    if (!rc)
+        rc = st_header(&hdr, &hl, t, n);
+    zfmt__out *o = NULL;
+    void *buf = rc ? NULL : malloc(COPY_BUF);
+    if (!rc && !buf)
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+    if (!rc)
+        rc = zfmt__out_open(&o, out_file);
+    if (!rc)
+        rc = zfmt__out_pwrite(o, hdr, hl, 0);
+    zfmt__prog pr;
+    zfmt__prog_init(&pr, progress, "writing", n ? t[n - 1].at + t[n - 1].bytes : 0);
+    for (size_t i = 0; !rc && i < n; i++)
+        if (ds) {
+            rc = write_ds(ds, &t[i], o, hl, buf, &pr);
+        } else {
+            rc = zfmt__dcp_copy(dcp, t[i].src, o, hl + t[i].at, buf, COPY_BUF);
+            zfmt__prog_add(&pr, t[i].bytes);
+        }
+    if (!rc)
+        rc = zfmt__out_commit(o);
+    zfmt__out_free(o);
+    free(buf);
+    free(hdr);
+    free(t);
+    zfmt__ds_free(ds);
+    zfmt__dcp_free(dcp);
+    return rc;
 }

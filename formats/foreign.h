@@ -9,6 +9,7 @@
 #ifndef ZFMT_FOREIGN_H
 #define ZFMT_FOREIGN_H
 
+#include "fmtutil.h"
 #include "zfmt.h"
 
 #include <stdint.h>
@@ -137,5 +138,42 @@ int zfmt__dcp_verify(zck_report *rep, const char *dir, const zck_verify_opts *o)
  * record's size. *pk owns it (free it also on failure). */
 int zfmt__dcp_item_tensor(zfmt__zip *z, const char *fqn, zck_dtype dt, size_t nd,
                           const uint64_t *size, zfmt__pickle **pk, const zfmt__pv **t);
+
+/* Items in fqn order; item i's name, dtype and shape: 0 for a tensor, 1 for a bytes item (not
+ * a tensor), ZR_EUNSUPPORTED for a dtype zero does not read. */
+size_t zfmt__dcp_n(const zfmt__dcp *d);
+int zfmt__dcp_tensor(const zfmt__dcp *d, size_t i, const char **fqn, zck_dtype *dt,
+                     size_t *ndim, const uint64_t **size);
+/* Tensor item i, row-major, into o from byte base, through buf (cap bytes). */
+int zfmt__dcp_copy(const zfmt__dcp *d, size_t i, zfmt__out *o, uint64_t base, void *buf,
+                   size_t cap);
+
+/* ---------------------------------------------------------------- DeepSpeed ZeRO (deepspeed.c) */
+
+typedef struct {
+    const char *name; /* as param_shapes has it (the module's names: Hugging Face's) */
+    size_t group, ndim;
+    uint64_t shape[ZCK_MAX_DIMS], numel;
+    uint64_t off; /* stages 1-2: in its group's whole flat; stage 3: in every rank's flat */
+} zfmt__ds_param;
+
+typedef struct zfmt__ds zfmt__ds;
+/* Open path (a save_dir with `latest`, or a tag folder) and check it (deepspeed.c's head
+ * comment; CRC-32s when crc). Problems go into rep: then 1 and *out NULL. Negative when the
+ * check could not run. */
+int zfmt__ds_open(zfmt__ds **out, const char *path, zck_report *rep, int crc,
+                  const zck_progress *progress);
+void zfmt__ds_free(zfmt__ds *d);
+int zfmt__ds_verify(zck_report *rep, const char *path, const zck_verify_opts *o);
+/* The trainable parameters in param_shapes order (borrowed). */
+size_t zfmt__ds_params(const zfmt__ds *d, const zfmt__ds_param **out);
+int zfmt__ds_stage(const zfmt__ds *d);
+uint32_t zfmt__ds_world(const zfmt__ds *d);
+int64_t zfmt__ds_step(const zfmt__ds *d);            /* global_steps */
+const zfmt__pv *zfmt__ds_model_states(const zfmt__ds *d); /* the model file's dict */
+/* Elements [from, from + n) of parameter i, in row-major order, into dst: the fp32 weights
+ * (which NULL) or the AdamW moment "exp_avg" / "exp_avg_sq". */
+int zfmt__ds_read(const zfmt__ds *d, size_t i, const char *which, uint64_t from, float *dst,
+                  uint64_t n);
 
 #endif
