@@ -54,6 +54,8 @@ ZT_TEST(fuzz_replay_model) { replay("model", zfuzz_model, 8); }
 ZT_TEST(fuzz_replay_training) { replay("training", zfuzz_training, 8); }
 ZT_TEST(fuzz_replay_hf_config) { replay("hf_config", zfuzz_hf_config, 8); }
 ZT_TEST(fuzz_replay_tokenizer) { replay("tokenizer", zfuzz_tokenizer, 8); }
+ZT_TEST(fuzz_replay_torchzip) { replay("torchzip", zfuzz_torchzip, 6); }
+ZT_TEST(fuzz_replay_pickle) { replay("pickle", zfuzz_pickle, 8); }
 
 /* The round-trip check must fail, not pass silently, when the dump of an accepted manifest
  * does not parse back: a manifest parsed from a real checkpoint, then given a ZeRO stage the

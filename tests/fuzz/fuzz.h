@@ -22,6 +22,8 @@ int zfuzz_model(const uint8_t *data, size_t size);
 int zfuzz_training(const uint8_t *data, size_t size);
 int zfuzz_hf_config(const uint8_t *data, size_t size);
 int zfuzz_tokenizer(const uint8_t *data, size_t size);
+int zfuzz_torchzip(const uint8_t *data, size_t size);
+int zfuzz_pickle(const uint8_t *data, size_t size);
 
 /* The manifest target's round-trip check, for its regression test: 0 when the dump of m parses
  * back and dumps to the same text; -1 (and a line on stderr) when it does not. */
