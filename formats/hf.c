@@ -126,7 +126,7 @@ static int write_json(const char *path, json_t *j)
     if (!j)
         return zr_err_set(ZR_ENOMEM, "out of memory");
     char *text =
-        zfmt__json_dump(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
+        zfmt__json_dump(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER); /* shortest reals */
     json_decref(j);
     if (!text)
         return zr_err_set(ZR_ENOMEM, "out of memory");
