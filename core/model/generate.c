@@ -13,9 +13,10 @@
  * Sampling: temperature 0 is the argmax (lowest id on a tie); otherwise softmax(logits / T)
  * over the top_k largest logits (0: all), cut to the nucleus of top_p (the fewest best tokens
  * whose probabilities reach top_p; transformers' order: temperature, top-k, top-p), one uniform
- * draw from an RNG of our own (splitmix64,
- * integer arithmetic only) picking by the cumulative sum in a fixed order, so a seed gives the
- * same tokens on any machine for the same logits.
+ * draw from an RNG of our own (splitmix64, integer arithmetic only) picking by the cumulative
+ * sum in a fixed order, so a seed gives the same tokens on any machine for the same logits.
+ * zr_gen_run stops after an end-of-text id when given one, and gives each token's
+ * log-probability under the model (before temperature) when asked.
  *
  * Past the context: zr_gen_run keeps a sliding window. When the cache is full it keeps the
  * newest ctx/2 tokens of the text, recomputes the cache from them and goes on (a recompute every
