@@ -4,6 +4,7 @@
 #   make asan       tests under ASan + UBSan        make fuzz     libFuzzer on every parser
 #   make tsan       the threaded tests under ThreadSanitizer (objects in build-tsan/)
 #   make deps       install missing system packages (apt-get on Debian)
+#   make test-deps  install the packages only the tests use (Chromium), best effort
 #   make arch       redraw the include graph in docs/ARCHITECTURE.md, then check the architecture:
 #                   forbidden includes (tests/arch/deps.py), circles between objects (cycles.sh),
 #                   functions over 150 lines (longfn.sh); known offenders in tests/arch/allow.txt.
@@ -52,7 +53,7 @@ DEPS_CHECK = \
   printf '\#include <libaio.h>\nint main(void){io_context_t c=0;return io_setup(1,&c);}\n' | \
     $(CC) -x c - -laio -o /dev/null >/dev/null 2>&1 || missing="$$missing libaio-dev";
 
-.PHONY: all deps test asan tsan tsan-run stress bench run fuzz clean arch oracle-venv
+.PHONY: all deps test-deps test asan tsan tsan-run stress bench run fuzz clean arch oracle-venv
 all: $(BUILD)/libzck.a $(BUILD)/libzfmt.a $(BUILD)/libzr.a $(BUILD)/zckpt $(BUILD)/zrun \
      $(BUILD)/zgen $(BUILD)/ztok
 
@@ -68,6 +69,29 @@ deps:
 	  else \
 	    echo "[deps] error: missing dependencies; install the packages providing:$$missing" \
 	         "(Debian names; on Fedora: jansson-devel openssl-devel libaio-devel libarchive-devel openblas-devel openmpi-devel pcre2-devel)" >&2; exit 1; \
+	  fi; \
+	fi
+
+# The packages only the tests use, installed by `make test` (not by `deps`, so that `make` and
+# `make run` stay lean): Chromium, which renders the training plot's SVG in a real browser (test
+# plot_renders_in_chromium). Best effort: where it cannot be installed (no apt-get, no sudo
+# without a password, no network) one line says so and that test skips.
+TEST_DEPS_CHECK = \
+  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+    command -v google-chrome >/dev/null 2>&1 || missing="$$missing chromium";
+
+test-deps:
+	@missing=""; $(TEST_DEPS_CHECK) \
+	if [ -n "$$missing" ]; then \
+	  sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo -n"; \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    echo "[test-deps] installing:$$missing"; \
+	    $$sudo apt-get update -q >/dev/null 2>&1; \
+	    DEBIAN_FRONTEND=noninteractive timeout 900 $$sudo apt-get install -y -q $$missing \
+	      >/dev/null 2>&1 || \
+	      echo "[test-deps] warning: apt-get install$$missing failed: the tests that need it skip"; \
+	  else \
+	    echo "[test-deps] warning: no apt-get to install$$missing: the tests that need it skip"; \
 	  fi; \
 	fi
 
@@ -303,7 +327,7 @@ oracle-venv:
 
 # the CLI tests run the real zckpt, zrun, zgen and ztok binaries (ZT_ZCKPT, ZT_ZRUN, ZT_ZGEN,
 # ZT_ZTOK)
-test: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/zgen $(BUILD)/ztok oracle-venv
+test: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/zgen $(BUILD)/ztok oracle-venv test-deps
 	ZT_ROOT=$(CURDIR) ZT_ZCKPT=$(CURDIR)/$(BUILD)/zckpt ZT_ZRUN=$(CURDIR)/$(BUILD)/zrun \
 	  ZT_ZGEN=$(CURDIR)/$(BUILD)/zgen ZT_ZTOK=$(CURDIR)/$(BUILD)/ztok $(BUILD)/zt
 

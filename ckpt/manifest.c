@@ -544,7 +544,7 @@ fail:
 
 static char *dup_compact(json_t *v)
 {
-    char *s = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    char *s = zck_json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER); /* reals exact, shortest */
     if (!s)
         zr_err_set(ZR_ENOMEM, "out of memory");
     return s;
@@ -758,7 +758,8 @@ int zck__manifest_dump(char **out, const zck_manifest *m)
     bad |= json_object_set_new(root, "shards", shards);
     if (m->nfiles)
         bad |= json_object_set_new(root, "files", zck__files_json(m->files, m->nfiles));
-    char *txt = bad ? NULL : json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    /* each real the shortest decimal that reads back as the same double: exact */
+    char *txt = bad ? NULL : zck_json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(root);
     if (!txt)
         return zr_err_set(ZR_ENOMEM, "out of memory serializing the manifest");

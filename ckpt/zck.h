@@ -108,6 +108,25 @@ int zr_env_int(int *out, int *present, zr_env_var v, long lo, long hi);
         }                                                                                      \
     } while (0)
 
+/* ---------------------------------------------------------------- JSON numbers
+ *
+ * Jansson writes a real with 17 significant digits (0.1 as 0.10000000000000001). The JSON that
+ * people read (zgen --json, zckpt --json, zrun's training section, a Hugging Face config.json)
+ * goes through zck_json_dumps instead: each real the shortest decimal that reads back as the
+ * same double, so no value changes. A value that is a float32 in the program becomes a real
+ * through zck_json_real_f32: the double of the shortest decimal that reads back as the same
+ * float (0.8f: 0.8, where json_real gives 0.800000011920929). */
+struct json_t;
+/* json_dumps(j, flags) (any JSON_REAL_PRECISION ignored) with every real the shortest decimal
+ * that reads back as the same double, with a point or an exponent (1.0, 1e-5, 0.8). Malloc'ed
+ * (free()); NULL when out of memory. */
+char *zck_json_dumps(const struct json_t *j, size_t flags);
+/* A new JSON real for the float32 v (see above); NULL when v is not finite or out of memory. */
+struct json_t *zck_json_real_f32(float v);
+/* The shortest decimal of v that reads back (strtod, or strtof when f32) as the same double
+ * (float), as zck_json_dumps writes it, into out[cap]; its length. */
+size_t zck_json_real_text(char *out, size_t cap, double v, int f32);
+
 /* ---------------------------------------------------------------- format constants */
 
 #define ZERO_VERSION "0.1.0"     /* the software; written as the manifest's producer */

@@ -60,7 +60,7 @@ static void args_init(zckpt_args *a)
 
 static void print_json(json_t *j)
 {
-    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    char *s = zck_json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER); /* shortest reals */
     if (s) {
         puts(s);
         free(s);

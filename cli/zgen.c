@@ -23,19 +23,21 @@
 #include <time.h>
 
 #define PROG "zgen"
+#define ZGEN_EOS "<|endoftext|>" /* the end-of-text token of GPT-2's tokenizer and ztok's */
 
 typedef struct {
     const char *path, *prompt, *prompt_ids;
     uint32_t tokens, top_k;
-    float temperature;
+    float temperature, top_p;
     uint64_t seed;
-    int json;
+    int json, ignore_eos;
 } zgen_args;
 #define ZCLI_ARGS zgen_args
 
 static void args_init(zgen_args *a)
 {
-    *a = (zgen_args){.tokens = 64, .temperature = 0.8f, .top_k = 40, .seed = 1337};
+    *a = (zgen_args){.tokens = 64, .temperature = 0.8f, .top_k = 40, .top_p = 1.0f,
+                         .seed = 1337};
 }
 
 static const zcli_opt zgen_table[] = {
@@ -51,11 +53,17 @@ static const zcli_opt zgen_table[] = {
               "softmax temperature; 0: greedy (the most likely token each time)"),
     ZCLI_INTEGER(U32, "--top-k", top_k, "K", 0, UINT32_MAX, NULL,
                  "sample among the K most likely tokens (0: all)"),
+    ZCLI_REAL(FLOAT, "--top-p", top_p, "P", 0, 1, NULL,
+              "nucleus sampling, after the temperature and top-k: sample among the fewest most "
+              "likely tokens whose probabilities sum to at least P (0 < P <= 1; 1: off)"),
     ZCLI_INTEGER(U64, "--seed", seed, "S", 0, UINT64_MAX, NULL,
                  "the sampler's random numbers: the same seed gives the same text"),
+    ZCLI_FLAG("--ignore-eos", ignore_eos,
+              "go on past the tokenizer's end-of-text token (<|endoftext|>) instead of stopping "
+              "after it"),
     ZCLI_FLAG("--json", json,
-              "print one JSON object (checkpoint, prompt, prompt_ids, ids, text, tokens, "
-              "tokens_per_s, and the sampling options) instead of the text"),
+              "print one JSON object (checkpoint, prompt, prompt_ids, ids, logprobs, text, "
+              "tokens, stop, tokens_per_s, and the sampling options) instead of the text"),
 };
 static const zcli_opts zgen_opts = {PROG, NULL, zgen_table, sizeof zgen_table / sizeof *zgen_table};
 
@@ -84,6 +92,7 @@ static void usage(void)
 typedef struct {
     zfmt_tok *tok; /* the run's tokenizer, or NULL */
     int bytes;     /* without a tokenizer: the model reads bytes */
+    int32_t eos;   /* the tokenizer's end-of-text token (<|endoftext|>), or -1 */
 } codec;
 
 static int has_text(const codec *c) { return c->tok || c->bytes; }
@@ -162,6 +171,8 @@ static int load_tokenizer(codec *c, const char *ckpt, uint32_t vocab)
     if (!rc && zfmt_tok_vocab(c->tok) > vocab)
         rc = zr_err_set(ZR_ECORRUPT, "%s: the tokenizer's vocabulary (%u) is larger than the "
                         "model's (%u)", name, zfmt_tok_vocab(c->tok), vocab);
+    if (!rc)
+        c->eos = (int32_t)zfmt_tok_id(c->tok, ZGEN_EOS);
     return rc;
 }
 
@@ -250,11 +261,32 @@ static json_t *json_ids(const int32_t *ids, size_t n)
     return a;
 }
 
+/* The log-probabilities as the shortest decimals that read back as the same floats. */
+static json_t *json_logprobs(const float *lp, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++)
+        if (json_array_append_new(a, zck_json_real_f32(lp[i]))) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+/* What generation made: out[n] with their log-probabilities lp[n], ended by eos or not. */
+typedef struct {
+    const int32_t *out;
+    const float *lp;
+    size_t n;
+    int at_eos;
+} gen_result;
+
 static int print_json(const zgen_args *a, const char *ckpt, const int32_t *prompt, size_t np,
-                      const int32_t *out, const codec *c, double tps)
+                      const gen_result *r, const codec *c, double tps)
 {
     const char *pt = NULL, *ot = NULL;
-    size_t pl = 0, ol = 0, n = a->tokens;
+    const int32_t *out = r->out;
+    size_t pl = 0, ol = 0, n = r->n;
     int32_t *pp = (int32_t *)prompt, *op = (int32_t *)out;
     if (text_codec(c, 0, &pt, &pl, &pp, &np))
         return ZCLI_ERROR;
@@ -262,15 +294,18 @@ static int print_json(const zgen_args *a, const char *ckpt, const int32_t *promp
         free((char *)pt);
         return ZCLI_ERROR;
     }
-    json_t *j = json_pack("{s:s, s:o, s:o, s:o, s:o, s:I, s:f, s:f, s:I, s:I}", "checkpoint",
-                          ckpt, "prompt", pt ? json_bytes(pt, pl) : json_null(), "prompt_ids",
-                          json_ids(prompt, np), "ids", json_ids(out, n), "text",
-                          ot ? json_bytes(ot, ol) : json_null(), "tokens", (json_int_t)n,
-                          "tokens_per_s", tps, "temperature", (double)a->temperature, "top_k",
-                          (json_int_t)a->top_k, "seed", (json_int_t)a->seed);
+    json_t *j = json_pack(
+        "{s:s, s:o, s:o, s:o, s:o, s:o, s:I, s:s, s:f, s:o, s:I, s:o, s:I, s:o}",
+        "checkpoint", ckpt, "prompt", pt ? json_bytes(pt, pl) : json_null(), "prompt_ids",
+        json_ids(prompt, np), "ids", json_ids(out, n), "logprobs", json_logprobs(r->lp, n),
+        "text", ot ? json_bytes(ot, ol) : json_null(), "tokens", (json_int_t)n, "stop",
+        r->at_eos ? "eos" : "tokens", "tokens_per_s", tps, "temperature",
+        zck_json_real_f32(a->temperature), "top_k", (json_int_t)a->top_k, "top_p",
+        zck_json_real_f32(a->top_p), "seed", (json_int_t)a->seed, "eos_id",
+        c->eos < 0 || a->ignore_eos ? json_null() : json_integer(c->eos));
     free((char *)pt);
     free((char *)ot);
-    char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    char *s = j ? zck_json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(j);
     if (!s)
         return zcli_fail(PROG, NULL, "out of memory");
@@ -324,6 +359,57 @@ static int prompt_ids(const zgen_args *a, const zr_gpt2_config *cfg, const codec
     return ZCLI_OK;
 }
 
+/* Generate a->tokens after the prompt (fewer when the end-of-text token comes) with the
+ * options of a, printed as they come or as one JSON object. */
+static int generate(const zgen_args *a, zr_gen *g, const char *ckpt, const codec *c,
+                    const int32_t *prompt, size_t np)
+{
+    int32_t *out = malloc((size_t)a->tokens * sizeof *out);
+    float *lp = malloc((size_t)a->tokens * sizeof *lp);
+    if (!out || !lp) {
+        free(out);
+        free(lp);
+        return zcli_fail(PROG, NULL, "out of memory");
+    }
+    emitter e = {c, 0};
+    zr_sample_opts so = ZR_SAMPLE_OPTS_INIT;
+    so.temperature = a->temperature;
+    so.top_k = a->top_k;
+    so.top_p = a->top_p;
+    so.seed = a->seed;
+    so.eos = a->ignore_eos ? -1 : c->eos;
+    so.logprobs = lp;
+    gen_result r = {out, lp, 0, 0};
+    so.n_out = &r.n;
+    if (!a->json) { /* the prompt, then each token as it comes */
+        so.emit = emit;
+        so.emit_ctx = &e;
+        for (size_t i = 0; i < np; i++)
+            emit(&e, prompt[i]);
+    }
+    double t0 = now_s();
+    int rc = ZCLI_OK;
+    if (zr_gen_run(g, out, prompt, np, a->tokens, &so) < 0) {
+        if (!a->json)
+            putchar('\n');
+        rc = zcli_fail_lib(PROG, NULL);
+    }
+    double dt = now_s() - t0, tps = (double)r.n / (dt > 0 ? dt : 1e-9);
+    r.at_eos = r.n > 0 && out[r.n - 1] == so.eos;
+    if (!rc && a->json)
+        rc = print_json(a, ckpt, prompt, np, &r, c, tps);
+    else if (!rc) {
+        putchar('\n');
+        fflush(stdout);
+        fprintf(stderr, PROG ": %zu token%s at %.1f tokens/s from %s%s\n", r.n,
+                r.n == 1 ? "" : "s", tps, ckpt,
+                r.at_eos ? " (stopped at the end-of-text token " ZGEN_EOS ")" : "");
+    }
+    free(out);
+    free(lp);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     zgen_args a;
@@ -336,11 +422,14 @@ int main(int argc, char **argv)
     if (!a.prompt && !a.prompt_ids) /* before the checkpoint is read */
         return zcli_fail(PROG, "give the text to continue with --prompt TEXT, or its ids with "
                          "--prompt-ids 1,2,3", "no prompt");
+    if (!(a.top_p > 0)) /* the parser took [0, 1]; 0 (or a number that is 0 as a float) is not */
+        return zcli_fail(PROG, "give a number above 0 and at most 1 (1: off)", "--top-p %g: "
+                         "a nucleus of probability 0 holds no token", (double)a.top_p);
     float *params = NULL;
     zr_gpt2_config cfg;
     char *ckpt = NULL;
-    codec c = {NULL, 0};
-    int32_t *prompt = NULL, *out = NULL;
+    codec c = {NULL, 0, -1};
+    int32_t *prompt = NULL;
     size_t np = 0;
     zr_gen *g = NULL;
     if ((rc = load(a.path, &params, &cfg, &ckpt, &c))) {
@@ -349,44 +438,13 @@ int main(int argc, char **argv)
     }
     if ((rc = prompt_ids(&a, &cfg, &c, &prompt, &np)))
         goto out;
-    if (!(out = malloc((size_t)a.tokens * sizeof *out))) {
-        rc = zcli_fail(PROG, NULL, "out of memory");
-        goto out;
-    }
     if (zr_gen_new(&g, &cfg, params) < 0) {
         rc = zcli_fail_lib(PROG, NULL);
         goto out;
     }
-    emitter e = {&c, 0};
-    zr_sample_opts so = ZR_SAMPLE_OPTS_INIT;
-    so.temperature = a.temperature;
-    so.top_k = a.top_k;
-    so.seed = a.seed;
-    if (!a.json) { /* the prompt, then each token as it comes */
-        so.emit = emit;
-        so.emit_ctx = &e;
-        for (size_t i = 0; i < np; i++)
-            emit(&e, prompt[i]);
-    }
-    double t0 = now_s();
-    if (zr_gen_run(g, out, prompt, np, a.tokens, &so) < 0) {
-        if (!a.json)
-            putchar('\n');
-        rc = zcli_fail_lib(PROG, NULL);
-        goto out;
-    }
-    double dt = now_s() - t0;
-    double tps = a.tokens / (dt > 0 ? dt : 1e-9);
-    if (a.json)
-        rc = print_json(&a, ckpt, prompt, np, out, &c, tps);
-    else {
-        putchar('\n');
-        fflush(stdout);
-        fprintf(stderr, PROG ": %u tokens at %.1f tokens/s from %s\n", a.tokens, tps, ckpt);
-    }
+    rc = generate(&a, g, ckpt, &c, prompt, np);
 out:
     zr_gen_free(g);
-    free(out);
     free(prompt);
     free(params);
     free(ckpt);

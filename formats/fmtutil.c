@@ -291,15 +291,7 @@ int zfmt__pread_full(int fd, void *dst, size_t n, uint64_t off, const char *path
 
 char *zfmt__json_dump(const json_t *j, size_t flags)
 {
-    char *text = json_dumps(j, flags);
-    if (!text)
-        return NULL;
-    char *copy = strdup(text);
-    json_malloc_t jm;
-    json_free_t jf;
-    json_get_alloc_funcs(&jm, &jf);
-    jf(text);
-    return copy;
+    return zck_json_dumps(j, flags);
 }
 
 void zfmt__shape_str(char *out, size_t n, size_t ndim, const uint64_t *shape)

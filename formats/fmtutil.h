@@ -142,7 +142,8 @@ int zfmt__st_dtype_parse(zck_dtype *out, const char *name);
 int zfmt__st_export_hf(const char *ckpt, const char *out_dir, const zfmt_st_opts *o,
                        uint64_t shard_bytes);
 
-/* json_dumps into memory from malloc (whatever allocator Jansson was given); NULL when out of
+/* json_dumps into memory from malloc (whatever allocator Jansson was given), each real the
+ * shortest decimal that reads back as the same double (zck_json_dumps); NULL when out of
  * memory. */
 struct json_t;
 char *zfmt__json_dump(const struct json_t *j, size_t flags);

@@ -126,7 +126,7 @@ static int write_json(const char *path, json_t *j)
     if (!j)
         return zr_err_set(ZR_ENOMEM, "out of memory");
     char *text =
-        zfmt__json_dump(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
+        zfmt__json_dump(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER); /* shortest reals */
     json_decref(j);
     if (!text)
         return zr_err_set(ZR_ENOMEM, "out of memory");
@@ -137,13 +137,22 @@ static int write_json(const char *path, json_t *j)
     return rc;
 }
 
+/* bos_token_id and eos_token_id: the tokenizer's end-of-text token (eos >= 0), else for a
+ * GPT-2 without a tokenizer of GPT-2's vocabulary 50256 (GPT-2's <|endoftext|>), else null. */
+static json_t *eos_json(int64_t eos, int gpt2, uint32_t vocab)
+{
+    if (eos >= 0)
+        return json_integer(eos);
+    return gpt2 && vocab > 50256 ? json_integer(50256) : json_null();
+}
+
 /* config.json of GPT2LMHeadModel: our maths is GPT-2's (tanh GELU, LayerNorm eps 1e-5, tied
- * head); dropouts are 0 (the checkpoint does not train with dropout). */
-static json_t *gpt2_config(const zck_arch_config *a, int dtype, uint64_t step)
+ * head); dropouts are 0 (the checkpoint does not train with dropout). eos: eos_json's. */
+static json_t *gpt2_config(const zck_arch_config *a, int dtype, uint64_t step, int64_t eos_id)
 {
     zfmt_gpt2_config c;
     zck_gpt2_from_arch(&c, a);
-    json_t *eos = c.vocab > 50256 ? json_integer(50256) : json_null();
+    json_t *eos = eos_json(eos_id, 1, c.vocab);
     return json_pack(
         "{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:n, s:s, s:f, s:f, s:f, s:f, s:f, s:b, "
         "s:b, s:o, s:O, s:b, s:s, s:I}",
@@ -158,13 +167,14 @@ static json_t *gpt2_config(const zck_arch_config *a, int dtype, uint64_t step)
 }
 
 /* config.json of LlamaForCausalLM: rotate-half rotary positions of theta rope_theta with no
- * scaling, SwiGLU (silu), RMSNorm, no biases, grouped-query attention. */
-static json_t *llama_config(const zck_arch_config *a, int dtype, uint64_t step)
+ * scaling, SwiGLU (silu), RMSNorm, no biases, grouped-query attention. eos: eos_json's. */
+static json_t *llama_config(const zck_arch_config *a, int dtype, uint64_t step, int64_t eos_id)
 {
 #define F(name) ((json_int_t)zck_arch_config_get(a, name))
+    json_t *eos = eos_json(eos_id, 0, 0);
     return json_pack(
         "{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:n, s:b, s:b, s:s, "
-        "s:f, s:f, s:b, s:b, s:n, s:n, s:s, s:I}",
+        "s:f, s:f, s:b, s:b, s:o, s:O, s:s, s:I}",
         "architectures", "LlamaForCausalLM", "model_type", "llama", "vocab_size", F("vocab"),
         "hidden_size", F("dim"), "intermediate_size", F("ffn"), "num_hidden_layers",
         F("layers"), "num_attention_heads", F("heads"), "num_key_value_heads", F("kv_heads"),
@@ -172,8 +182,8 @@ static json_t *llama_config(const zck_arch_config *a, int dtype, uint64_t step)
         zck_arch_config_get(a, "norm_eps"), "rope_theta", zck_arch_config_get(a, "rope_theta"),
         "rope_scaling", "attention_bias", 0, "mlp_bias", 0, "hidden_act", "silu",
         "attention_dropout", 0.0, "initializer_range", 0.02, "tie_word_embeddings",
-        zck_arch_config_get(a, "tied") != 0, "use_cache", 1, "bos_token_id", "eos_token_id",
-        "torch_dtype", torch_dtype(dtype), "zero_step", (json_int_t)step);
+        zck_arch_config_get(a, "tied") != 0, "use_cache", 1, "bos_token_id", eos, "eos_token_id",
+        eos, "torch_dtype", torch_dtype(dtype), "zero_step", (json_int_t)step);
 #undef F
 }
 
@@ -201,20 +211,31 @@ static int given_tokenizer(char **out, size_t *n_bytes, const char *path, uint32
     return 0;
 }
 
-/* The checkpoint's own tokenizer.json (zrun --tokenizer), verified, to path; none is fine. */
-static int ckpt_tokenizer(const char *path, const char *ckpt)
+/* The checkpoint's own tokenizer.json (zrun --tokenizer), verified, into *out; none is fine
+ * (*out NULL). */
+static int ckpt_tokenizer(char **out, size_t *n, const char *ckpt)
 {
-    char *json = NULL;
-    size_t n = 0;
-    int rc = zck_ckpt_file_read(&json, &n, ckpt, "tokenizer.json");
+    int rc = zck_ckpt_file_read(out, n, ckpt, "tokenizer.json");
     if (rc == ZR_ENOTFOUND) {
         zr_err_clear();
+        *out = NULL;
         return 0;
     }
-    if (!rc)
-        rc = write_text(path, json, n);
-    free(json);
     return rc;
+}
+
+/* The id of the end-of-text token <|endoftext|> of the tokenizer.json tok[n] (named name), or
+ * -1 (no tokenizer, or none in it). */
+static int end_of_text(int64_t *eos, const char *tok, size_t n, const char *name)
+{
+    *eos = -1;
+    if (!tok)
+        return 0;
+    zfmt_tok *t;
+    ZR_TRY(zfmt_tok_load_mem(&t, tok, n, name));
+    *eos = zfmt_tok_id(t, "<|endoftext|>");
+    zfmt_tok_free(t);
+    return 0;
 }
 
 /* The model config and step of a checkpoint (its manifest only). */
@@ -286,13 +307,21 @@ int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o)
     int exists, stored;
     zck_arch_config c;
     uint64_t step;
-    char *tok = NULL; /* the tokenizer.json given, checked before anything is written */
-    size_t tok_bytes = 0;
+    char *tok = NULL; /* the tokenizer.json given (else the checkpoint's), checked before */
+    size_t tok_bytes = 0; /* anything is written */
+    int64_t eos;
     ZR_TRY(check_target(dir, o->force, &exists));
     ZR_TRY(read_config(&c, &step, &stored, ckpt));
     if (o->tokenizer_json)
         ZR_TRY(given_tokenizer(&tok, &tok_bytes, o->tokenizer_json,
                                (uint32_t)zck_arch_config_get(&c, "vocab")));
+    else
+        ZR_TRY(ckpt_tokenizer(&tok, &tok_bytes, ckpt));
+    snprintf(path, sizeof path, "%s/tokenizer.json", ckpt); /* its name, for a message */
+    if (end_of_text(&eos, tok, tok_bytes, o->tokenizer_json ? o->tokenizer_json : path) < 0) {
+        free(tok);
+        return zr_err_code();
+    }
     int dtype = o->dtype < 0 ? stored : o->dtype; /* config.json says what the tensors are */
     if (mkdir(tmp, 0755) < 0) {
         free(tok);
@@ -307,12 +336,12 @@ int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o)
     if (!rc) {
         snprintf(path, sizeof path, "%s/config.json", tmp);
         rc = write_json(path, !strcmp(zck_arch_name(c.arch), "llama")
-                                  ? llama_config(&c, dtype, step)
-                                  : gpt2_config(&c, dtype, step));
+                                  ? llama_config(&c, dtype, step, eos)
+                                  : gpt2_config(&c, dtype, step, eos));
     }
-    if (!rc) {
+    if (!rc && tok) {
         snprintf(path, sizeof path, "%s/tokenizer.json", tmp);
-        rc = tok ? write_text(path, tok, tok_bytes) : ckpt_tokenizer(path, ckpt);
+        rc = write_text(path, tok, tok_bytes);
     }
     free(tok);
     if (!rc)

@@ -244,9 +244,10 @@ static int load_vocab(zfmt_tok *t, json_t *vocab)
     return 0;
 }
 
-static int vocab_lookup(zfmt_tok *t, const char *tok, size_t i, uint32_t *id)
+/* The id of the vocab entry tok[n] (its byte-level text) of merge i. */
+static int vocab_lookup(zfmt_tok *t, const char *tok, size_t n, size_t i, uint32_t *id)
 {
-    size_t n = strlen(tok), k;
+    size_t k;
     uint8_t *buf = malloc(n + 1);
     if (!buf)
         return zr_err_set(ZR_ENOMEM, "out of memory");
@@ -255,10 +256,32 @@ static int vocab_lookup(zfmt_tok *t, const char *tok, size_t i, uint32_t *id)
         s = zfmt__smap_find(&t->bytes_id, buf, k, zfmt__tok_hash(buf, k));
     free(buf);
     if (!s)
-        return zr_err_set(ZR_ECORRUPT, "%s: model.merges[%zu]: '%s' is not in the vocab",
-                          t->name, i, tok);
+        return zr_err_set(ZR_ECORRUPT, "%s: model.merges[%zu]: '%.*s%s' is not in the vocab",
+                          t->name, i, n > 200 ? 200 : (int)n, tok, n > 200 ? "..." : "");
     *id = (uint32_t)s->val;
     return 0;
+}
+
+/* The two tokens of merge m (number i), "a b" or ["a", "b"], of any length: pointers into m's
+ * strings, p[k] of len[k] bytes. */
+static int merge_pair(const zfmt_tok *t, json_t *m, size_t i, const char *p[2], size_t len[2])
+{
+    const char *s = json_string_value(m), *sp = s ? strchr(s, ' ') : NULL;
+    if (s && sp && !strchr(sp + 1, ' ')) {
+        p[0] = s, len[0] = (size_t)(sp - s);
+        p[1] = sp + 1, len[1] = strlen(sp + 1);
+        return 0;
+    }
+    if (json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
+        json_is_string(json_array_get(m, 1))) {
+        for (int k = 0; k < 2; k++) {
+            p[k] = json_string_value(json_array_get(m, (size_t)k));
+            len[k] = strlen(p[k]);
+        }
+        return 0;
+    }
+    return zr_err_set(ZR_ECORRUPT, "%s: model.merges[%zu] is neither \"a b\" nor "
+                      "[\"a\", \"b\"]", t->name, i);
 }
 
 static int load_merges(zfmt_tok *t, json_t *merges)
@@ -268,26 +291,12 @@ static int load_merges(zfmt_tok *t, json_t *merges)
     size_t i;
     json_t *m;
     json_array_foreach(merges, i, m) {
-        char pair[2][1024];
-        const char *s = json_string_value(m), *sp = s ? strchr(s, ' ') : NULL;
-        if (s && sp && !strchr(sp + 1, ' ') && (size_t)(sp - s) < sizeof pair[0] &&
-            strlen(sp + 1) < sizeof pair[1]) {
-            memcpy(pair[0], s, (size_t)(sp - s));
-            pair[0][sp - s] = 0;
-            strcpy(pair[1], sp + 1);
-        } else if (json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
-                   json_is_string(json_array_get(m, 1)) &&
-                   strlen(json_string_value(json_array_get(m, 0))) < sizeof pair[0] &&
-                   strlen(json_string_value(json_array_get(m, 1))) < sizeof pair[1]) {
-            strcpy(pair[0], json_string_value(json_array_get(m, 0)));
-            strcpy(pair[1], json_string_value(json_array_get(m, 1)));
-        } else {
-            return zr_err_set(ZR_ECORRUPT, "%s: model.merges[%zu] is neither \"a b\" nor "
-                              "[\"a\", \"b\"]", t->name, i);
-        }
+        const char *pair[2] = {NULL, NULL};
+        size_t plen[2] = {0, 0};
+        ZR_TRY(merge_pair(t, m, i, pair, plen));
         uint32_t a, b;
-        ZR_TRY(vocab_lookup(t, pair[0], i, &a));
-        ZR_TRY(vocab_lookup(t, pair[1], i, &b));
+        ZR_TRY(vocab_lookup(t, pair[0], plen[0], i, &a));
+        ZR_TRY(vocab_lookup(t, pair[1], plen[1], i, &b));
         size_t la = t->tok_len[a], lb = t->tok_len[b];
         uint8_t *cat = malloc(la + lb + 1);
         if (!cat)
@@ -297,9 +306,13 @@ static int load_merges(zfmt_tok *t, json_t *merges)
         zfmt__smap_slot *r = zfmt__smap_find(&t->bytes_id, cat, la + lb,
                                              zfmt__tok_hash(cat, la + lb));
         free(cat);
-        if (!r)
-            return zr_err_set(ZR_ECORRUPT, "%s: model.merges[%zu]: '%s%s' (the merged token) "
-                              "is not in the vocab", t->name, i, pair[0], pair[1]);
+        if (!r) {
+            int cut = plen[0] + plen[1] > 200;
+            return zr_err_set(ZR_ECORRUPT, "%s: model.merges[%zu]: '%.*s%.*s%s' (the merged "
+                              "token) is not in the vocab", t->name, i,
+                              cut ? 100 : (int)plen[0], pair[0], cut ? 100 : (int)plen[1],
+                              pair[1], cut ? "..." : "");
+        }
         bool added;
         zfmt__pmap_slot *p = zfmt__pmap_put(&t->merges, a, b, &added);
         if (!p)

@@ -503,7 +503,7 @@ ZT_TEST(plot_renders_in_chromium)
             bin = names[i];
     }
     if (!bin)
-        ZT_SKIP("chromium is not installed");
+        ZT_SKIP("chromium is not installed (make test-deps installs it)");
     if (system("command -v python3 >/dev/null 2>&1") != 0)
         ZT_SKIP("python3 is not installed (needed to read the PNG)");
     FILE *f = fopen("train.jsonl", "w");
@@ -512,8 +512,10 @@ ZT_TEST(plot_renders_in_chromium)
     fclose(f);
     zr_plot_info info;
     ZT_OK(zr_plot_write(&info, "train.jsonl", "train.svg"));
-    snprintf(cmd, sizeof cmd, "%s --headless --no-sandbox --disable-gpu --screenshot=shot.png "
-             "--window-size=960,760 file://$PWD/train.svg > chromium.out 2>&1", bin);
+    /* --no-sandbox: root (CI) has no sandbox; timeout: a browser that hangs fails the test */
+    snprintf(cmd, sizeof cmd, "timeout 120 %s --headless --no-sandbox --disable-gpu "
+             "--screenshot=shot.png --window-size=960,760 file://$PWD/train.svg > chromium.out "
+             "2>&1", bin);
     if (system(cmd) != 0)
         ZT_FAIL("%s failed to render train.svg:\n%s", bin, zt_slurp("chromium.out"));
     /* decode the PNG's pixels (zlib, filters undone) and count the distinct colours */

@@ -112,6 +112,87 @@ ZT_TEST(hf_export_round_trip_and_world_sizes)
     zt_file_has("hf16/config.json", "\"torch_dtype\": \"bfloat16\"");
 }
 
+/* config.json of dir read with Jansson: its bos_token_id and eos_token_id are both want (-1:
+ * both null); its layer_norm_epsilon (GPT-2) or rms_norm_eps (Llama) reads 1e-5, written so. */
+static void config_eos_is(const char *dir, json_int_t want)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (!j)
+        ZT_FAIL("%s: %s", path, je.text);
+    const char *keys[] = {"bos_token_id", "eos_token_id"};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(j, keys[i]);
+        if (want < 0 ? !json_is_null(v) : !json_is_integer(v) || json_integer_value(v) != want)
+            ZT_FAIL("%s: %s is %s, expected %lld", path, keys[i], json_dumps(v, JSON_ENCODE_ANY),
+                    (long long)want);
+    }
+    json_t *eps = json_object_get(j, "layer_norm_epsilon");
+    if (!eps)
+        eps = json_object_get(j, "rms_norm_eps");
+    ZT_CHECK(json_is_real(eps) && json_real_value(eps) == 1e-5);
+    zt_file_has(path, "_eps");
+    char *text = zt_slurp(path);
+    ZT_CHECK(strstr(text, "\": 1e-5,") && !strstr(text, "00000"));
+    free(text);
+    json_decref(j);
+}
+
+/* The exports' config.json names the tokenizer's end-of-text token <|endoftext|> as bos and eos:
+ * the checkpoint's tokenizer (zrun --tokenizer), or the one given; null without one. */
+ZT_TEST(hf_export_config_names_end_of_text)
+{
+    zt_write_file("c.txt", "the cat sat on the mat.<|endoftext|>the dog sat on the log.\n");
+    const char *files[] = {"c.txt"};
+    zfmt_tok_train_opts to = ZFMT_TOK_TRAIN_OPTS_INIT; /* special token <|endoftext|>, last */
+    to.vocab = 270;
+    ZT_OK(zfmt_tok_train("tok.json", files, 1, &to));
+    zfmt_tok *t;
+    ZT_OK(zfmt_tok_load(&t, "tok.json"));
+    int64_t eos = zfmt_tok_id(t, "<|endoftext|>");
+    ZT_CHECK(eos > 255);
+    zfmt_tok_file_opts fo = ZFMT_TOK_FILE_OPTS_INIT;
+    zfmt_tok_file_stats st;
+    const char *many[] = {"c.txt", "c.txt", "c.txt", "c.txt", "c.txt", "c.txt", "c.txt", "c.txt"};
+    ZT_OK(zfmt_tok_encode_files(&st, t, many, 8, "c.bin", NULL, &fo));
+    zfmt_tok_free(t);
+    zt_zrunf_ok("g.log", "--model gpt2:layers=1,heads=2,dim=16,ctx=16,vocab=272 --steps 2 "
+                "--batch 2 --seq 16 --data c.bin --tokenizer tok.json --ckpt-dir g");
+    ZT_OK(zfmt_hf_export("g", "hfg", NULL));
+    config_eos_is("hfg", eos);
+    ZT_CHECK(zt_same_file("hfg/tokenizer.json", "tok.json"));
+    /* through zckpt, and a Llama */
+    char *out;
+    ZT_CHECK_EQ(zt_zckpt(&out, "export g --format hf -o hfz"), 0);
+    free(out);
+    config_eos_is("hfz", eos);
+    zt_zrunf_ok("l.log", "--model llama:layers=1,heads=2,kv_heads=1,dim=16,ffn=32,ctx=16,"
+                "vocab=272 --steps 2 --batch 2 --seq 16 --data c.bin --tokenizer tok.json "
+                "--ckpt-dir l");
+    ZT_OK(zfmt_hf_export("l", "hfl", NULL));
+    config_eos_is("hfl", eos);
+    /* a run without a tokenizer: null; the tokenizer given names it; one without the token:
+     * null */
+    train("run", 1, 0);
+    ZT_OK(zfmt_hf_export("run", "hfn", NULL));
+    config_eos_is("hfn", -1);
+    zt_write_file("small.txt", "a b<|endoftext|>\n");
+    const char *sf[] = {"small.txt"};
+    to.vocab = 257; /* the bytes, then <|endoftext|>: 256 */
+    ZT_OK(zfmt_tok_train("t257.json", sf, 1, &to));
+    train_model("r257", "gpt2:layers=1,heads=2,dim=16,ctx=16,vocab=257", 1, 0);
+    zfmt_hf_opts ho = ZFMT_HF_OPTS_INIT;
+    ho.tokenizer_json = "t257.json";
+    ZT_OK(zfmt_hf_export("r257", "hft", &ho));
+    config_eos_is("hft", 256);
+    byte_tokenizer("bytes.json");
+    ho.tokenizer_json = "bytes.json";
+    ZT_OK(zfmt_hf_export("run", "hfb", &ho));
+    config_eos_is("hfb", -1);
+}
+
 ZT_TEST(hf_export_refuses_and_leaves_nothing)
 {
     train("run", 2, 1);

@@ -5,13 +5,17 @@
  * work; the JSON log's records carry the time and the run id, which the checkpoint records,
  * and a resume that redoes logged steps says so; a run whose loss becomes non-finite stops at
  * that step without saving it; the progress bar's frames; --log-json's hostile paths (a
- * FIFO without a reader, the run's own files, /dev/full, /dev/urandom at a resume).
+ * FIFO without a reader, the run's own files, /dev/full, /dev/urandom at a resume); JSON
+ * numbers as the shortest decimals that read back the same (zck_json_dumps), in the JSON log,
+ * the checkpoint's training section, zckpt --json and zgen --json.
  */
 #include "ckutil.h"
 #include "common.h"
 #include "zr.h"
 
 #include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -311,4 +315,107 @@ ZT_TEST(output_rank_errors_said_once_and_blamed_on_their_rank)
             ZT_FAIL("expected rank 1's error once and rank 1 blamed:\n%s", t);
         free(t);
     }
+}
+
+/* zck_json_real_text: the shortest decimal that reads back (float32: strtof; else strtod) */
+static void shortest_is(double v, int f32, const char *want)
+{
+    char t[64];
+    zck_json_real_text(t, sizeof t, v, f32);
+    if (strcmp(t, want))
+        ZT_FAIL("%.17g (%s) written '%s', expected '%s'", v, f32 ? "float" : "double", t, want);
+}
+
+ZT_TEST(output_json_reals_shortest_round_trip)
+{
+    shortest_is(0.8f, 1, "0.8");
+    shortest_is(0.8f, 0, "0.800000011920929"); /* the double of 0.8f is not 0.8 */
+    shortest_is(0.1, 0, "0.1");
+    shortest_is(1.0, 0, "1.0"); /* a real stays a real */
+    shortest_is(1e-5, 0, "1e-5");
+    shortest_is(3e-3f, 1, "0.003");
+    shortest_is(1e20, 0, "1e20");
+    shortest_is(1e6, 0, "1000000.0"); /* a whole number below 1e16 in full, as %.17g */
+    shortest_is(-2.5e-7f, 1, "-2.5e-7");
+    shortest_is(123456789.0f, 1, "123456790.0");
+    shortest_is(1.0 / 3, 0, "0.3333333333333333");
+    /* any float and any double read back exactly, in at most 9 and 17 digits */
+    zr_rng r;
+    zr_rng_seed(&r, 9);
+    for (int i = 0; i < 20000; i++) {
+        uint64_t bits = zr_rng_next(&r);
+        uint32_t b32 = (uint32_t)bits;
+        float f;
+        double d;
+        memcpy(&f, &b32, 4);
+        memcpy(&d, &bits, 8);
+        char t[64];
+        if (isfinite(f)) {
+            zck_json_real_text(t, sizeof t, f, 1);
+            if (strtof(t, NULL) != f)
+                ZT_FAIL("float %.9g written '%s' reads back %.9g", (double)f, t,
+                        (double)strtof(t, NULL));
+            json_t *j = zck_json_real_f32(f);
+            ZT_CHECK(j && (float)json_real_value(j) == f);
+            json_decref(j);
+        }
+        if (isfinite(d)) {
+            zck_json_real_text(t, sizeof t, d, 0);
+            if (strtod(t, NULL) != d)
+                ZT_FAIL("double %.17g written '%s' reads back %.17g", d, t, strtod(t, NULL));
+        }
+    }
+    /* a whole document: reals shortened, integers and strings as they are, and each value
+     * reads back as it was */
+    json_t *j = json_pack("{s:o, s:f, s:f, s:f, s:f, s:I, s:s, s:[f, f]}", "t",
+                          zck_json_real_f32(0.8f), "d", 0.1, "one", 1.0, "eps", 1e-5, "big",
+                          1e20, "n", (json_int_t)12, "s", "0.80000001192092896 1e-05", "a", -0.5,
+                          2.0 / 3);
+    char *text = zck_json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    const char *want = "{\"t\":0.8,\"d\":0.1,\"one\":1.0,\"eps\":1e-5,\"big\":1e20,\"n\":12,"
+                       "\"s\":\"0.80000001192092896 1e-05\",\"a\":[-0.5,0.6666666666666666]}";
+    if (!text || strcmp(text, want))
+        ZT_FAIL("zck_json_dumps wrote '%s', expected '%s'", text ? text : "(null)", want);
+    json_t *back = json_loads(text, 0, NULL);
+    ZT_CHECK(back && (float)json_real_value(json_object_get(back, "t")) == 0.8f);
+    ZT_CHECK(json_real_value(json_object_get(back, "d")) == 0.1);
+    ZT_CHECK(json_is_real(json_object_get(back, "one")));
+    ZT_CHECK(json_real_value(json_array_get(json_object_get(back, "a"), 1)) == 2.0 / 3);
+    ZT_CHECK(json_real_value(json_object_get(back, "eps")) == 1e-5);
+    ZT_CHECK(json_real_value(json_object_get(back, "big")) == 1e20);
+    free(text);
+    json_decref(back);
+    json_decref(j);
+}
+
+/* zrun's JSON log, the checkpoint's manifest and zckpt --json write --lr 3e-3 as 0.003 (a
+ * float32, 0.0030000000260770321 as Jansson writes its double) */
+ZT_TEST(output_json_numbers_in_log_manifest_and_zckpt)
+{
+    zt_zrun_ok("--steps 2 --ckpt-dir run --model " SMALL " --batch 4 --micro-batch 2 --lr 3e-3 "
+               "--warmup 1 --threads 1", "run.log");
+    zt_file_has("run/train.jsonl", "\"lr\":0.003,");
+    zt_file_has("run/step-00000002/manifest.json", "\"lr\": 0.003,");
+    zt_file_has("run/step-00000002/manifest.json", "\"weight_decay\": 0.1,");
+    zt_file_lacks("run/step-00000002/manifest.json", "0.0030000");
+    zt_file_lacks("run/step-00000002/manifest.json", "0.10000");
+    /* every loss in the log reads back as the float the line was written from: at most 9
+     * digits */
+    char *log = zt_slurp("run/train.jsonl");
+    for (const char *p = strstr(log, "\"loss\":"); p; p = strstr(p + 1, "\"loss\":")) {
+        const char *v = p + 7;
+        size_t digits = 0;
+        for (; *v && *v != ','; v++)
+            digits += *v >= '0' && *v <= '9';
+        ZT_CHECK(digits <= 10); /* "0." and 9 significant digits at most */
+    }
+    free(log);
+    char *out;
+    ZT_CHECK_EQ(zt_zckpt(&out, "inspect run --json"), 0);
+    if (!strstr(out, "\"lr\": 0.003,") || !strstr(out, "\"min_lr_ratio\": 0.1,"))
+        ZT_FAIL("zckpt inspect --json:\n%s", out);
+    free(out);
+    ZT_CHECK_EQ(zt_zckpt(&out, "inspect run"), 0);
+    ZT_CHECK(strstr(out, "\"lr\":0.003,"));
+    free(out);
 }

@@ -196,6 +196,60 @@ ZT_TEST(tok_refuses_other_tokenizers)
     ZT_CHECK(!t);
 }
 
+/* A tokenizer.json into path: vocab "a" * 2^k for k < n_vocab (id k), merges "a"*2^k
+ * "a"*2^k for k < 11 (a chain a a -> aa, aa aa -> aaaa, ... up to a 2049-byte merge). */
+static void write_long_merges(const char *path, int n_vocab)
+{
+    size_t cap = 64 * 1024, w = 0;
+    char *j = malloc(cap), *doc = malloc(cap + 512), a[1 << 11];
+    ZT_CHECK(j && doc);
+    memset(a, 'a', sizeof a);
+    w += (size_t)snprintf(j + w, cap - w, "{\"type\":\"BPE\",\"vocab\":{");
+    for (int k = 0; k < n_vocab; k++)
+        w += (size_t)snprintf(j + w, cap - w, "%s\"%.*s\":%d", k ? "," : "", 1 << k, a, k);
+    w += (size_t)snprintf(j + w, cap - w, "},\"merges\":[");
+    for (int k = 0; k < 11; k++)
+        w += (size_t)snprintf(j + w, cap - w, "%s\"%.*s %.*s\"", k ? "," : "", 1 << k, a,
+                              1 << k, a);
+    snprintf(j + w, cap - w, "]}");
+    snprintf(doc, cap + 512,
+             "{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[],"
+             "\"normalizer\":null,\"pre_tokenizer\":" BL ",\"post_processor\":null,"
+             "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":%s}", j);
+    zt_write_file(path, doc);
+    free(doc);
+    free(j);
+}
+
+/* Merges of any length (they were cut at 1023 bytes and refused as "neither \"a b\" nor ..."):
+ * the chain up to a 2049-byte merge loads and encodes as the library does (2048 a: one token;
+ * 2047: the powers of two, largest first); a long merge whose result is missing names its
+ * index, the token cut. */
+ZT_TEST(tok_long_merges)
+{
+    char a[2048];
+    memset(a, 'a', sizeof a);
+    write_long_merges("long.json", 12);
+    zfmt_tok *t = NULL;
+    ZT_OK(zfmt_tok_load(&t, "long.json"));
+    zfmt_tok_ids ids = {0};
+    ZT_OK(zfmt_tok_encode(&ids, t, a, 2048, NULL));
+    ZT_CHECK(ids.n == 1 && ids.id[0] == 11);
+    zfmt_tok_ids_free(&ids);
+    ZT_OK(zfmt_tok_encode(&ids, t, a, 2047, NULL));
+    ZT_CHECK_EQ(ids.n, 11);
+    for (size_t i = 0; i < ids.n; i++)
+        ZT_CHECK_EQ(ids.id[i], 10 - i);
+    zfmt_tok_ids_free(&ids);
+    zfmt_tok_free(t);
+    t = NULL;
+    /* without the token of 2048 a: merge 10 (2049 bytes) is named */
+    write_long_merges("long2.json", 11);
+    ZT_ERR(zfmt_tok_load(&t, "long2.json"), ZR_ECORRUPT, "long2.json: model.merges[10]: 'aaaa");
+    ZT_CHECK(strstr(zr_err_msg(), "...' (the merged token) is not in the vocab"));
+    ZT_CHECK(!t);
+}
+
 /* A tokenizer with an id beyond 65535: token files switch to uint32 (version 2). */
 ZT_TEST(tok_files_uint32_and_vocab_checks)
 {

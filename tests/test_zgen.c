@@ -9,6 +9,7 @@
 #include "ckutil.h"
 #include "zr.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -200,6 +201,130 @@ ZT_TEST(zgen_seed_repeats_and_another_seed_differs)
     int32_t ids[4] = {'h', 0, 'i', 300};
     ZT_CHECK_EQ(zr_gen_bytes_decode(text, sizeof text, ids, 4), 3 + 7);
     ZT_CHECK(!memcmp(text, "h\0i<|300|>", 11));
+    zr_gen_free(g);
+    zr_model_free(m);
+}
+
+/* Top-p after temperature and top-k (transformers' order): a tiny nucleus is greedy; a known
+ * distribution keeps the tokens it should; bad values refused. */
+ZT_TEST(zgen_top_p_nucleus_after_temperature)
+{
+    /* probabilities 0.5, 0.3, 0.2 at temperature 1, and 253 tokens of none */
+    float lg[256];
+    for (int v = 0; v < 256; v++)
+        lg[v] = -1e4f;
+    lg[7] = logf(0.5f), lg[3] = logf(0.3f), lg[200] = logf(0.2f);
+    zr_sample_opts o = ZR_SAMPLE_OPTS_INIT;
+    o.top_k = 0;
+    struct {
+        float t, p;
+        int want[3]; /* whether 7, 3, 200 may come */
+    } cases[] = {
+        {1.0f, 0.45f, {1, 0, 0}}, /* 0.5 already reaches 0.45 */
+        {1.0f, 0.7f, {1, 1, 0}},  /* 0.5 + 0.3 */
+        {1.0f, 0.9f, {1, 1, 1}},
+        /* temperature 10 first: about 0.35, 0.33, 0.32, so 0.7 needs all three */
+        {10.0f, 0.7f, {1, 1, 1}},
+        {5.0f, 1e-6f, {1, 0, 0}}, /* a tiny nucleus is the most likely token: greedy */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        o.temperature = cases[c].t;
+        o.top_p = cases[c].p;
+        int seen[3] = {0};
+        for (uint64_t s = 0; s < 400; s++) {
+            zr_rng r;
+            zr_rng_seed(&r, s);
+            int32_t t;
+            ZT_OK(zr_sample_token(&t, lg, 256, &o, &r));
+            ZT_CHECK(t == 7 || t == 3 || t == 200);
+            seen[t == 7 ? 0 : t == 3 ? 1 : 2] = 1;
+        }
+        for (int i = 0; i < 3; i++)
+            if (seen[i] != cases[c].want[i])
+                ZT_FAIL("temperature %g, top_p %g: token %d %s", (double)cases[c].t,
+                        (double)cases[c].p, i, seen[i] ? "drawn, outside the nucleus" :
+                        "never drawn");
+    }
+    /* top-k before top-p: of the two best (0.625, 0.375 of them), 0.7 keeps both */
+    o.temperature = 1, o.top_k = 2, o.top_p = 0.7f;
+    int third = 0;
+    for (uint64_t s = 0; s < 400; s++) {
+        zr_rng r;
+        zr_rng_seed(&r, s);
+        int32_t t;
+        ZT_OK(zr_sample_token(&t, lg, 256, &o, &r));
+        third |= t == 200;
+    }
+    ZT_CHECK(!third);
+    /* a seed repeats a nucleus sample */
+    zr_model *m = spread_model(SMALL, 17);
+    zr_gen *g;
+    ZT_OK(zr_gen_new(&g, zr_model_config(m), zr_model_param(m, 0)));
+    int32_t prompt[3] = {'T', 'h', 'e'}, a[40], b[40], greedy[40];
+    o.temperature = 1.2f, o.top_k = 0, o.top_p = 0.9f, o.seed = 3;
+    ZT_OK(zr_gen_run(g, a, prompt, 3, 40, &o));
+    ZT_OK(zr_gen_run(g, b, prompt, 3, 40, &o));
+    ZT_CHECK(!memcmp(a, b, sizeof a));
+    o.top_p = 1e-7f; /* the whole way: greedy */
+    ZT_OK(zr_gen_run(g, a, prompt, 3, 40, &o));
+    o.temperature = 0;
+    ZT_OK(zr_gen_run(g, greedy, prompt, 3, 40, &o));
+    ZT_CHECK(!memcmp(a, greedy, sizeof a));
+    int32_t t;
+    zr_rng r;
+    zr_rng_seed(&r, 1);
+    o.temperature = 1;
+    float bad[] = {0, -0.5f, 1.01f, NAN};
+    for (size_t i = 0; i < 4; i++) {
+        o.top_p = bad[i];
+        ZT_ERR(zr_sample_token(&t, lg, 256, &o, &r), ZR_EINVAL, "top_p");
+    }
+    zr_gen_free(g);
+    zr_model_free(m);
+}
+
+/* zr_gen_run stops after the end-of-text id (kept in out, counted in n_out) and gives each
+ * token's log-probability: <= 0, the full forward's, and greedy's the largest. */
+ZT_TEST(zgen_stops_at_eos_and_gives_logprobs)
+{
+    zr_model *m = spread_model(SMALL, 11);
+    const zr_gpt2_config *c = zr_model_config(m);
+    size_t V = c->vocab, n_new = 12;
+    int32_t seq[64], out[64], stopped[64];
+    random_tokens(seq, 5, (uint32_t)V, 5);
+    zr_gen *g;
+    ZT_OK(zr_gen_new(&g, c, zr_model_param(m, 0)));
+    float lp[64];
+    size_t n = 0;
+    zr_sample_opts o = ZR_SAMPLE_OPTS_INIT;
+    o.temperature = 0;
+    o.logprobs = lp;
+    o.n_out = &n;
+    ZT_OK(zr_gen_run(g, out, seq, 5, n_new, &o));
+    ZT_CHECK_EQ(n, n_new);
+    for (size_t i = 0; i < n_new; i++) {
+        float loss;
+        ZT_OK(zr_model_forward(m, seq, NULL, 1, 5 + i, &loss));
+        const float *p = zr_model_probs(m) + (4 + i) * V;
+        double best = -1e30;
+        for (size_t v = 0; v < V; v++)
+            best = log(p[v]) > best ? log(p[v]) : best;
+        ZT_CHECK(lp[i] <= 0);
+        if (!(fabs(lp[i] - best) < 1e-4 && fabs(lp[i] - log(p[out[i]])) < 1e-4))
+            ZT_FAIL("token %zu: log-probability %g, the full forward's %g, its largest %g", i,
+                    (double)lp[i], log(p[out[i]]), best);
+        seq[5 + i] = out[i];
+    }
+    /* the fourth greedy token as the end of text: three more after it are not made; the id
+     * is the last one out */
+    o.eos = out[3];
+    size_t first = 0;
+    while (out[first] != o.eos)
+        first++;
+    memset(stopped, 0xff, sizeof stopped);
+    ZT_OK(zr_gen_run(g, stopped, seq, 5, n_new, &o));
+    ZT_CHECK_EQ(n, first + 1);
+    ZT_CHECK(!memcmp(stopped, out, (first + 1) * sizeof *out) && stopped[first + 1] == -1);
     zr_gen_free(g);
     zr_model_free(m);
 }
@@ -434,4 +559,92 @@ ZT_TEST(zgen_bad_inputs_and_corrupt_checkpoint)
     zt_truncate(shard, 1000);
     zgen_fails("run --prompt x", 1, "shard-00000-of-00001.bin");
     free(ck);
+}
+
+/* The JSON object zgen --json printed for args (the test fails unless zgen succeeds). */
+static json_t *zgen_json(const char *args)
+{
+    char full[1024];
+    snprintf(full, sizeof full, "%s --json", args);
+    char *t = zgen_ok(full);
+    json_error_t je;
+    json_t *j = json_loads(t, 0, &je);
+    if (!json_is_object(j))
+        ZT_FAIL("zgen %s printed no JSON object (%s):\n%s", full, je.text, t);
+    free(t);
+    return j;
+}
+
+/* A run whose tokenizer has <|endoftext|> (ztok's special token) and whose text ends each
+ * sentence with it: greedy zgen stops after it (--ignore-eos goes on); top-p tiny is greedy;
+ * --json gives each token's log-probability; bad --top-p values are refused. */
+ZT_TEST(zgen_cli_eos_top_p_and_logprobs)
+{
+    FILE *f = fopen("eos.txt", "w");
+    ZT_CHECK(f);
+    for (int i = 0; i < 400; i++)
+        fputs("the cat sat.<|endoftext|>", f);
+    ZT_CHECK(fclose(f) == 0);
+    char cmd[2048];
+    const char *ztok = zt_bin("ZT_ZTOK");
+    snprintf(cmd, sizeof cmd, "%s train eos.txt --vocab 270 -o t.json > /dev/null && %s encode "
+             "--tokenizer t.json eos.txt -o eos.bin > /dev/null", ztok, ztok);
+    ZT_CHECK(system(cmd) == 0);
+    zt_zrun_ok("--steps 60 --ckpt-dir er --data eos.bin --tokenizer t.json --model "
+               "gpt2:layers=1,heads=2,dim=32,ctx=32,vocab=270 --batch 4 --micro-batch 2 "
+               "--lr 1e-2 --warmup 2 --threads 1", "er.log");
+    const char *p = "er --prompt 'the cat sat.' --tokens 20 --temperature 0";
+    json_t *j = zgen_json(p);
+    json_t *ids = json_object_get(j, "ids");
+    size_t n = json_array_size(ids);
+    json_int_t eos = json_integer_value(json_object_get(j, "eos_id"));
+    ZT_CHECK(json_is_integer(json_object_get(j, "eos_id")) && eos > 255);
+    if (n >= 20 || json_integer_value(json_array_get(ids, n - 1)) != eos)
+        ZT_FAIL("zgen did not stop at <|endoftext|> (id %lld): %zu ids", (long long)eos, n);
+    ZT_CHECK(!strcmp(json_string_value(json_object_get(j, "stop")), "eos"));
+    ZT_CHECK_EQ(json_integer_value(json_object_get(j, "tokens")), n);
+    const char *text = json_string_value(json_object_get(j, "text"));
+    ZT_CHECK(strlen(text) >= 13 && !strcmp(text + strlen(text) - 13, "<|endoftext|>"));
+    json_decref(j);
+    /* text mode: the same, said on stderr */
+    char *t = zgen_ok(p);
+    ZT_CHECK(strstr(t, "<|endoftext|>\n") && !strstr(strstr(t, "<|endoftext|>") + 1, "the"));
+    free(t);
+    zt_file_has("gen.err", "stopped at the end-of-text token <|endoftext|>");
+    /* --ignore-eos: all 20; their log-probabilities are <= 0, one per token */
+    char args[512];
+    snprintf(args, sizeof args, "%s --ignore-eos", p);
+    j = zgen_json(args);
+    json_t *greedy = json_deep_copy(json_object_get(j, "ids"));
+    json_t *lp = json_object_get(j, "logprobs");
+    ZT_CHECK_EQ(json_array_size(greedy), 20);
+    ZT_CHECK_EQ(json_array_size(lp), 20);
+    ZT_CHECK(!strcmp(json_string_value(json_object_get(j, "stop")), "tokens"));
+    ZT_CHECK(json_is_null(json_object_get(j, "eos_id")));
+    for (size_t i = 0; i < 20; i++) {
+        json_t *v = json_array_get(lp, i);
+        ZT_CHECK(json_is_real(v) && json_real_value(v) <= 0);
+    }
+    json_decref(j);
+    /* a tiny nucleus at temperature 1 gives greedy's tokens; a wide one at a high temperature
+     * other tokens, the same again for the same seed */
+    j = zgen_json("er --prompt 'the cat sat.' --tokens 20 --ignore-eos --temperature 1 "
+                  "--top-p 0.000001 --seed 5");
+    ZT_CHECK(json_equal(json_object_get(j, "ids"), greedy));
+    ZT_CHECK((float)json_real_value(json_object_get(j, "top_p")) == 1e-6f);
+    json_decref(j);
+    const char *wide = "er --prompt 'the cat sat.' --tokens 20 --ignore-eos --temperature 3 "
+                       "--top-k 0 --top-p 0.95 --seed 5";
+    json_t *w1 = zgen_json(wide), *w2 = zgen_json(wide);
+    ZT_CHECK(!json_equal(json_object_get(w1, "ids"), greedy));
+    ZT_CHECK(json_equal(json_object_get(w1, "ids"), json_object_get(w2, "ids")));
+    json_decref(w1);
+    json_decref(w2);
+    json_decref(greedy);
+    /* bad values: named */
+    zgen_fails("er --prompt x --top-p 0", 2, "--top-p 0: a nucleus of probability 0");
+    zgen_fails("er --prompt x --top-p 1e-60", 2, "--top-p 0: a nucleus of probability 0");
+    zgen_fails("er --prompt x --top-p 1.5", 2, "--top-p: 1.5 is out of range (0 to 1)");
+    zgen_fails("er --prompt x --top-p -0.5", 2, "--top-p '-0.5'");
+    zgen_fails("er --prompt x --top-p abc", 2, "--top-p 'abc'");
 }

@@ -11,9 +11,12 @@
  * fed in one call (the prompt) or one (each new token).
  *
  * Sampling: temperature 0 is the argmax (lowest id on a tie); otherwise softmax(logits / T)
- * over the top_k largest logits (0: all), one uniform draw from an RNG of our own (splitmix64,
- * integer arithmetic only) picking by the cumulative sum in a fixed order, so a seed gives the
- * same tokens on any machine for the same logits.
+ * over the top_k largest logits (0: all), cut to the nucleus of top_p (the fewest best tokens
+ * whose probabilities reach top_p; transformers' order: temperature, top-k, top-p), one uniform
+ * draw from an RNG of our own (splitmix64, integer arithmetic only) picking by the cumulative
+ * sum in a fixed order, so a seed gives the same tokens on any machine for the same logits.
+ * zr_gen_run stops after an end-of-text id when given one, and gives each token's
+ * log-probability under the model (before temperature) when asked.
  *
  * Past the context: zr_gen_run keeps a sliding window. When the cache is full it keeps the
  * newest ctx/2 tokens of the text, recomputes the cache from them and goes on (a recompute every
@@ -349,13 +352,57 @@ static void top_k(int32_t *idx, const float *lg, size_t V, size_t k)
     }
 }
 
+/* qsort_r's order: before() over the logits in ctx */
+static int cmp_before(const void *a, const void *b, void *ctx)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return before(ctx, x, y) ? -1 : before(ctx, y, x) ? 1 : 0;
+}
+
+/* The k best ids of logits [V] into idx[k], best first (ties: the lower id) when sorted is set
+ * (top_p needs the order) or k < V, else in id order. */
+static void candidates(int32_t *idx, const float *lg, size_t V, size_t k, int sorted)
+{
+    if (k < V) {
+        top_k(idx, lg, V, k);
+        return;
+    }
+    for (size_t i = 0; i < k; i++)
+        idx[i] = (int32_t)i;
+    if (sorted)
+        qsort_r(idx, k, sizeof *idx, cmp_before, (void *)lg);
+}
+
+/* The nucleus: how many of the weights w[k] (best first, sum their total) to keep: each token
+ * whose better ones sum to less than top_p of the total (transformers' TopPLogitsWarper drops
+ * a token when the ones no better than it sum to at most 1 - top_p), at least one. *sum becomes
+ * the kept ones' total. */
+static size_t nucleus(const double *w, size_t k, double top_p, double *sum)
+{
+    double acc = 0, cut = top_p * *sum;
+    size_t keep = 0;
+    while (keep < k && (keep == 0 || acc < cut))
+        acc += w[keep++];
+    *sum = acc;
+    return keep;
+}
+
+static int check_opts(const zr_sample_opts *o)
+{
+    if (!(o->temperature >= 0) || !isfinite(o->temperature))
+        return zr_err_set(ZR_EINVAL, "sample: temperature %g (expected a finite number >= 0)",
+                          (double)o->temperature);
+    if (!(o->top_p > 0 && o->top_p <= 1))
+        return zr_err_set(ZR_EINVAL, "sample: top_p %g (expected a number above 0 and at most "
+                          "1; 1: off)", (double)o->top_p);
+    return 0;
+}
+
 int zr_sample_token(int32_t *out, const float *logits, uint32_t V, const zr_sample_opts *o,
                     zr_rng *rng)
 {
     assert(out && logits && o && rng);
-    if (!(o->temperature >= 0) || !isfinite(o->temperature))
-        return zr_err_set(ZR_EINVAL, "sample: temperature %g (expected a finite number >= 0)",
-                          (double)o->temperature);
+    ZR_TRY(check_opts(o));
     for (uint32_t v = 0; v < V; v++)
         if (!isfinite(logits[v]))
             return zr_err_set(ZR_EINVAL, "sample: logit %u is %g (the model's parameters are "
@@ -376,17 +423,16 @@ int zr_sample_token(int32_t *out, const float *logits, uint32_t V, const zr_samp
         free(w);
         return zr_err_set(ZR_ENOMEM, "sample: out of memory");
     }
-    if (k < V)
-        top_k(idx, logits, V, k);
-    else
-        for (size_t i = 0; i < k; i++)
-            idx[i] = (int32_t)i;
+    int nuc = o->top_p < 1;
+    candidates(idx, logits, V, k, nuc);
     float maxv = logits[idx[0]];
     for (size_t i = 1; i < k; i++)
         maxv = logits[idx[i]] > maxv ? logits[idx[i]] : maxv;
     double sum = 0;
     for (size_t i = 0; i < k; i++)
         sum += w[i] = exp(((double)logits[idx[i]] - maxv) / o->temperature);
+    if (nuc)
+        k = nucleus(w, k, o->top_p, &sum);
     double u = zr_rng_uniform(rng) * sum, acc = 0;
     *out = idx[k - 1];
     for (size_t i = 0; i < k; i++)
@@ -397,6 +443,17 @@ int zr_sample_token(int32_t *out, const float *logits, uint32_t V, const zr_samp
     free(idx);
     free(w);
     return 0;
+}
+
+double zr_logprob(const float *logits, uint32_t V, int32_t id)
+{
+    assert(logits && id >= 0 && (uint32_t)id < V);
+    double maxv = logits[0], sum = 0;
+    for (uint32_t v = 1; v < V; v++)
+        maxv = logits[v] > maxv ? logits[v] : maxv;
+    for (uint32_t v = 0; v < V; v++)
+        sum += exp((double)logits[v] - maxv);
+    return (double)logits[id] - maxv - log(sum);
 }
 
 /* ---------------------------------------------------------------- the generation loop */
@@ -420,15 +477,21 @@ int zr_gen_run(zr_gen *g, int32_t *out, const int32_t *prompt, size_t n_prompt, 
     zr_rng_seed(&rng, o->seed);
     const float *logits;
     zr_gen_reset(g);
+    if (o->n_out)
+        *o->n_out = 0;
     int rc = zr_gen_feed(g, text, len, &logits);
     for (size_t i = 0; !rc && i < n_new; i++) {
         int32_t t;
         if ((rc = zr_sample_token(&t, logits, g->c.vocab, o, &rng)) < 0)
             break;
         out[i] = text[len++] = t;
+        if (o->logprobs)
+            o->logprobs[i] = (float)zr_logprob(logits, g->c.vocab, t);
+        if (o->n_out)
+            *o->n_out = i + 1;
         if (o->emit)
             o->emit(o->emit_ctx, t);
-        if (i + 1 == n_new)
+        if (i + 1 == n_new || t == o->eos)
             break;
         if (g->pos == T) { /* the window slides: the newest ctx/2 tokens again */
             size_t keep = T / 2 ? T / 2 : 1;

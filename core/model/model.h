@@ -281,19 +281,33 @@ double zr_rng_uniform(zr_rng *r); /* [0, 1), 53 bits of one draw */
 typedef struct {
     float temperature;  /* 0: greedy (argmax, the lowest id on a tie) */
     uint32_t top_k;     /* sample among the k largest logits; 0: all */
+    float top_p;        /* nucleus, after temperature and top_k: sample among the fewest most
+                           likely tokens whose probabilities sum to at least top_p (0 < top_p
+                           <= 1; 1: off) */
     uint64_t seed;      /* zr_gen_run's RNG */
+    int32_t eos;        /* zr_gen_run stops after generating this id (end of text); -1: never */
     void (*emit)(void *ctx, int32_t id); /* zr_gen_run: each new token as it comes, or NULL */
     void *emit_ctx;
+    float *logprobs;    /* zr_gen_run: [n_new], each new token's log-probability under the
+                           model (log-softmax of its logits, before temperature), or NULL */
+    size_t *n_out;      /* zr_gen_run: the tokens generated (n_new, fewer when eos came), or
+                           NULL */
 } zr_sample_opts;
-#define ZR_SAMPLE_OPTS_INIT {.temperature = 0.8f, .top_k = 40, .seed = 1337}
+#define ZR_SAMPLE_OPTS_INIT {.temperature = 0.8f, .top_k = 40, .top_p = 1.0f, .seed = 1337, \
+                             .eos = -1}
 
 /* One token from logits [V]: the argmax at temperature 0 (or top_k 1), else drawn from
- * softmax(logits / temperature) over the top_k largest (ties: lower id first) with one draw of
- * rng. ZR_EINVAL for a negative temperature or a logit that is not finite. */
+ * softmax(logits / temperature) over the top_k largest (ties: lower id first), cut to the
+ * nucleus of top_p (the order of Hugging Face transformers: temperature, top-k, top-p), with one
+ * draw of rng. ZR_EINVAL for a negative temperature, a top_p outside (0, 1] or a logit that is
+ * not finite. */
 int zr_sample_token(int32_t *out, const float *logits, uint32_t V, const zr_sample_opts *o,
                     zr_rng *rng);
+/* log softmax(logits [V])[id]: the log-probability of id under the model (<= 0). */
+double zr_logprob(const float *logits, uint32_t V, int32_t id);
 /* Continue prompt [n_prompt] (1..ctx tokens) by n_new tokens into out[n_new], from an empty
- * cache, the RNG seeded with o->seed. Past ctx positions the window slides: the cache is
+ * cache, the RNG seeded with o->seed; it stops early after a token o->eos (which is kept in
+ * out; *o->n_out says how many). Past ctx positions the window slides: the cache is
  * recomputed from the newest ctx/2 tokens of the text, so the cost stays linear in n_new.
  * ZR_EINVAL for an empty or too long prompt or an id out of the vocabulary. */
 int zr_gen_run(zr_gen *g, int32_t *out, const int32_t *prompt, size_t n_prompt, size_t n_new,

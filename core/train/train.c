@@ -100,15 +100,18 @@ static const char *iso_time(char buf[32])
 static int training_json(char **out, const run *r, float loss)
 {
     const zr_train_opts *o = r->o;
-    json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:I, s:f, s:f, s:s, "
-                          "s:f, s:s}",
+    /* the float32 options and loss as the shortest decimals that read back as them */
+    json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:I, s:I, s:o, s:o, s:s, "
+                          "s:o, s:s}",
                           "step", (json_int_t)r->step, "optimizer_step", (json_int_t)r->step,
                           "next_sample", (json_int_t)r->next_sample, "seed", (json_int_t)o->seed,
                           "batch", (json_int_t)o->batch, "seq", (json_int_t)r->T, "lr",
-                          (double)o->lr, "min_lr_ratio", (double)o->min_lr_ratio, "warmup",
-                          (json_int_t)o->warmup, "steps", (json_int_t)o->steps, "weight_decay",
-                          (double)o->weight_decay, "grad_clip", (double)o->grad_clip, "data",
-                          o->data, "loss", (double)loss, "run_id", r->run_id);
+                          zck_json_real_f32(o->lr), "min_lr_ratio",
+                          zck_json_real_f32(o->min_lr_ratio), "warmup", (json_int_t)o->warmup,
+                          "steps", (json_int_t)o->steps, "weight_decay",
+                          zck_json_real_f32(o->weight_decay), "grad_clip",
+                          zck_json_real_f32(o->grad_clip), "data", o->data, "loss",
+                          zck_json_real_f32(loss), "run_id", r->run_id);
     if (j && zr_train__val_to_json(j, &r->val, zr_train__eval_set(r->eval)))
         json_decref(j), j = NULL;
     char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -686,7 +689,7 @@ static void log_step(run *r, int json, float loss, float lr, float norm, double 
         snprintf(nvme, sizeof nvme, " | nvme %.1f", zb.nvme * mib);
     if (zb.pinned)
         snprintf(pinned, sizeof pinned, " | pinned %.1f", zb.pinned * mib);
-    char val[48] = "";
+    char val[64] = "";
     if (r->val.now)
         snprintf(val, sizeof val, " | val %.4f", r->val.val);
     if (r->log && !json)
@@ -697,19 +700,24 @@ static void log_step(run *r, int json, float loss, float lr, float norm, double 
                 dt * 1e3, r->dev ? "gpu/rank" : "mem/rank", zb.params * mib, zb.grads * mib,
                 zb.optimizer * mib, zb.buffers * mib, ab * mib, nvme, pinned);
     if (r->jlog && json) {
-        char when[32];
+        /* the values as the shortest decimals that read back the same (float32 but val) */
+        char when[32], vl[40], l[40], lrs[40], ns[40];
+        zck_json_real_text(vl, sizeof vl, r->val.val, 0);
+        zck_json_real_text(l, sizeof l, loss, 1);
+        zck_json_real_text(lrs, sizeof lrs, lr, 1);
+        zck_json_real_text(ns, sizeof ns, norm, 1);
         if (r->val.now && isfinite(r->val.val))
-            snprintf(val, sizeof val, "\"val_loss\":%.6f,", r->val.val);
+            snprintf(val, sizeof val, "\"val_loss\":%s,", vl);
         else
             snprintf(val, sizeof val, "%s", r->val.now ? "\"val_loss\":null," : "");
-        fprintf(r->jlog, "{\"step\":%llu,\"loss\":%.6f,%s\"lr\":%.6e,\"grad_norm\":%.6f,"
+        fprintf(r->jlog, "{\"step\":%llu,\"loss\":%s,%s\"lr\":%s,\"grad_norm\":%s,"
                          "\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"save_blocked_ms\":%.3f,"
                          "\"world\":%d,\"zero\":%d,\"device\":\"%s\","
                          "\"mem\":{\"params\":%llu,\"grads\":%llu,\"optimizer\":%llu,"
                          "\"buffers\":%llu,\"activations\":%llu,\"nvme\":%llu,"
                          "\"pinned\":%llu},"
                          "\"rss_peak\":%llu,\"time\":\"%s\",\"run_id\":\"%s\"}\n",
-                (unsigned long long)r->step, loss, val, lr, norm, tps, dt * 1e3, save_ms, r->W,
+                (unsigned long long)r->step, l, val, lrs, ns, tps, dt * 1e3, save_ms, r->W,
                 o->zero_stage, r->dev ? r->dev->name : "cpu", (unsigned long long)zb.params,
                 (unsigned long long)zb.grads,
                 (unsigned long long)zb.optimizer, (unsigned long long)zb.buffers,
