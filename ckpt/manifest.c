@@ -88,6 +88,8 @@ static int get_str(const char **out, json_t *obj, const char *key, const char *c
 /* Turn the last error (from a layout adder) into corruption of the manifest at ctx. */
 static int corrupt_at(const char *ctx)
 {
+    if (zr_err_code() == ZR_ENOMEM) /* no sign of damage */
+        return ZR_ENOMEM;
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", zr_err_msg());
     return CORRUPT("%s: %s", ctx, msg);
@@ -593,7 +595,11 @@ static int check_counters(json_t *training, int code, const char *what)
 int zck__manifest_parse(zck_manifest **out, const char *text, size_t len, const char *what)
 {
     json_error_t jerr;
+    ZR_TRY(zck__manifest_bound(text, len, what));
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && json_error_code(&jerr) == json_error_out_of_memory)
+        return zr_err_set(ZR_ENOMEM, "%s: out of memory while parsing its %zu bytes (no sign "
+                          "of damage)", what, len);
     if (!root)
         return CORRUPT("%s:%d:%d: invalid JSON: %s", what, jerr.line, jerr.column, jerr.text);
     zck_manifest *m = calloc(1, sizeof *m);
