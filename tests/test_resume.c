@@ -160,6 +160,68 @@ ZT_TEST(resume_refuses_an_edited_manifest)
     ZT_CHECK(is_dir("one/step-00000010"));
 }
 
+/* Every way of resuming goes through the one check (zck_resume_check / zck_resume_pick): a
+ * manifest edited after the commit (next_sample moved on, SHA256SUMS not fixed) is refused naming
+ * manifest.json, whether the resume names the run directory, the step directory inside it, a
+ * copy of it elsewhere, or is --resume auto, a restart of zrun --max-restarts, or zgen. */
+ZT_TEST(resume_every_way_refuses_an_edited_manifest)
+{
+    const char *zgen = zt_bin("ZT_ZGEN");
+    const char *common = "--model " SMALL " --batch 4 --threads 1 --save-every 10 "
+                         "--keep-last 0";
+    zt_zrunf_ok("a.log", "%s --steps 20 --ckpt-dir run", common);
+    char *t = NULL;
+    ZT_OK(zck__read_small_for_tests(&t, "run/step-00000020/manifest.json"));
+    char *a = strstr(t, "\"next_sample\": 80,");
+    ZT_CHECK(a != NULL);
+    memcpy(a, "\"next_sample\": 88,", 17);
+    zt_write_file("run/step-00000020/manifest.json", t);
+    free(t);
+    ZT_CHECK(system("cp -r run/step-00000020 copy && cp -r run run2 && cp -r run run3") == 0);
+    const char *ways[] = {"run", "run/step-00000020", "copy"};
+    for (size_t i = 0; i < 3; i++) {
+        for (int v = 0; v < 3; v++) { /* --verify-on-resume full, quick, off: all check it */
+            static const char *vn[] = {"full", "quick", "off"};
+            int st = zt_zrunf("b.log", "%s --steps 22 --ckpt-dir out%zu%d --resume %s "
+                              "--verify-on-resume %s", common, i, v, ways[i], vn[v]);
+            char *log = zt_slurp("b.log");
+            if (st == 0 || !strstr(log, "manifest.json: SHA256SUMS mismatch") ||
+                !strstr(log, "the manifest was edited after the commit") ||
+                strstr(log, "resumed from"))
+                ZT_FAIL("--resume %s --verify-on-resume %s: exit %d, expected a refusal naming "
+                        "manifest.json:\n%s", ways[i], vn[v], st, log);
+            free(log);
+        }
+    }
+    ZT_CHECK(is_dir("run/step-00000020")); /* a named checkpoint is never moved */
+    /* --resume auto: moved aside, naming the file; the run resumes from step 10 */
+    int st = zt_zrunf("c.log", "%s --steps 22 --ckpt-dir run2", common);
+    char *log = zt_slurp("c.log");
+    if (st != 0 || !strstr(log, "run2/step-00000020 does not verify (manifest.json: SHA256SUMS "
+                                "mismatch") || !strstr(log, "resumed from run2/step-00000010"))
+        ZT_FAIL("--resume auto: exit %d:\n%s", st, log);
+    free(log);
+    /* a restart of zrun --max-restarts: the first job fails (--resume never in a run directory
+     * with checkpoints), the supervisor's pick moves the edited step aside naming the file, and
+     * the restart resumes from step 10 */
+    st = zt_zrunf("d.log", "%s --steps 22 --ckpt-dir run3 --resume never --max-restarts 1 "
+                  "--restart-backoff 0", common);
+    log = zt_slurp("d.log");
+    if (st != 0 || !strstr(log, "run3/step-00000020 does not verify (manifest.json: SHA256SUMS "
+                                "mismatch") || !strstr(log, "resumed from run3/step-00000010") ||
+        !is_dir("run3/damaged-step-00000020"))
+        ZT_FAIL("--max-restarts: exit %d:\n%s", st, log);
+    free(log);
+    /* zgen */
+    if (zgen) {
+        char *out = NULL;
+        int zst = zt_run(&out, zgen, "copy --prompt-ids 1,2 --tokens 2");
+        if (zst == 0 || !strstr(out, "manifest.json: SHA256SUMS mismatch"))
+            ZT_FAIL("zgen: exit %d, expected a refusal naming manifest.json:\n%s", zst, out);
+        free(out);
+    }
+}
+
 ZT_TEST(resume_treats_a_renamed_step_directory_as_damaged)
 {
     straight();
