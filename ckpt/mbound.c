@@ -218,11 +218,12 @@ static int value(scan *s, bool *open)
         }
     } else {
         kind k = expected(s);
-        char path[200];
-        path_of(s, path, sizeof path);
+        char path[200] = ""; /* named only when needed: this runs for every value */
         bool fits = *open && ((c == '{') == (k == K_ROOT || k == K_DTYPES || fields_of(k))) &&
                     (k != K_SCALAR && k != K_EXTRA && k != K_OPAQUE) &&
                     (c == '[') == is_array_kind(k);
+        if ((*open && (k == K_OPAQUE || !fits)) || (!*open && k != K_SCALAR && k != K_OPAQUE))
+            path_of(s, path, sizeof path);
         if (*open && k == K_OPAQUE && c == '{') {
             s->region = K_OPAQUE;
             s->which = strcmp(s->f[s->d - 1].key, "model") != 0;
