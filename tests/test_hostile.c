@@ -310,6 +310,106 @@ ZT_TEST(hostile_manifest_too_big)
     free(p);
 }
 
+/* The manifest text of p with `insert` put right after the opening brace of the first match of
+ * `at` (or at the top when at is NULL), written back. */
+static void manifest_insert(const char *p, const char *at, const char *insert)
+{
+    char *t = NULL;
+    ZT_OK(zck__read_small_for_tests(&t, in(p, "manifest.json")));
+    char *pos = at ? strstr(t, at) : t;
+    ZT_CHECK(pos != NULL);
+    pos = strchr(pos, '{');
+    ZT_CHECK(pos != NULL);
+    size_t a = (size_t)(pos + 1 - t), n = strlen(t), k = strlen(insert);
+    char *u = malloc(n + k + 1);
+    ZT_CHECK(u != NULL);
+    memcpy(u, t, a);
+    memcpy(u + a, insert, k);
+    memcpy(u + a + k, t + a, n - a + 1);
+    zt_write_file(in(p, "manifest.json"), u);
+    free(u);
+    free(t);
+}
+
+/* "\"<key>\": [<n> times item]," */
+static char *bulk(const char *key, const char *item, size_t n)
+{
+    size_t k = strlen(item), cap = strlen(key) + n * (k + 1) + 16;
+    char *b = malloc(cap);
+    ZT_CHECK(b != NULL);
+    size_t w = (size_t)sprintf(b, "\"%s\": [", key);
+    for (size_t i = 0; i < n; i++) {
+        memcpy(b + w, item, k);
+        w += k;
+        b[w++] = i + 1 < n ? ',' : ']';
+    }
+    strcpy(b + w, ",");
+    return b;
+}
+
+/* A manifest that is mostly what the format does not define (an unknown field of 22 million
+ * empty objects in 64 MiB cost 5 GB and 10 s to parse, and was accepted) is refused before it is
+ * parsed, naming the file and the field; so are bulk in an unknown field of a tensor, items of
+ * no kind in a known list, and a bulky training section. A few unknown values (a later minor
+ * version's field) are still accepted. */
+ZT_TEST(hostile_manifest_unknown_bulk_refused_before_parsing)
+{
+    alarm(60);
+    static const struct {
+        const char *at, *key, *item, *msg;
+        size_t n;
+    } cases[] = {
+        {NULL, "junk", "{}", "manifest.json: field 'junk': more than 65536 JSON values that the "
+                             "format does not define", 22000000},
+        {"\"tensors\"", "x", "[]", "field 'groups[0].tensors[0].x': more than 65536", 70000},
+        {"\"training\"", "h", "0", "field 'training': more than 65536 JSON values in this "
+                                   "section", 70000},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char run[32];
+        snprintf(run, sizeof run, "run%zu", i);
+        char *p = fresh(run), *b = bulk(cases[i].key, cases[i].item, cases[i].n);
+        manifest_insert(p, cases[i].at, b);
+        free(b);
+        double t0 = zt_now_s();
+        zck_reader *r = NULL;
+        ZT_ERR(zck_reader_open(&r, p), ZR_ECORRUPT, cases[i].msg);
+        if (zt_now_s() - t0 > 5)
+            ZT_FAIL("case %zu: refused only after %.1f s", i, zt_now_s() - t0);
+        free(p);
+    }
+    /* items of no kind: 70000 empty objects after the real groups */
+    char *p = fresh("items");
+    char *t = NULL;
+    ZT_OK(zck__read_small_for_tests(&t, in(p, "manifest.json")));
+    char *g = strstr(t, "\"groups\": [");
+    ZT_CHECK(g != NULL);
+    char *b = bulk("x", "{}", 70000);
+    b[strlen(b) - 2] = ','; /* "\"x\": [{},...,{}," : the items, then the real groups */
+    g += strlen("\"groups\": [");
+    size_t a = (size_t)(g - t), n = strlen(t), k = strlen(b) - 6; /* without "\"x\": [" */
+    char *u = malloc(n + k + 1);
+    ZT_CHECK(u != NULL);
+    memcpy(u, t, a);
+    memcpy(u + a, b + 6, k);
+    memcpy(u + a + k, t + a, n - a + 1);
+    zt_write_file(in(p, "manifest.json"), u);
+    free(u);
+    free(b);
+    free(t);
+    zck_reader *r = NULL;
+    ZT_ERR(zck_reader_open(&r, p), ZR_ECORRUPT, "field 'groups[65536]': more than 65536");
+    free(p);
+    /* a few unknown values are a later version's fields: read */
+    p = fresh("few");
+    b = bulk("note", "{\"a\": [1, 2]}", 1000);
+    manifest_insert(p, NULL, b);
+    free(b);
+    ZT_OK(zck_reader_open(&r, p));
+    zck_reader_free(r);
+    free(p);
+}
+
 /* commit a world-1 checkpoint of L with these sections */
 static int commit_with(const char *run, const zck_layout *L, uint64_t step, const char *training,
                        const char *producer)
