@@ -276,7 +276,8 @@ static int check_model(zck_report *rep, const zck_manifest *m)
     const zck_layout *L = m->L;
     int rc = 0;
     size_t ng = zck_layout_n_groups(want);
-    for (size_t g = 0; g < ng && g < L->ng && !rc; g++) {
+    size_t had = zck_report_count(rep);
+    for (size_t g = 0; g < ng && g < L->ng && !rc && zck_report_count(rep) == had; g++) {
         int same = !strcmp(L->g[g].name, zck_layout_group_name(want, g)) &&
                    L->g[g].numel == zck_layout_group_numel(want, g) &&
                    L->g[g].nt == zck_layout_group_n_tensors(want, g);
@@ -288,7 +289,7 @@ static int check_model(zck_report *rep, const zck_manifest *m)
                      zck_layout_group_name(want, g),
                      (unsigned long long)zck_layout_group_numel(want, g));
     }
-    if (!rc && ng != L->ng)
+    if (!rc && zck_report_count(rep) == had && ng != L->ng)
         rc = add(rep, ZCK_PROB_MANIFEST, "manifest.json", "%zu parameter groups, but its model "
                  "section (%.300s) makes %zu: the manifest contradicts itself", L->ng,
                  m->model_json, ng);

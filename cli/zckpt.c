@@ -311,9 +311,10 @@ static void report_print(zck_report *rep, const char *path, const char *label,
                                                  zck_problem_kind_name(p->kind), "detail",
                                                  p->detail));
         }
-        *jout = json_pack("{s:s, s:b, s:b, s:I, s:o}", "path", path, "sound", n == 0, "quick",
-                          quick, "bytes_hashed", (json_int_t)zck_report_bytes_hashed(rep),
-                          "problems", arr);
+        *jout = json_pack("{s:s, s:b, s:b, s:I, s:b, s:o}", "path", path, "sound", n == 0,
+                          "quick", quick, "bytes_hashed",
+                          (json_int_t)zck_report_bytes_hashed(rep), "hash_skipped",
+                          zck_report_hash_skipped(rep), "problems", arr);
     } else {
         for (size_t i = 0; i < n; i++) {
             const zck_problem *p = zck_report_get(rep, i);
@@ -323,7 +324,9 @@ static void report_print(zck_report *rep, const char *path, const char *label,
         }
         char h[32];
         if (n)
-            printf("%s: %zu problem%s found\n", label, n, n == 1 ? "" : "s");
+            printf("%s: %zu problem%s found%s\n", label, n, n == 1 ? "" : "s",
+                   zck_report_hash_skipped(rep) ? " (before hashing: the shards were not hashed)"
+                                                : "");
         else
             printf("%s: sound (%s, %s hashed)\n", label,
                    quick ? "quick check: presence, sizes, coverage" : "all checks",
@@ -420,6 +423,7 @@ static int cmd_verify(const void *args)
     const char *path = a->path;
     int json = a->json, all = a->all;
     zck_verify_opts o = a->verify;
+    o.cheap_first = 1; /* a cheap problem said at once, not after hours of hashing */
     zcli_bar bar;
     o.progress = zcli_progress_init(&bar);
     char mp[4096];

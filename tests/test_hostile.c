@@ -510,3 +510,94 @@ ZT_TEST(hostile_fifo_lock_file_never_hangs)
     ZT_ERR(zck_run_lock(&lk, "run", "test"), ZR_ECORRUPT, "not a regular file");
     alarm(0);
 }
+
+/* ---------------------------------------------------------------- cheap checks first */
+
+/* run/step-00000005: a 12 TiB shard (sparse) that its manifest lists consistently (one group of
+ * 3 * 2^40 f32 elements), and a model section (a small GPT-2) that the layout contradicts: a
+ * defect found in microseconds, behind hours of hashing. */
+static void huge_ckpt(void)
+{
+    const uint64_t numel = (uint64_t)3 << 40, bytes = numel * 4;
+    char *text = NULL, sums[256];
+    if (asprintf(&text, "{\"format\":\"zckpt\",\"version\":\"1.0\",\"step\":5,\"created\":\"x\","
+                 "\"producer\":\"test\",\"world_size\":1,\"zero_stage\":0,"
+                 "\"partition_align\":64,\"file_align\":4096,\"model\":{\"arch\":\"gpt2\","
+                 "\"layers\":2,\"heads\":2,\"dim\":32,\"ctx\":32,\"vocab\":256},"
+                 "\"training\":{},\"dtypes\":{\"f32\":4},\"states\":[{\"name\":\"param\","
+                 "\"dtype\":\"f32\"}],\"groups\":[{\"name\":\"wte\",\"numel\":%llu,\"tensors\":"
+                 "[{\"name\":\"wte.weight\",\"dtype\":\"f32\",\"shape\":[%llu],\"offset\":0}]}],"
+                 "\"shards\":[{\"file\":\"shard-00000-of-00001.bin\",\"rank\":0,\"bytes\":%llu,"
+                 "\"sha256\":\"%064d\",\"extents\":[{\"group\":0,\"state\":0,\"start\":0,"
+                 "\"count\":%llu,\"offset\":0}]}]}\n", (unsigned long long)numel,
+                 (unsigned long long)numel, (unsigned long long)bytes, 0,
+                 (unsigned long long)numel) < 0)
+        ZT_FAIL("out of memory");
+    ZT_CHECK(system("mkdir -p run/step-00000005") == 0);
+    zt_write_file("run/step-00000005/manifest.json", text);
+    FILE *f = fopen("run/step-00000005/shard-00000-of-00001.bin", "w");
+    ZT_CHECK(f && ftruncate(fileno(f), (off_t)bytes) == 0);
+    fclose(f);
+    zck_sha256 *h = NULL;
+    char hex[65];
+    ZT_OK(zck_sha256_new(&h));
+    zck_sha256_update(h, text, strlen(text));
+    zck_sha256_hex(h, hex);
+    zck_sha256_free(h);
+    free(text);
+    snprintf(sums, sizeof sums, "%064d  shard-00000-of-00001.bin\n%s  manifest.json\n", 0, hex);
+    zt_write_file("run/step-00000005/SHA256SUMS", sums);
+    ZT_OK(zck_latest_set("run", 5));
+}
+
+#define CONTRADICTS "its model section"
+
+/* Every way of checking a checkpoint refuses it at once for the cheap defect, without hashing
+ * the 12 TiB first: zck_verify (full, cheap first), the resume check, zckpt verify and audit,
+ * zrun --resume PATH and --resume auto (nothing moved: only a pick that verifies is kept;
+ * here the only one is damaged), zgen. */
+ZT_TEST(hostile_cheap_defect_refused_before_hashing_a_huge_shard)
+{
+    alarm(120);
+    huge_ckpt();
+    double t0 = zt_now_s();
+    zck_report *rep = NULL;
+    zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
+    vo.cheap_first = 1;
+    ZT_OK(zck_verify(&rep, "run", &vo));
+    ZT_CHECK(zck_report_count(rep) == 1 && zck_report_hash_skipped(rep) &&
+             strstr(zck_report_get(rep, 0)->detail, CONTRADICTS));
+    zck_report_free(rep);
+    char *out = NULL;
+    zck_resume_opts ro = ZCK_RESUME_OPTS_INIT;
+    ZT_ERR(zck_resume_check(&out, "run", &ro), ZR_ECORRUPT, CONTRADICTS);
+    ZT_CHECK(zt_now_s() - t0 < 10);
+    char *o = NULL;
+    if (getenv("ZT_ZCKPT")) {
+        t0 = zt_now_s();
+        ZT_CHECK_EQ(zt_zckpt(&o, "verify run"), 1);
+        ZT_CHECK(strstr(o, CONTRADICTS) && strstr(o, "the shards were not hashed"));
+        free(o);
+        ZT_CHECK_EQ(zt_zckpt(&o, "audit run/step-00000005"), 1);
+        ZT_CHECK(strstr(o, CONTRADICTS) != NULL);
+        free(o);
+        ZT_CHECK(zt_now_s() - t0 < 20);
+    }
+    if (getenv("ZT_ZRUN")) {
+        t0 = zt_now_s();
+        const char *m = "--model gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256 --batch 4 "
+                        "--threads 1 --steps 6";
+        ZT_CHECK(zt_zrunf("a.log", "%s --ckpt-dir out --resume run/step-00000005", m) != 0);
+        zt_file_has("a.log", CONTRADICTS);
+        ZT_CHECK(zt_zrunf("b.log", "%s --ckpt-dir run", m) != 0);
+        zt_file_has("b.log", CONTRADICTS);
+        ZT_CHECK(zt_now_s() - t0 < 20);
+    }
+    if (getenv("ZT_ZGEN")) {
+        ZT_CHECK(zt_run(&o, getenv("ZT_ZGEN"), "run --prompt-ids 1,2 --tokens 2") != 0);
+        ZT_CHECK(strstr(o, CONTRADICTS) != NULL);
+        free(o);
+    }
+    struct stat st;
+    ZT_CHECK(stat("run/step-00000005", &st) == 0);
+}
