@@ -328,6 +328,23 @@ ZT_TEST(resume_out_of_memory_is_no_damage)
     ZT_OK(zck_latest(&latest, "run"));
     ZT_CHECK(strstr(latest, "step-00000020") != NULL);
     free(latest);
+    /* zrun --resume auto under `ulimit -v` (150 MB: room to start, not to parse): exit status
+     * non-zero, the error said, nothing moved */
+    const char *zrun = zt_zrun_path();
+    if (zrun) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "ulimit -v 150000; OPENBLAS_NUM_THREADS=1 exec '%s' --model "
+                 SMALL " --batch 4 --threads 1 --ckpt-dir run --steps 22 --verify-on-resume "
+                 "quick > zrun.log 2>&1", zrun);
+        int zst = system(cmd);
+        said = zt_slurp("zrun.log");
+        if (!WIFEXITED(zst) || WEXITSTATUS(zst) == 0 ||
+            !strstr(said, "run/step-00000020/manifest.json: out of memory while parsing"))
+            ZT_FAIL("zrun under ulimit -v: status %d, expected the out-of-memory error:\n%s", zst,
+                    said);
+        free(said);
+        ZT_CHECK(is_dir("run/step-00000020") && !is_dir("run/damaged-step-00000020"));
+    }
     /* given the memory, it is sound as a quick check sees it (after the child: the parse's
      * freed memory stays mapped in this process) */
     zck_report *rep = NULL;
