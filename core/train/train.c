@@ -414,7 +414,7 @@ static int load_training(run *r, zck_reader *rd);
 
 /* What --verify-on-resume checked, for the resume line. */
 static const char *verify_words[3] = {"every file hashed", "quick check (files present, sizes)",
-                                      "not verified (--verify-on-resume off)"};
+                                      "quick check, no hashing (--verify-on-resume off)"};
 
 static int load(run *r, zck_reader *rd)
 {
