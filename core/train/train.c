@@ -404,7 +404,8 @@ int zr_train__resume_path(char **out, const zr_train_opts *o, FILE *log, int dry
     ro.say_ctx = log;
     /* a path (a run or step directory, a copy elsewhere) goes through the pick's own check */
     int auto_ = !strcmp(o->resume, "auto");
-    int rc = auto_ ? zck_resume_pick(out, o->ckpt_dir, &ro) : zck_resume_check(out, o->resume, &ro);
+    int rc = auto_ ? zck_resume_pick(out, o->ckpt_dir, &ro)
+                   : zck_resume_check(out, o->resume, &ro);
     if (rc)
         zr_err_prefix("--resume %s: ", auto_ ? "auto" : o->resume);
     return rc;
