@@ -6,7 +6,10 @@
  * holds. Every newer step directory is damaged: each is moved aside to damaged-step-N
  * (damaged-step-N.2, ... if taken), kept for inspection and out of the way of the resumed run,
  * which saves that step again. `latest` is rewritten to name the pick. What was done is told
- * to the caller line by line (the library prints nothing).
+ * to the caller line by line (the library prints nothing). The check of each candidate
+ * (check_dir) is also zck_resume_check's, for a resume that names its checkpoint: the one check
+ * of every resume. Only proven damage moves a directory aside: a check that cannot run (out of
+ * memory, a read the system refuses) stops the pick with that error.
  */
 #include "zck_int.h"
 

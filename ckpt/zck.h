@@ -549,7 +549,9 @@ typedef struct {
  * directory and the update of latest). *out: the malloc'ed path of the pick, or NULL (and 0
  * returned) when run_dir is absent or holds no step directory. ZR_ECORRUPT when it holds some
  * but none passes (nothing is moved then); ZR_EINVAL for a bad o->verify; errors of the
- * renames and of the rewrite of latest as they come. */
+ * renames and of the rewrite of latest as they come. Each candidate gets the check of
+ * zck_resume_check; one that cannot run (out of memory, a read the system refuses) stops the
+ * pick with that error (ZR_ENOMEM, ZR_EIO) and nothing is moved: only proven damage is. */
 int zck_resume_pick(char **out, const char *run_dir, const zck_resume_opts *o);
 
 /* The one check of a checkpoint before it is trusted (every resume: each candidate of
