@@ -75,6 +75,26 @@ fail:
     return rc;
 }
 
+int zck__reader_borrow(zck_reader **out, const char *dir, zck_manifest *m)
+{
+    zck_reader *r = calloc(1, sizeof *r);
+    if (!r || !(r->dir = strdup(dir))) {
+        free(r);
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    r->m = m;
+    *out = r;
+    return 0;
+}
+
+void zck__reader_unborrow(zck_reader *r)
+{
+    if (r) {
+        free(r->dir);
+        free(r);
+    }
+}
+
 int zck_reader_open_manifest(zck_reader **out, const char *text, size_t len, const char *what)
 {
     zck_reader *r = calloc(1, sizeof *r);

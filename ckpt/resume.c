@@ -110,6 +110,8 @@ static int check_dir(char *why, size_t cap, const char *dir, const zck_resume_op
     vo.jobs = o->jobs ? o->jobs : 1;
     vo.io.io = ZCK_IO_BUFFERED; /* the load that follows finds the shards in the page cache */
     vo.cheap_first = 1;
+    vo.precheck = o->precheck;
+    vo.precheck_ctx = o->precheck_ctx;
     ticker tk = {o, dir, mono_s(), mono_s()};
     vo.progress = (zck_progress){tick, &tk};
     ZR_TRY(zck_verify(&rep, dir, &vo));

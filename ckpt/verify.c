@@ -411,6 +411,14 @@ int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
         rep->hash_skipped = ntodo > 0;
         ntodo = 0;
     }
+    if (opts->precheck && !rep->n) { /* the caller's cheap check, before any hashing */
+        zck_reader *rd = NULL;
+        ZR_TRY_GOTO(zck__reader_borrow(&rd, dir, m), rc, out);
+        rc = opts->precheck(opts->precheck_ctx, rd);
+        zck__reader_unborrow(rd);
+        if (rc)
+            goto out;
+    }
     for (size_t k = 0; k < ntodo; k++)
         hc.tick.total += m->shards[hc.todo[k]]->bytes;
     ZR_TRY_GOTO(zck__parallel(ntodo, opts->jobs, hash_one, &hc), rc, out);

@@ -520,6 +520,8 @@ int zck_check_replaceable(const char *target, const char *src);
 
 /* ---------------------------------------------------------------- resuming a run */
 
+typedef struct zck_reader zck_reader; /* reading a checkpoint, below */
+
 /* How zck_resume_pick checks each candidate: FULL (the default) is what `zckpt verify` checks,
  * every shard hashed and manifest.json against SHA256SUMS; QUICK and OFF check everything but
  * the hashes (manifest, SHA256SUMS, every shard present with its size). OFF means only that the
@@ -535,6 +537,10 @@ typedef struct {
      * complete sentences without a trailing newline; NULL: not told */
     void (*say)(void *ctx, const char *line);
     void *say_ctx;
+    /* as zck_verify_opts.precheck: the caller's cheap check before any hashing; its error stops
+     * the check (and the pick: nothing is moved) */
+    int (*precheck)(void *ctx, const zck_reader *rd);
+    void *precheck_ctx;
 } zck_resume_opts;
 #define ZCK_RESUME_OPTS_INIT {.verify = ZCK_RESUME_VERIFY_FULL, .jobs = 2, .dry_run = 0}
 
@@ -587,7 +593,6 @@ typedef struct zck_extra_file {
  * file is missing, not a regular file, or differs. */
 int zck_ckpt_file_read(char **out, size_t *n_bytes, const char *ckpt, const char *name);
 
-typedef struct zck_reader zck_reader;
 /* Open a checkpoint directory, or a run directory through its latest file, and validate the
  * manifest completely (fields, types, ranges, names, every (group, state) covered exactly once,
  * extents inside their files). Shard files are not read. ZR_ENOTFOUND, ZR_ECORRUPT, ZR_EVERSION. */
@@ -665,6 +670,11 @@ typedef struct {
     int cheap_first;     /* hash nothing once a cheaper check (manifest, its model section
                             against its layout, SHA256SUMS, presence, sizes) found a problem:
                             a refusal at once, not after hours of hashing */
+    /* the caller's own cheap check (a run's model against the checkpoint's layout), called with
+     * the checkpoint open when the cheap checks found nothing, before any hashing; its error
+     * ends zck_verify with that error (no report). NULL: none */
+    int (*precheck)(void *ctx, const zck_reader *rd);
+    void *precheck_ctx;
 } zck_verify_opts;
 #define ZCK_VERIFY_OPTS_INIT {.quick = 0, .jobs = 2, .io = ZCK_IO_OPTS_INIT}
 

@@ -225,6 +225,32 @@ ZT_TEST(resume_every_way_refuses_an_edited_manifest)
     }
 }
 
+/* The run's own cheap check (its --model against the checkpoint's layout) comes before any
+ * hashing: with a newest checkpoint whose damage only hashing finds (a flipped byte) and a
+ * --model of another shape, the run stops with "another model shape" at once, and nothing is
+ * moved aside (a hash first would have moved it aside, then failed on the older one). */
+ZT_TEST(resume_model_mismatch_is_said_before_hashing)
+{
+    const char *common = "--batch 4 --threads 1 --save-every 10 --keep-last 0 --ckpt-dir run";
+    zt_zrunf_ok("a.log", "--model %s %s --steps 20", SMALL, common);
+    zt_flip_byte("run/step-00000020/shard-00000-of-00001.bin", 100);
+    const char *other = "gpt2:layers=1,heads=2,dim=32,ctx=32,vocab=256";
+    const char *how[] = {"", "--resume run/step-00000020", "--resume run"};
+    for (size_t i = 0; i < 3; i++) {
+        int st = zt_zrunf("b.log", "--model %s %s --steps 30 %s", other, common, how[i]);
+        char *t = zt_slurp("b.log");
+        if (st == 0 || !strstr(t, "another model shape") || strstr(t, "hash mismatch") ||
+            strstr(t, "moved aside"))
+            ZT_FAIL("%s: exit %d, expected 'another model shape' before any hashing:\n%s",
+                    how[i][0] ? how[i] : "--resume auto", st, t);
+        free(t);
+        ZT_CHECK(is_dir("run/step-00000020") && !is_dir("run/damaged-step-00000020"));
+    }
+    /* the right model: the hash finds the damage, auto falls back */
+    zt_zrunf_ok("c.log", "--model %s %s --steps 30", SMALL, common);
+    zt_file_has("c.log", "moved aside to run/damaged-step-00000020");
+}
+
 /* ---------------------------------------------------------------- resource errors */
 
 /* A checkpoint at run/step-<step> whose manifest is large, written as text (the writer's layout

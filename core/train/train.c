@@ -380,6 +380,19 @@ _Static_assert((int)ZR_VERIFY_FULL == (int)ZCK_RESUME_VERIFY_FULL &&
                (int)ZR_VERIFY_OFF == (int)ZCK_RESUME_VERIFY_OFF,
                "ZR_VERIFY_* and ZCK_RESUME_VERIFY_* must agree");
 
+/* The run's own cheap check of a candidate, before any hashing: its model (--model, else the
+ * checkpoint's model section) and that model's layout against the checkpoint's. */
+static int model_fits(void *ctx, const zck_reader *rd)
+{
+    zr_gpt2_config cfg;
+    zck_layout *want = NULL;
+    ZR_TRY(zr_train__pick_config(&cfg, ctx, (zck_reader *)rd));
+    ZR_TRY(zr_gpt2_layout(&want, &cfg));
+    int rc = zr_train__check_layout(zck_reader_layout(rd), want, zck_reader_path(rd));
+    zck_layout_free(want);
+    return rc;
+}
+
 int zr_train__resume_path(char **out, const zr_train_opts *o, FILE *log, int dry)
 {
     *out = NULL;
@@ -402,6 +415,10 @@ int zr_train__resume_path(char **out, const zr_train_opts *o, FILE *log, int dry
     ro.dry_run = dry;
     ro.say = say_line;
     ro.say_ctx = log;
+    if (!dry) { /* the audit and --dry-run say each reason their own way */
+        ro.precheck = model_fits;
+        ro.precheck_ctx = (void *)o;
+    }
     /* a path (a run or step directory, a copy elsewhere) goes through the pick's own check */
     int auto_ = !strcmp(o->resume, "auto");
     int rc = auto_ ? zck_resume_pick(out, o->ckpt_dir, &ro)
