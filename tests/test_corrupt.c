@@ -4,6 +4,7 @@
  */
 #include "ckutil.h"
 
+#include <stdatomic.h>
 #include <sys/stat.h>
 
 static const uint64_t sizes[] = {20000, 65, 3};
@@ -144,14 +145,16 @@ ZT_TEST(corrupt_several_problems_all_reported)
  * first (what the retention of another job's zrun does between zckpt's listing and its read). */
 typedef struct {
     const char *suffix, *dir;
-    int fired;
+    atomic_int claimed; /* shards are opened by several threads */
+    int fired;          /* read after the threads are joined */
 } prune_ctx;
 
 static int prune_on_open(zck_op op, const char *path, void *vctx)
 {
     prune_ctx *c = vctx;
     size_t n = strlen(path), k = strlen(c->suffix);
-    if (op == ZCK_OP_OPEN && !c->fired && n >= k && !strcmp(path + n - k, c->suffix)) {
+    if (op == ZCK_OP_OPEN && n >= k && !strcmp(path + n - k, c->suffix) &&
+        !atomic_exchange(&c->claimed, 1)) {
         char cmd[600];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", c->dir);
         c->fired = system(cmd) == 0;
@@ -194,7 +197,7 @@ ZT_TEST(corrupt_pruned_while_read_is_no_damage)
             zck_reader *r = NULL;
             if (how == 1 && f == 2)
                 ZT_OK(zck_reader_open(&r, p)); /* a read: opened before the prune */
-            prune_ctx c = {files[f], p, 0};
+            prune_ctx c = {files[f], p, 0, 0};
             zck_fault_set(prune_on_open, &c);
             zck_report *rep = NULL;
             int rc = 0;
