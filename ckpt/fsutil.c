@@ -386,3 +386,21 @@ void zck_unmake_parents(const char *made, const char *path)
     }
     free(p);
 }
+
+bool zck__is_damage(int rc)
+{
+    return rc == ZR_ECORRUPT || rc == ZR_EVERSION || rc == ZR_ENOTFOUND;
+}
+
+bool zck__vanished(const char *dir)
+{
+    struct stat st;
+    return lstat(dir, &st) < 0 && (errno == ENOENT || errno == ENOTDIR);
+}
+
+int zck__vanished_err(const char *dir)
+{
+    return zr_err_set(ZR_ENOTFOUND, "%s: the checkpoint directory vanished while it was being "
+                      "read (removed meanwhile, probably pruned by the retention of a job "
+                      "saving into its run directory): this says nothing about damage", dir);
+}

@@ -7,6 +7,7 @@
 #include "zck_int.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,8 @@ static int get_str(const char **out, json_t *obj, const char *key, const char *c
 /* Turn the last error (from a layout adder) into corruption of the manifest at ctx. */
 static int corrupt_at(const char *ctx)
 {
+    if (zr_err_code() == ZR_ENOMEM) /* no sign of damage */
+        return ZR_ENOMEM;
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", zr_err_msg());
     return CORRUPT("%s: %s", ctx, msg);
@@ -590,10 +593,35 @@ static int check_counters(json_t *training, int code, const char *what)
     return 0;
 }
 
+/* Jansson reports some failed allocations as bad input ("invalid token" where the copy of a
+ * string could not be allocated): its allocations go through this, which notes a failure for
+ * the thread, so that running out of memory is never taken for damage. malloc and free
+ * underneath, as before: what Jansson returns is still freed with free. */
+static _Thread_local int jansson_oom;
+
+static void *noting_malloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p)
+        jansson_oom = 1;
+    return p;
+}
+
+static void noting_alloc_init(void) { json_set_alloc_funcs(noting_malloc, free); }
+
 int zck__manifest_parse(zck_manifest **out, const char *text, size_t len, const char *what)
 {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, noting_alloc_init);
+    jansson_oom = 0;
     json_error_t jerr;
+    ZR_TRY(zck__manifest_bound(text, len, what));
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    /* Jansson leaves the message empty where an allocation fails (lex_init, json_object) */
+    if (!root && (jansson_oom || json_error_code(&jerr) == json_error_out_of_memory ||
+                  !jerr.text[0]))
+        return zr_err_set(ZR_ENOMEM, "%s: out of memory while parsing its %zu bytes (no sign "
+                          "of damage)", what, len);
     if (!root)
         return CORRUPT("%s:%d:%d: invalid JSON: %s", what, jerr.line, jerr.column, jerr.text);
     zck_manifest *m = calloc(1, sizeof *m);

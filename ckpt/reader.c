@@ -49,7 +49,9 @@ int zck__manifest_load(zck_manifest **out, const char *dir)
     if (!mp)
         return ZR_ENOMEM;
     int rc = zck__read_small(&text, &len, mp, ZCK_MAX_MANIFEST_BYTES);
-    if (rc == ZR_ENOTFOUND)
+    if (rc == ZR_ENOTFOUND && zck__vanished(dir))
+        rc = zck__vanished_err(dir);
+    else if (rc == ZR_ENOTFOUND)
         rc = zr_err_set(ZR_ENOTFOUND, "%s: missing: %s is not a committed checkpoint", mp, dir);
     if (!rc)
         rc = zck__manifest_parse(out, text, len, mp);
@@ -71,6 +73,26 @@ int zck_reader_open(zck_reader **out, const char *path)
 fail:
     zck_reader_free(r);
     return rc;
+}
+
+int zck__reader_borrow(zck_reader **out, const char *dir, zck_manifest *m)
+{
+    zck_reader *r = calloc(1, sizeof *r);
+    if (!r || !(r->dir = strdup(dir))) {
+        free(r);
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    r->m = m;
+    *out = r;
+    return 0;
+}
+
+void zck__reader_unborrow(zck_reader *r)
+{
+    if (r) {
+        free(r->dir);
+        free(r);
+    }
 }
 
 int zck_reader_open_manifest(zck_reader **out, const char *text, size_t len, const char *what)
@@ -261,6 +283,8 @@ out:
         if (!rc)
             rc = crc;
     }
+    if (rc && rc != ZR_ENOMEM && zck__vanished(c->r->dir))
+        rc = zck__vanished_err(c->r->dir); /* pruned while read: no verdict of damage */
     zck__sha_free(sc.sha);
     free(spans);
     free(path);

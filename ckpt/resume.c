@@ -6,7 +6,10 @@
  * holds. Every newer step directory is damaged: each is moved aside to damaged-step-N
  * (damaged-step-N.2, ... if taken), kept for inspection and out of the way of the resumed run,
  * which saves that step again. `latest` is rewritten to name the pick. What was done is told
- * to the caller line by line (the library prints nothing).
+ * to the caller line by line (the library prints nothing). The check of each candidate
+ * (check_dir) is also zck_resume_check's, for a resume that names its checkpoint: the one check
+ * of every resume. Only proven damage moves a directory aside: a check that cannot run (out of
+ * memory, a read the system refuses) stops the pick with that error.
  */
 #include "zck_int.h"
 
@@ -17,8 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 typedef zck__stepdir cand;
+
+#define ZCK__RESUME_TICK_S 5.0 /* seconds between the lines of a long hash */
 
 /* The step directories of run_dir, newest first; *n 0 (and 0 returned) when run_dir is
  * absent. */
@@ -56,10 +62,46 @@ static int list_steps(cand **out, size_t *n, const char *run_dir)
     return 0;
 }
 
-/* What is wrong with the checkpoint dir named `name` (step from the name), into why; "" when
- * it passes the check of o->verify. */
-static int check_one(char *why, size_t cap, const char *dir, uint64_t step,
-                     const zck_resume_opts *o)
+static void say(const zck_resume_opts *o, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* A line through o->say every few seconds while the shards are hashed (on a terminal or not:
+ * a resume hashing terabytes is seen to be busy). */
+typedef struct {
+    const zck_resume_opts *o;
+    const char *dir;
+    double t0, last;
+} ticker;
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void tick(void *ctx, const char *what, uint64_t done, uint64_t total)
+{
+    (void)what;
+    ticker *t = ctx;
+    double now = mono_s();
+    if (now - t->last < ZCK__RESUME_TICK_S || done >= total)
+        return;
+    t->last = now;
+    double el = now - t->t0, rate = el > 0 ? (double)done / el : 0;
+    say(t->o, "checking %s: %.1f of %.1f GiB hashed (%.0f%%, %.0f MiB/s%s%.0f s left)",
+        t->dir, (double)done / (1 << 30), (double)total / (1 << 30),
+        total ? 100.0 * (double)done / (double)total : 100.0, rate / (1 << 20),
+        rate > 0 ? ", about " : "", rate > 0 ? (double)(total - done) / rate : 0.0);
+}
+
+/*
+ * The one check of a checkpoint directory (zck_resume_check, each candidate of
+ * zck_resume_pick): what is wrong with it into why ("" when it passes the check of o->verify),
+ * cheap checks first and no hashing once one failed. Negative when the check could not run (out
+ * of memory, a read the system refused, the directory removed meanwhile): no verdict then.
+ */
+static int check_dir(char *why, size_t cap, const char *dir, const zck_resume_opts *o)
 {
     why[0] = 0;
     zck_report *rep = NULL;
@@ -67,13 +109,21 @@ static int check_one(char *why, size_t cap, const char *dir, uint64_t step,
     vo.quick = o->verify != ZCK_RESUME_VERIFY_FULL;
     vo.jobs = o->jobs ? o->jobs : 1;
     vo.io.io = ZCK_IO_BUFFERED; /* the load that follows finds the shards in the page cache */
-    int rc = zck_verify(&rep, dir, &vo);
-    if (rc == ZR_ENOMEM)
-        return rc;
-    if (rc) { /* the check could not run: that is what is wrong with it */
-        snprintf(why, cap, "%s", zr_err_msg());
-        zr_err_clear();
-        return 0;
+    vo.cheap_first = 1;
+    vo.precheck = o->precheck;
+    vo.precheck_ctx = o->precheck_ctx;
+    ticker tk = {o, dir, mono_s(), mono_s()};
+    vo.progress = (zck_progress){tick, &tk};
+    ZR_TRY(zck_verify(&rep, dir, &vo));
+    for (size_t i = 0; i < zck_report_count(rep); i++) {
+        const zck_problem *p = zck_report_get(rep, i);
+        if (p->kind == ZCK_PROB_IO) { /* the system refused a read: no sign of damage */
+            int rc = zr_err_set(ZR_EIO, "%s/%s: unreadable: %s (not a sign of damage: fix the "
+                                "cause and run again; nothing was moved)", dir, p->file,
+                                p->detail);
+            zck_report_free(rep);
+            return rc;
+        }
     }
     if (zck_report_count(rep)) {
         const zck_problem *p = zck_report_get(rep, 0);
@@ -84,8 +134,15 @@ static int check_one(char *why, size_t cap, const char *dir, uint64_t step,
         return 0;
     }
     zck_report_free(rep);
+    const char *base = strrchr(dir, '/');
+    uint64_t step;
+    if (!zck__parse_step_name(base ? base + 1 : dir, &step))
+        return 0; /* a copy under another name: no name to agree with */
     zck_manifest *m = NULL;
-    if (zck__manifest_load(&m, dir) < 0) {
+    int rc = zck__manifest_load(&m, dir);
+    if (rc && !zck__is_damage(rc))
+        return rc;
+    if (rc) {
         snprintf(why, cap, "manifest.json: %s", zr_err_msg());
         zr_err_clear();
         return 0;
@@ -191,7 +248,7 @@ int zck_resume_pick(char **out, const char *run_dir, const zck_resume_opts *opts
             rc = ZR_ENOMEM;
             break;
         }
-        rc = check_one(why[i], sizeof why[i], dir, v[i].step, o);
+        rc = check_dir(why[i], sizeof why[i], dir, o);
         free(dir);
         if (!rc && !why[i][0])
             break;
@@ -210,5 +267,22 @@ int zck_resume_pick(char **out, const char *run_dir, const zck_resume_opts *opts
 out:
     free(why);
     zck__steps_free(v, n);
+    return rc;
+}
+
+int zck_resume_check(char **out, const char *path, const zck_resume_opts *opts)
+{
+    zck_resume_opts def = ZCK_RESUME_OPTS_INIT;
+    const zck_resume_opts *o = opts ? opts : &def;
+    *out = NULL;
+    char *dir = NULL, why[1024];
+    ZR_TRY(zck__resolve(&dir, path));
+    int rc = check_dir(why, sizeof why, dir, o);
+    if (!rc && why[0])
+        rc = zr_err_set(ZR_ECORRUPT, "%s: %s", dir, why);
+    if (rc)
+        free(dir);
+    else
+        *out = dir;
     return rc;
 }

@@ -18,6 +18,7 @@ struct zck_report {
     zck_problem *p;
     size_t n, cap;
     uint64_t hashed;
+    int hash_skipped; /* cheap_first: a cheaper check found a problem, nothing was hashed */
 };
 
 const char *zck_problem_kind_name(zck_problem_kind k)
@@ -70,6 +71,7 @@ int zck_report_add(zck_report *rep, zck_problem_kind kind, const char *file, con
 size_t zck_report_count(const zck_report *rep) { return rep->n; }
 const zck_problem *zck_report_get(const zck_report *rep, size_t i) { return &rep->p[i]; }
 uint64_t zck_report_bytes_hashed(const zck_report *rep) { return rep->hashed; }
+int zck_report_hash_skipped(const zck_report *rep) { return rep->hash_skipped; }
 
 void zck_report_free(zck_report *rep)
 {
@@ -258,6 +260,45 @@ static int check_unlisted(zck_report *rep, const char *dir, const zck_manifest *
     return rc;
 }
 
+/* The model section against the layout of the same manifest: a section naming a known family
+ * with a valid config whose layout (groups, their sizes, their tensors) is not the manifest's
+ * is a manifest that contradicts itself. A section of no known family, or with a config the
+ * family refuses, is left to the model's reader (a converter's checkpoint may carry another). */
+static int check_model(zck_report *rep, const zck_manifest *m)
+{
+    zck_arch_config c;
+    zck_layout *want = NULL;
+    if (zck_arch_config_from_json(&c, m->model_json, NULL) < 0 ||
+        zck_arch_layout(&want, &c) < 0) {
+        int rc = zr_err_code() == ZR_ENOMEM ? ZR_ENOMEM : 0;
+        if (!rc)
+            zr_err_clear();
+        return rc;
+    }
+    const zck_layout *L = m->L;
+    int rc = 0;
+    size_t ng = zck_layout_n_groups(want);
+    size_t had = zck_report_count(rep);
+    for (size_t g = 0; g < ng && g < L->ng && !rc && zck_report_count(rep) == had; g++) {
+        int same = !strcmp(L->g[g].name, zck_layout_group_name(want, g)) &&
+                   L->g[g].numel == zck_layout_group_numel(want, g) &&
+                   L->g[g].nt == zck_layout_group_n_tensors(want, g);
+        if (!same)
+            rc = add(rep, ZCK_PROB_MANIFEST, "manifest.json", "group %zu is '%.200s' of %llu "
+                     "elements, but its model section (%.300s) makes it '%s' of %llu: the "
+                     "manifest contradicts itself", g, L->g[g].name,
+                     (unsigned long long)L->g[g].numel, m->model_json,
+                     zck_layout_group_name(want, g),
+                     (unsigned long long)zck_layout_group_numel(want, g));
+    }
+    if (!rc && zck_report_count(rep) == had && ng != L->ng)
+        rc = add(rep, ZCK_PROB_MANIFEST, "manifest.json", "%zu parameter groups, but its model "
+                 "section (%.300s) makes %zu: the manifest contradicts itself", L->ng,
+                 m->model_json, ng);
+    zck_layout_free(want);
+    return rc;
+}
+
 typedef struct {
     const char *dir;
     const zck_manifest *m;
@@ -307,13 +348,15 @@ int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
     hc.tick.what = "verify";
     size_t ntodo = 0;
     int rc = zck__manifest_load(&m, dir);
-    if (rc == ZR_ENOMEM)
+    if (rc == ZR_ENOMEM || (rc && zck__vanished(dir)))
         goto out;
-    if (rc) {
-        rc = add(rep, ZCK_PROB_MANIFEST, "manifest.json", "%s", zr_err_msg());
+    if (rc) { /* damage; or a read the system refused, which is no sign of it */
+        rc = add(rep, zck__is_damage(rc) ? ZCK_PROB_MANIFEST : ZCK_PROB_IO, "manifest.json",
+                 "%s", zr_err_msg());
         goto out;
     }
     hc.m = m;
+    ZR_TRY_GOTO(check_model(rep, m), rc, out);
     char *mp = zck_path_join(dir, "manifest.json"), *mtext = NULL;
     if (!mp || zck__read_small(&mtext, NULL, mp, ZCK_MAX_MANIFEST_BYTES) < 0) {
         /* read again after a good parse: changed or removed meanwhile. The message is copied
@@ -366,6 +409,18 @@ int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
     }
     if (rc)
         goto out;
+    if (opts->cheap_first && rep->n) { /* refused at once, not after hours of hashing */
+        rep->hash_skipped = ntodo > 0;
+        ntodo = 0;
+    }
+    if (opts->precheck && !rep->n) { /* the caller's cheap check, before any hashing */
+        zck_reader *rd = NULL;
+        ZR_TRY_GOTO(zck__reader_borrow(&rd, dir, m), rc, out);
+        rc = opts->precheck(opts->precheck_ctx, rd);
+        zck__reader_unborrow(rd);
+        if (rc)
+            goto out;
+    }
     for (size_t k = 0; k < ntodo; k++)
         hc.tick.total += m->shards[hc.todo[k]]->bytes;
     ZR_TRY_GOTO(zck__parallel(ntodo, opts->jobs, hash_one, &hc), rc, out);
@@ -390,6 +445,10 @@ out:
     free(hc.todo);
     free(names);
     zck__manifest_free(m);
+    if (!rc && rep->n && zck__vanished(dir))
+        rc = zck__vanished_err(dir); /* what is missing was removed meanwhile: no verdict */
+    else if (rc && rc != ZR_ENOMEM && zck__vanished(dir))
+        rc = zck__vanished_err(dir);
     free(dir);
     if (rc) {
         zck_report_free(rep);

@@ -577,6 +577,8 @@ int zck_check_unmanaged(const char *path);
 
 /* ---------------------------------------------------------------- resuming a run */
 
+typedef struct zck_reader zck_reader; /* reading a checkpoint, below */
+
 /* How zck_resume_pick checks each candidate: FULL (the default) is what `zckpt verify` checks,
  * every shard hashed and manifest.json against SHA256SUMS; QUICK and OFF check everything but
  * the hashes (manifest, SHA256SUMS, every shard present with its size). OFF means only that the
@@ -592,6 +594,10 @@ typedef struct {
      * complete sentences without a trailing newline; NULL: not told */
     void (*say)(void *ctx, const char *line);
     void *say_ctx;
+    /* as zck_verify_opts.precheck: the caller's cheap check before any hashing; its error stops
+     * the check (and the pick: nothing is moved) */
+    int (*precheck)(void *ctx, const zck_reader *rd);
+    void *precheck_ctx;
 } zck_resume_opts;
 #define ZCK_RESUME_OPTS_INIT {.verify = ZCK_RESUME_VERIFY_FULL, .jobs = 2, .dry_run = 0}
 
@@ -606,8 +612,22 @@ typedef struct {
  * directory and the update of latest). *out: the malloc'ed path of the pick, or NULL (and 0
  * returned) when run_dir is absent or holds no step directory. ZR_ECORRUPT when it holds some
  * but none passes (nothing is moved then); ZR_EINVAL for a bad o->verify; errors of the
- * renames and of the rewrite of latest as they come. */
+ * renames and of the rewrite of latest as they come. Each candidate gets the check of
+ * zck_resume_check; one that cannot run (out of memory, a read the system refuses) stops the
+ * pick with that error (ZR_ENOMEM, ZR_EIO) and nothing is moved: only proven damage is. */
 int zck_resume_pick(char **out, const char *run_dir, const zck_resume_opts *o);
+
+/* The one check of a checkpoint before it is trusted (every resume: each candidate of
+ * zck_resume_pick, a --resume PATH naming a run directory, a step directory inside one or a copy
+ * elsewhere, a restart of the supervisor; and zgen's load, QUICK, its read hashing the shards):
+ * path (a checkpoint, or a run directory through latest) resolved into *out (malloc'ed), then
+ * checked as o->verify says (OFF as QUICK), the cheap checks first and nothing hashed once one
+ * fails: the manifest, its model section against its layout, SHA256SUMS (manifest.json edited
+ * after the commit), presence and sizes, a directory named step-N against the manifest's step,
+ * then the hashes (with FULL; a line through o->say every few seconds while that lasts). Damage:
+ * ZR_ECORRUPT "<dir>: <file>: <kind>: <detail>". A check that cannot run (out of memory, a read
+ * the system refuses: ZR_ENOMEM, ZR_EIO) is that error, never a verdict of damage. */
+int zck_resume_check(char **out, const char *path, const zck_resume_opts *o);
 
 /* ---------------------------------------------------------------- reading a checkpoint */
 
@@ -630,7 +650,6 @@ typedef struct zck_extra_file {
  * file is missing, not a regular file, or differs. */
 int zck_ckpt_file_read(char **out, size_t *n_bytes, const char *ckpt, const char *name);
 
-typedef struct zck_reader zck_reader;
 /* Open a checkpoint directory, or a run directory through its latest file, and validate the
  * manifest completely (fields, types, ranges, names, every (group, state) covered exactly once,
  * extents inside their files). Shard files are not read. ZR_ENOTFOUND, ZR_ECORRUPT, ZR_EVERSION. */
@@ -707,17 +726,31 @@ typedef struct {
     unsigned jobs;       /* files hashed in parallel */
     zck_io_opts io;
     zck_progress progress; /* bytes hashed */
+    int cheap_first;     /* hash nothing once a cheaper check (manifest, its model section
+                            against its layout, SHA256SUMS, presence, sizes) found a problem:
+                            a refusal at once, not after hours of hashing */
+    /* the caller's own cheap check (a run's model against the checkpoint's layout), called with
+     * the checkpoint open when the cheap checks found nothing, before any hashing; its error
+     * ends zck_verify with that error (no report). NULL: none */
+    int (*precheck)(void *ctx, const zck_reader *rd);
+    void *precheck_ctx;
 } zck_verify_opts;
 #define ZCK_VERIFY_OPTS_INIT {.quick = 0, .jobs = 2, .io = ZCK_IO_OPTS_INIT}
 
 typedef struct zck_report zck_report;
-/* Check a checkpoint (directory, or run directory through latest). Returns 0 when the check
- * ran, whatever it found; the report lists each problem. Negative only when the check itself
- * could not run (path absent: ZR_ENOTFOUND, out of memory). */
+/* Check a checkpoint (directory, or run directory through latest): the manifest (and its model
+ * section against its layout, when it names a known family), SHA256SUMS, unlisted files,
+ * presence and sizes, then (unless quick) the hashes. Returns 0 when the check ran, whatever it
+ * found; the report lists each problem. Negative only when the check itself could not run (path
+ * absent: ZR_ENOTFOUND; the directory removed while it was read, a prune by retention:
+ * ZR_ENOTFOUND saying so, no verdict; out of memory). A read the system refuses (EIO, EACCES,
+ * EMFILE) is a problem of kind ZCK_PROB_IO, never of damage. */
 int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts);
 size_t zck_report_count(const zck_report *rep);
 const zck_problem *zck_report_get(const zck_report *rep, size_t i);
 uint64_t zck_report_bytes_hashed(const zck_report *rep);
+/* 1 when cheap_first left shards unhashed (a cheaper check found a problem first) */
+int zck_report_hash_skipped(const zck_report *rep);
 const char *zck_problem_kind_name(zck_problem_kind k); /* "missing", "hash mismatch", ... */
 void zck_report_free(zck_report *rep);
 

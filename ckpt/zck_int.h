@@ -148,6 +148,20 @@ void zck__manifest_free(zck_manifest *m);
 
 /* zck_verify, with any problem turned into ZR_ECORRUPT naming the first one */
 int zck__verify_or_fail(const char *path, unsigned jobs, const zck_progress *progress);
+/* ZR_ECORRUPT naming the field when parsing the manifest text would cost more than its real
+ * content does (mbound.c: unknown bulk); 0 otherwise, and for text that is not JSON */
+int zck__manifest_bound(const char *text, size_t len, const char *what);
+/* A reader over m (not owned: unborrow frees the reader only), for callbacks given a reader */
+int zck__reader_borrow(zck_reader **out, const char *dir, zck_manifest *m);
+void zck__reader_unborrow(zck_reader *r);
+/* dir (a checkpoint directory) is gone: removed while it was read (a prune by retention) */
+bool zck__vanished(const char *dir);
+/* ZR_ENOTFOUND saying that dir vanished while it was read, with no verdict of damage */
+int zck__vanished_err(const char *dir);
+/* An error of reading a checkpoint that proves damage (ZR_ECORRUPT, ZR_EVERSION, ZR_ENOTFOUND:
+ * what is on disk is wrong or absent), as opposed to one of the system (out of memory, a read
+ * refused, too many open files), which says nothing about the checkpoint. */
+bool zck__is_damage(int rc);
 
 /* ---------------------------------------------------------------- storage substrate */
 

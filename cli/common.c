@@ -127,11 +127,32 @@ size_t zcli_progress_format(char *buf, size_t cap, const char *what, uint64_t do
     return shown;
 }
 
+/* Not a terminal (a batch job's log): a plain line every ZCLI_LOG_EVERY_S seconds of a long
+ * phase, none for a short one. */
+#define ZCLI_LOG_EVERY_S 5.0
+static void log_line(zcli_bar *bar, const char *what, uint64_t done, uint64_t total)
+{
+    double t = now();
+    if (!bar->what || strcmp(bar->what, what)) { /* a new phase */
+        bar->what = what;
+        bar->t0 = bar->last = t;
+        return;
+    }
+    if (t - bar->last < ZCLI_LOG_EVERY_S || done >= total)
+        return;
+    bar->last = t;
+    char line[256];
+    zcli_progress_format(line, sizeof line, what, done, total, t - bar->t0, 0);
+    fprintf(stderr, "%s\n", line + 1); /* without the "\r" */
+}
+
 static void draw(void *ctx, const char *what, uint64_t done, uint64_t total)
 {
     zcli_bar *bar = ctx;
-    if (!bar->tty)
+    if (!bar->tty) {
+        log_line(bar, what, done, total);
         return;
+    }
     double t = now();
     if (bar->what && strcmp(bar->what, what)) { /* a new phase: finish the old line */
         fputc('\n', stderr);

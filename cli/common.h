@@ -30,8 +30,9 @@ bool zcli_parse_size(const char *prog, const char *opt, const char *text, size_t
 /* "1.2 GiB" into buf */
 const char *zcli_human(char buf[32], double bytes);
 
-/* A progress bar on stderr when it is a terminal (and nothing otherwise): bytes done, and
- * rate and ETA once measured. zcli_progress_init fills p for the library's options;
+/* A progress bar on stderr when it is a terminal: bytes done, and rate and ETA once measured;
+ * otherwise (a batch job's log) a plain line of the same every 5 seconds of a long phase.
+ * zcli_progress_init fills p for the library's options;
  * zcli_progress_end clears the bar's line. */
 typedef struct {
     bool tty;

@@ -256,7 +256,8 @@ static const zcli_opt zrun_table[] = {
              "beyond it); 0: the larger of 64 MiB and 5 % of the rank's states"},
     ZCLI_ENUM("--verify-on-resume", o.verify_on_resume, verify_names, verify_values, NULL,
               "full: every file hashed before any state is read; quick: files present with "
-              "their sizes; off: nothing"),
+              "their sizes, the manifest against SHA256SUMS; off: as quick (the check of every "
+              "resume, --resume PATH too), the read not hashing again"),
     ZCLI_INTEGER(U32, "--max-restarts", max_restarts, "N", 0, 1000000, NULL,
                  "when a rank dies or the job fails, restart all ranks from the newest "
                  "checkpoint that verifies, up to N times"),

@@ -310,6 +310,106 @@ ZT_TEST(hostile_manifest_too_big)
     free(p);
 }
 
+/* The manifest text of p with `insert` put right after the opening brace of the first match of
+ * `at` (or at the top when at is NULL), written back. */
+static void manifest_insert(const char *p, const char *at, const char *insert)
+{
+    char *t = NULL;
+    ZT_OK(zck__read_small_for_tests(&t, in(p, "manifest.json")));
+    char *pos = at ? strstr(t, at) : t;
+    ZT_CHECK(pos != NULL);
+    pos = strchr(pos, '{');
+    ZT_CHECK(pos != NULL);
+    size_t a = (size_t)(pos + 1 - t), n = strlen(t), k = strlen(insert);
+    char *u = malloc(n + k + 1);
+    ZT_CHECK(u != NULL);
+    memcpy(u, t, a);
+    memcpy(u + a, insert, k);
+    memcpy(u + a + k, t + a, n - a + 1);
+    zt_write_file(in(p, "manifest.json"), u);
+    free(u);
+    free(t);
+}
+
+/* "\"<key>\": [<n> times item]," */
+static char *bulk(const char *key, const char *item, size_t n)
+{
+    size_t k = strlen(item), cap = strlen(key) + n * (k + 1) + 16;
+    char *b = malloc(cap);
+    ZT_CHECK(b != NULL);
+    size_t w = (size_t)sprintf(b, "\"%s\": [", key);
+    for (size_t i = 0; i < n; i++) {
+        memcpy(b + w, item, k);
+        w += k;
+        b[w++] = i + 1 < n ? ',' : ']';
+    }
+    strcpy(b + w, ",");
+    return b;
+}
+
+/* A manifest that is mostly what the format does not define (an unknown field of 22 million
+ * empty objects in 64 MiB cost 5 GB and 10 s to parse, and was accepted) is refused before it is
+ * parsed, naming the file and the field; so are bulk in an unknown field of a tensor, items of
+ * no kind in a known list, and a bulky training section. A few unknown values (a later minor
+ * version's field) are still accepted. */
+ZT_TEST(hostile_manifest_unknown_bulk_refused_before_parsing)
+{
+    alarm(60);
+    static const struct {
+        const char *at, *key, *item, *msg;
+        size_t n;
+    } cases[] = {
+        {NULL, "junk", "{}", "manifest.json: field 'junk': more than 65536 JSON values that the "
+                             "format does not define", 22000000},
+        {"\"tensors\"", "x", "[]", "field 'groups[0].tensors[0].x': more than 65536", 70000},
+        {"\"training\"", "h", "0", "field 'training': more than 65536 JSON values in this "
+                                   "section", 70000},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char run[32];
+        snprintf(run, sizeof run, "run%zu", i);
+        char *p = fresh(run), *b = bulk(cases[i].key, cases[i].item, cases[i].n);
+        manifest_insert(p, cases[i].at, b);
+        free(b);
+        double t0 = zt_now_s();
+        zck_reader *r = NULL;
+        ZT_ERR(zck_reader_open(&r, p), ZR_ECORRUPT, cases[i].msg);
+        if (zt_now_s() - t0 > 5)
+            ZT_FAIL("case %zu: refused only after %.1f s", i, zt_now_s() - t0);
+        free(p);
+    }
+    /* items of no kind: 70000 empty objects after the real groups */
+    char *p = fresh("items");
+    char *t = NULL;
+    ZT_OK(zck__read_small_for_tests(&t, in(p, "manifest.json")));
+    char *g = strstr(t, "\"groups\": [");
+    ZT_CHECK(g != NULL);
+    char *b = bulk("x", "{}", 70000);
+    b[strlen(b) - 2] = ','; /* "\"x\": [{},...,{}," : the items, then the real groups */
+    g += strlen("\"groups\": [");
+    size_t a = (size_t)(g - t), n = strlen(t), k = strlen(b) - 6; /* without "\"x\": [" */
+    char *u = malloc(n + k + 1);
+    ZT_CHECK(u != NULL);
+    memcpy(u, t, a);
+    memcpy(u + a, b + 6, k);
+    memcpy(u + a + k, t + a, n - a + 1);
+    zt_write_file(in(p, "manifest.json"), u);
+    free(u);
+    free(b);
+    free(t);
+    zck_reader *r = NULL;
+    ZT_ERR(zck_reader_open(&r, p), ZR_ECORRUPT, "field 'groups[65536]': more than 65536");
+    free(p);
+    /* a few unknown values are a later version's fields: read */
+    p = fresh("few");
+    b = bulk("note", "{\"a\": [1, 2]}", 1000);
+    manifest_insert(p, NULL, b);
+    free(b);
+    ZT_OK(zck_reader_open(&r, p));
+    zck_reader_free(r);
+    free(p);
+}
+
 /* commit a world-1 checkpoint of L with these sections */
 static int commit_with(const char *run, const zck_layout *L, uint64_t step, const char *training,
                        const char *producer)
@@ -467,4 +567,95 @@ ZT_TEST(hostile_layout_mismatch_names_the_difference)
            "holds 1 tensor, this model's 2: the checkpoint lacks 'ln_f.bias' [128] f32");
     zck_layout_free(L);
     zck_layout_free(want);
+}
+
+/* ---------------------------------------------------------------- cheap checks first */
+
+/* run/step-00000005: a 12 TiB shard (sparse) that its manifest lists consistently (one group of
+ * 3 * 2^40 f32 elements), and a model section (a small GPT-2) that the layout contradicts: a
+ * defect found in microseconds, behind hours of hashing. */
+static void huge_ckpt(void)
+{
+    const uint64_t numel = (uint64_t)3 << 40, bytes = numel * 4;
+    char *text = NULL, sums[256];
+    if (asprintf(&text, "{\"format\":\"zckpt\",\"version\":\"1.0\",\"step\":5,\"created\":\"x\","
+                 "\"producer\":\"test\",\"world_size\":1,\"zero_stage\":0,"
+                 "\"partition_align\":64,\"file_align\":4096,\"model\":{\"arch\":\"gpt2\","
+                 "\"layers\":2,\"heads\":2,\"dim\":32,\"ctx\":32,\"vocab\":256},"
+                 "\"training\":{},\"dtypes\":{\"f32\":4},\"states\":[{\"name\":\"param\","
+                 "\"dtype\":\"f32\"}],\"groups\":[{\"name\":\"wte\",\"numel\":%llu,\"tensors\":"
+                 "[{\"name\":\"wte.weight\",\"dtype\":\"f32\",\"shape\":[%llu],\"offset\":0}]}],"
+                 "\"shards\":[{\"file\":\"shard-00000-of-00001.bin\",\"rank\":0,\"bytes\":%llu,"
+                 "\"sha256\":\"%064d\",\"extents\":[{\"group\":0,\"state\":0,\"start\":0,"
+                 "\"count\":%llu,\"offset\":0}]}]}\n", (unsigned long long)numel,
+                 (unsigned long long)numel, (unsigned long long)bytes, 0,
+                 (unsigned long long)numel) < 0)
+        ZT_FAIL("out of memory");
+    ZT_CHECK(system("mkdir -p run/step-00000005") == 0);
+    zt_write_file("run/step-00000005/manifest.json", text);
+    FILE *f = fopen("run/step-00000005/shard-00000-of-00001.bin", "w");
+    ZT_CHECK(f && ftruncate(fileno(f), (off_t)bytes) == 0);
+    fclose(f);
+    zck_sha256 *h = NULL;
+    char hex[65];
+    ZT_OK(zck_sha256_new(&h));
+    zck_sha256_update(h, text, strlen(text));
+    zck_sha256_hex(h, hex);
+    zck_sha256_free(h);
+    free(text);
+    snprintf(sums, sizeof sums, "%064d  shard-00000-of-00001.bin\n%s  manifest.json\n", 0, hex);
+    zt_write_file("run/step-00000005/SHA256SUMS", sums);
+    ZT_OK(zck_latest_set("run", 5));
+}
+
+#define CONTRADICTS "its model section"
+
+/* Every way of checking a checkpoint refuses it at once for the cheap defect, without hashing
+ * the 12 TiB first: zck_verify (full, cheap first), the resume check, zckpt verify and audit,
+ * zrun --resume PATH and --resume auto (nothing moved: only a pick that verifies is kept;
+ * here the only one is damaged), zgen. */
+ZT_TEST(hostile_cheap_defect_refused_before_hashing_a_huge_shard)
+{
+    alarm(120);
+    huge_ckpt();
+    double t0 = zt_now_s();
+    zck_report *rep = NULL;
+    zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
+    vo.cheap_first = 1;
+    ZT_OK(zck_verify(&rep, "run", &vo));
+    ZT_CHECK(zck_report_count(rep) == 1 && zck_report_hash_skipped(rep) &&
+             strstr(zck_report_get(rep, 0)->detail, CONTRADICTS));
+    zck_report_free(rep);
+    char *out = NULL;
+    zck_resume_opts ro = ZCK_RESUME_OPTS_INIT;
+    ZT_ERR(zck_resume_check(&out, "run", &ro), ZR_ECORRUPT, CONTRADICTS);
+    ZT_CHECK(zt_now_s() - t0 < 10);
+    char *o = NULL;
+    if (getenv("ZT_ZCKPT")) {
+        t0 = zt_now_s();
+        ZT_CHECK_EQ(zt_zckpt(&o, "verify run"), 1);
+        ZT_CHECK(strstr(o, CONTRADICTS) && strstr(o, "the shards were not hashed"));
+        free(o);
+        ZT_CHECK_EQ(zt_zckpt(&o, "audit run/step-00000005"), 1);
+        ZT_CHECK(strstr(o, CONTRADICTS) != NULL);
+        free(o);
+        ZT_CHECK(zt_now_s() - t0 < 20);
+    }
+    if (getenv("ZT_ZRUN")) {
+        t0 = zt_now_s();
+        const char *m = "--model gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256 --batch 4 "
+                        "--threads 1 --steps 6";
+        ZT_CHECK(zt_zrunf("a.log", "%s --ckpt-dir out --resume run/step-00000005", m) != 0);
+        zt_file_has("a.log", CONTRADICTS);
+        ZT_CHECK(zt_zrunf("b.log", "%s --ckpt-dir run", m) != 0);
+        zt_file_has("b.log", CONTRADICTS);
+        ZT_CHECK(zt_now_s() - t0 < 20);
+    }
+    if (getenv("ZT_ZGEN")) {
+        ZT_CHECK(zt_run(&o, getenv("ZT_ZGEN"), "run --prompt-ids 1,2 --tokens 2") != 0);
+        ZT_CHECK(strstr(o, CONTRADICTS) != NULL);
+        free(o);
+    }
+    struct stat st;
+    ZT_CHECK(stat("run/step-00000005", &st) == 0);
 }

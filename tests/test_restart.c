@@ -235,7 +235,8 @@ ZT_TEST(restart_verify_on_resume_modes)
     ZT_CHECK_EQ(zt_zrun("--model " MODEL " --batch 4 --steps 4 --threads 1 --ckpt-dir run",
                      "a.log"), 0);
     static const char *mode[3] = {"full", "quick", "off"};
-    static const char *says[3] = {"every file hashed", "quick check", "not verified"};
+    static const char *says[3] = {"every file hashed", "quick check (files present",
+                                  "quick check, no hashing (--verify-on-resume off)"};
     for (int i = 0; i < 3; i++) {
         char log[32];
         snprintf(log, sizeof log, "v%d.log", i);

@@ -13,7 +13,10 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <errno.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define SMALL ZT_SMALL
@@ -158,6 +161,274 @@ ZT_TEST(resume_refuses_an_edited_manifest)
     o.steps = 20;
     ZT_ERR(zr_train(&r, &o), ZR_ECORRUPT, "manifest.json: SHA256SUMS mismatch");
     ZT_CHECK(is_dir("one/step-00000010"));
+}
+
+/* Every way of resuming goes through the one check (zck_resume_check / zck_resume_pick): a
+ * manifest edited after the commit (next_sample moved on, SHA256SUMS not fixed) is refused naming
+ * manifest.json, whether the resume names the run directory, the step directory inside it, a
+ * copy of it elsewhere, or is --resume auto, a restart of zrun --max-restarts, or zgen. */
+ZT_TEST(resume_every_way_refuses_an_edited_manifest)
+{
+    const char *zgen = zt_bin("ZT_ZGEN");
+    const char *common = "--model " SMALL " --batch 4 --threads 1 --save-every 10 "
+                         "--keep-last 0";
+    zt_zrunf_ok("a.log", "%s --steps 20 --ckpt-dir run", common);
+    char *t = NULL;
+    ZT_OK(zck__read_small_for_tests(&t, "run/step-00000020/manifest.json"));
+    char *a = strstr(t, "\"next_sample\": 80,");
+    ZT_CHECK(a != NULL);
+    memcpy(a, "\"next_sample\": 88,", 17);
+    zt_write_file("run/step-00000020/manifest.json", t);
+    free(t);
+    ZT_CHECK(system("cp -r run/step-00000020 copy && cp -r run run2 && cp -r run run3") == 0);
+    const char *ways[] = {"run", "run/step-00000020", "copy"};
+    for (size_t i = 0; i < 3; i++) {
+        for (int v = 0; v < 3; v++) { /* --verify-on-resume full, quick, off: all check it */
+            static const char *vn[] = {"full", "quick", "off"};
+            int st = zt_zrunf("b.log", "%s --steps 22 --ckpt-dir out%zu%d --resume %s "
+                              "--verify-on-resume %s", common, i, v, ways[i], vn[v]);
+            char *log = zt_slurp("b.log");
+            if (st == 0 || !strstr(log, "manifest.json: SHA256SUMS mismatch") ||
+                !strstr(log, "the manifest was edited after the commit") ||
+                strstr(log, "resumed from"))
+                ZT_FAIL("--resume %s --verify-on-resume %s: exit %d, expected a refusal naming "
+                        "manifest.json:\n%s", ways[i], vn[v], st, log);
+            free(log);
+        }
+    }
+    ZT_CHECK(is_dir("run/step-00000020")); /* a named checkpoint is never moved */
+    /* --resume auto: moved aside, naming the file; the run resumes from step 10 */
+    int st = zt_zrunf("c.log", "%s --steps 22 --ckpt-dir run2", common);
+    char *log = zt_slurp("c.log");
+    if (st != 0 || !strstr(log, "run2/step-00000020 does not verify (manifest.json: SHA256SUMS "
+                                "mismatch") || !strstr(log, "resumed from run2/step-00000010"))
+        ZT_FAIL("--resume auto: exit %d:\n%s", st, log);
+    free(log);
+    /* a restart of zrun --max-restarts: the first job fails (--resume never in a run directory
+     * with checkpoints), the supervisor's pick moves the edited step aside naming the file, and
+     * the restart resumes from step 10 */
+    st = zt_zrunf("d.log", "%s --steps 22 --ckpt-dir run3 --resume never --max-restarts 1 "
+                  "--restart-backoff 0", common);
+    log = zt_slurp("d.log");
+    if (st != 0 || !strstr(log, "run3/step-00000020 does not verify (manifest.json: SHA256SUMS "
+                                "mismatch") || !strstr(log, "resumed from run3/step-00000010") ||
+        !is_dir("run3/damaged-step-00000020"))
+        ZT_FAIL("--max-restarts: exit %d:\n%s", st, log);
+    free(log);
+    /* zgen */
+    if (zgen) {
+        char *out = NULL;
+        int zst = zt_run(&out, zgen, "copy --prompt-ids 1,2 --tokens 2");
+        if (zst == 0 || !strstr(out, "manifest.json: SHA256SUMS mismatch"))
+            ZT_FAIL("zgen: exit %d, expected a refusal naming manifest.json:\n%s", zst, out);
+        free(out);
+    }
+}
+
+/* The run's own cheap check (its --model against the checkpoint's layout) comes before any
+ * hashing: with a newest checkpoint whose damage only hashing finds (a flipped byte) and a
+ * --model of another shape, the run stops with "another model shape" at once, and nothing is
+ * moved aside (a hash first would have moved it aside, then failed on the older one). */
+ZT_TEST(resume_model_mismatch_is_said_before_hashing)
+{
+    const char *common = "--batch 4 --threads 1 --save-every 10 --keep-last 0 --ckpt-dir run";
+    zt_zrunf_ok("a.log", "--model %s %s --steps 20", SMALL, common);
+    zt_flip_byte("run/step-00000020/shard-00000-of-00001.bin", 100);
+    const char *other = "gpt2:layers=1,heads=2,dim=32,ctx=32,vocab=256";
+    const char *how[] = {"", "--resume run/step-00000020", "--resume run"};
+    for (size_t i = 0; i < 3; i++) {
+        int st = zt_zrunf("b.log", "--model %s %s --steps 30 %s", other, common, how[i]);
+        char *t = zt_slurp("b.log");
+        if (st == 0 || !strstr(t, "another model shape") || strstr(t, "hash mismatch") ||
+            strstr(t, "moved aside"))
+            ZT_FAIL("%s: exit %d, expected 'another model shape' before any hashing:\n%s",
+                    how[i][0] ? how[i] : "--resume auto", st, t);
+        free(t);
+        ZT_CHECK(is_dir("run/step-00000020") && !is_dir("run/damaged-step-00000020"));
+    }
+    /* the right model: the hash finds the damage, auto falls back */
+    zt_zrunf_ok("c.log", "--model %s %s --steps 30", SMALL, common);
+    zt_file_has("c.log", "moved aside to run/damaged-step-00000020");
+}
+
+/* ---------------------------------------------------------------- resource errors */
+
+/* A checkpoint at run/step-<step> whose manifest is large, written as text (the writer's layout
+ * checks are quadratic in the tensors of a group): 100 groups of 2000 tensors of 4 elements, one
+ * state, one rank, a sparse shard of the right size, SHA256SUMS right for the manifest (the
+ * shard's hash is not checked by a quick check). About 17 MB, a few hundred MB to parse. */
+static void wide_ckpt(uint64_t step)
+{
+    char *text = NULL, dir[64], path[128];
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    ZT_CHECK(f != NULL);
+    fprintf(f, "{\"format\":\"zckpt\",\"version\":\"1.0\",\"step\":%llu,\"created\":\"x\","
+               "\"producer\":\"test\",\"world_size\":1,\"zero_stage\":0,\"partition_align\":64,"
+               "\"file_align\":4096,\"model\":{},\"training\":{},\"dtypes\":{\"f32\":4},"
+               "\"states\":[{\"name\":\"param\",\"dtype\":\"f32\"}],\"groups\":[",
+            (unsigned long long)step);
+    for (int g = 0; g < 100; g++) {
+        fprintf(f, "%s{\"name\":\"group%d\",\"numel\":8000,\"tensors\":[", g ? "," : "", g);
+        for (int t = 0; t < 2000; t++)
+            fprintf(f, "%s{\"name\":\"group%d.tensor%d\",\"dtype\":\"f32\",\"shape\":[4],"
+                       "\"offset\":%d}", t ? "," : "", g, t, 4 * t);
+        fprintf(f, "]}");
+    }
+    fprintf(f, "],\"shards\":[{\"file\":\"shard-00000-of-00001.bin\",\"rank\":0,\"bytes\":%d,"
+               "\"sha256\":\"%064d\",\"extents\":[", 100 * 32768, 0);
+    for (int g = 0; g < 100; g++)
+        fprintf(f, "%s{\"group\":%d,\"state\":0,\"start\":0,\"count\":8000,\"offset\":%d}",
+                g ? "," : "", g, g * 32768);
+    fprintf(f, "]}]}\n");
+    fclose(f);
+    snprintf(dir, sizeof dir, "run/step-%08llu", (unsigned long long)step);
+    ZT_CHECK(system("mkdir -p run") == 0);
+    ZT_CHECK(mkdir(dir, 0755) == 0);
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    zt_write_file(path, text);
+    snprintf(path, sizeof path, "%s/shard-00000-of-00001.bin", dir);
+    zt_write_file(path, "");
+    zt_truncate(path, 100 * 32768);
+    zck_sha256 *h = NULL;
+    char hex[65], sums[256];
+    ZT_OK(zck_sha256_new(&h));
+    zck_sha256_update(h, text, len);
+    zck_sha256_hex(h, hex);
+    zck_sha256_free(h);
+    free(text);
+    snprintf(sums, sizeof sums, "%064d  shard-00000-of-00001.bin\n%s  manifest.json\n", 0, hex);
+    snprintf(path, sizeof path, "%s/SHA256SUMS", dir);
+    zt_write_file(path, sums);
+    ZT_OK(zck_latest_set("run", step));
+}
+
+/* the address space this process has mapped now, in bytes */
+static uint64_t vm_size(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long pages = 0;
+    ZT_CHECK(f && fscanf(f, "%lu", &pages) == 1);
+    fclose(f);
+    return (uint64_t)pages * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Out of memory while the newest checkpoint's manifest is parsed (a child under RLIMIT_AS, with
+ * room to read the file but not to parse it): the pick fails with ZR_ENOMEM saying so, and the
+ * checkpoint stays where it is (no damaged-step-N, latest unchanged). It used to be "invalid
+ * JSON": the newest sound checkpoint moved aside and the run silently resumed from an older one. */
+ZT_TEST(resume_out_of_memory_is_no_damage)
+{
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+    ZT_SKIP("RLIMIT_AS does not bound a sanitizer's allocator");
+#endif
+    wide_ckpt(10);
+    wide_ckpt(20);
+    fflush(NULL);
+    pid_t p = fork();
+    ZT_CHECK(p >= 0);
+    if (p == 0) {
+        struct rlimit rl;
+        rl.rlim_cur = rl.rlim_max = vm_size() + ((uint64_t)96 << 20);
+        if (setrlimit(RLIMIT_AS, &rl) < 0)
+            _exit(3);
+        char *out = NULL;
+        zck_resume_opts ro = ZCK_RESUME_OPTS_INIT;
+        ro.verify = ZCK_RESUME_VERIFY_QUICK;
+        ro.jobs = 1;
+        int rc = zck_resume_pick(&out, "run", &ro);
+        FILE *f = fopen("child.txt", "w");
+        if (f) {
+            fprintf(f, "%s %s\n", zr_err_name(rc), rc ? zr_err_msg() : out);
+            fclose(f);
+        }
+        _exit(rc == ZR_ENOMEM ? 0 : 1);
+    }
+    int st = 0;
+    ZT_CHECK(waitpid(p, &st, 0) == p);
+    char *said = zt_slurp("child.txt");
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !strstr(said, "ZR_ENOMEM") ||
+        !strstr(said, "run/step-00000020/manifest.json: out of memory"))
+        ZT_FAIL("status %d, expected ZR_ENOMEM naming the manifest: %s", st, said);
+    free(said);
+    ZT_CHECK(is_dir("run/step-00000020"));
+    ZT_CHECK(!is_dir("run/damaged-step-00000020"));
+    char *latest = NULL;
+    ZT_OK(zck_latest(&latest, "run"));
+    ZT_CHECK(strstr(latest, "step-00000020") != NULL);
+    free(latest);
+    /* zrun --resume auto under `ulimit -v` (150 MB: room to start, not to parse): exit status
+     * non-zero, the error said, nothing moved */
+    const char *zrun = zt_zrun_path();
+    if (zrun) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "ulimit -v 150000; OPENBLAS_NUM_THREADS=1 exec '%s' --model "
+                 SMALL " --batch 4 --threads 1 --ckpt-dir run --steps 22 --verify-on-resume "
+                 "quick > zrun.log 2>&1", zrun);
+        int zst = system(cmd);
+        said = zt_slurp("zrun.log");
+        if (!WIFEXITED(zst) || WEXITSTATUS(zst) == 0 ||
+            !strstr(said, "run/step-00000020/manifest.json: out of memory while parsing"))
+            ZT_FAIL("zrun under ulimit -v: status %d, expected the out-of-memory error:\n%s", zst,
+                    said);
+        free(said);
+        ZT_CHECK(is_dir("run/step-00000020") && !is_dir("run/damaged-step-00000020"));
+    }
+    /* given the memory, it is sound as a quick check sees it (after the child: the parse's
+     * freed memory stays mapped in this process) */
+    zck_report *rep = NULL;
+    zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
+    vo.quick = 1;
+    ZT_OK(zck_verify(&rep, "run/step-00000020", &vo));
+    ZT_CHECK_EQ(zck_report_count(rep), 0);
+    zck_report_free(rep);
+}
+
+/* fail every open (and read) of the file whose path ends as ctx says with the errno of the tag */
+typedef struct {
+    const char *suffix;
+    int err;
+} refuse_ctx;
+
+static int refuse_file(zck_op op, const char *path, void *vctx)
+{
+    refuse_ctx *c = vctx;
+    size_t n = strlen(path), k = strlen(c->suffix);
+    return (op == ZCK_OP_OPEN || op == ZCK_OP_READ) && n >= k &&
+                   !strcmp(path + n - k, c->suffix) ? c->err : 0;
+}
+
+/* A read the system refuses (EIO, EMFILE, EACCES) on the newest checkpoint's manifest or on its
+ * SHA256SUMS is no sign of damage: --resume auto and the supervisor's pick stop with ZR_EIO
+ * naming the file, nothing is moved aside; a resume naming the checkpoint stops the same way. */
+ZT_TEST(resume_refused_read_is_no_damage)
+{
+    uint64_t numel[2] = {1000, 300};
+    zck_layout *L = zt_layout(2, numel);
+    free(zt_save("run", L, 1, 10, 1, 0));
+    free(zt_save("run", L, 1, 20, 2, 0));
+    zck_layout_free(L);
+    static const char *files[] = {"step-00000020/manifest.json", "step-00000020/SHA256SUMS"};
+    static const int errs[] = {EIO, EMFILE, EACCES};
+    for (size_t f = 0; f < 2; f++)
+        for (size_t e = 0; e < 3; e++) {
+            refuse_ctx c = {files[f], errs[e]};
+            char *out = NULL;
+            zck_fault_set(refuse_file, &c);
+            zck_resume_opts ro = ZCK_RESUME_OPTS_INIT;
+            int rc = zck_resume_pick(&out, "run", &ro);
+            char msg[2048];
+            snprintf(msg, sizeof msg, "%s", zr_err_msg());
+            int rc2 = zck_resume_check(&out, "run/step-00000020", &ro);
+            zck_fault_set(NULL, NULL);
+            if (rc != ZR_EIO || !strstr(msg, files[f]) || !strstr(msg, strerror(errs[e])) ||
+                strstr(msg, "damage") == NULL || rc2 != ZR_EIO)
+                ZT_FAIL("%s refused with %s: pick %s (%s), check %s; expected ZR_EIO naming the "
+                        "file, no verdict", files[f], strerror(errs[e]), zr_err_name(rc), msg,
+                        zr_err_name(rc2));
+            ZT_CHECK(is_dir("run/step-00000020"));
+            ZT_CHECK(!is_dir("run/damaged-step-00000020"));
+        }
 }
 
 ZT_TEST(resume_treats_a_renamed_step_directory_as_damaged)

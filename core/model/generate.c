@@ -546,8 +546,14 @@ int zr_gen_load_params(float **out, zr_gpt2_config *cfg, const char *path, unsig
     zck_layout *want = NULL;
     zck_read_req *q = NULL;
     float *p = NULL;
+    char *checked = NULL;
     int rc = 0;
-    ZR_TRY_GOTO(zck_reader_open(&rd, path), rc, out);
+    /* the one check before a checkpoint is trusted (a manifest edited after the commit,
+     * presence, sizes), quick: the read below hashes every shard it touches */
+    zck_resume_opts co = ZCK_RESUME_OPTS_INIT;
+    co.verify = ZCK_RESUME_VERIFY_QUICK;
+    ZR_TRY_GOTO(zck_resume_check(&checked, path, &co), rc, out);
+    ZR_TRY_GOTO(zck_reader_open(&rd, checked), rc, out);
     const char *dir = zck_reader_path(rd);
     if (zr_gpt2_config_from_json(cfg, zck_reader_model_json(rd)) < 0) {
         rc = zr_err_code();
@@ -582,6 +588,7 @@ int zr_gen_load_params(float **out, zr_gpt2_config *cfg, const char *path, unsig
     *out = p;
     p = NULL;
 out:
+    free(checked);
     free(p);
     free(q);
     zck_layout_free(want);

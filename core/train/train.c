@@ -49,7 +49,6 @@ typedef struct {
     size_t ng;
     char *swap_dir;          /* this rank's offload directory (NULL: none) */
     char *from;              /* the checkpoint resumed from (NULL: a fresh start) */
-    int picked;              /* from was picked (and checked) by zck_resume_pick */
     zck_reader *rd;          /* it, open */
     uint32_t T, mb, n_micro; /* mb: sequences per forward on this rank */
     uint64_t step, next_sample;
@@ -393,11 +392,25 @@ static void say_line(void *ctx, const char *line)
 
 /* Find what to resume from: NULL path when starting fresh. With "auto", the pick of
  * zck_resume_pick (damaged newer checkpoints moved aside, said on log; nothing changed when
- * dry), checked as --verify-on-resume says. */
+ * dry); with a path, that checkpoint through zck_resume_check; either checked as
+ * --verify-on-resume says, by the one check of ckpt/resume.c. */
 _Static_assert((int)ZR_VERIFY_FULL == (int)ZCK_RESUME_VERIFY_FULL &&
                (int)ZR_VERIFY_QUICK == (int)ZCK_RESUME_VERIFY_QUICK &&
                (int)ZR_VERIFY_OFF == (int)ZCK_RESUME_VERIFY_OFF,
                "ZR_VERIFY_* and ZCK_RESUME_VERIFY_* must agree");
+
+/* The run's own cheap check of a candidate, before any hashing: its model (--model, else the
+ * checkpoint's model section) and that model's layout against the checkpoint's. */
+static int model_fits(void *ctx, const zck_reader *rd)
+{
+    zr_gpt2_config cfg;
+    zck_layout *want = NULL;
+    ZR_TRY(zr_train__pick_config(&cfg, ctx, (zck_reader *)rd));
+    ZR_TRY(zr_gpt2_layout(&want, &cfg));
+    int rc = zr_train__check_layout(zck_reader_layout(rd), want, zck_reader_path(rd));
+    zck_layout_free(want);
+    return rc;
+}
 
 int zr_train__resume_path(char **out, const zr_train_opts *o, FILE *log, int dry)
 {
@@ -415,82 +428,37 @@ int zr_train__resume_path(char **out, const zr_train_opts *o, FILE *log, int dry
         zr_err_clear();
         return 0;
     }
-    if (!strcmp(o->resume, "auto")) {
-        zck_resume_opts ro = ZCK_RESUME_OPTS_INIT;
-        ro.verify = o->verify_on_resume; /* ZR_VERIFY_* == ZCK_RESUME_VERIFY_* */
-        ro.jobs = o->threads > 0 ? (unsigned)o->threads : 1;
-        ro.dry_run = dry;
-        ro.say = say_line;
-        ro.say_ctx = log;
-        int rc = zck_resume_pick(out, o->ckpt_dir, &ro);
-        if (rc)
-            zr_err_prefix("--resume auto: ");
-        return rc;
+    zck_resume_opts ro = ZCK_RESUME_OPTS_INIT;
+    ro.verify = o->verify_on_resume; /* ZR_VERIFY_* == ZCK_RESUME_VERIFY_* */
+    ro.jobs = o->threads > 0 ? (unsigned)o->threads : 1;
+    ro.dry_run = dry;
+    ro.say = say_line;
+    ro.say_ctx = log;
+    if (!dry) { /* the audit and --dry-run say each reason their own way */
+        ro.precheck = model_fits;
+        ro.precheck_ctx = (void *)o;
     }
-    if (!(*out = strdup(o->resume)))
-        return zr_err_set(ZR_ENOMEM, "out of memory");
-    return 0;
-}
-
-/* Every shard file of the checkpoint hashed once, file i by rank i mod W, the verdict agreed
- * by all ranks (the first damaged file's rank reports it to all). */
-static int verify_shared(run *r, zck_reader *rd)
-{
-    int lrc = 0;
-    for (size_t i = (size_t)r->rank; i < zck_reader_n_shards(rd) && !lrc; i += (size_t)r->W) {
-        const zck_shard *sh = zck_reader_shard(rd, i);
-        char *path = NULL, hex[65];
-        if (asprintf(&path, "%s/%s", zck_reader_path(rd), zck_shard_file(sh)) < 0) {
-            lrc = zr_err_set(ZR_ENOMEM, "out of memory");
-            break;
-        }
-        struct stat st;
-        if (stat(path, &st))
-            lrc = zr_err_sys(errno, "%s", path);
-        else if ((uint64_t)st.st_size != zck_shard_bytes(sh))
-            lrc = zr_err_set(ZR_ECORRUPT, "%s: %llu bytes, the manifest lists %llu", path,
-                             (unsigned long long)st.st_size,
-                             (unsigned long long)zck_shard_bytes(sh));
-        else if (!(lrc = zck_sha256_file(hex, path, NULL)) &&
-                 strcmp(hex, zck_shard_sha256(sh)))
-            lrc = zr_err_set(ZR_ECORRUPT, "%s: sha256 %s, the manifest lists %s", path, hex,
-                             zck_shard_sha256(sh));
-        free(path);
-    }
-    return agree(r, lrc);
+    /* a path (a run or step directory, a copy elsewhere) goes through the pick's own check */
+    int auto_ = !strcmp(o->resume, "auto");
+    int rc = auto_ ? zck_resume_pick(out, o->ckpt_dir, &ro)
+                   : zck_resume_check(out, o->resume, &ro);
+    if (rc)
+        zr_err_prefix("--resume %s: ", auto_ ? "auto" : o->resume);
+    return rc;
 }
 
 static int load_training(run *r, zck_reader *rd);
 
 /* What --verify-on-resume checked, for the resume line. */
 static const char *verify_words[3] = {"every file hashed", "quick check (files present, sizes)",
-                                      "not verified (--verify-on-resume off)"};
+                                      "quick check, no hashing (--verify-on-resume off)"};
 
 static int load(run *r, zck_reader *rd)
 {
     ZR_TRY(zr_train__check_layout(zck_reader_layout(rd), r->L, zck_reader_path(rd)));
     unsigned jobs = r->o->threads > 0 ? (unsigned)r->o->threads : 1;
-    /* a pick of --resume auto was checked as --verify-on-resume says already (rank 0) */
-    int rc = 0, how = r->picked ? ZR_VERIFY_OFF : r->o->verify_on_resume;
-    if (how == ZR_VERIFY_FULL && r->W == 1 && !zr_zero_offloaded(r->zero) && !r->dev)
-        return zr_zero_load(r->zero, rd, 1, jobs) ? zr_err_code() : load_training(r, rd);
-    if (how == ZR_VERIFY_FULL)
-        rc = verify_shared(r, rd); /* every file hashed once, verdict agreed */
-    else if (how == ZR_VERIFY_QUICK) {
-        zck_report *rep = NULL;
-        zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
-        vo.quick = 1;
-        int lrc = r->rank == 0 ? zck_verify(&rep, zck_reader_path(rd), &vo) : 0;
-        if (!lrc && rep && zck_report_count(rep)) {
-            const zck_problem *p = zck_report_get(rep, 0);
-            lrc = zr_err_set(ZR_ECORRUPT, "%s/%s: %s (%s)", zck_reader_path(rd), p->file,
-                             zck_problem_kind_name(p->kind), p->detail);
-        }
-        zck_report_free(rep);
-        rc = agree(r, lrc);
-    }
-    if (!rc)
-        rc = zr_zero_load(r->zero, rd, 0, jobs);
+    /* checked as --verify-on-resume says already, by rank 0 (zr_train__resume_path) */
+    int rc = zr_zero_load(r->zero, rd, 0, jobs);
     return rc ? rc : load_training(r, rd);
 }
 
@@ -1332,7 +1300,6 @@ static int pick_start(run *r)
         r->from = shared;
     else
         free(shared);
-    r->picked = r->from && !strcmp(o->resume, "auto");
     lrc = r->from ? zck_reader_open(&r->rd, r->from) : 0;
     if (!lrc)
         lrc = zr_train__pick_config(&r->cfg, o, r->rd);
