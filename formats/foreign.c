@@ -4,18 +4,62 @@
  */
 #include "foreign.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static int has_file(const char *dir, const char *name)
 {
-    char p[4096];
+    char p[8192];
     struct stat st;
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+    int n = snprintf(p, sizeof p, "%s/%s", dir, name);
+    return n > 0 && (size_t)n < sizeof p && stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* 1 when dir holds a DeepSpeed states file (*_model_states.pt, *_optim_states.pt) */
+static int ds_files_in(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    struct dirent *e;
+    int found = 0;
+    while (!found && (e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        found = (n > 19 && !strcmp(e->d_name + n - 19, "_model_states.pt")) ||
+                (n > 19 && !strcmp(e->d_name + n - 19, "_optim_states.pt"));
+    }
+    closedir(d);
+    return found;
+}
+
+/* A save_dir: `latest` names a tag folder that is not one of ours (no manifest.json) and holds
+ * DeepSpeed files, or DeepSpeed copied its zero_to_fp32.py beside it (the tag may be missing:
+ * verify then says so). */
+static int ds_save_dir(const char *path)
+{
+    char p[8192], tag[256];
+    if ((size_t)snprintf(p, sizeof p, "%s/latest", path) >= sizeof p)
+        return 0;
+    int fd = open(p, O_RDONLY | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0)
+        return 0;
+    struct stat st;
+    ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? read(fd, tag, sizeof tag - 1) : -1;
+    close(fd);
+    if (n <= 0)
+        return 0;
+    tag[n] = 0;
+    tag[strcspn(tag, "\r\n")] = 0;
+    snprintf(p, sizeof p, "%s/%s", path, tag);
+    if (!*tag || strchr(tag, '/') || has_file(p, "manifest.json"))
+        return 0;
+    return ds_files_in(p) || has_file(path, "zero_to_fp32.py");
 }
 
 zfmt_foreign_kind zfmt_foreign_detect(const char *path)
@@ -25,8 +69,7 @@ zfmt_foreign_kind zfmt_foreign_detect(const char *path)
         return ZFMT_FOREIGN_NONE;
     if (has_file(path, ".metadata"))
         return ZFMT_FOREIGN_DCP;
-    if (has_file(path, "latest") || has_file(path, "mp_rank_00_model_states.pt") ||
-        has_file(path, "zero_pp_rank_0_mp_rank_00_model_states.pt"))
+    if (ds_files_in(path) || ds_save_dir(path))
         return ZFMT_FOREIGN_DEEPSPEED;
     return ZFMT_FOREIGN_NONE;
 }

@@ -235,7 +235,8 @@ typedef enum {
     ZFMT_FOREIGN_DEEPSPEED, /* a save_dir with `latest`, or a tag folder of *_states.pt files */
 } zfmt_foreign_kind;
 
-/* What path holds, looked at without reading any file's contents (NONE: not one of these). */
+/* What path holds, from its file names (and the tag a DeepSpeed `latest` names): NONE for our
+ * own checkpoints and run directories and anything else. */
 zfmt_foreign_kind zfmt_foreign_detect(const char *path);
 const char *zfmt_foreign_name(zfmt_foreign_kind k); /* "PyTorch DCP", "DeepSpeed ZeRO" */
 /* Verify a foreign checkpoint, problems into a report as zck_verify's (missing rank files and
