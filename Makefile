@@ -301,6 +301,9 @@ ORACLE_VENV := build/venv
 ORACLE_PKGS := tokenizers==0.23.3 transformers==5.25.0 safetensors==0.8.0 numpy==2.4.6
 ORACLE_WHISPER := openai-whisper==20250625
 ORACLE_TORCH := torch==2.15.0
+# DeepSpeed for the foreign-checkpoint oracles (tests/formats/foreign_ckpt.py): its CPU path,
+# no ops built (DS_BUILD_OPS=0), a third step with its own marker after torch's
+ORACLE_DEEPSPEED := deepspeed==0.19.8
 ORACLE_TORCH_TIMEOUT ?= 1200
 oracle-venv:
 	@if [ -n "$$ZT_VENV" ]; then echo "oracle-venv: the tests use ZT_VENV=$$ZT_VENV"; exit 0; fi; \
@@ -323,6 +326,17 @@ oracle-venv:
 	  $$v/bin/python -c 'import torch; torch.zeros(1)' >> $$v/.oracle-torch-log 2>&1 && \
 	  echo '$(ORACLE_TORCH)' > $$v/.oracle-torch || { echo '$(ORACLE_TORCH)' > $$v/.oracle-torch-failed; \
 	  echo "oracle-venv: torch did not install (see $$v/.oracle-torch-log): the torch oracles will skip"; }; \
+	fi; \
+	if [ -f $$v/.oracle-torch ] && ! grep -qxF '$(ORACLE_DEEPSPEED)' $$v/.oracle-deepspeed 2>/dev/null && \
+	   ! grep -qxF '$(ORACLE_DEEPSPEED)' $$v/.oracle-deepspeed-failed 2>/dev/null; then \
+	  rm -f $$v/.oracle-deepspeed $$v/.oracle-deepspeed-failed; \
+	  echo "oracle-venv: installing $(ORACLE_DEEPSPEED) into $$v (CPU only, no ops built)"; \
+	  DS_BUILD_OPS=0 timeout 900 $$v/bin/pip install -q $(ORACLE_DEEPSPEED) \
+	    > $$v/.oracle-deepspeed-log 2>&1 && \
+	  DS_ACCELERATOR=cpu $$v/bin/python -c 'import deepspeed' >> $$v/.oracle-deepspeed-log 2>&1 && \
+	  echo '$(ORACLE_DEEPSPEED)' > $$v/.oracle-deepspeed || { echo '$(ORACLE_DEEPSPEED)' > \
+	  $$v/.oracle-deepspeed-failed; echo "oracle-venv: deepspeed did not install (see" \
+	  "$$v/.oracle-deepspeed-log): the DeepSpeed oracles will skip"; }; \
 	fi
 
 # the CLI tests run the real zckpt, zrun, zgen and ztok binaries (ZT_ZCKPT, ZT_ZRUN, ZT_ZGEN,

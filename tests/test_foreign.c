@@ -280,3 +280,165 @@ ZT_TEST(foreign_dcp_verify_names_each_damage)
         ZT_FAIL("chunk missing: %s", out);
     free(out);
 }
+
+/* ---------------------------------------------------------------- DeepSpeed and DCP, for real */
+
+/* tests/formats/foreign_ckpt.py with args (real DeepSpeed / DCP on CPU ranks); skips without
+ * torch and deepspeed */
+static void foreign_ckpt(const char *args)
+{
+    const char *py = zt_venv_python("torch deepspeed");
+    if (!py)
+        ZT_SKIP("no oracle venv with torch and deepspeed (make oracle-venv)");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' '%s/tests/formats/foreign_ckpt.py' %s > py.txt 2>&1", py,
+             zt_root(), args);
+    int rc = system(cmd);
+    char *txt = zt_slurp("py.txt");
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77)
+        ZT_SKIP("%s", txt);
+    if (rc)
+        ZT_FAIL("foreign_ckpt.py %s: %s", args, txt);
+    free(txt);
+}
+
+/* every tensor of ref in got, equal bit for bit (got's name may carry prefix) */
+static void same_tensors(const char *ref, const char *got, const char *prefix)
+{
+    zfmt__st_file *a, *b;
+    ZT_OK(zfmt__st_open(&a, ref));
+    ZT_OK(zfmt__st_open(&b, got));
+    for (size_t i = 0; i < a->n; i++) {
+        const zfmt__st_entry *x = &a->e[i], *y = NULL;
+        char name[512];
+        snprintf(name, sizeof name, "%s%s", prefix, x->name);
+        for (size_t j = 0; j < b->n && !y; j++)
+            if (!strcmp(b->e[j].name, name) || !strcmp(b->e[j].name, x->name))
+                y = &b->e[j];
+        if (!y)
+            ZT_FAIL("%s: '%s' of %s is missing", got, x->name, ref);
+        if (x->dtype != y->dtype || x->ndim != y->ndim ||
+            memcmp(x->shape, y->shape, x->ndim * sizeof *x->shape))
+            ZT_FAIL("%s: '%s' has another dtype or shape than in %s", got, x->name, ref);
+        size_t n = (size_t)(x->end - x->begin);
+        char *p = malloc(n + 1), *q = malloc(n + 1);
+        ZT_OK(zfmt__st_read(a, x, p));
+        ZT_OK(zfmt__st_read(b, y, q));
+        if (memcmp(p, q, n))
+            ZT_FAIL("%s: '%s' differs from %s", got, x->name, ref);
+        free(p);
+        free(q);
+    }
+    fprintf(stderr, "  %s: %zu tensors equal to %s\n", got, a->n, ref);
+    zfmt__st_free(a);
+    zfmt__st_free(b);
+}
+
+static void verify_sound(const char *dir, const char *format)
+{
+    char *out, want[256];
+    snprintf(want, sizeof want, "%s (%s): sound (all checks", dir, format);
+    if (zt_zckpt(&out, "verify %s", dir) != 0 || !strstr(out, want))
+        ZT_FAIL("zckpt verify %s: %s", dir, out);
+    free(out);
+}
+
+/* Real DeepSpeed checkpoints (2 ranks): verify sound, consolidate equal tensor for tensor to
+ * DeepSpeed's zero_to_fp32 (make test: four of the twelve stage x dtype x model variants;
+ * make stress: all). */
+ZT_TEST(foreign_deepspeed_consolidate_equals_zero_to_fp32)
+{
+    static const char *const all[] = {"gpt2 1 fp32", "gpt2 3 bf16", "llama 2 bf16",
+                                      "llama 3 fp32", "gpt2 1 bf16", "gpt2 2 fp32",
+                                      "gpt2 2 bf16", "gpt2 3 fp32", "llama 1 fp32",
+                                      "llama 1 bf16", "llama 2 fp32", "llama 3 bf16"};
+    size_t n = zt_stress() ? 12 : 4;
+    for (size_t i = 0; i < n; i++) {
+        char model[16], dtype[8], dir[64], args[256];
+        int stage;
+        ZT_CHECK(sscanf(all[i], "%15s %d %7s", model, &stage, dtype) == 3);
+        snprintf(dir, sizeof dir, "ds-%s-s%d-%s", model, stage, dtype);
+        snprintf(args, sizeof args, "ds %s --model %s --stage %d --dtype %s", dir, model, stage,
+                 dtype);
+        foreign_ckpt(args);
+        verify_sound(dir, "DeepSpeed ZeRO");
+        char *out, ref[128], got[128];
+        if (zt_zckpt(&out, "consolidate %s -o out/%s.safetensors", dir, dir) != 0)
+            ZT_FAIL("consolidate %s: %s", dir, out);
+        free(out);
+        snprintf(ref, sizeof ref, "%s/ref/model.safetensors", dir);
+        snprintf(got, sizeof got, "out/%s.safetensors", dir);
+        same_tensors(ref, got, "");
+    }
+}
+
+/* Each damage class named by verify (exit 1); consolidate refuses (exit 2) and writes nothing;
+ * a pickle naming os.system or eval runs nothing. */
+ZT_TEST(foreign_deepspeed_damage_is_named)
+{
+    foreign_ckpt("ds src --model gpt2 --stage 2 --dtype bf16");
+    static const struct {
+        const char *kind, *want;
+    } cases[] = {
+        {"missing-rank-file", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt: missing: rank 1's "
+                              "optimizer states"},
+        {"truncated-zip", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt: truncated:"},
+        {"latest-absent-tag", "latest: missing: names tag 'global_step999999', which does not "
+                              "exist"},
+        {"evil-pickle-os-system", "unsafe pickle: "},
+        {"evil-pickle-eval", "pickle global 'builtins.eval' is not allowed"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char args[256], *out;
+        snprintf(args, sizeof args, "damage %s src d%zu", cases[i].kind, i);
+        foreign_ckpt(args);
+        int rc = zt_zckpt(&out, "verify d%zu", i);
+        if (rc != 1 || !strstr(out, cases[i].want))
+            ZT_FAIL("%s: exit %d, expected 1 and '%s':\n%s", cases[i].kind, rc, cases[i].want,
+                    out);
+        free(out);
+        rc = zt_zckpt(&out, "consolidate d%zu -o out%zu.safetensors", i, i);
+        if (rc != 2 || !strstr(out, "zckpt verify lists them"))
+            ZT_FAIL("consolidate of %s: exit %d:\n%s", cases[i].kind, rc, out);
+        free(out);
+        char marker[64], shown[64];
+        snprintf(marker, sizeof marker, "d%zu/PWNED", i);
+        snprintf(shown, sizeof shown, "out%zu.safetensors", i);
+        ZT_CHECK(access(marker, F_OK) < 0 && access(shown, F_OK) < 0);
+    }
+}
+
+/* Real DCP checkpoints of FSDP2 on 2 ranks: verify sound, consolidate equal to
+ * dcp_to_torch_save; a missing .distcp and a chunk missing from .metadata named. */
+ZT_TEST(foreign_dcp_consolidate_equals_dcp_to_torch_save)
+{
+    foreign_ckpt("dcp g --model gpt2");
+    foreign_ckpt("dcp l --model llama --optim");
+    const char *dirs[] = {"g", "l"}, *prefix[] = {"", "model."};
+    for (size_t i = 0; i < 2; i++) {
+        verify_sound(dirs[i], "PyTorch DCP");
+        char *out, ref[64], got[64];
+        if (zt_zckpt(&out, "consolidate %s -o %s.safetensors", dirs[i], dirs[i]) != 0)
+            ZT_FAIL("consolidate %s: %s", dirs[i], out);
+        free(out);
+        snprintf(ref, sizeof ref, "%s/ref/model.safetensors", dirs[i]);
+        snprintf(got, sizeof got, "%s.safetensors", dirs[i]);
+        same_tensors(ref, got, prefix[i]);
+    }
+    static const struct {
+        const char *kind, *want;
+    } cases[] = {
+        {"missing-distcp", "__1_0.distcp: missing: named by .metadata, absent"},
+        {"metadata-missing-chunk", "coverage: '"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        char args[128], *out;
+        snprintf(args, sizeof args, "damage %s g e%zu", cases[i].kind, i);
+        foreign_ckpt(args);
+        int rc = zt_zckpt(&out, "verify e%zu", i);
+        if (rc != 1 || !strstr(out, cases[i].want))
+            ZT_FAIL("%s: exit %d, expected 1 and '%s':\n%s", cases[i].kind, rc, cases[i].want,
+                    out);
+        free(out);
+    }
+}
