@@ -186,11 +186,52 @@ static json_t *extra_files(const zck_reader *r)
     return arr;
 }
 
+/* inspect of a DeepSpeed or DCP checkpoint: the JSON, or its text */
+static int inspect_foreign(const zckpt_args *a)
+{
+    json_t *j = NULL;
+    if (zfmt_foreign_inspect(&j, a->path) < 0)
+        return zcli_fail_lib(PROG, "zckpt verify lists every problem");
+    if (a->json) {
+        print_json(j);
+        return ZCLI_OK;
+    }
+    const char *fmt = json_string_value(json_object_get(j, "format"));
+    printf("%s: %s\n", a->path, fmt);
+    json_t *ts = json_object_get(j, "tensors");
+    if (json_object_get(j, "stage"))
+        printf("  tag %s, ZeRO stage %lld, %lld ranks, %s optimizer files, global step %lld\n",
+               json_string_value(json_object_get(j, "tag")),
+               (long long)json_integer_value(json_object_get(j, "stage")),
+               (long long)json_integer_value(json_object_get(j, "world")),
+               json_is_true(json_object_get(j, "bf16")) ? "bf16" : "fp32",
+               (long long)json_integer_value(json_object_get(j, "step")));
+    else
+        printf("  %zu bytes items\n", json_array_size(json_object_get(j, "bytes_items")));
+    printf("  %zu tensors, %lld elements\n", json_array_size(ts),
+           (long long)json_integer_value(json_object_get(j, "numel")));
+    for (size_t i = 0; a->tensors && i < json_array_size(ts); i++) {
+        json_t *t = json_array_get(ts, i), *sh = json_object_get(t, "shape");
+        char shape[128] = "[", name[300];
+        for (size_t k = 0; k < json_array_size(sh); k++)
+            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld",
+                     k ? ", " : "", (long long)json_integer_value(json_array_get(sh, k)));
+        printf("  %-48s %-8s %s]\n", zr_printable(name, sizeof name,
+               json_string_value(json_object_get(t, "name"))),
+               json_object_get(t, "dtype") ? json_string_value(json_object_get(t, "dtype")) : "f32",
+               shape);
+    }
+    json_decref(j);
+    return ZCLI_OK;
+}
+
 static int cmd_inspect(const void *args)
 {
     const zckpt_args *a = args;
     const char *path = a->path;
     int json = a->json, tensors = a->tensors;
+    if (zfmt_foreign_detect(path) != ZFMT_FOREIGN_NONE)
+        return inspect_foreign(a);
     zck_reader *r;
     if (zck_reader_open(&r, path) < 0)
         return zcli_fail_ckpt(PROG, NULL);

@@ -585,3 +585,6 @@ int zfmt__dcp_copy(const zfmt__dcp *d, size_t i, zfmt__out *o, uint64_t base, vo
         ZR_TRY(copy_chunk(d, it, &it->c[k], o, base, buf, cap));
     return 0;
 }
+
+size_t zfmt__dcp_chunks(const zfmt__dcp *d, size_t i) { return d->it[i].nc; }
+const char *zfmt__dcp_dtype_name(const zfmt__dcp *d, size_t i) { return d->it[i].dtype_name; }

@@ -477,6 +477,8 @@ size_t zfmt__ds_params(const zfmt__ds *d, const zfmt__ds_param **out)
 }
 
 int zfmt__ds_stage(const zfmt__ds *d) { return d->stage; }
+int zfmt__ds_bf16(const zfmt__ds *d) { return d->bf16; }
+const char *zfmt__ds_tag(const zfmt__ds *d) { return d->tag; }
 uint32_t zfmt__ds_world(const zfmt__ds *d) { return d->world; }
 int64_t zfmt__ds_step(const zfmt__ds *d) { return d->step; }
 const zfmt__pv *zfmt__ds_model_states(const zfmt__ds *d) { return d->model; }

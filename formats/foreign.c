@@ -298,3 +298,84 @@ int zfmt_foreign_consolidate(const char *path, const char *out_file, const zck_p
     zfmt__dcp_free(dcp);
     return rc;
 }
+
+/* ---------------------------------------------------------------- inspect */
+
+static json_t *shape_json(size_t nd, const uint64_t *s)
+{
+    json_t *a = json_array();
+    for (size_t k = 0; a && k < nd; k++)
+        json_array_append_new(a, json_integer((json_int_t)s[k]));
+    return a;
+}
+
+static json_t *ds_describe(const zfmt__ds *d, const char *path)
+{
+    const zfmt__ds_param *p;
+    size_t np = zfmt__ds_params(d, &p);
+    uint64_t numel = 0;
+    json_t *ps = json_array();
+    for (size_t i = 0; i < np; i++) {
+        numel += p[i].numel;
+        json_array_append_new(ps, json_pack("{s:s, s:o, s:I, s:I}", "name", p[i].name, "shape",
+                                            shape_json(p[i].ndim, p[i].shape), "numel",
+                                            (json_int_t)p[i].numel, "group",
+                                            (json_int_t)p[i].group));
+    }
+    return json_pack("{s:s, s:s, s:s, s:i, s:I, s:b, s:I, s:I, s:I, s:o}", "path", path, "format",
+                     "DeepSpeed ZeRO", "tag", zfmt__ds_tag(d), "stage", zfmt__ds_stage(d),
+                     "world", (json_int_t)zfmt__ds_world(d), "bf16", zfmt__ds_bf16(d), "step",
+                     (json_int_t)zfmt__ds_step(d), "parameters", (json_int_t)np, "numel",
+                     (json_int_t)numel, "tensors", ps);
+}
+
+static json_t *dcp_describe(const zfmt__dcp *d, const char *path)
+{
+    json_t *ts = json_array(), *bytes = json_array();
+    uint64_t numel = 0;
+    for (size_t i = 0; i < zfmt__dcp_n(d); i++) {
+        const char *fqn;
+        zck_dtype dt = ZCK_F32;
+        size_t nd = 0;
+        const uint64_t *size = NULL;
+        int rc = zfmt__dcp_tensor(d, i, &fqn, &dt, &nd, &size);
+        if (rc == 1) {
+            json_array_append_new(bytes, json_string(fqn));
+            continue;
+        }
+        zr_err_clear();
+        json_t *t = json_pack("{s:s, s:s}", "name", fqn, "dtype",
+                              rc ? zfmt__dcp_dtype_name(d, i) : zck_dtype_name(dt));
+        if (!rc) {
+            json_object_set_new(t, "shape", shape_json(nd, size));
+            numel += numel_of(nd, size);
+        }
+        json_object_set_new(t, "chunks", json_integer((json_int_t)zfmt__dcp_chunks(d, i)));
+        json_array_append_new(ts, t);
+    }
+    return json_pack("{s:s, s:s, s:I, s:I, s:o, s:o}", "path", path, "format", "PyTorch DCP",
+                     "tensors_count", (json_int_t)json_array_size(ts), "numel",
+                     (json_int_t)numel, "tensors", ts, "bytes_items", bytes);
+}
+
+int zfmt_foreign_inspect(json_t **out, const char *path)
+{
+    *out = NULL;
+    zfmt_foreign_kind k = zfmt_foreign_detect(path);
+    if (k == ZFMT_FOREIGN_NONE)
+        return zr_err_set(ZR_ENOTFOUND, "%s: neither a DeepSpeed nor a DCP checkpoint", path);
+    zck_report *rep;
+    ZR_TRY(zck_report_new(&rep));
+    zfmt__ds *ds = NULL;
+    zfmt__dcp *dcp = NULL;
+    int rc = k == ZFMT_FOREIGN_DCP ? zfmt__dcp_open(&dcp, path, rep)
+                                   : zfmt__ds_open(&ds, path, rep, 0, NULL);
+    if (rc >= 0 && zck_report_count(rep))
+        rc = first_problem(rep, path);
+    zck_report_free(rep);
+    if (!rc && !(*out = ds ? ds_describe(ds, path) : dcp_describe(dcp, path)))
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+    zfmt__ds_free(ds);
+    zfmt__dcp_free(dcp);
+    return rc;
+}

@@ -144,6 +144,8 @@ int zfmt__dcp_item_tensor(zfmt__zip *z, const char *fqn, zck_dtype dt, size_t nd
 size_t zfmt__dcp_n(const zfmt__dcp *d);
 int zfmt__dcp_tensor(const zfmt__dcp *d, size_t i, const char **fqn, zck_dtype *dt,
                      size_t *ndim, const uint64_t **size);
+size_t zfmt__dcp_chunks(const zfmt__dcp *d, size_t i);
+const char *zfmt__dcp_dtype_name(const zfmt__dcp *d, size_t i); /* torch's name */
 /* Tensor item i, row-major, into o from byte base, through buf (cap bytes). */
 int zfmt__dcp_copy(const zfmt__dcp *d, size_t i, zfmt__out *o, uint64_t base, void *buf,
                    size_t cap);
@@ -168,6 +170,8 @@ int zfmt__ds_verify(zck_report *rep, const char *path, const zck_verify_opts *o)
 /* The trainable parameters in param_shapes order (borrowed). */
 size_t zfmt__ds_params(const zfmt__ds *d, const zfmt__ds_param **out);
 int zfmt__ds_stage(const zfmt__ds *d);
+int zfmt__ds_bf16(const zfmt__ds *d);         /* the bf16_ optimizer files */
+const char *zfmt__ds_tag(const zfmt__ds *d);  /* "" when opened at the tag folder */
 uint32_t zfmt__ds_world(const zfmt__ds *d);
 int64_t zfmt__ds_step(const zfmt__ds *d);            /* global_steps */
 const zfmt__pv *zfmt__ds_model_states(const zfmt__ds *d); /* the model file's dict */

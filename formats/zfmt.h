@@ -249,6 +249,11 @@ int zfmt_foreign_verify(zck_report **out, const char *path, const zck_verify_opt
  * tensor of a DCP checkpoint in its own dtype and name, as dcp_to_torch_save keeps them. */
 int zfmt_foreign_consolidate(const char *path, const char *out_file,
                              const zck_progress *progress);
+/* What a foreign checkpoint holds, as JSON (format, DeepSpeed's tag, stage, world, step, each
+ * parameter's name and shape; DCP's tensors with dtype, shape and chunk count, its bytes items),
+ * after the cheap checks (no CRC): a damaged one is ZR_ECORRUPT naming its first problem. */
+struct json_t;
+int zfmt_foreign_inspect(struct json_t **out, const char *path);
 
 #define ZFMT_TOKENS_MAGIC ZCK_TOKENS_MAGIC
 
