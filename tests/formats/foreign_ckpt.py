@@ -9,7 +9,8 @@ from their own converters, and damaged copies of them.
       64, tied; LlamaForCausalLM: 2 layers, 4 heads, 2 KV heads, width 16, MLP 24, vocabulary 64,
       untied), built with torch.manual_seed(1234), under deepspeed.initialize with ZeRO stage S
       (client optimizer torch.optim.AdamW lr 1e-2 betas (0.9, 0.95) eps 1e-8 weight decay 0.1,
-      "zero_allow_untested_optimizer"; bf16: "bf16": {"enabled": true}) on W CPU processes
+      "zero_allow_untested_optimizer", "gradient_clipping": 0.0 (DeepSpeed 0.19.8's default is
+      1.0); bf16: "bf16": {"enabled": true}) on W CPU processes
       (default 2, gloo, spawned by torch.multiprocessing) for N steps (default 2), each rank
       taking 2 fixed random sequences of 8 tokens per step; then engine.save_checkpoint(OUTDIR)
       (OUTDIR/latest, OUTDIR/global_stepN/). Writes OUTDIR/ref/:
@@ -41,8 +42,8 @@ from their own converters, and damaged copies of them.
       the last __R_0.distcp), metadata-missing-chunk (DCP: rewrite .metadata with the last chunk
       of the first tensor that has two or more removed), latest-absent-tag (DeepSpeed: `latest`
       names global_step999999), evil-pickle-os-system and evil-pickle-eval (DeepSpeed: replace
-      data.pkl in rank 0's optim file with a pickle whose GLOBAL is os.system (posix system) /
-      builtins.eval, called with a command that creates DST/PWNED; the zip is rebuilt with
+      data.pkl in rank 0's optim file with a pickle whose GLOBAL is os.system (`cos\\nsystem`) /
+      builtins.eval (`c__builtin__\\neval`), called with a command that creates DST/PWNED; the zip is rebuilt with
       zipfile, stored, with the same root folder).
   foreign_ckpt.py inspect DIR
       describe every file of a checkpoint directory (zip records, pickle protocol, opcodes and
@@ -131,7 +132,7 @@ def dist_env(rank, world, port):
 
 def optim_info():
     return {"class": "torch.optim.AdamW", "lr": LR, "betas": list(BETAS), "eps": EPS,
-            "weight_decay": WD}
+            "weight_decay": WD, "gradient_clipping": None}
 
 
 def write_json(path, obj):
@@ -161,7 +162,7 @@ def ds_rank(rank, a, port, q):
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     conf = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 1,
             "zero_optimization": {"stage": a.stage}, "zero_allow_untested_optimizer": True,
-            "steps_per_print": 1000000, "wall_clock_breakdown": False}
+            "gradient_clipping": 0.0, "steps_per_print": 1000000, "wall_clock_breakdown": False}
     if a.dtype == "bf16":
         conf["bf16"] = {"enabled": True}
     tm["imported"] = time.time()
@@ -173,7 +174,7 @@ def ds_rank(rank, a, port, q):
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
         engine.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     # every rank takes part in the gathers (collectives under ZeRO)
     ref = {}
     for name, p in engine.module.named_parameters():
@@ -308,7 +309,7 @@ def dcp_rank(rank, a, port, q):
         loss.backward()
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     nb = next_batch()
     with torch.no_grad():
         next_loss = float(model(input_ids=nb, labels=nb).loss)
@@ -385,7 +386,7 @@ def evil_pickle(kind, marker):
     # protocol 2, as torch.save writes: GLOBAL, an argument tuple, REDUCE
     cmd = "touch %s" % marker
     if kind == "evil-pickle-os-system":
-        glob_ = b"cposix\nsystem\n" if os.name == "posix" else b"cos\nsystem\n"
+        glob_ = b"cos\nsystem\n"  # (pickle itself would write posix system)
         arg = cmd
     else:
         glob_ = b"c__builtin__\neval\n"
