@@ -4,7 +4,7 @@ by DeepSpeed and by torch.distributed.checkpoint themselves (CPU, gloo), with re
 from their own converters, and damaged copies of them.
 
   foreign_ckpt.py ds OUTDIR --model gpt2|llama --stage 1|2|3 --dtype fp32|bf16 [--world W]
-                  [--steps N]
+                  [--steps N] [--grad-accum same|fp32]
       train a tiny model (GPT2LMHeadModel: 2 layers, 2 heads, width 16, 16 positions, vocabulary
       64, tied; LlamaForCausalLM: 2 layers, 4 heads, 2 KV heads, width 16, MLP 24, vocabulary 64,
       untied), built with torch.manual_seed(1234), under deepspeed.initialize with ZeRO stage S
@@ -12,10 +12,14 @@ from their own converters, and damaged copies of them.
       "zero_allow_untested_optimizer", "gradient_clipping": 0.0 (DeepSpeed 0.19.8's default is
       1.0); bf16: "bf16": {"enabled": true}) on W CPU processes
       (default 2, gloo, spawned by torch.multiprocessing) for N steps (default 2), each rank
-      taking 2 fixed random sequences of 8 tokens per step; then engine.save_checkpoint(OUTDIR)
+      taking 2 fixed random sequences of 8 tokens per step (--grad-accum fp32: "data_types":
+      {"grad_accum_dtype": "fp32"}, which with bf16 at stage 1 makes DeepSpeed use its
+      BF16_Optimizer, whose files have no zero_stage); then engine.save_checkpoint(OUTDIR)
       (OUTDIR/latest, OUTDIR/global_stepN/). Writes OUTDIR/ref/:
         model.safetensors  deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint
-                           (float32, the names the converter gives, tied names included);
+                           (float32, the names the converter gives, tied names included); where
+                           the converter refuses the checkpoint (BF16_Optimizer), the gathered
+                           master weights (info.json model_reference says which);
         optim.safetensors  "<name>.exp_avg", "<name>.exp_avg_sq" (float32, full shape) of every
                            trainable parameter, gathered inside the ranks after the last step by
                            deepspeed.utils.safe_get_full_optimizer_state; also "<name>.fp32"
@@ -165,6 +169,8 @@ def ds_rank(rank, a, port, q):
             "gradient_clipping": 0.0, "steps_per_print": 1000000, "wall_clock_breakdown": False}
     if a.dtype == "bf16":
         conf["bf16"] = {"enabled": True}
+    if a.grad_accum == "fp32":
+        conf["data_types"] = {"grad_accum_dtype": "fp32"}
     tm["imported"] = time.time()
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=conf)
     tm["initialized"] = time.time()
@@ -255,12 +261,21 @@ def cmd_ds(a):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     import logging
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
-    sd = get_fp32_state_dict_from_zero_checkpoint(a.outdir)
+    from safetensors.torch import load_file
     refdir = os.path.join(a.outdir, "ref")
+    gathered = load_file(os.path.join(refdir, "optim.safetensors"))
+    try:
+        sd, converter = get_fp32_state_dict_from_zero_checkpoint(a.outdir), "zero_to_fp32"
+    except ValueError as e:  # BF16_Optimizer files have no zero_stage: zero_to_fp32 refuses them
+        converter = "safe_get_full_fp32_param (zero_to_fp32: %s)" % e
+        sd = {k[:-5]: v for k, v in gathered.items() if k.endswith(".fp32")}
+        import glob
+        ms = torch.load(sorted(glob.glob(os.path.join(a.outdir, open(os.path.join(
+            a.outdir, "latest")).read(), "*model_states.pt")))[0], weights_only=False)
+        for alias, name in ms["shared_params"].items():  # as zero_to_fp32 adds them
+            sd[alias] = sd[name]
     model = fp32_dict(sd)
     save_file(model, os.path.join(refdir, "model.safetensors"))
-    from safetensors.torch import load_file
-    gathered = load_file(os.path.join(refdir, "optim.safetensors"))
     # the converter and the engine's own gather must agree on the master weights
     diff = max(float((model[k[:-5]] - v).abs().max()) for k, v in gathered.items()
                if k.endswith(".fp32"))
@@ -270,6 +285,7 @@ def cmd_ds(a):
                 optimizer=optim_info(), micro_batch=MICRO, seq=SEQ,
                 batches=[[batch(s, r).tolist() for r in range(a.world)] for s in range(a.steps)],
                 next_tokens=next_batch().tolist(), gather_missing=out["missing"],
+                grad_accum=a.grad_accum, model_reference=converter,
                 converter_vs_gather_max_abs=diff,
                 versions={"torch": torch.__version__,
                           "deepspeed": sys.modules["deepspeed"].__version__})
@@ -667,6 +683,7 @@ def main():
     ds.add_argument("--dtype", choices=("fp32", "bf16"), required=True)
     ds.add_argument("--world", type=int, default=2)
     ds.add_argument("--steps", type=int, default=2)
+    ds.add_argument("--grad-accum", choices=("same", "fp32"), default="same")
     dc = sub.add_parser("dcp")
     dc.add_argument("outdir")
     dc.add_argument("--model", choices=("gpt2", "llama"), required=True)
