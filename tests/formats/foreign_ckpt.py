@@ -46,16 +46,20 @@ from their own converters, and damaged copies of them.
       the last __R_0.distcp), metadata-missing-chunk (DCP: rewrite .metadata with the last chunk
       of the first tensor that has two or more removed), latest-absent-tag (DeepSpeed: `latest`
       names global_step999999), evil-pickle-os-system and evil-pickle-eval (DeepSpeed: replace
-      data.pkl in rank 0's optim file with a pickle whose GLOBAL is os.system (`cos\\nsystem`) /
-      builtins.eval (`c__builtin__\\neval`), called with a command that creates DST/PWNED; the zip is rebuilt with
-      zipfile, stored, with the same root folder).
+      data.pkl in rank 0's optim file with a pickle whose GLOBAL is os.system (`cos\\nsystem`)
+      / builtins.eval (`c__builtin__\\neval`), called with a command that creates DST/PWNED;
+      the zip is rebuilt with zipfile, stored, with the same root folder). DST is removed again
+      when the damage does not apply to SRC (exit 1, one line).
   foreign_ckpt.py inspect DIR
       describe every file of a checkpoint directory (zip records, pickle protocol, opcodes and
       GLOBALs, structure, DCP .metadata): the material of FOREIGN_FINDINGS.md.
 
-Every subcommand prints one line of what it wrote and exits 0; it exits 77 with one line when
-torch or deepspeed (or transformers/safetensors) cannot be imported (the test skips). Set
-DS_ACCELERATOR=cpu and HF_HUB_OFFLINE=1 (done here when unset).
+ds and dcp refuse an OUTDIR that exists and is not an empty directory. Every subcommand but
+inspect prints one line of what it wrote on stdout (DeepSpeed's and torch's logs go to stderr)
+and exits 0; a failure exits non-zero with one line; a missing torch, deepspeed, transformers or
+safetensors exits 77 with one line (the test skips). DS_ACCELERATOR=cpu and HF_HUB_OFFLINE=1 are
+set here when unset. One variant takes about 10-12 s on a quiet 2-core machine, most of it the
+imports in each spawned rank (FOREIGN_FINDINGS.md has the measurements).
 """
 import json
 import os
@@ -84,7 +88,8 @@ def need(modname):
     try:
         return __import__(modname)
     except Exception as e:
-        print("foreign_ckpt.py: cannot import %s: %s" % (modname, str(e).splitlines()[0]))
+        sys.__stdout__.write("foreign_ckpt.py: cannot import %s: %s\n"
+                             % (modname, str(e).splitlines()[0]))
         sys.exit(77)
 
 
@@ -155,6 +160,7 @@ def fp32_dict(sd):
 # DeepSpeed
 
 def ds_rank(rank, a, port, q):
+    sys.stdout = sys.stderr
     dist_env(rank, a.world, port)
     tm = {"start": time.time()}
     import deepspeed
@@ -221,42 +227,47 @@ def ds_rank(rank, a, port, q):
 
 
 def spawn(fn, a):
+    """run fn(rank, a, port, queue) on a.world processes; rank 0 puts one result in the queue.
+    When a rank fails the others (likely waiting in a collective) are killed at once."""
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     port = free_port()
     procs = [ctx.Process(target=fn, args=(r, a, port, q)) for r in range(a.world)]
     for p in procs:
         p.start()
-    out = None
-    while out is None:
-        if not q.empty():
+    out, deadline = None, time.time() + 600
+    while True:
+        if out is None and not q.empty():
             out = q.get()
+        codes = [p.exitcode for p in procs]
+        if any(c not in (None, 0) for c in codes) or time.time() > deadline:
             break
-        if any(p.exitcode not in (None, 0) for p in procs):
-            break
-        if all(p.exitcode == 0 for p in procs):
-            if not q.empty():
+        if all(c == 0 for c in codes):
+            if out is None and not q.empty():
                 out = q.get()
             break
         time.sleep(0.05)
     for p in procs:
-        p.join(300)
         if p.exitcode is None:
             p.kill()
-    bad = [p.exitcode for p in procs if p.exitcode != 0]
-    if bad or out is None:
-        raise SystemExit("foreign_ckpt.py: a rank failed (exit codes %s)" %
-                         [p.exitcode for p in procs])
+        p.join()
+    codes = [p.exitcode for p in procs]
+    if any(c != 0 for c in codes) or out is None:
+        raise SystemExit("foreign_ckpt.py: %s: a rank failed (exit codes %s)" % (a.outdir, codes))
     return out
+
+
+def fresh_dir(d):
+    if os.path.exists(d) and (not os.path.isdir(d) or os.listdir(d)):
+        raise SystemExit("foreign_ckpt.py: %s exists and is not an empty directory" % d)
+    os.makedirs(d, exist_ok=True)
 
 
 def cmd_ds(a):
     need("deepspeed")
     need("transformers")
     t0 = time.time()
-    if os.path.exists(a.outdir):
-        shutil.rmtree(a.outdir)
-    os.makedirs(a.outdir)
+    fresh_dir(a.outdir)
     out = spawn(ds_rank, a)
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     import logging
@@ -293,7 +304,7 @@ def cmd_ds(a):
     if diff != 0.0:
         raise SystemExit("foreign_ckpt.py: %s: zero_to_fp32 and safe_get_full_fp32_param differ "
                          "by %g" % (a.outdir, diff))
-    print("%s: deepspeed %s stage %d %s world %d, %s, %d tensors, next_loss %.6f (%.1f s)"
+    say("%s: deepspeed %s stage %d %s world %d, %s, %d tensors, next_loss %.6f (%.1f s)"
           % (a.outdir, a.model, a.stage, a.dtype, a.world, tag, len(model), info["next_loss"],
              time.time() - t0))
     return 0
@@ -303,6 +314,7 @@ def cmd_ds(a):
 # DCP
 
 def dcp_rank(rank, a, port, q):
+    sys.stdout = sys.stderr
     dist_env(rank, a.world, port)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
@@ -354,9 +366,7 @@ def dcp_rank(rank, a, port, q):
 def cmd_dcp(a):
     need("transformers")
     t0 = time.time()
-    if os.path.exists(a.outdir):
-        shutil.rmtree(a.outdir)
-    os.makedirs(a.outdir)
+    fresh_dir(a.outdir)
     out = spawn(dcp_rank, a)
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     refdir = os.path.join(a.outdir, "ref")
@@ -380,7 +390,7 @@ def cmd_dcp(a):
                 next_tokens=next_batch().tolist(), optim=bool(a.optim),
                 versions={"torch": torch.__version__})
     write_json(os.path.join(refdir, "info.json"), info)
-    print("%s: dcp %s world %d%s, %d tensors, next_loss %.6f (%.1f s)"
+    say("%s: dcp %s world %d%s, %d tensors, next_loss %.6f (%.1f s)"
           % (a.outdir, a.model, a.world, " with optimizer" if a.optim else "", len(model),
              info["next_loss"], time.time() - t0))
     return 0
@@ -394,6 +404,8 @@ def rank_files(d, suffix):
     import re
     tag = open(os.path.join(d, "latest")).read().strip()
     files = glob.glob(os.path.join(d, tag, "*" + suffix))
+    if not files:
+        raise ValueError("no %s/*%s: not a DeepSpeed checkpoint" % (tag, suffix))
     key = lambda p: int(re.search(r"zero_pp_rank_(\d+)_", p).group(1))
     return sorted(files, key=key)
 
@@ -423,12 +435,32 @@ def replace_record(path, record, data):
     os.replace(tmp, path)
 
 
+KINDS = ("missing-rank-file", "truncated-zip", "missing-distcp", "metadata-missing-chunk",
+         "latest-absent-tag", "evil-pickle-os-system", "evil-pickle-eval")
+
+
 def cmd_damage(kind, src, dst):
-    import pickle
-    if os.path.exists(dst):
+    if kind not in KINDS:
+        raise SystemExit("foreign_ckpt.py: unknown damage %s (one of %s)"
+                         % (kind, ", ".join(KINDS)))
+    if not os.path.isdir(src):
+        raise SystemExit("foreign_ckpt.py: %s is not a directory" % src)
+    if os.path.lexists(dst):
         raise SystemExit("foreign_ckpt.py: %s exists" % dst)
-    shutil.copytree(src, dst)
     dst = os.path.abspath(dst)
+    shutil.copytree(src, dst)
+    try:
+        what = damage(kind, dst)
+    except Exception as e:  # e.g. a DCP damage asked of a DeepSpeed directory
+        shutil.rmtree(dst)
+        raise SystemExit("foreign_ckpt.py: cannot apply %s to %s: %s: %s"
+                         % (kind, src, type(e).__name__, e))
+    say("%s: %s" % (kind, what))
+    return 0
+
+
+def damage(kind, dst):
+    import pickle
     if kind == "missing-rank-file":
         f = rank_files(dst, "_optim_states.pt")[-1]
         os.unlink(f)
@@ -440,6 +472,8 @@ def cmd_damage(kind, src, dst):
         what = "cut %s from %d to %d bytes" % (f, n, n // 2)
     elif kind == "missing-distcp":
         files = sorted(x for x in os.listdir(dst) if x.endswith(".distcp"))
+        if not files:
+            raise ValueError("no *.distcp files: not a DCP checkpoint")
         os.unlink(os.path.join(dst, files[-1]))
         what = "removed " + os.path.join(dst, files[-1])
     elif kind == "metadata-missing-chunk":
@@ -460,11 +494,7 @@ def cmd_damage(kind, src, dst):
         f = rank_files(dst, "_optim_states.pt")[0]
         replace_record(f, "data.pkl", evil_pickle(kind, os.path.join(dst, "PWNED")))
         what = "data.pkl of %s calls %s" % (f, "os.system" if "system" in kind else "eval")
-    else:
-        shutil.rmtree(dst)
-        raise SystemExit("foreign_ckpt.py: unknown damage %s" % kind)
-    print("%s: %s" % (kind, what))
-    return 0
+    return what
 
 
 # ---------------------------------------------------------------------------------------------
@@ -664,11 +694,26 @@ def cmd_inspect(d):
                 t.flush()
                 zip_report(t.name, out)
             out.append("  loads as: " + describe(torch.load(tmp, weights_only=False)))
-    print("\n".join(out))
+    say("\n".join(out))
     return 0
 
 
 def main():
+    out = sys.stdout
+    # DeepSpeed logs to stdout: everything but the one line of what was written goes to stderr
+    sys.stdout = sys.stderr
+    try:
+        return run()
+    finally:
+        sys.stdout = out
+
+
+def say(line):
+    sys.__stdout__.write(line + "\n")
+    sys.__stdout__.flush()
+
+
+def run():
     import argparse
     if len(sys.argv) >= 2 and sys.argv[1] == "damage" and len(sys.argv) == 5:
         return cmd_damage(*sys.argv[2:])
