@@ -50,6 +50,12 @@ from their own converters, and damaged copies of them.
       / builtins.eval (`c__builtin__\\neval`), called with a command that creates DST/PWNED;
       the zip is rebuilt with zipfile, stored, with the same root folder). DST is removed again
       when the damage does not apply to SRC (exit 1, one line).
+  foreign_ckpt.py rebuild DIR
+      rebuild the master weights, exp_avg and exp_avg_sq of a DeepSpeed checkpoint from its
+      rank files alone (stage 1/2: partitions concatenated in rank order, group_paddings and
+      param_alignment_paddings honoured; stage 3: ceil(numel/W) per parameter from every rank)
+      and compare with ref/; exits 0 when they agree bit for bit: the recipe a reader in C
+      must follow.
   foreign_ckpt.py inspect DIR
       describe every file of a checkpoint directory (zip records, pickle protocol, opcodes and
       GLOBALs, structure, DCP .metadata): the material of FOREIGN_FINDINGS.md.
@@ -698,6 +704,74 @@ def cmd_inspect(d):
     return 0
 
 
+# ---------------------------------------------------------------------------------------------
+# rebuild: the recipes a reader without DeepSpeed must follow, checked against ref/
+
+def ds_rebuild(d):
+    """{(name, 'fp32'|'exp_avg'|'exp_avg_sq'): full tensor} from the rank files alone"""
+    import glob
+    import math
+    import re
+    tag = open(os.path.join(d, "latest")).read()
+    rank = lambda p: int(re.search(r"zero_pp_rank_(\d+)_", p).group(1))
+    ofs = sorted(glob.glob(os.path.join(d, tag, "*optim_states.pt")), key=rank)
+    ms = torch.load(sorted(glob.glob(os.path.join(d, tag, "*model_states.pt")))[0],
+                    weights_only=False)
+    osd = [torch.load(f, weights_only=False)["optimizer_state_dict"] for f in ofs]
+    W, out = len(osd), {}
+    if "zero_stage" in osd[0] and int(osd[0]["zero_stage"]) == 3:
+        # per parameter ceil(numel/W) from each rank, padding at the end, no gaps
+        assert all(len(o["fp32_flat_groups"]) == 1 for o in osd), "one sub-group only here"
+        flats = {"fp32": [o["fp32_flat_groups"][0] for o in osd]}
+        for k in ("exp_avg", "exp_avg_sq"):
+            flats[k] = [o["optimizer_state_dict"]["state"][0][k] for o in osd]
+        off = 0
+        for shapes in ms["param_shapes"]:
+            for name, shape in shapes.items():
+                n = math.prod(shape)
+                pn = -(-n // W)
+                for k, fl in flats.items():
+                    out[(name, k)] = torch.cat([f[off:off + pn] for f in fl])[:n].view(shape)
+                off += pn
+        assert off == flats["fp32"][0].numel(), "%s: consumed %d of %d" % (d, off,
+                                                                         flats["fp32"][0].numel())
+        return out
+    # stage 1/2 and BF16_Optimizer: the fp32 partitions are stripped of their padding, the Adam
+    # moments are not (group_paddings says how much of each rank's tail is padding)
+    for g, shapes in enumerate(ms["param_shapes"]):
+        pads = osd[0].get("param_alignment_paddings", [[0] * len(shapes)] * (g + 1))[g]
+        full = {"fp32": torch.cat([o["single_partition_of_fp32_groups"][g] for o in osd])}
+        for k in ("exp_avg", "exp_avg_sq"):
+            parts = []
+            for o in osd:
+                t = o["base_optimizer_state"]["state"][g][k]
+                parts.append(t[:t.numel() - o["group_paddings"][g]])
+            full[k] = torch.cat(parts)
+        off = 0
+        for (name, shape), pad in zip(shapes.items(), pads):
+            n = math.prod(shape)
+            for k, fl in full.items():
+                out[(name, k)] = fl[off:off + n].view(shape)
+            off += n + pad
+        assert off == full["fp32"].numel(), "%s: consumed %d of %d" % (d, off,
+                                                                     full["fp32"].numel())
+    return out
+
+
+def cmd_rebuild(d):
+    from safetensors.torch import load_file
+    ref = load_file(os.path.join(d, "ref", "model.safetensors"))
+    opt = load_file(os.path.join(d, "ref", "optim.safetensors"))
+    out = ds_rebuild(d)
+    worst = 0.0
+    for (name, k), t in out.items():
+        r = ref[name] if k == "fp32" else opt[name + "." + k]
+        worst = max(worst, float((t.float() - r).abs().max()))
+    say("%s: %d parameters and their Adam moments rebuilt from the rank files, max |diff| "
+        "from ref/ %g" % (d, len(out) // 3, worst))
+    return 0 if worst == 0.0 else 1
+
+
 def main():
     out = sys.stdout
     # DeepSpeed logs to stdout: everything but the one line of what was written goes to stderr
@@ -719,6 +793,8 @@ def run():
         return cmd_damage(*sys.argv[2:])
     if len(sys.argv) == 3 and sys.argv[1] == "inspect":
         return cmd_inspect(sys.argv[2])
+    if len(sys.argv) == 3 and sys.argv[1] == "rebuild":
+        return cmd_rebuild(sys.argv[2])
     ap = argparse.ArgumentParser(usage=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     ds = sub.add_parser("ds")
