@@ -348,21 +348,28 @@ static void verify_sound(const char *dir, const char *format)
  * make stress: all). */
 ZT_TEST(foreign_deepspeed_consolidate_equals_zero_to_fp32)
 {
-    static const char *const all[] = {"gpt2 1 fp32", "gpt2 3 bf16", "llama 2 bf16",
-                                      "llama 3 fp32", "gpt2 1 bf16", "gpt2 2 fp32",
-                                      "gpt2 2 bf16", "gpt2 3 fp32", "llama 1 fp32",
-                                      "llama 1 bf16", "llama 2 fp32", "llama 3 bf16"};
-    size_t n = zt_stress() ? 12 : 4;
+    /* model, stage, dtype, world (3: partitions with padding) */
+    static const char *const all[] = {"gpt2 1 fp32 2", "gpt2 3 bf16 2", "llama 2 bf16 3",
+                                      "llama 3 fp32 3", "gpt2 1 bf16 2", "gpt2 2 fp32 2",
+                                      "gpt2 2 bf16 2", "gpt2 3 fp32 2", "llama 1 fp32 2",
+                                      "llama 1 bf16 2", "llama 2 fp32 2", "llama 3 bf16 2",
+                                      "llama 1 fp32 3"};
+    size_t n = zt_stress() ? sizeof all / sizeof *all : 4;
     for (size_t i = 0; i < n; i++) {
         char model[16], dtype[8], dir[64], args[256];
-        int stage;
-        ZT_CHECK(sscanf(all[i], "%15s %d %7s", model, &stage, dtype) == 3);
-        snprintf(dir, sizeof dir, "ds-%s-s%d-%s", model, stage, dtype);
-        snprintf(args, sizeof args, "ds %s --model %s --stage %d --dtype %s", dir, model, stage,
-                 dtype);
+        int stage, world;
+        ZT_CHECK(sscanf(all[i], "%15s %d %7s %d", model, &stage, dtype, &world) == 4);
+        snprintf(dir, sizeof dir, "ds-%s-s%d-%s-w%d", model, stage, dtype, world);
+        snprintf(args, sizeof args, "ds %s --model %s --stage %d --dtype %s --world %d", dir,
+                 model, stage, dtype, world);
         foreign_ckpt(args);
         verify_sound(dir, "DeepSpeed ZeRO");
-        char *out, ref[128], got[128];
+        char *out, ref[128], got[128], want[64];
+        ZT_CHECK(zt_zckpt(&out, "inspect %s --json", dir) == 0);
+        snprintf(want, sizeof want, "\"stage\": %d,\n  \"world\": %d,", stage, world);
+        if (!strstr(out, want))
+            ZT_FAIL("inspect %s --json lacks '%s':\n%s", dir, want, out);
+        free(out);
         if (zt_zckpt(&out, "consolidate %s -o out/%s.safetensors", dir, dir) != 0)
             ZT_FAIL("consolidate %s: %s", dir, out);
         free(out);
