@@ -122,8 +122,9 @@ ZT_TEST(foreign_pickles_naming_code_are_refused)
 {
     const char *kinds[2][2] = {{"system", "posix.system"}, {"eval", "builtins.eval"}};
     for (int k = 0; k < 2; k++) {
-        char args[256];
-        snprintf(args, sizeof args, "evil evil.pt %s %s/PWNED", kinds[k][0], getcwd(NULL, 0));
+        char args[4400], cwd[4096];
+        ZT_CHECK(getcwd(cwd, sizeof cwd));
+        snprintf(args, sizeof args, "evil evil.pt %s %s/PWNED", kinds[k][0], cwd);
         torch_files(args);
         zfmt__zip *z;
         ZT_OK(zfmt__zip_open(&z, "evil.pt"));
