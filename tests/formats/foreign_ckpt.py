@@ -4,7 +4,7 @@ by DeepSpeed and by torch.distributed.checkpoint themselves (CPU, gloo), with re
 from their own converters, and damaged copies of them.
 
   foreign_ckpt.py ds OUTDIR --model gpt2|llama --stage 1|2|3 --dtype fp32|bf16 [--world W]
-                  [--steps N] [--grad-accum same|fp32]
+                  [--steps N] [--grad-accum same|fp32] [--size tiny|124m] [--no-ref]
       train a tiny model (GPT2LMHeadModel: 2 layers, 2 heads, width 16, 16 positions, vocabulary
       64, tied; LlamaForCausalLM: 2 layers, 4 heads, 2 KV heads, width 16, MLP 24, vocabulary 64,
       untied), built with torch.manual_seed(1234), under deepspeed.initialize with ZeRO stage S
@@ -15,7 +15,8 @@ from their own converters, and damaged copies of them.
       taking 2 fixed random sequences of 8 tokens per step (--grad-accum fp32: "data_types":
       {"grad_accum_dtype": "fp32"}, which with bf16 at stage 1 makes DeepSpeed use its
       BF16_Optimizer, whose files have no zero_stage); then engine.save_checkpoint(OUTDIR)
-      (OUTDIR/latest, OUTDIR/global_stepN/). Writes OUTDIR/ref/:
+      (OUTDIR/latest, OUTDIR/global_stepN/). --size 124m: GPT-2 small (124M parameters, for
+      tests/bench/foreign_bench.sh); --no-ref: the checkpoint only, no ref/. Writes OUTDIR/ref/:
         model.safetensors  deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint
                            (float32, the names the converter gives, tied names included); where
                            the converter refuses the checkpoint (BF16_Optimizer), the gathered
@@ -99,10 +100,13 @@ def need(modname):
         sys.exit(77)
 
 
-def build(model):
+def build(model, size="tiny"):
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
     torch.manual_seed(SEED)
-    if model == "gpt2":
+    if model == "gpt2" and size == "124m":  # GPT-2 small, for the benchmark
+        cfg = GPT2Config(bos_token_id=None, eos_token_id=None)
+        m = GPT2LMHeadModel(cfg)
+    elif model == "gpt2":
         cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2,
                          bos_token_id=None, eos_token_id=None)
         m = GPT2LMHeadModel(cfg)
@@ -174,7 +178,7 @@ def ds_rank(rank, a, port, q):
     import transformers
     transformers.utils.logging.set_verbosity_error()
     deepspeed.init_distributed(dist_backend="gloo")
-    model, cfg = build(a.model)
+    model, cfg = build(a.model, a.size)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
     conf = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 1,
             "zero_optimization": {"stage": a.stage}, "zero_allow_untested_optimizer": True,
@@ -193,6 +197,11 @@ def ds_rank(rank, a, port, q):
         engine.backward(loss)
         engine.step()
         losses.append(float(loss.detach()))
+    if a.no_ref:  # the benchmark's checkpoint: saved, nothing gathered or compared
+        engine.save_checkpoint(a.outdir)
+        if rank == 0:
+            q.put({"missing": [], "info": {"model": cfg, "step": a.steps}})
+        return
     # every rank takes part in the gathers (collectives under ZeRO)
     ref = {}
     for name, p in engine.module.named_parameters():
@@ -275,6 +284,10 @@ def cmd_ds(a):
     t0 = time.time()
     fresh_dir(a.outdir)
     out = spawn(ds_rank, a)
+    if a.no_ref:
+        say("%s: deepspeed %s (%s) stage %d %s world %d, no reference (%.1f s)"
+            % (a.outdir, a.model, a.size, a.stage, a.dtype, a.world, time.time() - t0))
+        return 0
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     import logging
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
@@ -805,6 +818,8 @@ def run():
     ds.add_argument("--world", type=int, default=2)
     ds.add_argument("--steps", type=int, default=2)
     ds.add_argument("--grad-accum", choices=("same", "fp32"), default="same")
+    ds.add_argument("--size", choices=("tiny", "124m"), default="tiny")
+    ds.add_argument("--no-ref", action="store_true")
     dc = sub.add_parser("dcp")
     dc.add_argument("outdir")
     dc.add_argument("--model", choices=("gpt2", "llama"), required=True)
