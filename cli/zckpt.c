@@ -1135,9 +1135,48 @@ static void audit_print(const zr_audit *au)
         printf("  %s\n", au->reasons.name[i]);
 }
 
+/* audit of a DeepSpeed or DCP checkpoint: its verification, and why zrun cannot resume it */
+static int audit_foreign(const zckpt_args *a, zfmt_foreign_kind k)
+{
+    zck_report *rep = NULL;
+    zck_verify_opts o = ZCK_VERIFY_OPTS_INIT;
+    if (zfmt_foreign_verify(&rep, a->path, &o) < 0)
+        return zcli_fail_lib(PROG, NULL);
+    size_t n = zck_report_count(rep);
+    const char *why = "zrun resumes only zero checkpoints, and zckpt import does not read this "
+                      "format yet (zckpt consolidate writes its weights as safetensors)";
+    if (a->json) {
+        json_t *probs = json_array();
+        for (size_t i = 0; i < n; i++) {
+            const zck_problem *p = zck_report_get(rep, i);
+            json_array_append_new(probs, json_pack("{s:s, s:s, s:s}", "file", p->file, "kind",
+                                                   zck_problem_kind_name(p->kind), "detail",
+                                                   p->detail));
+        }
+        print_json(json_pack("{s:s, s:s, s:b, s:b, s:o, s:[s]}", "path", a->path, "format",
+                             zfmt_foreign_name(k), "sound", n == 0, "resumable", 0, "problems",
+                             probs, "reasons", why));
+    } else {
+        char f[300], det[1280];
+        for (size_t i = 0; i < n; i++) {
+            const zck_problem *p = zck_report_get(rep, i);
+            printf("%s: %s: %s\n", zr_printable(f, sizeof f, p->file),
+                   zck_problem_kind_name(p->kind), zr_printable(det, sizeof det, p->detail));
+        }
+        printf("%s: a %s checkpoint, %s\nnot resumable:\n  %s\n", a->path,
+               zfmt_foreign_name(k), n ? "damaged (the problems above)" : "sound (all checks)",
+               why);
+    }
+    zck_report_free(rep);
+    return ZCLI_FOUND;
+}
+
 static int cmd_audit(const void *args)
 {
     const zckpt_args *a = args;
+    zfmt_foreign_kind fk = zfmt_foreign_detect(a->path);
+    if (fk != ZFMT_FOREIGN_NONE)
+        return audit_foreign(a, fk);
     zr_audit *au = NULL;
     if (zr_audit_run(&au, a->path, &a->audit) < 0)
         return zcli_fail_ckpt(PROG, NULL);

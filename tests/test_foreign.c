@@ -244,6 +244,13 @@ ZT_TEST(foreign_dcp_verify_names_each_damage)
     free(out);
     ZT_CHECK(zt_zckpt(&out, "verify d --json") == 0 && strstr(out, "\"format\": \"PyTorch DCP\""));
     free(out);
+    /* audit: sound, but not a checkpoint zrun resumes (exit 1, the reason said) */
+    ZT_CHECK(zt_zckpt(&out, "audit d") == 1 && strstr(out, "a PyTorch DCP checkpoint, sound") &&
+             strstr(out, "not resumable:"));
+    free(out);
+    ZT_CHECK(zt_zckpt(&out, "inspect d --tensors") == 0 && strstr(out, "model.w") &&
+             strstr(out, "[40, 24]"));
+    free(out);
     struct {
         const char *setup, *want;
     } cases[] = {
