@@ -24,6 +24,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -546,4 +547,68 @@ int zfmt__ds_read(const zfmt__ds *d, size_t i, const char *which, uint64_t from,
         at = 0;
     }
     return n ? zr_err_set(ZR_ECORRUPT, "%s: the partitions end before '%s'", d->dir, p->name) : 0;
+}
+
+/* ---------------------------------------------------------------- CRC of the weights only */
+
+typedef struct {
+    const zfmt__ds *d;
+    uint32_t first, step;
+    int rc;
+    char msg[512], file[256];
+    uint64_t hashed;
+} crc_job;
+
+/* ranks first, first + step, ...: the records of their fp32 partitions */
+static void *crc_weights(void *p)
+{
+    crc_job *j = p;
+    for (uint32_t r = j->first; r < j->d->world && !j->rc; r += j->step) {
+        const ds_rank *x = &j->d->r[r];
+        for (size_t g = 0; g < x->ng && !j->rc; g++) {
+            char rec[128];
+            snprintf(rec, sizeof rec, "data/%s", x->flat[g]->storage->s);
+            int seen = 0; /* sub-groups may share one storage: check it once */
+            for (size_t h = 0; h < g; h++)
+                seen |= x->flat[h]->storage->s == x->flat[g]->storage->s ||
+                        !strcmp(x->flat[h]->storage->s, x->flat[g]->storage->s);
+            const zfmt__zip_entry *e = zfmt__zip_find(x->z, rec);
+            if (seen || !e)
+                continue;
+            if ((j->rc = zfmt__zip_check_crc(x->z, e))) {
+                snprintf(j->msg, sizeof j->msg, "%s", zr_err_msg());
+                snprintf(j->file, sizeof j->file, "%s", x->file);
+            }
+            j->hashed += e->size;
+        }
+    }
+    return NULL;
+}
+
+int zfmt__ds_check_weights(const zfmt__ds *d, zck_report *rep)
+{
+    enum { T = 2 };
+    crc_job jobs[T];
+    pthread_t th[T];
+    int started[T] = {0};
+    for (uint32_t t = 0; t < T; t++) {
+        jobs[t] = (crc_job){.d = d, .first = t, .step = T};
+        started[t] = t > 0 && pthread_create(&th[t], NULL, crc_weights, &jobs[t]) == 0;
+    }
+    crc_weights(&jobs[0]);
+    for (uint32_t t = 1; t < T; t++)
+        if (started[t])
+            pthread_join(th[t], NULL);
+        else
+            crc_weights(&jobs[t]);
+    uint64_t hashed = 0;
+    for (uint32_t t = 0; t < T; t++) {
+        hashed += jobs[t].hashed;
+        if (jobs[t].rc == ZR_ECORRUPT)
+            ZR_TRY(zck_report_add(rep, ZCK_PROB_HASH, jobs[t].file, "%s", jobs[t].msg));
+        else if (jobs[t].rc)
+            return zr_err_set(jobs[t].rc, "%s", jobs[t].msg);
+    }
+    zck_report_add_bytes_hashed(rep, hashed);
+    return 0;
 }

@@ -255,8 +255,12 @@ int zfmt_foreign_consolidate(const char *path, const char *out_file, const zck_p
     ZR_TRY(zck_report_new(&rep));
     zfmt__ds *ds = NULL;
     zfmt__dcp *dcp = NULL;
+    /* DeepSpeed: every check but the CRC-32s, then those of the records the weights come
+     * from (the optimizer moments are not written: zckpt verify checks their records) */
     int rc = k == ZFMT_FOREIGN_DCP ? zfmt__dcp_verify(rep, path, &vo)
-                                   : zfmt__ds_open(&ds, path, rep, 1, progress);
+                                   : zfmt__ds_open(&ds, path, rep, 0, progress);
+    if (!rc && ds)
+        rc = zfmt__ds_check_weights(ds, rep);
     if (rc >= 0 && zck_report_count(rep))
         rc = first_problem(rep, path);
     zck_report_free(rep);

@@ -167,6 +167,9 @@ int zfmt__ds_open(zfmt__ds **out, const char *path, zck_report *rep, int crc,
                   const zck_progress *progress);
 void zfmt__ds_free(zfmt__ds *d);
 int zfmt__ds_verify(zck_report *rep, const char *path, const zck_verify_opts *o);
+/* The CRC-32 of every record the fp32 weights come from (what consolidate reads), the ranks on
+ * two threads; a mismatch into rep. */
+int zfmt__ds_check_weights(const zfmt__ds *d, zck_report *rep);
 /* The trainable parameters in param_shapes order (borrowed). */
 size_t zfmt__ds_params(const zfmt__ds *d, const zfmt__ds_param **out);
 int zfmt__ds_stage(const zfmt__ds *d);

@@ -243,7 +243,8 @@ const char *zfmt_foreign_name(zfmt_foreign_kind k); /* "PyTorch DCP", "DeepSpeed
  * .distcp files, truncated zips, tensors not covered exactly by their chunks or partitions, CRC-32
  * mismatches, pickles naming a global outside the allowlist). 0 when the check ran. */
 int zfmt_foreign_verify(zck_report **out, const char *path, const zck_verify_opts *o);
-/* One safetensors file of the checkpoint's weights, verified in full first, streamed in bounded
+/* One safetensors file of the checkpoint's weights, checked first (DCP in full; DeepSpeed all but
+ * the CRC-32s of the optimizer moments, which are not read), streamed in bounded
  * memory, written to a temporary name and renamed into place: DeepSpeed's fp32 master weights
  * as zero_to_fp32.py rebuilds them (its parameter names, shared parameters as copies); every
  * tensor of a DCP checkpoint in its own dtype and name, as dcp_to_torch_save keeps them. */

@@ -2,7 +2,8 @@
 # foreign_bench.sh: `zckpt consolidate` of a DeepSpeed ZeRO stage-3 checkpoint of GPT-2 124M
 # saved by real DeepSpeed on 2 CPU ranks (tests/formats/foreign_ckpt.py ds --size 124m), side by
 # side with DeepSpeed's own zero_to_fp32.py (the copy save_checkpoint puts beside the
-# checkpoint, safetensors output) on the same checkpoint: wall time and peak RSS of each, ROUNDS
+# checkpoint; its default torch.save output: its --safe_serialization fails on GPT-2's tied
+# lm_head, "Some tensors share memory") on the same checkpoint: wall time and peak RSS of each, ROUNDS
 # rounds alternating, medians with the spread, and their ratios; both outputs compared tensor
 # for tensor. Goal (issue 25): at least 3x faster in at most 1/5 of the memory.
 # A benchmark, not a test: exits 0 whether the goal is met or not.
@@ -41,7 +42,7 @@ for r in $(seq 1 "$ROUNDS"); do
     read -r t m < <(timed "$zckpt" consolidate "$ck" -o "$out/z.safetensors")
     zs+=("$t"); zm+=("$m")
     sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
-    read -r t2 m2 < <(timed "$py" "$ck/zero_to_fp32.py" "$ck" "$out/ds" --safe_serialization)
+    read -r t2 m2 < <(timed "$py" "$ck/zero_to_fp32.py" "$ck" "$out/ds")
     ds+=("$t2"); dm+=("$m2")
     say "round $r: zckpt ${t} s ${m} KiB, zero_to_fp32.py ${t2} s ${m2} KiB"
 done
@@ -51,8 +52,8 @@ import glob, os, sys, torch
 from safetensors.torch import load_file
 z = load_file(sys.argv[1])
 ref = {}
-for f in glob.glob(os.path.join(sys.argv[2], "*.safetensors")):
-    ref.update(load_file(f))
+for f in glob.glob(os.path.join(sys.argv[2], "*.bin")):
+    ref.update(torch.load(f, weights_only=True))
 bad = [k for k in ref if k not in z or not torch.equal(ref[k], z[k])]
 assert not bad, "differ: %s" % bad[:5]
 print("[foreign] outputs equal: %d tensors" % len(ref))
