@@ -85,6 +85,8 @@ static int load_file(zfmt__zip **z, zfmt__pickle **pk, const char *dir, const ch
     const zfmt__zip_entry *e = rc ? NULL : zfmt__zip_find(*z, "data.pkl");
     if (!rc && !e)
         rc = zr_err_set(ZR_ECORRUPT, "%s: no data.pkl record: not a torch.save file", path);
+    if (!rc) /* damaged bytes are named as such, not as the pickle they garble */
+        rc = zfmt__zip_check_crc(*z, e);
     if (!rc)
         rc = zfmt__zip_slurp(*z, e, DS_MAX_PKL, &b);
     if (!rc)
@@ -96,6 +98,7 @@ static int load_file(zfmt__zip **z, zfmt__pickle **pk, const char *dir, const ch
     if (rc == ZR_ECORRUPT || rc == ZR_EUNSUPPORTED) {
         const char *m = zr_err_msg();
         zck_problem_kind k = strstr(m, "not allowed") ? ZCK_PROB_UNSAFE
+                             : strstr(m, "CRC-32") ? ZCK_PROB_HASH
                              : strstr(m, "truncated") || strstr(m, "no end of central")
                                  ? ZCK_PROB_TRUNCATED
                                  : ZCK_PROB_IO;
@@ -446,7 +449,8 @@ int zfmt__ds_open(zfmt__ds **out, const char *path, zck_report *rep, int crc,
     if (!rc && crc) {
         rc = crc_all(d->mz, mf, rep, &hashed);
         for (uint32_t r = 0; r < d->world && rc >= 0; r++) {
-            int k = crc_all(d->r[r].z, d->r[r].file, rep, &hashed);
+            /* a file whose pickle did not load was reported already */
+            int k = d->r[r].pk ? crc_all(d->r[r].z, d->r[r].file, rep, &hashed) : 0;
             rc = k < 0 ? k : rc | k;
             if (progress && progress->fn)
                 progress->fn(progress->ctx, "checking CRC-32", r + 1, d->world);

@@ -421,6 +421,30 @@ ZT_TEST(foreign_deepspeed_damage_is_named)
         snprintf(shown, sizeof shown, "out%zu.safetensors", i);
         ZT_CHECK(access(marker, F_OK) < 0 && access(shown, F_OK) < 0);
     }
+    /* bytes changed inside rank 0's partitions: a CRC-32 mismatch for verify, and consolidate,
+     * which reads the fp32 partition, refuses before writing */
+    ZT_CHECK(system("cp -r src flip") == 0);
+    const char *f = "flip/global_step2/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt";
+    zfmt__zip *z;
+    ZT_OK(zfmt__zip_open(&z, f));
+    FILE *fp = fopen(f, "r+b");
+    ZT_CHECK(fp);
+    for (size_t i = 0; i < z->n; i++)
+        if (z->e[i].size > 4000) { /* the fp32 partition, exp_avg, exp_avg_sq (not data.pkl) */
+            long at = (long)(z->e[i].data_off + z->e[i].size / 2);
+            int c;
+            ZT_CHECK(fseek(fp, at, SEEK_SET) == 0 && (c = fgetc(fp)) != EOF);
+            ZT_CHECK(fseek(fp, at, SEEK_SET) == 0 && fputc(c ^ 0x40, fp) != EOF);
+        }
+    fclose(fp);
+    zfmt__zip_free(z);
+    char *out;
+    ZT_CHECK(zt_zckpt(&out, "verify flip") == 1 && strstr(out, "hash mismatch") &&
+             strstr(out, "CRC-32"));
+    free(out);
+    ZT_CHECK(zt_zckpt(&out, "consolidate flip -o flip.safetensors") == 2 && strstr(out, "CRC-32"));
+    free(out);
+    ZT_CHECK(access("flip.safetensors", F_OK) < 0);
 }
 
 /* Real DCP checkpoints of FSDP2 on 2 ranks: verify sound, consolidate equal to
