@@ -640,3 +640,44 @@ void zt_config_refusals(int (*parse)(zr_config *, const char *), const zt_refusa
                     c.layers);
     }
 }
+
+char *zt_py_script(const char *modules, const char *script, const char *args)
+{
+    const char *py = zt_venv_python(modules);
+    if (!py)
+        ZT_SKIP("no oracle venv with %s (make oracle-venv; PyPI unreachable?)", modules);
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 '%s' "
+             "'%s/tests/formats/%s' %s > py.txt 2>&1", py, zt_root(), script, args);
+    int rc = system(cmd);
+    char *txt = zt_slurp("py.txt");
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77)
+        ZT_SKIP("%.*s (make oracle-venv installs it)", (int)strcspn(txt, "\n"), txt);
+    if (rc != 0)
+        ZT_FAIL("%s %.60s...: %s", script, args, txt);
+    return txt;
+}
+
+void zt_grads_at_threads(zr_model *m, const int32_t *in, const int32_t *tg, size_t B, size_t T,
+                         size_t V, double ref, const double *probs, const char *what,
+                         float *gt[3])
+{
+    size_t n = zr_model_numel(m);
+    for (int t = 0; t < 3; t++) {
+        float loss;
+        zr_set_threads(t + 1);
+        zr_model_zero_grad(m);
+        ZT_OK(zr_model_forward(m, in, tg, B, T, &loss));
+        ZT_OK(zr_model_backward(m, 1.0f));
+        if (!(fabs(loss - ref) <= 1e-5 * fabs(ref)))
+            ZT_FAIL("%s, %d threads: loss %.9g, double reference %.12g", what, t + 1, loss, ref);
+        const float *pr = zr_model_probs(m);
+        for (size_t i = 0; i < B * T * V; i++)
+            if (!(fabs(pr[i] - probs[i]) <= 1e-6))
+                ZT_FAIL("%s, %d threads: probs[%zu] = %.9g, double reference %.12g", what,
+                        t + 1, i, pr[i], probs[i]);
+        ZT_CHECK((gt[t] = malloc(n * sizeof(float))));
+        memcpy(gt[t], zr_model_grad(m, 0), n * sizeof(float));
+    }
+    zr_set_threads(1);
+}

@@ -142,6 +142,18 @@ void zt_same_latest(const char *a, const char *b, double atol, double rtol);
  * test runs; $ZT_VENV instead when set) when `import MODULES` (space-separated) works there;
  * NULL otherwise (the caller skips with one line). */
 const char *zt_venv_python(const char *modules);
+/* tests/formats/SCRIPT ARGS with the venv's python (which must import MODULES), its output into
+ * py.txt in the test's directory and returned (caller frees). Skips the test with one line
+ * when the venv lacks MODULES or the script exits 77 (what it cannot import); fails it, showing
+ * the output, on any other non-zero exit. */
+char *zt_py_script(const char *modules, const char *script, const char *args);
+/* Forward and backward of m (own arenas) on (in, tg) at 1, 2 and 3 threads: each loss within
+ * 1e-5 relative of ref, each probability within 1e-6 of probs[B*T*V]; the gradients of each
+ * count into gt[0..2] (malloc'ed, zr_model_numel floats). what names the case in failures.
+ * Leaves one thread set. */
+void zt_grads_at_threads(zr_model *m, const int32_t *in, const int32_t *tg, size_t B, size_t T,
+                         size_t V, double ref, const double *probs, const char *what,
+                         float *gt[3]);
 
 /* A small GPT-2 that trains in milliseconds, and the options of such a run into dir: batch 4 of
  * micro-batches of 2, warmup 5, lr 3e-3, one thread, the given steps. */

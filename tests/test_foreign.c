@@ -8,25 +8,9 @@
 #include "harness.h"
 
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 /* tests/formats/torch_files.py with args; skips without torch */
-static void torch_files(const char *args)
-{
-    const char *py = zt_venv_python("torch");
-    if (!py)
-        ZT_SKIP("no oracle venv with torch (make oracle-venv)");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' '%s/tests/formats/torch_files.py' %s > py.txt 2>&1", py,
-             zt_root(), args);
-    int rc = system(cmd);
-    char *txt = zt_slurp("py.txt");
-    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77)
-        ZT_SKIP("%s", txt);
-    if (rc)
-        ZT_FAIL("torch_files.py %s: %s", args, txt);
-    free(txt);
-}
+static void torch_files(const char *args) { free(zt_py_script("torch", "torch_files.py", args)); }
 
 static zfmt__pickle *load_pkl(const zfmt__zip *z)
 {
@@ -295,19 +279,7 @@ ZT_TEST(foreign_dcp_verify_names_each_damage)
  * torch and deepspeed */
 static void foreign_ckpt(const char *args)
 {
-    const char *py = zt_venv_python("torch deepspeed");
-    if (!py)
-        ZT_SKIP("no oracle venv with torch and deepspeed (make oracle-venv)");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' '%s/tests/formats/foreign_ckpt.py' %s > py.txt 2>&1", py,
-             zt_root(), args);
-    int rc = system(cmd);
-    char *txt = zt_slurp("py.txt");
-    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77)
-        ZT_SKIP("%s", txt);
-    if (rc)
-        ZT_FAIL("foreign_ckpt.py %s: %s", args, txt);
-    free(txt);
+    free(zt_py_script("torch deepspeed", "foreign_ckpt.py", args));
 }
 
 /* every tensor of ref in got, equal bit for bit (got's name may carry prefix) */

@@ -347,18 +347,7 @@ static void zero_outputs(const char *run, const char *out, const int32_t *tokens
  * with the output unless it exits 0; else prints its lines (the measured differences). */
 static void hf_torch(const char *args)
 {
-    const char *py = zt_venv_python("json");
-    if (!py)
-        ZT_SKIP("no oracle venv (make oracle-venv; PyPI unreachable?)");
-    char cmd[16384];
-    snprintf(cmd, sizeof cmd, "TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 '%s' "
-             "'%s/tests/formats/hf_torch.py' %s > torch.txt 2>&1", py, zt_root(), args);
-    int rc = system(cmd);
-    char *txt = zt_slurp("torch.txt");
-    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77)
-        ZT_SKIP("%.*s (make oracle-venv installs torch)", (int)strcspn(txt, "\n"), txt);
-    if (rc != 0)
-        ZT_FAIL("hf_torch.py %.40s...: %s", args, txt);
+    char *txt = zt_py_script("json", "hf_torch.py", args);
     fprintf(stderr, "%s", txt);
     free(txt);
 }
@@ -663,7 +652,7 @@ ZT_TEST(hf_torch_zrun_default_threads_first_loss)
     double zero = json_number_value(json_object_get(line, "loss"));
     json_decref(line);
     hf_torch("loss hfw 97 16");
-    char *txt = zt_slurp("torch.txt");
+    char *txt = zt_slurp("py.txt");
     double hf = strtod(txt, NULL);
     free(txt);
     if (!(fabs(zero - hf) <= 1e-5 * fabs(hf)))

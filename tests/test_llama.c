@@ -215,23 +215,7 @@ static void grad_check(const char *spec, size_t max_B, size_t B, size_t T, uint6
     double ref = ref_loss(r, pd, in, tg, B, T, probs);
     /* the model at 1, 2 and 3 threads (zrun's default is 2): each against the reference */
     float *gt[3];
-    for (int t = 0; t < 3; t++) {
-        float loss;
-        zr_set_threads(t + 1);
-        zr_model_zero_grad(m);
-        ZT_OK(zr_model_forward(m, in, tg, B, T, &loss));
-        ZT_OK(zr_model_backward(m, 1.0f));
-        if (!(fabs(loss - ref) <= 1e-5 * fabs(ref)))
-            ZT_FAIL("%s, %d threads: loss %.9g, double reference %.12g", spec, t + 1, loss, ref);
-        const float *pr = zr_model_probs(m);
-        for (size_t i = 0; i < B * T * c.vocab; i++)
-            if (!(fabs(pr[i] - probs[i]) <= 1e-6))
-                ZT_FAIL("%s, %d threads: probs[%zu] = %.9g, double reference %.12g", spec,
-                        t + 1, i, pr[i], probs[i]);
-        ZT_CHECK((gt[t] = malloc(n * sizeof(float))));
-        memcpy(gt[t], zr_model_grad(m, 0), n * sizeof(float));
-    }
-    zr_set_threads(1);
+    zt_grads_at_threads(m, in, tg, B, T, c.vocab, ref, probs, spec, gt);
     const double h = 1e-5;
     for (size_t k = 0; k < r->nt; k++) {
         uint64_t nj = r->t[k].numel < per_tensor ? r->t[k].numel : per_tensor, nz = 0;

@@ -320,23 +320,9 @@ static void grad_check(uint32_t L, uint32_t NH, uint32_t C, uint32_t ctx, uint32
     double ref = ref_loss(&r, pd, in, tg, B, T, probs);
     /* the model at 1, 2 and 3 threads (zrun's default is 2): each against the reference */
     float *gt[3];
-    for (int t = 0; t < 3; t++) {
-        float loss;
-        zr_set_threads(t + 1);
-        zr_model_zero_grad(m);
-        ZT_OK(zr_model_forward(m, in, tg, B, T, &loss));
-        ZT_OK(zr_model_backward(m, 1.0f));
-        if (fabs(loss - ref) > 1e-5 * fabs(ref))
-            ZT_FAIL("%d threads: loss %.9g, double reference %.12g", t + 1, loss, ref);
-        const float *pr = zr_model_probs(m);
-        for (size_t i = 0; i < B * T * V; i++)
-            if (fabs(pr[i] - probs[i]) > 1e-6)
-                ZT_FAIL("%d threads: probs[%zu] = %.9g, double reference %.12g", t + 1, i,
-                        pr[i], probs[i]);
-        ZT_CHECK((gt[t] = malloc(n * sizeof(float))));
-        memcpy(gt[t], zr_model_grad(m, 0), n * sizeof(float));
-    }
-    zr_set_threads(1);
+    char what[64];
+    snprintf(what, sizeof what, "B=%zu T=%zu", B, T);
+    zt_grads_at_threads(m, in, tg, B, T, V, ref, probs, what, gt);
 
     tinfo ts[64];
     size_t nt = layout_tensors(ts, 64, lay), kinds_seen = 0;
