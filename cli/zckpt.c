@@ -357,6 +357,19 @@ static bool is_archive(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* The problems of a report as a JSON array of {file, kind, detail} */
+static json_t *problems_json(const zck_report *rep)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < zck_report_count(rep); i++) {
+        const zck_problem *p = zck_report_get(rep, i);
+        json_array_append_new(arr, json_pack("{s:s, s:s, s:s}", "file", p->file, "kind",
+                                             zck_problem_kind_name(p->kind), "detail",
+                                             p->detail));
+    }
+    return arr;
+}
+
 /* Verify one checkpoint directory, named label in the summary; problem files are printed
  * after prefix ("step-00000200/" inside a run directory). *found: problems found; *jout: its
  * JSON object (with json). */
@@ -365,13 +378,7 @@ static void report_print(zck_report *rep, const char *path, const char *label,
 {
     size_t n = zck_report_count(rep);
     if (json) {
-        json_t *arr = json_array();
-        for (size_t i = 0; i < n; i++) {
-            const zck_problem *p = zck_report_get(rep, i);
-            json_array_append_new(arr, json_pack("{s:s, s:s, s:s}", "file", p->file, "kind",
-                                                 zck_problem_kind_name(p->kind), "detail",
-                                                 p->detail));
-        }
+        json_t *arr = problems_json(rep);
         *jout = json_pack("{s:s, s:b, s:b, s:I, s:b, s:o}", "path", path, "sound", n == 0,
                           "quick", quick, "bytes_hashed",
                           (json_int_t)zck_report_bytes_hashed(rep), "hash_skipped",
@@ -1146,13 +1153,7 @@ static int audit_foreign(const zckpt_args *a, zfmt_foreign_kind k)
     const char *why = "zrun resumes only zero checkpoints, and zckpt import does not read this "
                       "format yet (zckpt consolidate writes its weights as safetensors)";
     if (a->json) {
-        json_t *probs = json_array();
-        for (size_t i = 0; i < n; i++) {
-            const zck_problem *p = zck_report_get(rep, i);
-            json_array_append_new(probs, json_pack("{s:s, s:s, s:s}", "file", p->file, "kind",
-                                                   zck_problem_kind_name(p->kind), "detail",
-                                                   p->detail));
-        }
+        json_t *probs = problems_json(rep);
         print_json(json_pack("{s:s, s:s, s:b, s:b, s:o, s:[s]}", "path", a->path, "format",
                              zfmt_foreign_name(k), "sound", n == 0, "resumable", 0, "problems",
                              probs, "reasons", why));
