@@ -1339,11 +1339,13 @@ static const zcli_command commands[] = {
      "stale temporaries.\n"},
     {"inspect", cmd_inspect, TABLE(inspect_opts),
      "Summarize a checkpoint's manifest. CKPT is a checkpoint directory or a run directory\n"
-     "(its `latest` is used).\n"},
+     "(its `latest` is used), or a DeepSpeed ZeRO or PyTorch DCP checkpoint directory.\n"},
     {"verify", cmd_verify, TABLE(verify_opts),
      "Check a checkpoint: manifest, SHA256SUMS, presence and size of every shard, coverage of\n"
      "every (group, state), stray files and, unless --quick, the SHA-256 of every shard.\n"
      "An archive made by `zckpt pack` is verified while it streams, without extracting.\n"
+     "A DeepSpeed ZeRO or PyTorch DCP checkpoint directory is read in C (nothing executed):\n"
+     "rank files, partitions or chunks covering every tensor, zips, pickles, CRC-32s.\n"
      "Exit 0 when sound, 1 when a problem is found, 2 on error.\n"},
     {"reshard", cmd_reshard, TABLE(reshard_opts),
      "Write the checkpoint again for N ranks into the new run directory OUT (same step).\n"
@@ -1354,7 +1356,8 @@ static const zcli_command commands[] = {
      "One file or one shard: --format safetensors writes every tensor (states other than\n"
      "param as <state>/<name>) into one safetensors file, optionally converted (--dtype) or\n"
      "params only; --format zckpt writes a world-1 checkpoint into the run directory OUT.\n"
-     "Streaming, bounded memory.\n"},
+     "Of a DeepSpeed ZeRO or DCP checkpoint: its weights into one safetensors file, as\n"
+     "zero_to_fp32.py or dcp_to_torch_save give them. Streaming, bounded memory.\n"},
     {"export", cmd_export, TABLE(export_opts),
      "Export the model (params) of a checkpoint: safetensors in our tensor names, llm.c's\n"
      "GPT-2 model file (gpt2_124M.bin layout), or a Hugging Face model directory (config.json\n"
