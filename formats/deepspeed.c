@@ -285,10 +285,15 @@ static int read_rank(zfmt__ds *d, uint32_t r, int bf16, zck_report *rep)
                                                                                : pc;
     else
         zfmt__pv_int(pcv, &pc);
-    if (!zfmt__pv_int(zfmt__pv_get(x->osd, "zero_stage"), &stage) || stage < 1 || stage > 3)
-        return zck_report_add(rep, ZCK_PROB_MANIFEST, x->file, "no zero_stage of 1 to 3: not a "
-                              "ZeRO optimizer file (DeepSpeed's BF16_Optimizer without ZeRO "
-                              "writes none)") ? -1 : 1;
+    /* DeepSpeed's BF16_Optimizer (bf16 with fp32 gradient accumulation at stages 0-1) writes
+     * no zero_stage, its partitions laid out as stage 1's */
+    if (!zfmt__pv_get(x->osd, "zero_stage") &&
+        zfmt__pv_get(x->osd, "single_partition_of_fp32_groups") && pcv)
+        stage = 1;
+    else if (!zfmt__pv_int(zfmt__pv_get(x->osd, "zero_stage"), &stage) || stage < 1 ||
+             stage > 3)
+        return zck_report_add(rep, ZCK_PROB_MANIFEST, x->file, "no zero_stage of 1 to 3 and no "
+                              "BF16_Optimizer partitions: not a ZeRO optimizer file") ? -1 : 1;
     if (d->stage && stage != d->stage)
         return zck_report_add(rep, ZCK_PROB_MANIFEST, x->file, "zero_stage %lld, rank 0's is "
                               "%d (files of two saves?)", (long long)stage, d->stage) ? -1 : 1;
