@@ -453,12 +453,14 @@ static int parse_args(zrun_args *a, int argc, char **argv)
             zr_err_prefix("--tokenizer: ");
             return zcli_fail_lib(PROG, NULL);
         }
-        a->o.tokenizer_json = json; /* kept for the run */
-        if (a->o.tokenizer_bytes > ZCK_MAX_FILE_BYTES) /* before any rank, not at the 1st save */
+        if (a->o.tokenizer_bytes > ZCK_MAX_FILE_BYTES) { /* before any rank, not at a save */
+            free(json);
             return zcli_fail(PROG, "a checkpoint records the tokenizer as an extra file: use a "
                              "smaller tokenizer.json (fewer merges, no indentation)",
                              "--tokenizer %s: %zu bytes, at most %zu (64 MiB)",
                              a->o.tokenizer_path, a->o.tokenizer_bytes, ZCK_MAX_FILE_BYTES);
+        }
+        a->o.tokenizer_json = json; /* kept for the run */
     }
     if (a->o.offload_params != ZR_OFFLOAD_NONE && a->o.zero_stage != 3)
         return zcli_fail(PROG, "use --zero 3, or drop --offload-params",
