@@ -13,6 +13,7 @@
 #include "common.h"
 #include "zr.h"
 
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -249,6 +250,35 @@ ZT_TEST(output_diverged_run_stops_without_saving)
 {
     diverge("one", "--async-save off");
     diverge("two", "--nproc 2 --zero 2 --async-save on");
+}
+
+/* Progress when stderr is not a terminal (a batch job's log, issue 24): nothing for a phase
+ * shorter than 5 s, then one plain line (no "\r") every 5 s of a long one, naming the phase
+ * and how far it got. Real time: the test waits 5.2 s. */
+ZT_TEST(output_progress_lines_when_not_a_terminal)
+{
+    fflush(stderr);
+    int saved = dup(2), fd = open("progress.log", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ZT_CHECK(saved >= 0 && fd >= 0 && dup2(fd, 2) == 2);
+    close(fd);
+    zcli_bar bar;
+    zck_progress p = zcli_progress_init(&bar);
+    p.fn(p.ctx, "quick", 0, 1000);
+    p.fn(p.ctx, "quick", 1000, 1000); /* a short phase: no line */
+    p.fn(p.ctx, "hashing", 0, 1 << 30);
+    p.fn(p.ctx, "hashing", 1 << 20, 1 << 30); /* under 5 s: no line yet */
+    usleep(5200 * 1000);
+    p.fn(p.ctx, "hashing", 1 << 29, 1 << 30); /* past 5 s: one line */
+    p.fn(p.ctx, "hashing", (1 << 29) + 1, 1 << 30); /* just after it: none */
+    zcli_progress_end(&bar);
+    fflush(stderr);
+    ZT_CHECK(dup2(saved, 2) == 2);
+    close(saved);
+    char *t = zt_slurp("progress.log");
+    if (strstr(t, "quick") || strchr(t, '\r') || !strstr(t, "hashing") ||
+        !strstr(t, "50%") || strchr(t, '\n') != strrchr(t, '\n'))
+        ZT_FAIL("expected one plain line for the long phase at 50%%, got:\n%s", t);
+    free(t);
 }
 
 ZT_TEST(output_progress_frames)
