@@ -259,6 +259,15 @@ static const zfmt__pv *flat_f32(const zfmt__pv *t)
 
 static uint64_t t_numel(const zfmt__pv *t) { return t->ndim ? t->size[0] : 1; }
 
+/* the zip holds tensor t's storage record, of the size its pickle declares */
+static int has_record(const zfmt__zip *z, const zfmt__pv *t)
+{
+    char rec[128];
+    snprintf(rec, sizeof rec, "data/%s", t->storage->s);
+    const zfmt__zip_entry *e = zfmt__zip_find(z, rec);
+    return e && e->size == (uint64_t)t->storage->i * zck_dtype_size(t->dtype);
+}
+
 /* rank r's optimizer file: stage, partition count, its flat partitions */
 static int read_rank(zfmt__ds *d, uint32_t r, int bf16, zck_report *rep)
 {
@@ -314,6 +323,10 @@ static int read_rank(zfmt__ds *d, uint32_t r, int bf16, zck_report *rep)
         if (!flat_f32(fl->items[g]))
             return zck_report_add(rep, ZCK_PROB_MANIFEST, x->file, "partition %zu is not a flat "
                                   "float32 tensor", g) ? -1 : 1;
+        if (!has_record(x->z, fl->items[g]))
+            return zck_report_add(rep, ZCK_PROB_TRUNCATED, x->file, "partition %zu: its storage "
+                                  "record data/%s is missing or not the size the pickle says",
+                                  g, fl->items[g]->storage->s) ? -1 : 1;
         x->total += t_numel(fl->items[g]);
     }
     x->flat = (const zfmt__pv *const *)fl->items;
@@ -388,10 +401,11 @@ static int check_layout(zfmt__ds *d, zck_report *rep)
                                                                                "exp_avg_sq");
             uint64_t n = t_numel(d->r[r].flat[g]);
             if (!m || !v || t_numel(m) < n || t_numel(v) != t_numel(m) ||
-                t_numel(m) - n >= 2 * (uint64_t)W)
+                t_numel(m) - n >= 2 * (uint64_t)W || !has_record(d->r[r].z, m) ||
+                !has_record(d->r[r].z, v))
                 return zck_report_add(rep, ZCK_PROB_COVERAGE, d->r[r].file, "group %zu: "
-                                      "exp_avg and exp_avg_sq missing or not the partition's "
-                                      "%llu elements", g, (unsigned long long)n);
+                                      "exp_avg and exp_avg_sq missing, without their storage "
+                                      "records, or not the partition's %llu elements", g, (unsigned long long)n);
         }
     return 0;
 }

@@ -428,6 +428,21 @@ ZT_TEST(foreign_deepspeed_damage_is_named)
     ZT_CHECK(zt_zckpt(&out, "consolidate flip -o flip.safetensors") == 2 && strstr(out, "CRC-32"));
     free(out);
     ZT_CHECK(access("flip.safetensors", F_OK) < 0);
+    /* a storage record dropped from rank 1's zip (rebuilt by Python's zipfile): named */
+    ZT_CHECK(system("cp -r src norec") == 0);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' -c \"import zipfile\n"
+             "f = 'norec/global_step2/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt'\n"
+             "z = zipfile.ZipFile(f)\nr = [(i.filename, z.read(i)) for i in z.infolist()]\n"
+             "z.close()\no = zipfile.ZipFile(f, 'w')\n"
+             "[o.writestr(n, d) for n, d in r if not n.endswith('/data/2')]\no.close()\"",
+             zt_venv_python("zipfile"));
+    ZT_CHECK(system(cmd) == 0);
+    ZT_CHECK(zt_zckpt(&out, "verify norec") == 1);
+    if (!strstr(out, "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt: ") ||
+        !strstr(out, "storage record"))
+        ZT_FAIL("a dropped storage record:\n%s", out);
+    free(out);
 }
 
 /* Real DCP checkpoints of FSDP2 on 2 ranks: verify sound, consolidate equal to
