@@ -27,6 +27,8 @@
 #define DCP_PICKLE_BUDGET ((size_t)1 << 30)
 #define ITEM_PICKLE_BUDGET ((size_t)16 << 20)
 
+static uint64_t volume(size_t nd, const uint64_t *s);
+
 typedef struct {
     uint64_t off[ZCK_MAX_DIMS], size[ZCK_MAX_DIMS];
     const char *file; /* borrowed from the pickle; NULL: no storage entry */
@@ -100,6 +102,8 @@ static int tensor_item(dcp_item *it, const zfmt__pv *md)
         dt = zfmt__pv_get(st, "dtype");
     if (!dt || dt->kind != ZFMT__PK_GLOBAL || strncmp(dt->s, "torch.", 6))
         return bad("a tensor without a dtype", it->fqn);
+    if (volume(it->ndim, it->size) > ((uint64_t)1 << 56))
+        return bad("a tensor of more than 2^56 elements", it->fqn);
     it->dtype_name = dt->s + 6;
     it->dtype_known = zfmt__torch_dtype(&it->dtype, it->dtype_name);
     if (chunks->n > ((size_t)1 << 24))

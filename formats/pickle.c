@@ -368,8 +368,10 @@ static int make_tensor(parser *p, zfmt__pv *st, const zfmt__pv *off, const zfmt_
         t->size[k] = (uint64_t)a;
         t->stride[k] = b;
         numel = a && numel > UINT64_MAX / (uint64_t)a ? UINT64_MAX : numel * (uint64_t)a;
-        if (a)
-            last += (uint64_t)(a - 1) * (uint64_t)b;
+        uint64_t reach;
+        if (a && (__builtin_mul_overflow((uint64_t)(a - 1), (uint64_t)b, &reach) ||
+                  __builtin_add_overflow(last, reach, &last)))
+            return fail(p, ZR_ECORRUPT, "%s", "a tensor view reaches past 2^64 elements");
     }
     if (numel && (uint64_t)st->i <= last)
         return fail(p, ZR_ECORRUPT, "%s", "a tensor view reaches past the end of its storage");

@@ -140,6 +140,16 @@ ZT_TEST(foreign_pickles_naming_code_are_refused)
         {"\x80\x02" "X\xff\xff\0\0ab.", 10, "runs past the end"},
         {"\x80\x02" "ctorch\nFloatStorage\n)R.", 25, "is not callable"},
     };
+    /* a tensor view of sizes (2^40, 2^40), strides (2^40, 1): past 2^64 elements, not wrapped */
+    static const char huge[] =
+        "\x80\x02" "ctorch._utils\n_rebuild_tensor_v2\n("
+        "(X\x07\0\0\0storage" "ctorch\nFloatStorage\n" "X\x01\0\0\0" "0" "X\x03\0\0\0cpu"
+        "K\x0at" "QK\x00"
+        "\x8a\x06\0\0\0\0\0\x01\x8a\x06\0\0\0\0\0\x01\x86"
+        "\x8a\x06\0\0\0\0\0\x01K\x01\x86" "\x89Nt" "R.";
+    zfmt__pickle *hp = NULL;
+    ZT_ERR(zfmt__pickle_load(&hp, huge, sizeof huge - 1, "x", 1 << 20), ZR_ECORRUPT,
+           "reaches past 2^64 elements");
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         zfmt__pickle *p = NULL;
         if (!bad[i].msg) {
