@@ -456,9 +456,12 @@ static int check_item(const zfmt__dcp *d, const dcp_item *it, const dcp_chunk *c
     return rc;
 }
 
-int zfmt__dcp_verify(zck_report *rep, const char *dir, const zck_verify_opts *o)
+int zfmt__dcp_verify(zck_report *rep, const char *dir, const zck_verify_opts *o,
+                     zfmt__dcp **keep)
 {
     zfmt__dcp *d = NULL;
+    if (keep)
+        *keep = NULL;
     int rc = zfmt__dcp_open(&d, dir, rep);
     if (rc == ZR_ECORRUPT || rc == ZR_ENOTFOUND) {
         int unsafe = strstr(zr_err_msg(), "not allowed") != NULL;
@@ -487,7 +490,10 @@ int zfmt__dcp_verify(zck_report *rep, const char *dir, const zck_verify_opts *o)
         }
     zck_report_add_bytes_hashed(rep, hashed);
     close_files(f, nf);
-    zfmt__dcp_free(d);
+    if (keep && !rc)
+        *keep = d;
+    else
+        zfmt__dcp_free(d);
     return rc;
 }
 

@@ -93,7 +93,7 @@ int zfmt_foreign_verify(zck_report **out, const char *path, const zck_verify_opt
         return zr_err_set(ZR_ENOTFOUND, "%s: neither a DeepSpeed nor a DCP checkpoint", path);
     zck_report *rep;
     ZR_TRY(zck_report_new(&rep));
-    int rc = k == ZFMT_FOREIGN_DCP ? zfmt__dcp_verify(rep, path, o ? o : &dflt)
+    int rc = k == ZFMT_FOREIGN_DCP ? zfmt__dcp_verify(rep, path, o ? o : &dflt, NULL)
                                    : zfmt__ds_verify(rep, path, o ? o : &dflt);
     if (rc) {
         zck_report_free(rep);
@@ -257,16 +257,12 @@ int zfmt_foreign_consolidate(const char *path, const char *out_file, const zck_p
     zfmt__dcp *dcp = NULL;
     /* DeepSpeed: every check but the CRC-32s, then those of the records the weights come
      * from (the optimizer moments are not written: zckpt verify checks their records) */
-    int rc = k == ZFMT_FOREIGN_DCP ? zfmt__dcp_verify(rep, path, &vo)
+    int rc = k == ZFMT_FOREIGN_DCP ? zfmt__dcp_verify(rep, path, &vo, &dcp)
                                    : zfmt__ds_open(&ds, path, rep, 0, progress);
     if (!rc && ds)
         rc = zfmt__ds_check_weights(ds, rep);
     if (rc >= 0 && zck_report_count(rep))
         rc = first_problem(rep, path);
-    zck_report_free(rep);
-    rep = NULL;
-    if (!rc && k == ZFMT_FOREIGN_DCP && !(rc = zck_report_new(&rep)))
-        rc = zfmt__dcp_open(&dcp, path, rep);
     zck_report_free(rep);
     out_tensor *t = NULL;
     size_t n = 0, hl = 0;

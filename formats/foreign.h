@@ -132,8 +132,10 @@ typedef struct zfmt__dcp zfmt__dcp;
 int zfmt__dcp_open(zfmt__dcp **out, const char *dir, zck_report *rep);
 void zfmt__dcp_free(zfmt__dcp *d);
 /* Every check of dcp.c's head comment, problems into rep; negative only when the check could
- * not run. */
-int zfmt__dcp_verify(zck_report *rep, const char *dir, const zck_verify_opts *o);
+ * not run. With keep, the parsed checkpoint is handed out (NULL when .metadata was unusable),
+ * so that a caller reading it next does not parse .metadata again. */
+int zfmt__dcp_verify(zck_report *rep, const char *dir, const zck_verify_opts *o,
+                     zfmt__dcp **keep);
 /* The one tensor of a DCP tensor item (a torch.save zip), checked: dtype dt, sizes, its storage
  * record's size. *pk owns it (free it also on failure). */
 int zfmt__dcp_item_tensor(zfmt__zip *z, const char *fqn, zck_dtype dt, size_t nd,

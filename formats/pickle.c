@@ -138,17 +138,25 @@ static int charge(parser *p, size_t bytes)
     return 0;
 }
 
+/* room for one more pointer in *a (of *n used, *cap allocated), doubling it, charged */
+static int grow(parser *p, zfmt__pv ***a, size_t n, size_t *cap, size_t first)
+{
+    if (n < *cap)
+        return 0;
+    size_t c = *cap ? 2 * *cap : first;
+    ZR_TRY(charge(p, (c - *cap) * sizeof(void *)));
+    zfmt__pv **b = realloc(*a, c * sizeof *b);
+    if (!b)
+        return zr_err_set(ZR_ENOMEM, "%s: out of memory", p->P->what);
+    *a = b;
+    *cap = c;
+    return 0;
+}
+
 static int new_v(parser *p, zfmt__pk_kind kind, zfmt__pv **out)
 {
-    ZR_TRY(charge(p, sizeof(zfmt__pv) + sizeof(void *)));
-    if (p->P->n_all == p->P->cap_all) {
-        size_t cap = p->P->cap_all ? 2 * p->P->cap_all : 256;
-        zfmt__pv **a = realloc(p->P->all, cap * sizeof *a);
-        if (!a)
-            return zr_err_set(ZR_ENOMEM, "%s: out of memory", p->P->what);
-        p->P->all = a;
-        p->P->cap_all = cap;
-    }
+    ZR_TRY(charge(p, sizeof(zfmt__pv)));
+    ZR_TRY(grow(p, &p->P->all, p->P->n_all, &p->P->cap_all, 256));
     zfmt__pv *v = calloc(1, sizeof *v);
     if (!v)
         return zr_err_set(ZR_ENOMEM, "%s: out of memory", p->P->what);
@@ -160,39 +168,15 @@ static int new_v(parser *p, zfmt__pk_kind kind, zfmt__pv **out)
 
 static int add_item(parser *p, zfmt__pv *c, zfmt__pv *item)
 {
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? 2 * c->cap : 4;
-        ZR_TRY(charge(p, (cap - c->cap) * sizeof(void *)));
-        zfmt__pv **a = realloc(c->items, cap * sizeof *a);
-        if (!a)
-            return zr_err_set(ZR_ENOMEM, "%s: out of memory", p->P->what);
-        c->items = a;
-        c->cap = cap;
-    }
+    ZR_TRY(grow(p, &c->items, c->n, &c->cap, 4));
     c->items[c->n++] = item;
     return 0;
 }
 
 static int push(parser *p, zfmt__pv *v)
 {
-    if (p->sn == p->scap) {
-        size_t cap = p->scap ? 2 * p->scap : 64;
-        ZR_TRY(charge(p, (cap - p->scap) * sizeof(void *)));
-        zfmt__pv **a = realloc(p->st, cap * sizeof *a);
-        if (!a)
-            return zr_err_set(ZR_ENOMEM, "%s: out of memory", p->P->what);
-        p->st = a;
-        p->scap = cap;
-    }
+    ZR_TRY(grow(p, &p->st, p->sn, &p->scap, 64));
     p->st[p->sn++] = v;
-    return 0;
-}
-
-static int pop(parser *p, zfmt__pv **out)
-{
-    if (p->sn == 0 || p->st[p->sn - 1] == &mark_v)
-        return fail(p, ZR_ECORRUPT, "%s", "the stack is empty where a value was expected");
-    *out = p->st[--p->sn];
     return 0;
 }
 
@@ -201,6 +185,13 @@ static int top(parser *p, zfmt__pv **out)
     if (p->sn == 0 || p->st[p->sn - 1] == &mark_v)
         return fail(p, ZR_ECORRUPT, "%s", "the stack is empty where a value was expected");
     *out = p->st[p->sn - 1];
+    return 0;
+}
+
+static int pop(parser *p, zfmt__pv **out)
+{
+    ZR_TRY(top(p, out));
+    p->sn--;
     return 0;
 }
 
