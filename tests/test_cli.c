@@ -138,9 +138,9 @@ ZT_TEST(cli_ls_inspect_reshard_diff_prune)
     zck_layout_free(L);
 }
 
-ZT_TEST(cli_pack_unpack_export_import)
+/* A GPT-2-shaped run at step 5, world 2 (the formats commands read it). */
+static void gpt2_run(const char *run)
 {
-    /* a GPT-2-shaped checkpoint through the formats commands */
     zfmt_gpt2_config c = {2, 2, 8, 16, 11};
     zck_layout *L;
     ZT_OK(zfmt_gpt2_layout(&L, &c));
@@ -151,7 +151,15 @@ ZT_TEST(cli_pack_unpack_export_import)
     o.world = 2;
     o.model_json = model;
     uint64_t seed = 3;
-    free(zt_save_as("run", L, &o, zt_seed_fill, &seed));
+    free(zt_save_as(run, L, &o, zt_seed_fill, &seed));
+    free(model);
+    zck_layout_free(L);
+}
+
+ZT_TEST(cli_pack_unpack_export_import)
+{
+    /* a GPT-2-shaped checkpoint through the formats commands */
+    gpt2_run("run");
     expect(0, "archive of run", "pack run -o run.tar.gz");
     expect(2, "already exists", "pack run -o run.tar.gz");
     expect(0, "sound", "verify run.tar.gz");
@@ -174,8 +182,6 @@ ZT_TEST(cli_pack_unpack_export_import)
     }
     json_decref(j);
     expect(0, "safetensors of run", "consolidate run -o all.safetensors --dtype bf16");
-    free(model);
-    zck_layout_free(L);
 }
 
 /* ------------------------------------------------------------------ option tables */
@@ -522,23 +528,6 @@ ZT_TEST(cli_verify_hint_only_for_checkpoints)
 
 /* ------------------------------------------------------------------ outputs (issue 24) */
 
-/* A GPT-2-shaped run at step 5, world 2 (the formats commands read it). */
-static void gpt2_run(const char *run)
-{
-    zfmt_gpt2_config c = {2, 2, 8, 16, 11};
-    zck_layout *L;
-    ZT_OK(zfmt_gpt2_layout(&L, &c));
-    char *model;
-    ZT_OK(zfmt_gpt2_config_to_json(&model, &c));
-    zck_commit_opts o = ZCK_COMMIT_OPTS_INIT;
-    o.step = 5;
-    o.world = 2;
-    o.model_json = model;
-    uint64_t seed = 3;
-    free(zt_save_as(run, L, &o, zt_seed_fill, &seed));
-    free(model);
-    zck_layout_free(L);
-}
 
 static bool is_dir(const char *p)
 {
