@@ -863,13 +863,16 @@ static int cmd_import(const void *args)
     int rc = output_ready(out, false, &made);
     if (rc)
         return rc;
+    char note[1024] = "";
+    o.note = note;
+    o.note_cap = sizeof note;
     o.progress = zcli_progress_init(&bar);
     rc = zfmt_import(src, out, &o);
     zcli_progress_end(&bar);
-    if (rc < 0) /* the source is no checkpoint: `zckpt verify` does not read it */
+    if (rc < 0) /* zckpt verify does not read most sources (it does DeepSpeed's and DCP's) */
         return output_done(zcli_fail_lib(PROG, NULL), made, out);
     free(made);
-    printf("%s: imported %s as a world-%u checkpoint at step 0\n", out, src, o.world);
+    printf("%s: imported %s as a world-%u checkpoint %s\n", out, src, o.world, note);
     return ZCLI_OK;
 }
 
@@ -1273,6 +1276,12 @@ static const zcli_opt import_opts[] = {
                  "shards of the new checkpoint"),
     ZCLI_INTEGER(U32, "--heads", import.heads, "N", 1, 65536, "from the source",
                  "attention heads, when the source does not say"),
+    ZCLI_STRING("--format", import.format, "auto|deepspeed|dcp", "auto",
+                "deepspeed or dcp: refuse SRC unless it is a DeepSpeed ZeRO or PyTorch DCP "
+                "checkpoint (auto: by what SRC holds)"),
+    ZCLI_STRING("--config", import.config, "FILE", "SRC's config.json (a DeepSpeed tag "
+                "folder: its parent's)",
+                "DeepSpeed and DCP: the model's Hugging Face config.json"),
 };
 static const zcli_opt pack_opts[] = {
     ZCLI_POSITIONAL("CKPT", path),
@@ -1367,7 +1376,10 @@ static const zcli_command commands[] = {
      "Make a step-0 checkpoint (N shards) from a model: a safetensors file in our names, a\n"
      "Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory (config.json +\n"
      "model.safetensors, or shards with model.safetensors.index.json), or an llm.c GPT-2\n"
-     "model file. Optimizer states start at zero; `zrun` can resume training from it.\n"},
+     "model file: optimizer states start at zero. Or a DeepSpeed ZeRO checkpoint (stages\n"
+     "1-3, fp32 or bf16) or a PyTorch DCP checkpoint of such a Hugging Face model, verified\n"
+     "in full first: the fp32 weights, AdamW's moments and step come along, and `zrun\n"
+     "--resume RUNDIR` continues the run (give it the source's --lr and --weight-decay).\n"},
     {"pack", cmd_pack, TABLE(pack_opts),
      "Pack a checkpoint into a tar archive (compression from the suffix), streaming.\n"},
     {"unpack", cmd_unpack, TABLE(unpack_opts),

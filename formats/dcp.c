@@ -517,9 +517,10 @@ int zfmt__dcp_tensor(const zfmt__dcp *d, size_t i, const char **fqn, zck_dtype *
     return 0;
 }
 
-/* chunk c of item it into o, the tensor starting at byte base of o (row-major) */
+/* chunk c of item it into o, the tensor starting at byte base of o (row-major); or, with o
+ * NULL, into memory at mem (the whole tensor, row-major) */
 static int copy_chunk(const zfmt__dcp *d, const dcp_item *it, const dcp_chunk *c, zfmt__out *o,
-                      uint64_t base, char *buf, size_t cap)
+                      uint64_t base, char *buf, size_t cap, char *mem)
 {
     char *path = zck_path_join(d->dir, c->file);
     int fd = -1;
@@ -568,8 +569,9 @@ static int copy_chunk(const zfmt__dcp *d, const dcp_item *it, const dcp_chunk *c
             at += (c->off[k] + (k < j ? idx[k] : 0)) * stride_out[k];
         for (uint64_t done = 0; !rc && done < run;) {
             size_t n = (size_t)((run - done) * es < cap ? (run - done) * es : cap / es * es);
-            rc = zfmt__zip_read(z, e, ((uint64_t)t->i + q * run + done) * es, buf, n);
-            if (!rc)
+            char *dst = o ? buf : mem + (at + done) * es;
+            rc = zfmt__zip_read(z, e, ((uint64_t)t->i + q * run + done) * es, dst, n);
+            if (!rc && o)
                 rc = zfmt__out_pwrite(o, buf, n, base + (at + done) * es);
             done += n / es;
         }
@@ -592,8 +594,22 @@ int zfmt__dcp_copy(const zfmt__dcp *d, size_t i, zfmt__out *o, uint64_t base, vo
 {
     const dcp_item *it = &d->it[i];
     for (size_t k = 0; k < it->nc; k++)
-        ZR_TRY(copy_chunk(d, it, &it->c[k], o, base, buf, cap));
+        ZR_TRY(copy_chunk(d, it, &it->c[k], o, base, buf, cap, NULL));
     return 0;
+}
+
+int zfmt__dcp_read(const zfmt__dcp *d, size_t i, void *dst)
+{
+    const dcp_item *it = &d->it[i];
+    for (size_t k = 0; k < it->nc; k++)
+        ZR_TRY(copy_chunk(d, it, &it->c[k], NULL, 0, NULL, SIZE_MAX, dst));
+    return 0;
+}
+
+long zfmt__dcp_find(const zfmt__dcp *d, const char *fqn)
+{
+    const dcp_item *it = find_item((zfmt__dcp *)d, fqn);
+    return it ? (long)(it - d->it) : -1;
 }
 
 size_t zfmt__dcp_chunks(const zfmt__dcp *d, size_t i) { return d->it[i].nc; }

@@ -40,6 +40,7 @@ typedef struct {
     const zfmt__pv *osd;            /* optimizer_state_dict */
     const zfmt__pv *const *flat;    /* per group (stages 1-2) or sub-group (stage 3) */
     const zfmt__pv *const *m_items; /* the torch optimizer's state dict's items (key, value) */
+    const zfmt__pv *groups;         /* the torch optimizer's param_groups */
     size_t ng, nm;
     uint64_t total; /* elements in flat, all groups */
 } ds_rank;
@@ -333,6 +334,7 @@ static int read_rank(zfmt__ds *d, uint32_t r, int bf16, zck_report *rep)
     x->ng = fl->n;
     x->m_items = (const zfmt__pv *const *)ms->items;
     x->nm = ms->n / 2;
+    x->groups = zfmt__pv_get(inner, "param_groups");
     return 0;
 }
 
@@ -570,6 +572,62 @@ int zfmt__ds_read(const zfmt__ds *d, size_t i, const char *which, uint64_t from,
         at = 0;
     }
     return n ? zr_err_set(ZR_ECORRUPT, "%s: the partitions end before '%s'", d->dir, p->name) : 0;
+}
+
+/* The value of a "step" entry: an int, a float, or a 0-d float32 / float64 / int64 tensor in
+ * rank x's zip (torch keeps it a tensor since 1.12). */
+static int step_value(const ds_rank *x, const zfmt__pv *v, int64_t *out)
+{
+    if (zfmt__pv_int(v, out))
+        return 0;
+    double f = -1;
+    if (v && v->kind == ZFMT__PK_FLOAT) {
+        f = v->f;
+    } else if (v && v->kind == ZFMT__PK_TENSOR && v->ndim == 0 &&
+               (v->dtype == ZCK_F32 || v->dtype == ZCK_F64 || v->dtype == ZCK_I64)) {
+        char rec[128];
+        snprintf(rec, sizeof rec, "data/%s", v->storage->s);
+        const zfmt__zip_entry *e = zfmt__zip_find(x->z, rec);
+        if (!e)
+            return zr_err_set(ZR_ECORRUPT, "%s: no record %s (the optimizer's step)", x->file,
+                              rec);
+        size_t es = zck_dtype_size(v->dtype);
+        unsigned char b[8];
+        ZR_TRY(zfmt__zip_read(x->z, e, (uint64_t)v->i * es, b, es));
+        if (v->dtype == ZCK_F32) {
+            float g;
+            memcpy(&g, b, 4);
+            f = g;
+        } else if (v->dtype == ZCK_F64) {
+            memcpy(&f, b, 8);
+        } else {
+            memcpy(out, b, 8);
+            f = (double)*out;
+        }
+    }
+    if (!(f >= 0 && f <= 9007199254740992.0) || f != (double)(int64_t)f)
+        return zr_err_set(ZR_ECORRUPT, "%s: the optimizer's step is not a count of steps",
+                          x->file);
+    *out = (int64_t)f;
+    return 0;
+}
+
+int zfmt__ds_adam(const zfmt__ds *d, int64_t *step, const zfmt__pv **param_groups)
+{
+    const ds_rank *x = &d->r[0];
+    if (!x->nm)
+        return zr_err_set(ZR_ECORRUPT, "%s: the optimizer has no state (no step was taken)",
+                          x->file);
+    for (size_t i = 0; i < x->nm; i++) {
+        int64_t s;
+        ZR_TRY(step_value(x, zfmt__pv_get(x->m_items[2 * i + 1], "step"), &s));
+        if (i && s != *step)
+            return zr_err_set(ZR_ECORRUPT, "%s: the optimizer's groups took %lld and %lld steps",
+                              x->file, (long long)*step, (long long)s);
+        *step = s;
+    }
+    *param_groups = x->groups && x->groups->kind == ZFMT__PK_LIST ? x->groups : NULL;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- CRC of the weights only */

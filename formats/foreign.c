@@ -242,28 +242,43 @@ static int first_problem(zck_report *rep, const char *path)
     return rc;
 }
 
-int zfmt_foreign_consolidate(const char *path, const char *out_file, const zck_progress *progress)
+int zfmt__foreign_open(const char *path, int moments, const zck_progress *progress,
+                       zfmt__ds **ds, zfmt__dcp **dcp)
 {
+    *ds = NULL;
+    *dcp = NULL;
     zfmt_foreign_kind k = zfmt_foreign_detect(path);
     if (k == ZFMT_FOREIGN_NONE)
         return zr_err_set(ZR_ENOTFOUND, "%s: neither a DeepSpeed nor a DCP checkpoint", path);
-    /* verified in full first (CRC-32s and coverage): nothing unverified is written */
     zck_report *rep = NULL;
     zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
     if (progress)
         vo.progress = *progress;
     ZR_TRY(zck_report_new(&rep));
-    zfmt__ds *ds = NULL;
-    zfmt__dcp *dcp = NULL;
-    /* DeepSpeed: every check but the CRC-32s, then those of the records the weights come
-     * from (the optimizer moments are not written: zckpt verify checks their records) */
-    int rc = k == ZFMT_FOREIGN_DCP ? zfmt__dcp_verify(rep, path, &vo, &dcp)
-                                   : zfmt__ds_open(&ds, path, rep, 0, progress);
-    if (!rc && ds)
-        rc = zfmt__ds_check_weights(ds, rep);
+    /* DeepSpeed without the moments: every check but the CRC-32s, then those of the records
+     * the weights come from (zckpt verify checks the others) */
+    int rc = k == ZFMT_FOREIGN_DCP ? zfmt__dcp_verify(rep, path, &vo, dcp)
+                                   : zfmt__ds_open(ds, path, rep, moments, progress);
+    if (!rc && *ds && !moments)
+        rc = zfmt__ds_check_weights(*ds, rep);
     if (rc >= 0 && zck_report_count(rep))
         rc = first_problem(rep, path);
     zck_report_free(rep);
+    if (rc) {
+        zfmt__ds_free(*ds);
+        zfmt__dcp_free(*dcp);
+        *ds = NULL;
+        *dcp = NULL;
+    }
+    return rc;
+}
+
+int zfmt_foreign_consolidate(const char *path, const char *out_file, const zck_progress *progress)
+{
+    /* verified first (CRC-32s and coverage): nothing unverified is written */
+    zfmt__ds *ds = NULL;
+    zfmt__dcp *dcp = NULL;
+    int rc = zfmt__foreign_open(path, 0, progress, &ds, &dcp);
     out_tensor *t = NULL;
     size_t n = 0, hl = 0;
     char *hdr = NULL;

@@ -147,6 +147,10 @@ size_t zfmt__dcp_n(const zfmt__dcp *d);
 int zfmt__dcp_tensor(const zfmt__dcp *d, size_t i, const char **fqn, zck_dtype *dt,
                      size_t *ndim, const uint64_t **size);
 size_t zfmt__dcp_chunks(const zfmt__dcp *d, size_t i);
+/* The index of the item named fqn, or -1. */
+long zfmt__dcp_find(const zfmt__dcp *d, const char *fqn);
+/* Tensor item i, row-major in its own dtype, into dst (numel x its size). */
+int zfmt__dcp_read(const zfmt__dcp *d, size_t i, void *dst);
 const char *zfmt__dcp_dtype_name(const zfmt__dcp *d, size_t i); /* torch's name */
 /* Tensor item i, row-major, into o from byte base, through buf (cap bytes). */
 int zfmt__dcp_copy(const zfmt__dcp *d, size_t i, zfmt__out *o, uint64_t base, void *buf,
@@ -180,9 +184,20 @@ const char *zfmt__ds_tag(const zfmt__ds *d);  /* "" when opened at the tag folde
 uint32_t zfmt__ds_world(const zfmt__ds *d);
 int64_t zfmt__ds_step(const zfmt__ds *d);            /* global_steps */
 const zfmt__pv *zfmt__ds_model_states(const zfmt__ds *d); /* the model file's dict */
+/* The torch optimizer's step count (every group's, which must agree: AdamW's bias correction
+ * continues from it) and its param_groups list (rank 0's, borrowed; NULL when absent). */
+int zfmt__ds_adam(const zfmt__ds *d, int64_t *step, const zfmt__pv **param_groups);
 /* Elements [from, from + n) of parameter i, in row-major order, into dst: the fp32 weights
  * (which NULL) or the AdamW moment "exp_avg" / "exp_avg_sq". */
 int zfmt__ds_read(const zfmt__ds *d, size_t i, const char *which, uint64_t from, float *dst,
                   uint64_t n);
+
+/* ---------------------------------------------------------------- either (foreign.c) */
+
+/* Open a DeepSpeed (*ds) or DCP (*dcp) checkpoint after its verification: every check, the
+ * CRC-32 of every record (DeepSpeed without moments: only those the fp32 weights come from);
+ * the first problem found is ZR_ECORRUPT naming it and the count. */
+int zfmt__foreign_open(const char *path, int moments, const zck_progress *progress,
+                       zfmt__ds **ds, zfmt__dcp **dcp);
 
 #endif

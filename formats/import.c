@@ -17,11 +17,13 @@
  * tensor is held in memory at a time.
  */
 #include "fmtutil.h"
+#include "foreign.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +31,11 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { SRC_OURS, SRC_HF, SRC_LLMC };
+enum { SRC_OURS, SRC_HF, SRC_LLMC, SRC_DS, SRC_DCP };
+
+/* the states a source can hold, as the layout names them: the weights and AdamW's moments */
+enum { ST_PARAM, ST_EXP_AVG, ST_EXP_AVG_SQ, N_ST };
+static const char *const state_names[N_ST] = {"param", "exp_avg", "exp_avg_sq"};
 
 typedef struct {
     int kind;
@@ -51,8 +57,16 @@ typedef struct {
     /* llm.c sources */
     int fd;
     uint64_t llmc_off[ZFMT__LLMC_ARRAYS]; /* byte offset of each array in the file */
+    /* DeepSpeed and DCP checkpoints: per flat index and state, the source's parameter (DS) or
+     * item (DCP), -1 when it has none; the moments and the steps AdamW took when it has them */
+    zfmt__ds *ds;
+    zfmt__dcp *dcp;
+    long (*fx)[N_ST];
+    int moments;
+    int64_t step;
+    char optim_note[512];        /* the source optimizer's hyper-parameters, for the user */
     /* the one tensor in memory, as f32 in our layout */
-    size_t cached;
+    size_t cached, cached_state;
     float *buf;
 } source;
 
@@ -108,6 +122,9 @@ static void source_free(source *s)
     free(s->t_info);
     free(s->buf);
     free(s->file_buf);
+    free(s->fx);
+    zfmt__ds_free(s->ds);
+    zfmt__dcp_free(s->dcp);
     zck_layout_free(s->L);
 }
 
@@ -151,6 +168,47 @@ static int check_indexed(json_t *weight_map, const char *name, const char *fname
     return 0;
 }
 
+/* Our flat index *x of the source's tensor src_name (in Hugging Face's names when hf) of shape
+ * shape[ndim], *tr when it is stored [in, out] (GPT-2's Conv1D); *x -1 for one that is not a
+ * parameter of ours (a buffer, the head of a tied model). ZR_ECORRUPT naming where, for a
+ * tensor the model does not have or one of another shape. */
+static int map_name(source *s, const char *src_name, int hf, size_t ndim, const uint64_t *shape,
+                    const char *where, long *x, int *tr)
+{
+    const char *name = src_name;
+    *x = -1;
+    *tr = 0;
+    if (hf && !(name = zfmt__hf_to_ours(s->fam, src_name, tr)))
+        return 0; /* a buffer: causal masks, rotary frequencies */
+    long i = flat_index(s, name);
+    if (i < 0 && hf && zfmt__hf_is_head(s->fam, src_name))
+        return 0; /* the output head of a tied model: the embedding */
+    if (i < 0)
+        return zr_err_set(ZR_ECORRUPT, "%s: unexpected tensor '%s' (not part of a %s of %u "
+                          "layers)", where, src_name, zck_arch_name(s->a.arch),
+                          zck_arch_layers(&s->a));
+    /* expected shape, in the source's orientation */
+    const zck_tensor_info *ti = &s->t_info[i];
+    uint64_t want[ZCK_MAX_DIMS];
+    memcpy(want, ti->shape, sizeof want);
+    if (*tr) {
+        want[0] = ti->shape[1];
+        want[1] = ti->shape[0];
+    }
+    int same = ndim == ti->ndim;
+    for (size_t d = 0; same && d < ti->ndim; d++)
+        same = shape[d] == want[d];
+    if (!same) {
+        char a[128], b[128];
+        zfmt__shape_str(a, sizeof a, ndim, shape);
+        zfmt__shape_str(b, sizeof b, ti->ndim, want);
+        return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' has shape %s, expected %s%s", where,
+                          src_name, a, b, *tr ? " (Conv1D: [in, out])" : "");
+    }
+    *x = i;
+    return 0;
+}
+
 /* Map every entry of safetensors file fi onto our tensors; check dtype and shape, that
  * nothing is duplicated or unexpected, and that the index (weight_map, NULL: none) agrees. */
 static int map_entries(source *s, size_t fi, json_t *weight_map, const char *fname)
@@ -158,46 +216,20 @@ static int map_entries(source *s, size_t fi, json_t *weight_map, const char *fna
     const zfmt__st_file *f = s->st[fi];
     for (size_t i = 0; i < f->n; i++) {
         const zfmt__st_entry *e = &f->e[i];
-        const char *name = e->name;
-        int tr = 0;
-        ZR_TRY(check_indexed(weight_map, name, fname, f->path));
-        if (s->kind == SRC_HF) {
-            if (!(name = zfmt__hf_to_ours(s->fam, name, &tr)))
-                continue; /* a buffer: causal masks, rotary frequencies */
-        } else if (strchr(name, '/')) {
+        ZR_TRY(check_indexed(weight_map, e->name, fname, f->path));
+        if (s->kind != SRC_HF && strchr(e->name, '/'))
             continue; /* an optimizer state of an export: states start at zero */
-        }
-        long x = flat_index(s, name);
-        if (x < 0 && s->kind == SRC_HF && zfmt__hf_is_head(s->fam, e->name))
-            continue; /* the output head of a tied model: the embedding */
+        long x;
+        int tr;
+        ZR_TRY(map_name(s, e->name, s->kind == SRC_HF, e->ndim, e->shape, f->path, &x, &tr));
         if (x < 0)
-            return zr_err_set(ZR_ECORRUPT, "%s: unexpected tensor '%s' (not part of a %s of %u "
-                              "layers)", f->path, e->name, zck_arch_name(s->a.arch),
-                              zck_arch_layers(&s->a));
+            continue;
         if (s->map[x])
             return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' duplicated (as '%s' and '%s')",
                               f->path, s->t_info[x].name, s->map[x]->name, e->name);
         if (e->dtype != ZCK_F32 && e->dtype != ZCK_BF16 && e->dtype != ZCK_F16)
             return zr_err_set(ZR_EUNSUPPORTED, "%s: tensor '%s': dtype %s (expected F32, BF16 "
                               "or F16)", f->path, e->name, zfmt__st_dtype_name(e->dtype));
-        /* expected shape, in the source's orientation */
-        const zck_tensor_info *ti = &s->t_info[x];
-        uint64_t want[ZCK_MAX_DIMS];
-        memcpy(want, ti->shape, sizeof want);
-        if (tr) {
-            want[0] = ti->shape[1];
-            want[1] = ti->shape[0];
-        }
-        int same = e->ndim == ti->ndim;
-        for (size_t d = 0; same && d < ti->ndim; d++)
-            same = e->shape[d] == want[d];
-        if (!same) {
-            char a[128], b[128];
-            zfmt__shape_str(a, sizeof a, e->ndim, e->shape);
-            zfmt__shape_str(b, sizeof b, ti->ndim, want);
-            return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' has shape %s, expected %s%s",
-                              f->path, e->name, a, b, tr ? " (Conv1D: [in, out])" : "");
-        }
         s->map[x] = e;
         s->map_file[x] = fi;
         s->tr[x] = (unsigned char)tr;
@@ -553,13 +585,11 @@ static int open_hf_weights(source *s, const char *dir)
     return rc;
 }
 
-static int open_hf(source *s, const char *dir)
+/* The model of a Hugging Face config.json, and its layout. */
+static int hf_config(source *s, const char *cfg)
 {
-    char *cfg = zck_path_join(dir, "config.json");
     json_t *root = NULL;
     int rc = 0;
-    if (!cfg)
-        return zr_err_set(ZR_ENOMEM, "out of memory");
     ZR_TRY_GOTO(load_json(&root, cfg), rc, out);
     ZR_TRY_GOTO(hf_family(s, root, cfg), rc, out);
     if (!strcmp(zfmt__hf_arch(s->fam), "GPT2LMHeadModel"))
@@ -570,12 +600,230 @@ static int open_hf(source *s, const char *dir)
         rc = zfmt__err_recode(ZR_ECORRUPT);
         goto out;
     }
-    ZR_TRY_GOTO(source_layout(s), rc, out);
-    ZR_TRY_GOTO(open_hf_weights(s, dir), rc, out);
+    rc = source_layout(s);
 out:
     json_decref(root);
-    free(cfg);
     return rc;
+}
+
+static int open_hf(source *s, const char *dir)
+{
+    char *cfg = zck_path_join(dir, "config.json");
+    if (!cfg)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    int rc = hf_config(s, cfg);
+    free(cfg);
+    return rc ? rc : open_hf_weights(s, dir);
+}
+
+/* ---------------------------------------------------------------- DeepSpeed and DCP
+ * The model comes from a Hugging Face config.json (opts.config, else the one beside the
+ * checkpoint: in a DeepSpeed save_dir, where the Hugging Face Trainer writes it, or in a DCP
+ * directory); its parameters, AdamW's moments and step from the checkpoint, verified in full
+ * first (every CRC-32). Names are the wrapped model's, Hugging Face's. */
+
+/* The config.json to use: given, else dir/config.json, else (a DeepSpeed tag folder) the one
+ * in dir's parent. *out malloc'ed. */
+static int foreign_config(char **out, const char *dir, const char *given, int parent_too)
+{
+    if (given)
+        return (*out = strdup(given)) ? 0 : zr_err_set(ZR_ENOMEM, "out of memory");
+    char *p = zck_path_join(dir, "config.json");
+    struct stat st;
+    if (p && stat(p, &st) < 0 && errno == ENOENT && parent_too) {
+        char *up = zck_path_join(dir, "..");
+        free(p);
+        p = up ? zck_path_join(up, "config.json") : NULL;
+        free(up);
+    }
+    if (!p)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    if (stat(p, &st) < 0 && errno == ENOENT) {
+        free(p);
+        return zr_err_set(ZR_ENOTFOUND, "%s: no config.json beside the checkpoint: the model's "
+                          "shape and family come from its Hugging Face config.json (zckpt "
+                          "import --config FILE)", dir);
+    }
+    *out = p;
+    return 0;
+}
+
+/* A number of a param_groups entry, or NaN. */
+static double group_real(const zfmt__pv *g, const char *key)
+{
+    const zfmt__pv *v = zfmt__pv_get(g, key);
+    int64_t i;
+    if (v && v->kind == ZFMT__PK_FLOAT)
+        return v->f;
+    return zfmt__pv_int(v, &i) ? (double)i : NAN;
+}
+
+/* What the user needs to continue the same run in zrun: the source optimizer's settings,
+ * against zrun's (betas 0.9, 0.95, eps 1e-8, decay on matrices only). */
+static void ds_optim_note(source *s, const zfmt__pv *groups)
+{
+    if (!groups || !groups->n)
+        return;
+    const zfmt__pv *g0 = groups->items[0], *betas = zfmt__pv_get(g0, "betas");
+    double lr = group_real(g0, "lr"), eps = group_real(g0, "eps"), b1 = NAN, b2 = NAN;
+    if (betas && (betas->kind == ZFMT__PK_TUPLE || betas->kind == ZFMT__PK_LIST) &&
+        betas->n == 2) {
+        b1 = betas->items[0]->kind == ZFMT__PK_FLOAT ? betas->items[0]->f : NAN;
+        b2 = betas->items[1]->kind == ZFMT__PK_FLOAT ? betas->items[1]->f : NAN;
+    }
+    char wd[160] = "";
+    for (size_t g = 0; g < groups->n && strlen(wd) < sizeof wd - 24; g++)
+        snprintf(wd + strlen(wd), sizeof wd - strlen(wd), "%s%g", g ? ", " : "",
+                 group_real(groups->items[g], "weight_decay"));
+    snprintf(s->optim_note, sizeof s->optim_note, "the source's AdamW: lr %g, betas (%g, %g), "
+             "eps %g, weight decay per group %s%s", lr, b1, b2, eps, wd,
+             (b1 == 0.9 && b2 == 0.95 && eps == 1e-8)
+                 ? ""
+                 : "; zrun computes betas (0.9, 0.95) and eps 1e-8, so the continued run "
+                   "differs");
+}
+
+/* DeepSpeed: the trainable parameters of param_shapes, their fp32 master weights and moments
+ * as zero_to_fp32 rebuilds them. */
+static int open_ds(source *s, const char *path, const zfmt_import_opts *o)
+{
+    ZR_TRY(zfmt__foreign_open(path, 1, &o->progress, &s->ds, &s->dcp));
+    char *cfg = NULL;
+    ZR_TRY(foreign_config(&cfg, path, o->config, !*zfmt__ds_tag(s->ds)));
+    int rc = hf_config(s, cfg);
+    free(cfg);
+    ZR_TRY(rc);
+    if (!(s->fx = malloc(s->nt * sizeof *s->fx)))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    memset(s->fx, 0xff, s->nt * sizeof *s->fx); /* -1 */
+    const zfmt__ds_param *p;
+    size_t n = zfmt__ds_params(s->ds, &p);
+    for (size_t i = 0; i < n; i++) {
+        long x;
+        int tr;
+        ZR_TRY(map_name(s, p[i].name, 1, p[i].ndim, p[i].shape, path, &x, &tr));
+        if (x < 0)
+            continue;
+        if (s->fx[x][ST_PARAM] >= 0)
+            return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' duplicated (as '%s' and '%s')", path,
+                              s->t_info[x].name, p[s->fx[x][ST_PARAM]].name, p[i].name);
+        for (int k = 0; k < N_ST; k++)
+            s->fx[x][k] = (long)i;
+        s->tr[x] = (unsigned char)tr;
+    }
+    for (size_t i = 0; i < s->nt; i++)
+        if (s->fx[i][ST_PARAM] < 0)
+            return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' missing (not a trainable parameter "
+                              "of the checkpoint)", path, s->t_info[i].name);
+    const zfmt__pv *groups;
+    ZR_TRY(zfmt__ds_adam(s->ds, &s->step, &groups));
+    s->moments = 1;
+    ds_optim_note(s, groups);
+    return 0;
+}
+
+/* DCP: a model state dict (keys: the parameter names), or get_state_dict's {"model": ...,
+ * "optimizer": ...} with the moments as "optimizer.state.<name>.exp_avg" / ".exp_avg_sq" and
+ * the step as ".step". */
+static int open_dcp(source *s, const char *path, const zfmt_import_opts *o)
+{
+    ZR_TRY(zfmt__foreign_open(path, 1, &o->progress, &s->ds, &s->dcp));
+    char *cfg = NULL;
+    ZR_TRY(foreign_config(&cfg, path, o->config, 0));
+    int rc = hf_config(s, cfg);
+    free(cfg);
+    ZR_TRY(rc);
+    if (!(s->fx = malloc(s->nt * sizeof *s->fx)))
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    memset(s->fx, 0xff, s->nt * sizeof *s->fx); /* -1 */
+    size_t n = zfmt__dcp_n(s->dcp);
+    int layout = 0; /* get_state_dict's */
+    for (size_t i = 0; i < n && !layout; i++) {
+        const char *fqn;
+        zck_dtype dt;
+        size_t nd;
+        const uint64_t *sz;
+        zfmt__dcp_tensor(s->dcp, i, &fqn, &dt, &nd, &sz);
+        layout = !strncmp(fqn, "optimizer.", 10);
+    }
+    static const char *const suffix[N_ST] = {"", ".exp_avg", ".exp_avg_sq"};
+    int moments = 0, steps = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *fqn, *name;
+        zck_dtype dt;
+        size_t nd;
+        const uint64_t *sz;
+        int r = zfmt__dcp_tensor(s->dcp, i, &fqn, &dt, &nd, &sz);
+        if (layout && !strncmp(fqn, "optimizer.", 10))
+            continue; /* the moments: found below by their parameter's name */
+        if (layout && strncmp(fqn, "model.", 6))
+            return zr_err_set(ZR_EUNSUPPORTED, "%s: item '%s' is neither the model's nor the "
+                              "optimizer's", path, fqn);
+        name = layout ? fqn + 6 : fqn;
+        if (r == 1)
+            return zr_err_set(ZR_EUNSUPPORTED, "%s: item '%s' is not a tensor", path, fqn);
+        ZR_TRY(r);
+        long x;
+        int tr;
+        ZR_TRY(map_name(s, name, 1, nd, sz, path, &x, &tr));
+        if (x < 0)
+            continue;
+        if (dt != ZCK_F32 && dt != ZCK_BF16 && dt != ZCK_F16)
+            return zr_err_set(ZR_EUNSUPPORTED, "%s: '%s' is %s (expected float32, bfloat16 or "
+                              "float16)", path, fqn, zfmt__dcp_dtype_name(s->dcp, i));
+        s->fx[x][ST_PARAM] = (long)i;
+        s->tr[x] = (unsigned char)tr;
+        for (int k = ST_EXP_AVG; layout && k < N_ST; k++) {
+            char key[1024];
+            snprintf(key, sizeof key, "optimizer.state.%s%s", name, suffix[k]);
+            long m = zfmt__dcp_find(s->dcp, key);
+            const char *mf;
+            zck_dtype mdt;
+            size_t mnd;
+            const uint64_t *msz;
+            if (m < 0)
+                continue;
+            if (zfmt__dcp_tensor(s->dcp, (size_t)m, &mf, &mdt, &mnd, &msz) ||
+                (mdt != ZCK_F32 && mdt != ZCK_BF16 && mdt != ZCK_F16) || mnd != nd ||
+                memcmp(msz, sz, nd * sizeof *sz))
+                return zr_err_set(ZR_ECORRUPT, "%s: '%s' is not a float tensor of its "
+                                  "parameter's shape", path, key);
+            s->fx[x][k] = m;
+            moments++;
+        }
+        /* the step: the same for every parameter */
+        char key[1024];
+        snprintf(key, sizeof key, "optimizer.state.%s.step", name);
+        long m = layout ? zfmt__dcp_find(s->dcp, key) : -1;
+        if (m >= 0) {
+            const char *mf;
+            zck_dtype mdt;
+            size_t mnd;
+            const uint64_t *msz;
+            double v = -1;
+            if (!zfmt__dcp_tensor(s->dcp, (size_t)m, &mf, &mdt, &mnd, &msz) && mnd == 0 &&
+                mdt == ZCK_F32) {
+                float f;
+                ZR_TRY(zfmt__dcp_read(s->dcp, (size_t)m, &f));
+                v = f;
+            }
+            if (!(v >= 0 && v <= 16777216.0) || v != (double)(int64_t)v ||
+                (steps && (int64_t)v != s->step))
+                return zr_err_set(ZR_ECORRUPT, "%s: '%s' is not the step count of the other "
+                                  "parameters", path, key);
+            s->step = (int64_t)v;
+            steps++;
+        }
+    }
+    for (size_t i = 0; i < s->nt; i++)
+        if (s->fx[i][ST_PARAM] < 0)
+            return zr_err_set(ZR_ECORRUPT, "%s: tensor '%s' missing", path, s->t_info[i].name);
+    /* all or none: a partial optimizer state would resume a different run */
+    if (moments && (moments != 2 * (int)s->nt || steps != (int)s->nt))
+        return zr_err_set(ZR_ECORRUPT, "%s: the optimizer state covers %d of the %zu "
+                          "parameters' moments and steps", path, moments / 2, s->nt);
+    s->moments = moments > 0;
+    return 0;
 }
 
 /* A safetensors file of ours: config from metadata, else from the shapes and heads. */
@@ -693,6 +941,32 @@ static int source_open(source *s, const char *src, const zfmt_import_opts *o)
     struct stat st;
     if (stat(src, &st) < 0)
         return zr_err_sys(errno, "%s", src);
+    zfmt_foreign_kind fk = zfmt_foreign_detect(src);
+    if (o->format && strcmp(o->format, "auto")) {
+        int want = !strcmp(o->format, "deepspeed") ? ZFMT_FOREIGN_DEEPSPEED
+                   : !strcmp(o->format, "dcp")     ? ZFMT_FOREIGN_DCP
+                                                   : -1;
+        if (want < 0)
+            return zr_err_set(ZR_EINVAL, "import --format %s: expected auto, deepspeed or dcp",
+                              o->format);
+        if ((int)fk != want)
+            return zr_err_set(ZR_ENOTFOUND, "%s: not a %s checkpoint (%s)", src,
+                              zfmt_foreign_name((zfmt_foreign_kind)want),
+                              fk == ZFMT_FOREIGN_NONE ? "no .metadata, `latest` or rank files"
+                                                      : zfmt_foreign_name(fk));
+    }
+    s->file = src;
+    if (fk == ZFMT_FOREIGN_DEEPSPEED) {
+        s->kind = SRC_DS;
+        return open_ds(s, src, o);
+    }
+    if (fk == ZFMT_FOREIGN_DCP) {
+        s->kind = SRC_DCP;
+        return open_dcp(s, src, o);
+    }
+    if (o->config)
+        return zr_err_set(ZR_EINVAL, "import --config: only for DeepSpeed and DCP checkpoints "
+                          "(%s is neither)", src);
     if (S_ISDIR(st.st_mode)) {
         s->kind = SRC_HF;
         return open_hf(s, src);
@@ -717,10 +991,17 @@ static int source_open(source *s, const char *src, const zfmt_import_opts *o)
     return open_ours(s, src, o->heads, why);
 }
 
-/* Make tensor i (flat index) the one in memory, as f32 in our [out, in] orientation. */
-static int source_load(source *s, size_t i)
+/* n values of dtype dt from raw into f32 at f (raw may be f itself when dt is f32) */
+static int to_f32(float *f, const void *raw, zck_dtype dt, size_t n)
 {
-    if (s->buf && s->cached == i)
+    return raw == f ? 0 : zfmt_convert(f, ZCK_F32, raw, dt, n);
+}
+
+/* Make state st (ST_PARAM, or a moment of a source that has them) of tensor i (flat index) the
+ * one in memory, as f32 in our [out, in] orientation. */
+static int source_load(source *s, size_t i, size_t st)
+{
+    if (s->buf && s->cached == i && s->cached_state == st)
         return 0;
     free(s->buf);
     s->buf = NULL;
@@ -740,31 +1021,43 @@ static int source_load(source *s, size_t i)
         else
             off = s->llmc_off[14 + (i - 2 - (size_t)s->c.layers * ZFMT__GPT2_KINDS)];
         rc = zfmt__pread_full(s->fd, f, n * 4, off, s->file);
+    } else if (s->kind == SRC_DS) {
+        rc = zfmt__ds_read(s->ds, (size_t)s->fx[i][st], st == ST_PARAM ? NULL : state_names[st],
+                           0, f, n);
     } else {
-        const zfmt__st_entry *e = s->map[i];
-        void *raw = e->dtype == ZCK_F32 ? (void *)f : malloc(n ? n * 2 : 1);
+        zck_dtype dt = ZCK_F32;
+        if (s->kind == SRC_DCP) {
+            const char *fqn;
+            size_t nd;
+            const uint64_t *sz;
+            zfmt__dcp_tensor(s->dcp, (size_t)s->fx[i][st], &fqn, &dt, &nd, &sz);
+        } else {
+            dt = s->map[i]->dtype;
+        }
+        void *raw = dt == ZCK_F32 ? (void *)f : malloc(n ? n * zck_dtype_size(dt) : 1);
         if (!raw) {
             free(f);
             return zr_err_set(ZR_ENOMEM, "out of memory (tensor '%s')", ti->name);
         }
-        rc = zfmt__st_read(s->st[s->map_file[i]], e, raw);
-        if (!rc && raw != f)
-            rc = zfmt_convert(f, ZCK_F32, raw, e->dtype, n);
+        rc = s->kind == SRC_DCP ? zfmt__dcp_read(s->dcp, (size_t)s->fx[i][st], raw)
+                                : zfmt__st_read(s->st[s->map_file[i]], s->map[i], raw);
+        if (!rc)
+            rc = to_f32(f, raw, dt, n);
         if (raw != f)
             free(raw);
-        if (!rc && s->tr[i]) {
-            /* source [in, out] -> ours [out, in] */
-            size_t O = (size_t)ti->shape[0], I = (size_t)ti->shape[1];
-            float *t = malloc((n ? n : 1) * sizeof *t);
-            if (!t) {
-                rc = zr_err_set(ZR_ENOMEM, "out of memory (tensor '%s')", ti->name);
-            } else {
-                for (size_t a = 0; a < I; a++)
-                    for (size_t b = 0; b < O; b++)
-                        t[b * I + a] = f[a * O + b];
-                free(f);
-                f = t;
-            }
+    }
+    if (!rc && s->tr[i]) {
+        /* source [in, out] -> ours [out, in] */
+        size_t O = (size_t)ti->shape[0], I = (size_t)ti->shape[1];
+        float *t = malloc((n ? n : 1) * sizeof *t);
+        if (!t) {
+            rc = zr_err_set(ZR_ENOMEM, "out of memory (tensor '%s')", ti->name);
+        } else {
+            for (size_t a = 0; a < I; a++)
+                for (size_t b = 0; b < O; b++)
+                    t[b * I + a] = f[a * O + b];
+            free(f);
+            f = t;
         }
     }
     if (rc) {
@@ -773,6 +1066,7 @@ static int source_load(source *s, size_t i)
     }
     s->buf = f;
     s->cached = i;
+    s->cached_state = st;
     return 0;
 }
 
@@ -823,7 +1117,7 @@ static void remove_staging(const char *staging, zck_shard **sh, uint32_t world)
 
 /* Rank r's shard: its partition of every (group, state). */
 static int write_rank(zck_shard **out, source *s, const char *staging, uint32_t world,
-                      uint32_t r, size_t param, const float *zeros, zfmt__prog *pr)
+                      uint32_t r, const size_t *from, const float *zeros, zfmt__prog *pr)
 {
     const zck_layout *L = s->L;
     zck_writer *w = NULL;
@@ -839,7 +1133,7 @@ static int write_rank(zck_shard **out, source *s, const char *staging, uint32_t 
             continue;
         for (size_t st = 0; st < zck_layout_n_states(L); st++) {
             ZR_TRY_GOTO(zck_writer_begin(w, g, st, a, n), rc, out);
-            if (st != param) {
+            if (from[st] == N_ST) { /* a state the source does not hold: zeros */
                 for (uint64_t done = 0; done < n;) {
                     size_t k = n - done < ZERO_NUMEL ? (size_t)(n - done) : ZERO_NUMEL;
                     ZR_TRY_GOTO(zck_writer_write(w, zeros, k * 4), rc, out);
@@ -853,7 +1147,7 @@ static int write_rank(zck_shard **out, source *s, const char *staging, uint32_t 
                 uint64_t hi = a + n < ti->offset + ti->numel ? a + n : ti->offset + ti->numel;
                 if (lo >= hi)
                     continue;
-                ZR_TRY_GOTO(source_load(s, first + t), rc, out);
+                ZR_TRY_GOTO(source_load(s, first + t, from[st]), rc, out);
                 ZR_TRY_GOTO(zck_writer_write(w, s->buf + (lo - ti->offset), (hi - lo) * 4), rc,
                             out);
                 zfmt__prog_add(pr, (hi - lo) * 4);
@@ -882,39 +1176,73 @@ int zfmt_import(const char *src, const char *out_run_dir, const zfmt_import_opts
     s.fd = -1;
     char *staging = NULL, *model = NULL, *training = NULL;
     zck_shard **sh = NULL;
+    size_t *from = NULL;
     float *zeros = NULL;
     int rc = 0;
     ZR_TRY_GOTO(source_open(&s, src, o), rc, out);
     ZR_TRY_GOTO(zck_arch_config_to_json(&model, &s.a), rc, out);
-    json_t *tj = json_pack("{s:i, s:s}", "optimizer_step", 0, "imported_from", src);
+    /* the steps AdamW took (its bias correction continues from them): a DeepSpeed or DCP
+     * checkpoint's, else 0 */
+    json_t *tj = json_pack("{s:I, s:s}", "optimizer_step", (json_int_t)s.step, "imported_from",
+                           src);
     if (!tj) {
         rc = zr_err_set(ZR_EINVAL, "%s: the source path is not valid UTF-8", src);
         goto out;
     }
+    if (s.kind == SRC_DS || s.kind == SRC_DCP)
+        json_object_set_new(tj, "imported_format",
+                            json_string(s.kind == SRC_DS ? "DeepSpeed ZeRO" : "PyTorch DCP"));
     training = zfmt__json_dump(tj, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(tj);
-    size_t param;
     if (!training || !(sh = calloc(o->world, sizeof *sh)) ||
         !(zeros = calloc(ZERO_NUMEL, sizeof *zeros))) {
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
         goto out;
     }
-    ZR_TRY_GOTO(zck_layout_find_state(s.L, &param, "param"), rc, out);
+    /* per state of the layout: where it comes from in the source (N_ST: zeros) */
+    size_t n_from = 0;
+    if (!(from = calloc(zck_layout_n_states(s.L), sizeof *from))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t st = 0; st < zck_layout_n_states(s.L); st++) {
+        from[st] = N_ST;
+        for (size_t k = 0; k < (s.moments ? N_ST : 1); k++)
+            if (!strcmp(zck_layout_state_name(s.L, st), state_names[k])) {
+                from[st] = k;
+                n_from++;
+            }
+    }
+    if (s.moments && n_from != N_ST) {
+        rc = zr_err_set(ZR_EINVAL, "%s: the model's layout has no state for AdamW's moments",
+                        src);
+        goto out;
+    }
+    if (o->note && o->note_cap) {
+        if (s.kind == SRC_DS || s.kind == SRC_DCP)
+            snprintf(o->note, o->note_cap, "(%s) at step %lld, %s%s%s",
+                     s.kind == SRC_DS ? "DeepSpeed ZeRO" : "PyTorch DCP", (long long)s.step,
+                     s.moments ? "with AdamW's moments" : "no optimizer state (moments start at "
+                                                          "zero)",
+                     *s.optim_note ? "; " : "", s.optim_note);
+        else
+            snprintf(o->note, o->note_cap, "at step 0");
+    }
 
     uint64_t total = 0;
     for (size_t g = 0; g < zck_layout_n_groups(s.L); g++)
-        total += zck_layout_group_numel(s.L, g) * 4;
+        total += zck_layout_group_numel(s.L, g) * 4 * n_from;
     zfmt__prog pr;
     zfmt__prog_init(&pr, &o->progress, "import", total);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t nonce = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_sec ^
                      ((uint64_t)ts.tv_nsec << 20);
-    ZR_TRY_GOTO(zck_staging_create(&staging, out_run_dir, 0, nonce), rc, out);
+    ZR_TRY_GOTO(zck_staging_create(&staging, out_run_dir, (uint64_t)s.step, nonce), rc, out);
     for (uint32_t r = 0; r < o->world; r++)
-        ZR_TRY_GOTO(write_rank(&sh[r], &s, staging, o->world, r, param, zeros, &pr), rc, out);
+        ZR_TRY_GOTO(write_rank(&sh[r], &s, staging, o->world, r, from, zeros, &pr), rc, out);
     zck_commit_opts co = ZCK_COMMIT_OPTS_INIT;
-    co.step = 0;
+    co.step = (uint64_t)s.step;
     co.world = o->world;
     co.zero_stage = 0;
     co.model_json = model;
@@ -926,6 +1254,7 @@ out:
     for (uint32_t r = 0; sh && r < o->world; r++)
         zck_shard_free(sh[r]);
     free(sh);
+    free(from);
     free(zeros);
     free(staging);
     free(model);

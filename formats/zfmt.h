@@ -118,12 +118,20 @@ typedef struct {
     uint32_t world;      /* shards of the new checkpoint, >= 1 */
     uint32_t heads;      /* when the source does not say (a bare safetensors file of ours
                             says in its metadata; llm.c and HF config.json say) */
+    const char *format;  /* NULL or "auto": by what src holds; "deepspeed" or "dcp": src must
+                            be one */
+    const char *config;  /* DeepSpeed and DCP: the model's Hugging Face config.json (NULL: the
+                            one beside the checkpoint) */
+    char *note;          /* when not NULL: note_cap bytes that receive what was imported, for
+                            the user ("at step 0"; DeepSpeed and DCP: the format, the step,
+                            whether the moments came, the source optimizer's settings) */
+    size_t note_cap;
     zck_progress progress;
 } zfmt_import_opts;
 #define ZFMT_IMPORT_OPTS_INIT {.world = 1, .heads = 0}
 
 /*
- * Import a model as a new checkpoint at step 0 in run directory out_run_dir (created;
+ * Import a model as a new checkpoint in run directory out_run_dir (created;
  * ZR_EEXIST if it holds a checkpoint already), committed atomically with `latest`. src is one
  * of: a safetensors file in our names (as zfmt_safetensors_export writes; any family by its
  * zero.model metadata), a Hugging Face directory of GPT2LMHeadModel (or GPT2Model) or
@@ -131,8 +139,13 @@ typedef struct {
  * (config.json + model.safetensors, or shards named by model.safetensors.index.json; GPT-2's
  * Conv1D weights transposed to [out, in], the "transformer." / "model." prefixes, buffers and a
  * tied head ignored; config.json fields that change the maths refused naming the field,
- * ZR_EUNSUPPORTED: docs/CLI.md `import`), or an llm.c model file (padded vocabulary rows dropped). Optimizer states
- * start at zero; the training section is {"optimizer_step":0,"imported_from":"<src>"}. Every
+ * ZR_EUNSUPPORTED: docs/CLI.md `import`), or an llm.c model file (padded vocabulary rows dropped):
+ * a checkpoint at step 0 whose optimizer states start at zero; the training section is
+ * {"optimizer_step":0,"imported_from":"<src>"}. Or src is a DeepSpeed ZeRO or PyTorch DCP
+ * checkpoint (zfmt_foreign_detect) of a Hugging Face GPT-2 or Llama, verified in full first (every
+ * CRC-32): the model from o->config (else the config.json beside it), the fp32 master weights,
+ * AdamW's exp_avg and exp_avg_sq (DCP: when get_state_dict saved the optimizer) and its step,
+ * which becomes the checkpoint's step and optimizer_step ("imported_format" says which). Every
  * tensor missing, duplicated or of the wrong shape is an error naming it.
  */
 int zfmt_import(const char *src, const char *out_run_dir, const zfmt_import_opts *o);

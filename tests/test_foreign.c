@@ -7,6 +7,8 @@
 #include "foreign.h"
 #include "harness.h"
 
+#include <jansson.h>
+#include <math.h>
 #include <sys/stat.h>
 
 /* tests/formats/torch_files.py with args; skips without torch */
@@ -346,8 +348,94 @@ static void verify_sound(const char *dir, const char *format)
     free(out);
 }
 
+/* the tensor name of st file f, or NULL */
+static const zfmt__st_entry *st_entry(const zfmt__st_file *f, const char *name)
+{
+    for (size_t i = 0; i < f->n; i++)
+        if (!strcmp(f->e[i].name, name))
+            return &f->e[i];
+    return NULL;
+}
+
+/* ref (float32, Hugging Face names, [in, out] Conv1D weights; ref_suffix after each name:
+ * "" for the weights, ".exp_avg", ".exp_avg_sq") against the same states of our checkpoint's
+ * consolidation ours ("<state>/<our name>", or our name for the weights): every tensor of the
+ * model equal bit for bit. Returns how many were compared. */
+static size_t same_as_ref(const char *ref, const char *ours, const char *model,
+                          const char *ref_suffix, const char *state)
+{
+    const zfmt__hf_family *fam = zfmt__hf_family_of(model);
+    zfmt__st_file *a, *b;
+    ZT_OK(zfmt__st_open(&a, ref));
+    ZT_OK(zfmt__st_open(&b, ours));
+    size_t seen = 0, ls = strlen(ref_suffix);
+    for (size_t i = 0; i < a->n; i++) {
+        const zfmt__st_entry *x = &a->e[i];
+        char hf[512], name[600];
+        size_t l = strlen(x->name);
+        if (l <= ls || strcmp(x->name + l - ls, ref_suffix))
+            continue;
+        snprintf(hf, sizeof hf, "%.*s", (int)(l - ls), x->name);
+        int tr = 0;
+        const char *o = zfmt__hf_to_ours(fam, hf, &tr);
+        ZT_CHECK(o);
+        snprintf(name, sizeof name, "%s%s%s", state ? state : "", state ? "/" : "", o);
+        const zfmt__st_entry *y = st_entry(b, name);
+        if (!y && zfmt__hf_is_head(fam, hf))
+            continue; /* the tied head: the embedding */
+        if (!y)
+            ZT_FAIL("%s: no '%s' (for %s of %s)", ours, name, x->name, ref);
+        ZT_CHECK(x->dtype == ZCK_F32 && y->dtype == ZCK_F32 && x->ndim == y->ndim);
+        size_t n = (size_t)(x->end - x->begin) / 4;
+        ZT_CHECK_EQ((uint64_t)n * 4, y->end - y->begin);
+        float *p = malloc(n * 4 + 4), *q = malloc(n * 4 + 4);
+        ZT_OK(zfmt__st_read(a, x, p));
+        ZT_OK(zfmt__st_read(b, y, q));
+        size_t O = tr ? (size_t)x->shape[1] : 0, I = tr ? (size_t)x->shape[0] : 0;
+        for (size_t k = 0; k < n; k++) {
+            /* ours [out, in] against the source's [in, out] */
+            float want = tr ? p[(k % I) * O + k / I] : p[k];
+            if (memcmp(&want, &q[k], 4))
+                ZT_FAIL("%s: '%s'[%zu] = %.9g, %s has %.9g", ours, name, k, q[k], ref, want);
+        }
+        free(p);
+        free(q);
+        seen++;
+    }
+    zfmt__st_free(a);
+    zfmt__st_free(b);
+    return seen;
+}
+
+/* zckpt import of dir (a DeepSpeed or DCP checkpoint with ref/) into run at world W: its
+ * weights, exp_avg and exp_avg_sq are the source framework's own gather, bit for bit */
+static void import_equals_ref(const char *dir, const char *model, int world, int moments)
+{
+    char *out, run[128], st[160], ref[160];
+    snprintf(run, sizeof run, "imp-%s", dir);
+    if (zt_zckpt(&out, "import %s -o %s --world %d", dir, run, world) != 0)
+        ZT_FAIL("import %s: %s", dir, out);
+    ZT_CHECK(strstr(out, moments ? "with AdamW's moments" : "no optimizer state"));
+    free(out);
+    snprintf(st, sizeof st, "%s.safetensors", run);
+    if (zt_zckpt(&out, "consolidate %s -o %s --format safetensors", run, st) != 0)
+        ZT_FAIL("consolidate %s: %s", run, out);
+    free(out);
+    snprintf(ref, sizeof ref, "%s/ref/model.safetensors", dir);
+    size_t n = same_as_ref(ref, st, model, "", NULL);
+    ZT_CHECK(n > 0);
+    snprintf(ref, sizeof ref, "%s/ref/optim.safetensors", dir);
+    if (moments) {
+        ZT_CHECK_EQ(same_as_ref(ref, st, model, ".exp_avg", "exp_avg"), n);
+        ZT_CHECK_EQ(same_as_ref(ref, st, model, ".exp_avg_sq", "exp_avg_sq"), n);
+    }
+    fprintf(stderr, "  %s: %zu weights%s equal to %s's\n", run, n,
+            moments ? " and their moments" : "", dir);
+}
+
 /* Real DeepSpeed checkpoints (2 or 3 ranks): verify sound, consolidate equal tensor for tensor
- * to DeepSpeed's zero_to_fp32 (make test: five of the variants below; make stress: all). */
+ * to DeepSpeed's zero_to_fp32, import equal to DeepSpeed's own gather of the master weights and
+ * moments (make test: five of the variants below; make stress: all). */
 ZT_TEST(foreign_deepspeed_consolidate_equals_zero_to_fp32)
 {
     /* model, stage, dtype, world (3: partitions with padding), gradient accumulation dtype
@@ -382,6 +470,7 @@ ZT_TEST(foreign_deepspeed_consolidate_equals_zero_to_fp32)
         snprintf(ref, sizeof ref, "%s/ref/model.safetensors", dir);
         snprintf(got, sizeof got, "out/%s.safetensors", dir);
         same_tensors(ref, got, "");
+        import_equals_ref(dir, model, 1 + (int)i % 3, 1);
     }
 }
 
@@ -480,4 +569,83 @@ ZT_TEST(foreign_dcp_consolidate_equals_dcp_to_torch_save)
     };
     damaged_verify_says(cases[0].kind, "g", "e0", cases[0].want);
     damaged_verify_says(cases[1].kind, "g", "e1", cases[1].want);
+}
+
+/* the loss of step `step` in run's train.jsonl */
+static double logged_loss(const char *run, int step)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/train.jsonl", run);
+    char *all = zt_slurp(path), *save = NULL;
+    double loss = NAN;
+    for (char *line = strtok_r(all, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        json_t *j = json_loads(line, 0, NULL);
+        if (j && json_integer_value(json_object_get(j, "step")) == step)
+            loss = json_number_value(json_object_get(j, "loss"));
+        json_decref(j);
+    }
+    free(all);
+    return loss;
+}
+
+/* A DeepSpeed ZeRO-2 GPT-2 and an FSDP2 DCP Llama (with its optimizer), 2 ranks each, imported;
+ * zrun continues each run on the batch the source framework continued on: the loss of its
+ * first step (the weights) and of its second (AdamW's update from the imported moments and
+ * step) are the source framework's within 1e-5. Damage, a wrong --format and a missing
+ * config.json are refused, nothing written. */
+ZT_TEST(foreign_import_continues_the_run)
+{
+    foreign_ckpt("ds ds --model gpt2 --stage 2 --dtype fp32 --next-token 5 --weight-decay 0");
+    foreign_ckpt("dcp dcp --model llama --optim --next-token 5 --weight-decay 0");
+    /* a corpus of token 5: every sample is the batch the source continued on; sequences of 7
+     * are its 8 tokens' 7 predictions */
+    enum { N = 4096 };
+    static int32_t head[256] = {20240520, 1, N};
+    static uint16_t tok[N];
+    for (size_t i = 0; i < N; i++)
+        tok[i] = 5;
+    FILE *f = fopen("five.bin", "wb");
+    ZT_CHECK(f && fwrite(head, sizeof head, 1, f) == 1 && fwrite(tok, sizeof tok, 1, f) == 1);
+    fclose(f);
+    const char *dirs[] = {"ds", "dcp"}, *models[] = {"gpt2", "llama"};
+    const char *how[] = {"", "--nproc 2 --zero 3 "};
+    for (size_t i = 0; i < 2; i++) {
+        import_equals_ref(dirs[i], models[i], 2, 1);
+        char run[64], info[64];
+        snprintf(run, sizeof run, "imp-%s", dirs[i]);
+        zt_zrunf_ok("zrun.log", "--resume %s --ckpt-dir %s %s--data five.bin --seq 7 --batch 2 "
+                    "--steps 4 --lr 1e-2 --warmup 0 --min-lr-ratio 1 --weight-decay 0 "
+                    "--grad-clip 0", run, run, how[i]);
+        snprintf(info, sizeof info, "%s/ref/info.json", dirs[i]);
+        json_t *j = json_load_file(info, 0, NULL);
+        ZT_CHECK(j && json_integer_value(json_object_get(j, "step")) == 2);
+        double want[2] = {json_number_value(json_object_get(j, "next_loss")),
+                          json_number_value(json_object_get(j, "after_step_loss"))};
+        json_decref(j);
+        for (int k = 0; k < 2; k++) {
+            double got = logged_loss(run, 3 + k);
+            if (!(fabs(got - want[k]) <= 1e-5 * fabs(want[k])))
+                ZT_FAIL("%s: step %d loss %.7f, the source's %.7f", run, 3 + k, got, want[k]);
+            fprintf(stderr, "  %s: step %d loss %.7f, the source's %.7f\n", run, 3 + k, got,
+                    want[k]);
+        }
+    }
+    /* refusals: nothing written */
+    char *out;
+    ZT_CHECK(system("cp -r ds noconf && rm noconf/config.json") == 0);
+    ZT_CHECK(zt_zckpt(&out, "import noconf -o r1") == 2 && strstr(out, "--config FILE"));
+    free(out);
+    ZT_CHECK(zt_zckpt(&out, "import noconf -o r1 --config dcp/config.json") == 2 &&
+             strstr(out, "unexpected tensor 'transformer."));
+    free(out);
+    ZT_CHECK(zt_zckpt(&out, "import noconf -o r1 --config ds/config.json") == 0);
+    free(out);
+    ZT_CHECK(zt_zckpt(&out, "import ds -o r2 --format dcp") == 2 &&
+             strstr(out, "not a PyTorch DCP checkpoint (DeepSpeed ZeRO)"));
+    free(out);
+    damaged_verify_says("missing-rank-file", "ds", "dmg", "missing");
+    ZT_CHECK(zt_zckpt(&out, "import dmg -o r3") == 2 && strstr(out, "missing: rank 1's") &&
+             strstr(out, "zckpt verify lists them"));
+    free(out);
+    ZT_CHECK(access("r2", F_OK) < 0 && access("r3", F_OK) < 0);
 }

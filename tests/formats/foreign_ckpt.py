@@ -5,17 +5,21 @@ from their own converters, and damaged copies of them.
 
   foreign_ckpt.py ds OUTDIR --model gpt2|llama --stage 1|2|3 --dtype fp32|bf16 [--world W]
                   [--steps N] [--grad-accum same|fp32] [--size tiny|124m] [--no-ref]
+                  [--next-token K] [--weight-decay X]
       train a tiny model (GPT2LMHeadModel: 2 layers, 2 heads, width 16, 16 positions, vocabulary
       64, tied; LlamaForCausalLM: 2 layers, 4 heads, 2 KV heads, width 16, MLP 24, vocabulary 64,
       untied), built with torch.manual_seed(1234), under deepspeed.initialize with ZeRO stage S
-      (client optimizer torch.optim.AdamW lr 1e-2 betas (0.9, 0.95) eps 1e-8 weight decay 0.1,
+      (client optimizer torch.optim.AdamW lr 1e-2 betas (0.9, 0.95) eps 1e-8 weight decay 0.1
+      (--weight-decay X: X; zrun decays only matrices, so a run zrun continues uses 0),
       "zero_allow_untested_optimizer", "gradient_clipping": 0.0 (DeepSpeed 0.19.8's default is
       1.0); bf16: "bf16": {"enabled": true}) on W CPU processes
       (default 2, gloo, spawned by torch.multiprocessing) for N steps (default 2), each rank
       taking 2 fixed random sequences of 8 tokens per step (--grad-accum fp32: "data_types":
       {"grad_accum_dtype": "fp32"}, which with bf16 at stage 1 makes DeepSpeed use its
       BF16_Optimizer, whose files have no zero_stage); then engine.save_checkpoint(OUTDIR)
-      (OUTDIR/latest, OUTDIR/global_stepN/). --size 124m: GPT-2 small (124M parameters, for
+      (OUTDIR/latest, OUTDIR/global_stepN/), and the model's config.json in OUTDIR (where the
+      Hugging Face Trainer puts it). --next-token K: the next batch (below) is every token K,
+      which a corpus of that one token gives zrun (the import test continues the run in zrun). --size 124m: GPT-2 small (124M parameters, for
       tests/bench/foreign_bench.sh); --no-ref: the checkpoint only, no ref/. Writes OUTDIR/ref/:
         model.safetensors  deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint
                            (float32, the names the converter gives, tied names included); where
@@ -32,6 +36,7 @@ from their own converters, and damaged copies of them.
                            compute), after_step_loss (the loss on next_tokens after one more
                            training step on next_tokens on every rank, taken after saving).
   foreign_ckpt.py dcp OUTDIR --model gpt2|llama [--world W] [--optim] [--steps N]
+                  [--next-token K] [--weight-decay X]
       the same model and batches trained under FSDP2 (torch.distributed.fsdp.fully_shard, CPU,
       gloo) with torch.optim.AdamW, then torch.distributed.checkpoint.save to OUTDIR of
       get_model_state_dict(model) (keys: the parameter names) or, with --optim,
@@ -39,7 +44,7 @@ from their own converters, and damaged copies of them.
       "model.<name>", "optimizer.state.<name>.exp_avg", "optimizer.param_groups.0.lr", ...).
       OUTDIR/ref/model.safetensors comes from format_utils.dcp_to_torch_save (loaded back and
       re-saved as safetensors, float32), ref/optim.safetensors (--optim) from the same
-      conversion, and ref/info.json as for ds.
+      conversion, ref/info.json and OUTDIR/config.json as for ds.
   foreign_ckpt.py damage KIND SRC DST
       copy the checkpoint directory SRC to DST (which must not exist) and damage the copy. KIND:
       missing-rank-file (DeepSpeed: remove the last rank's *_optim_states.pt), truncated-zip
@@ -131,8 +136,14 @@ def batch(step, rank):
     return torch.randint(0, 64, (MICRO, SEQ), generator=g)
 
 
-def next_batch():
+def next_batch(token=None):
+    if token is not None:  # --next-token: a batch of one token, as a corpus of it gives zrun
+        return torch.full((MICRO, SEQ), token, dtype=torch.long)
     return torch.randint(0, 64, (MICRO, SEQ), generator=torch.Generator().manual_seed(999))
+
+
+def adamw(model, wd):
+    return torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=wd)
 
 
 def free_port():
@@ -149,9 +160,9 @@ def dist_env(rank, world, port):
     torch.set_num_threads(1)
 
 
-def optim_info():
+def optim_info(a):
     return {"class": "torch.optim.AdamW", "lr": LR, "betas": list(BETAS), "eps": EPS,
-            "weight_decay": WD, "gradient_clipping": None}
+            "weight_decay": a.weight_decay, "gradient_clipping": None}
 
 
 def write_json(path, obj):
@@ -179,7 +190,7 @@ def ds_rank(rank, a, port, q):
     transformers.utils.logging.set_verbosity_error()
     deepspeed.init_distributed(dist_backend="gloo")
     model, cfg = build(a.model, a.size)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    opt = adamw(model, a.weight_decay)
     conf = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 1,
             "zero_optimization": {"stage": a.stage}, "zero_allow_untested_optimizer": True,
             "gradient_clipping": 0.0, "steps_per_print": 1000000, "wall_clock_breakdown": False}
@@ -210,7 +221,7 @@ def ds_rank(rank, a, port, q):
         ref[name + ".fp32"] = safe_get_full_fp32_param(p)
         for k in ("exp_avg", "exp_avg_sq"):
             ref[name + "." + k] = safe_get_full_optimizer_state(p, k)
-    nb = next_batch()
+    nb = next_batch(a.next_token)
     engine.eval()
     with torch.no_grad():
         next_loss = float(engine(input_ids=nb, labels=nb).loss)
@@ -285,6 +296,7 @@ def cmd_ds(a):
     fresh_dir(a.outdir)
     out = spawn(ds_rank, a)
     if a.no_ref:
+        write_json(os.path.join(a.outdir, "config.json"), out["info"]["model"])
         say("%s: deepspeed %s (%s) stage %d %s world %d, no reference (%.1f s)"
             % (a.outdir, a.model, a.size, a.stage, a.dtype, a.world, time.time() - t0))
         return 0
@@ -310,11 +322,12 @@ def cmd_ds(a):
     diff = max(float((model[k[:-5]] - v).abs().max()) for k, v in gathered.items()
                if k.endswith(".fp32"))
     info = out["info"]
+    write_json(os.path.join(a.outdir, "config.json"), info["model"])
     tag = open(os.path.join(a.outdir, "latest")).read()
     info.update(world=a.world, stage=a.stage, dtype=a.dtype, tag=tag,
-                optimizer=optim_info(), micro_batch=MICRO, seq=SEQ,
+                optimizer=optim_info(a), micro_batch=MICRO, seq=SEQ,
                 batches=[[batch(s, r).tolist() for r in range(a.world)] for s in range(a.steps)],
-                next_tokens=next_batch().tolist(), gather_missing=out["missing"],
+                next_tokens=next_batch(a.next_token).tolist(), gather_missing=out["missing"],
                 grad_accum=a.grad_accum, model_reference=converter,
                 converter_vs_gather_max_abs=diff,
                 versions={"torch": torch.__version__,
@@ -348,7 +361,7 @@ def dcp_rank(rank, a, port, q):
     for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    opt = adamw(model, a.weight_decay)
     losses = []
     for s in range(a.steps):
         ids = batch(s, rank)
@@ -357,7 +370,7 @@ def dcp_rank(rank, a, port, q):
         opt.step()
         opt.zero_grad()
         losses.append(float(loss.detach()))
-    nb = next_batch()
+    nb = next_batch(a.next_token)
     with torch.no_grad():
         next_loss = float(model(input_ids=nb, labels=nb).loss)
     if a.optim:
@@ -404,9 +417,10 @@ def cmd_dcp(a):
                 ost[name + "." + k] = st[k].float().clone().contiguous()
         save_file(ost, os.path.join(refdir, "optim.safetensors"))
     info = out["info"]
-    info.update(world=a.world, dtype="fp32", optimizer=optim_info(), micro_batch=MICRO, seq=SEQ,
+    write_json(os.path.join(a.outdir, "config.json"), info["model"])
+    info.update(world=a.world, dtype="fp32", optimizer=optim_info(a), micro_batch=MICRO, seq=SEQ,
                 batches=[[batch(s, r).tolist() for r in range(a.world)] for s in range(a.steps)],
-                next_tokens=next_batch().tolist(), optim=bool(a.optim),
+                next_tokens=next_batch(a.next_token).tolist(), optim=bool(a.optim),
                 versions={"torch": torch.__version__})
     write_json(os.path.join(refdir, "info.json"), info)
     say("%s: dcp %s world %d%s, %d tensors, next_loss %.6f (%.1f s)"
@@ -820,12 +834,16 @@ def run():
     ds.add_argument("--grad-accum", choices=("same", "fp32"), default="same")
     ds.add_argument("--size", choices=("tiny", "124m"), default="tiny")
     ds.add_argument("--no-ref", action="store_true")
+    ds.add_argument("--next-token", type=int)
+    ds.add_argument("--weight-decay", type=float, default=WD)
     dc = sub.add_parser("dcp")
     dc.add_argument("outdir")
     dc.add_argument("--model", choices=("gpt2", "llama"), required=True)
     dc.add_argument("--world", type=int, default=2)
     dc.add_argument("--steps", type=int, default=2)
     dc.add_argument("--optim", action="store_true")
+    dc.add_argument("--next-token", type=int)
+    dc.add_argument("--weight-decay", type=float, default=WD)
     a = ap.parse_args()
     a.outdir = os.path.abspath(a.outdir)
     return cmd_ds(a) if a.cmd == "ds" else cmd_dcp(a)
