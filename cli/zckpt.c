@@ -1153,8 +1153,9 @@ static int audit_foreign(const zckpt_args *a, zfmt_foreign_kind k)
     if (zfmt_foreign_verify(&rep, a->path, &o) < 0)
         return zcli_fail_lib(PROG, NULL);
     size_t n = zck_report_count(rep);
-    const char *why = "zrun resumes only zero checkpoints, and zckpt import does not read this "
-                      "format yet (zckpt consolidate writes its weights as safetensors)";
+    const char *why = "zrun resumes only zero checkpoints: `zckpt import DIR -o RUNDIR` makes "
+                      "one of it (a Hugging Face GPT-2 or Llama: its weights, AdamW's moments "
+                      "and step), which `zrun --resume RUNDIR` continues";
     if (a->json) {
         json_t *probs = problems_json(rep);
         print_json(json_pack("{s:s, s:s, s:b, s:b, s:o, s:[s]}", "path", a->path, "format",
