@@ -675,12 +675,16 @@ static void ds_optim_note(source *s, const zfmt__pv *groups)
     for (size_t g = 0; g < groups->n && strlen(wd) < sizeof wd - 24; g++)
         snprintf(wd + strlen(wd), sizeof wd - strlen(wd), "%s%g", g ? ", " : "",
                  group_real(groups->items[g], "weight_decay"));
+    /* one group decaying everything: biases and norms too, which zrun never decays */
+    int all = groups->n == 1 && group_real(g0, "weight_decay") != 0;
     snprintf(s->optim_note, sizeof s->optim_note, "the source's AdamW: lr %g, betas (%g, %g), "
-             "eps %g, weight decay per group %s%s", lr, b1, b2, eps, wd,
+             "eps %g, weight decay per group %s%s%s", lr, b1, b2, eps, wd,
              (b1 == 0.9 && b2 == 0.95 && eps == 1e-8)
                  ? ""
                  : "; zrun computes betas (0.9, 0.95) and eps 1e-8, so the continued run "
-                   "differs");
+                   "differs",
+             all ? "; zrun decays matrices only (the source also decayed biases and norms)"
+                 : "");
 }
 
 /* DeepSpeed: the trainable parameters of param_shapes, their fp32 master weights and moments
