@@ -606,6 +606,37 @@ int zfmt__dcp_read(const zfmt__dcp *d, size_t i, void *dst)
     return 0;
 }
 
+int zfmt__dcp_value(const zfmt__dcp *d, size_t i, zfmt__pickle **pk)
+{
+    const dcp_item *it = &d->it[i];
+    *pk = NULL;
+    if (!it->is_bytes || !it->c[0].file)
+        return zr_err_set(ZR_EINVAL, "%s: '%s' is not a bytes item with its bytes", d->dir,
+                          it->fqn);
+    char *path = zck_path_join(d->dir, it->c[0].file);
+    int fd = -1;
+    if (!path)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    int rc = zck_open_regular(&fd, path, ZCK_NOFOLLOW, NULL);
+    zfmt__zip *z = NULL;
+    const zfmt__zip_entry *e = NULL;
+    char *b = NULL;
+    if (!rc)
+        rc = zfmt__zip_open_slice(&z, fd, path, it->c[0].at, it->c[0].len);
+    if (!rc && !(e = zfmt__zip_find(z, "data.pkl")))
+        rc = zr_err_set(ZR_ECORRUPT, "%s: the item of '%s' has no data.pkl", path, it->fqn);
+    if (!rc)
+        rc = zfmt__zip_slurp(z, e, ITEM_PICKLE_BUDGET, &b);
+    if (!rc)
+        rc = zfmt__pickle_load(pk, b, (size_t)e->size, path, ITEM_PICKLE_BUDGET);
+    free(b);
+    zfmt__zip_free(z);
+    if (fd >= 0)
+        close(fd);
+    free(path);
+    return rc;
+}
+
 long zfmt__dcp_find(const zfmt__dcp *d, const char *fqn)
 {
     const dcp_item *it = find_item((zfmt__dcp *)d, fqn);

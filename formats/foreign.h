@@ -68,7 +68,7 @@ typedef enum {
     ZFMT__PK_BYTES,   /* (s, len) */
     ZFMT__PK_LIST,    /* items[n] */
     ZFMT__PK_TUPLE,   /* items[n]; torch.Size too */
-    ZFMT__PK_DICT,    /* items[2n]: key, value, key, value ... in insertion order */
+    ZFMT__PK_DICT,    /* items[n]: key, value, key, value ... in insertion order */
     ZFMT__PK_SET,     /* items[n] */
     ZFMT__PK_GLOBAL,  /* s = "module.name", one of the allowlist */
     ZFMT__PK_OBJECT,  /* an instance of an allowed class, never constructed: cls (a GLOBAL), args
@@ -85,7 +85,7 @@ struct zfmt__pv {
     char *s;         /* STR, BYTES, GLOBAL, STORAGE's key */
     size_t len;      /* of s */
     zfmt__pv **items;
-    size_t n, cap;   /* items (DICT: pairs: 2n items) */
+    size_t n, cap;   /* items (DICT: keys and values, 2 per pair) */
     zfmt__pv *cls, *args, *state, *storage;
     zck_dtype dtype; /* STORAGE, TENSOR */
     int dtype_known; /* 0: a dtype zero does not read (complex, bool, ...) */
@@ -147,6 +147,9 @@ size_t zfmt__dcp_n(const zfmt__dcp *d);
 int zfmt__dcp_tensor(const zfmt__dcp *d, size_t i, const char **fqn, zck_dtype *dt,
                      size_t *ndim, const uint64_t **size);
 size_t zfmt__dcp_chunks(const zfmt__dcp *d, size_t i);
+/* The value of bytes item i (a torch.save'd Python object: a float, a tuple) through the
+ * restricted unpickler: zfmt__pickle_root(*pk). */
+int zfmt__dcp_value(const zfmt__dcp *d, size_t i, zfmt__pickle **pk);
 /* The index of the item named fqn, or -1. */
 long zfmt__dcp_find(const zfmt__dcp *d, const char *fqn);
 /* Tensor item i, row-major in its own dtype, into dst (numel x its size). */

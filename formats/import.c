@@ -658,13 +658,14 @@ static double group_real(const zfmt__pv *g, const char *key)
     return zfmt__pv_int(v, &i) ? (double)i : NAN;
 }
 
-/* What the user needs to continue the same run in zrun: the source optimizer's settings,
+/* What the user needs to continue the same run in zrun: the source optimizer's settings
+ * (groups: a list of param_groups dicts, as DeepSpeed's files and DCP's items give them),
  * against zrun's (betas 0.9, 0.95, eps 1e-8, decay on matrices only). */
-static void ds_optim_note(source *s, const zfmt__pv *groups)
+static void optim_note(source *s, const zfmt__pv *const *groups, size_t n)
 {
-    if (!groups || !groups->n)
+    if (!n)
         return;
-    const zfmt__pv *g0 = groups->items[0], *betas = zfmt__pv_get(g0, "betas");
+    const zfmt__pv *g0 = groups[0], *betas = zfmt__pv_get(g0, "betas");
     double lr = group_real(g0, "lr"), eps = group_real(g0, "eps"), b1 = NAN, b2 = NAN;
     if (betas && (betas->kind == ZFMT__PK_TUPLE || betas->kind == ZFMT__PK_LIST) &&
         betas->n == 2) {
@@ -672,11 +673,11 @@ static void ds_optim_note(source *s, const zfmt__pv *groups)
         b2 = betas->items[1]->kind == ZFMT__PK_FLOAT ? betas->items[1]->f : NAN;
     }
     char wd[160] = "";
-    for (size_t g = 0; g < groups->n && strlen(wd) < sizeof wd - 24; g++)
+    for (size_t g = 0; g < n && strlen(wd) < sizeof wd - 24; g++)
         snprintf(wd + strlen(wd), sizeof wd - strlen(wd), "%s%g", g ? ", " : "",
-                 group_real(groups->items[g], "weight_decay"));
+                 group_real(groups[g], "weight_decay"));
     /* one group decaying everything: biases and norms too, which zrun never decays */
-    int all = groups->n == 1 && group_real(g0, "weight_decay") != 0;
+    int all = n == 1 && group_real(g0, "weight_decay") != 0;
     snprintf(s->optim_note, sizeof s->optim_note, "the source's AdamW: lr %g, betas (%g, %g), "
              "eps %g, weight decay per group %s%s%s", lr, b1, b2, eps, wd,
              (b1 == 0.9 && b2 == 0.95 && eps == 1e-8)
@@ -722,8 +723,51 @@ static int open_ds(source *s, const char *path, const zfmt_import_opts *o)
     const zfmt__pv *groups;
     ZR_TRY(zfmt__ds_adam(s->ds, &s->step, &groups));
     s->moments = 1;
-    ds_optim_note(s, groups);
+    if (groups)
+        optim_note(s, (const zfmt__pv *const *)groups->items, groups->n);
     return 0;
+}
+
+/* get_state_dict's param_groups, a bytes item per value ("optimizer.param_groups.<g>.lr"), as
+ * dicts for optim_note: what is absent or not a number is left out. */
+static int dcp_optim_note(source *s)
+{
+    static const char *const keys[] = {"lr", "betas", "eps", "weight_decay"};
+    enum { G = 16, K = sizeof keys / sizeof *keys };
+    zfmt__pickle *pk[G][K] = {{0}};
+    zfmt__pv dict[G], *items[G][2 * K], key[K];
+    const zfmt__pv *groups[G];
+    size_t n = 0;
+    int rc = 0;
+    memset(dict, 0, sizeof dict);
+    memset(key, 0, sizeof key);
+    for (size_t k = 0; k < K; k++) {
+        key[k].kind = ZFMT__PK_STR;
+        key[k].s = (char *)keys[k];
+        key[k].len = strlen(keys[k]);
+    }
+    for (; !rc && n < G; n++) {
+        dict[n].kind = ZFMT__PK_DICT;
+        dict[n].items = items[n];
+        for (size_t k = 0; !rc && k < K; k++) {
+            char fqn[96];
+            snprintf(fqn, sizeof fqn, "optimizer.param_groups.%zu.%s", n, keys[k]);
+            long i = zfmt__dcp_find(s->dcp, fqn);
+            if (i < 0 || (rc = zfmt__dcp_value(s->dcp, (size_t)i, &pk[n][k])))
+                continue;
+            items[n][dict[n].n++] = &key[k]; /* a DICT's n counts keys and values */
+            items[n][dict[n].n++] = (zfmt__pv *)zfmt__pickle_root(pk[n][k]);
+        }
+        if (!dict[n].n)
+            break;
+        groups[n] = &dict[n];
+    }
+    if (!rc)
+        optim_note(s, groups, n);
+    for (size_t g = 0; g < G; g++)
+        for (size_t k = 0; k < K; k++)
+            zfmt__pickle_free(pk[g][k]);
+    return rc;
 }
 
 /* DCP: a model state dict (keys: the parameter names), or get_state_dict's {"model": ...,
@@ -827,7 +871,7 @@ static int open_dcp(source *s, const char *path, const zfmt_import_opts *o)
         return zr_err_set(ZR_ECORRUPT, "%s: the optimizer state covers %d of the %zu "
                           "parameters' moments and steps", path, moments / 2, s->nt);
     s->moments = moments > 0;
-    return 0;
+    return s->moments ? dcp_optim_note(s) : 0;
 }
 
 /* A safetensors file of ours: config from metadata, else from the shapes and heads. */
