@@ -416,6 +416,8 @@ static void import_equals_ref(const char *dir, const char *model, int world, int
     if (zt_zckpt(&out, "import %s -o %s --world %d", dir, run, world) != 0)
         ZT_FAIL("import %s: %s", dir, out);
     ZT_CHECK(strstr(out, moments ? "with AdamW's moments" : "no optimizer state"));
+    /* the source's settings, for the zrun options that continue the run */
+    ZT_CHECK(!moments || strstr(out, "the source's AdamW: lr 0.01, betas (0.9, 0.95), eps 1e-08"));
     free(out);
     snprintf(st, sizeof st, "%s.safetensors", run);
     if (zt_zckpt(&out, "consolidate %s -o %s --format safetensors", run, st) != 0)
