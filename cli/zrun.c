@@ -192,6 +192,9 @@ static const char *const comm_names[] = {"auto", "mpi", "tcp", NULL};
 static const int comm_values[] = {COMM_AUTO, COMM_MPI, COMM_TCP};
 static const char *const device_names[] = {"cpu", "cuda", "auto", NULL};
 static const int device_values[] = {ZR_DEVICE_CPU, ZR_DEVICE_CUDA, ZR_DEVICE_AUTO};
+static const char *const recompute_names[] = {"none", "layer", "selective", NULL};
+static const int recompute_values[] = {ZR_RECOMPUTE_NONE, ZR_RECOMPUTE_LAYER,
+                                       ZR_RECOMPUTE_SELECTIVE};
 static const char *const offload_names[] = {"none", "cpu", "nvme", NULL};
 static const int offload_values[] = {ZR_OFFLOAD_NONE, ZR_OFFLOAD_CPU, ZR_OFFLOAD_NVME};
 
@@ -225,6 +228,10 @@ static const zcli_opt zrun_table[] = {
     ZCLI_INTEGER(U32, "--micro-batch", o.micro_batch, "N", 1, 1u << 20,
                  "the rank's share, --batch / world (--nproc x --nnodes)",
                  "sequences per forward pass on each rank; gradients accumulate"),
+    ZCLI_ENUM("--recompute", o.recompute, recompute_names, recompute_values, NULL,
+              "activation checkpointing (CPU engine). layer: keep each layer's input, "
+              "recompute the layer in the backward; selective: recompute only the attention "
+              "weights and GELU/SwiGLU outputs. Same losses and gradients, bit for bit"),
     ZCLI_INTEGER(U64, "--steps", o.steps, "N", 1, UINT64_MAX, NULL,
                  "total optimizer steps of the run, the LR schedule's horizon"),
     ZCLI_REAL(FLOAT, "--lr", o.lr, "X", 0, FLT_MAX, NULL, "peak learning rate"),

@@ -43,9 +43,11 @@ uint64_t zr_train__baseline(const zr_gpt2_config *cfg, uint32_t micro_batch, uin
 void zr_mem_plan_json(const zr_mem_plan *p, FILE *f)
 {
     fprintf(f, "{\"layers\":%u,\"parameters\":%llu,\"zero_stage\":%d,\"world\":%d,"
-               "\"micro_batch\":%u,\"seq\":%u,\"on_gpu\":%s,\"formula_bytes\":%.0f,\"ranks\":[",
+               "\"micro_batch\":%u,\"seq\":%u,\"recompute\":\"%s\",\"on_gpu\":%s,"
+               "\"formula_bytes\":%.0f,\"ranks\":[",
             p->layers, (unsigned long long)p->numel, p->zero_stage, p->world, p->micro_batch,
-            p->seq, p->on_gpu ? "true" : "false", p->formula_bytes);
+            p->seq, zr_train__recompute_name(p->recompute), p->on_gpu ? "true" : "false",
+            p->formula_bytes);
     for (int q = 0; q < p->world; q++) {
         const zr_rank_mem *m = &p->rank[q];
         fprintf(f, "%s{\"rank\":%d,\"params\":%llu,\"grads\":%llu,\"optimizer\":%llu,"
@@ -102,7 +104,13 @@ int zr_train_mem_plan(zr_mem_plan *out, const zr_train_opts *o, int world)
         (o->device == ZR_DEVICE_AUTO && zr_device_cuda_available()))
         ZR_TRY_GOTO(zr_device_open(&ops), rc, out);
     out->on_gpu = ops != NULL;
-    uint64_t acts = zr_model_activation_bytes(&cfg, out->micro_batch, out->seq);
+    out->recompute = o->recompute;
+    if (ops && o->recompute != ZR_RECOMPUTE_NONE) {
+        rc = zr_train__recompute_on_gpu(o->recompute);
+        goto out;
+    }
+    uint64_t acts = zr_model_activation_bytes(&cfg, out->micro_batch, out->seq,
+                                              (zr_recompute)o->recompute);
     if (ops)
         ZR_TRY_GOTO(zr_device_activation_bytes(&acts, ops, &cfg, out->micro_batch, out->seq),
                     rc, out);
@@ -163,9 +171,10 @@ void zr_mem_plan_print(const zr_mem_plan *p, FILE *f)
 {
     double mib = 1.0 / (1 << 20);
     fprintf(f, "dry run: %s %u layers, %llu parameters, ZeRO stage %d, world %d, "
-               "micro-batch %u x %u tokens per rank, on %s%s%s\n", p->llama ? "Llama" : "GPT-2",
-            p->layers,
+               "micro-batch %u x %u tokens per rank, recompute %s, on %s%s%s\n",
+            p->llama ? "Llama" : "GPT-2", p->layers,
             (unsigned long long)p->numel, p->zero_stage, p->world, p->micro_batch, p->seq,
+            zr_train__recompute_name(p->recompute),
             p->on_gpu ? "the GPU (device memory; activations in bf16 and fp32)" : "the CPU",
             p->from ? "; resuming from " : "", p->from ? p->from : "");
     fprintf(f, "expected bytes per rank (MiB): formula %g + %g/W bytes per parameter for "

@@ -81,6 +81,8 @@ int zr_train__check_opts(const zr_train_opts *o)
                    "--offload-optimizer", "ZR_OFFLOAD_NONE, _CPU or _NVME"));
     ZR_TRY(enum_ok(o->offload_params, ZR_OFFLOAD_NONE, ZR_OFFLOAD_NVME, "--offload-params",
                    "ZR_OFFLOAD_NONE, _CPU or _NVME"));
+    ZR_TRY(enum_ok(o->recompute, ZR_RECOMPUTE_NONE, ZR_RECOMPUTE_SELECTIVE, "--recompute",
+                   "ZR_RECOMPUTE_NONE, _LAYER or _SELECTIVE"));
     if (o->offload_params != ZR_OFFLOAD_NONE && o->zero_stage != 3)
         return zr_err_set(ZR_EINVAL, "--offload-params needs ZeRO stage 3, not %d",
                           o->zero_stage);
@@ -165,4 +167,17 @@ int zr_train__seq(uint32_t *out, const zr_train_opts *o, const zr_gpt2_config *c
         return zr_err_set(ZR_EINVAL, "--seq %u is longer than the model's context %u", *out,
                           cfg->ctx);
     return 0;
+}
+
+const char *zr_train__recompute_name(int recompute)
+{
+    static const char *const names[] = {"none", "layer", "selective"};
+    return recompute >= 0 && recompute <= ZR_RECOMPUTE_SELECTIVE ? names[recompute] : "?";
+}
+
+int zr_train__recompute_on_gpu(int recompute)
+{
+    return zr_err_set(ZR_EUNSUPPORTED, "--recompute %s: the CUDA engine keeps every activation "
+                      "(not built there yet); use --recompute none on a GPU, or --device cpu",
+                      zr_train__recompute_name(recompute));
 }

@@ -59,6 +59,9 @@ typedef struct {
      * <nvme_path>/zrun-swap-rank<r>, aio_block bytes per request and staging chunk, aio_depth
      * requests in flight, offload_buffers staging sets (>= 2). */
     int offload_optimizer, offload_params;
+    /* what the forward keeps for the backward (model.h's ZR_RECOMPUTE_*: none, layer,
+     * selective); the CPU engine only */
+    int recompute;
     const char *nvme_path;
     unsigned aio_depth, offload_buffers;
     size_t aio_block;
@@ -157,6 +160,7 @@ typedef struct {
     char *from;              /* the checkpoint a resume would read (opts->resume), or NULL */
     uint32_t layers, micro_batch, seq;
     int llama;               /* the model family: GPT-2 (0) or Llama (1) */
+    int recompute;           /* ZR_RECOMPUTE_*: what the activations keep */
     uint64_t numel;          /* parameters */
     int zero_stage, world, on_gpu;
     double per_param[2];     /* the ZeRO formula: a + b / W bytes per parameter */
