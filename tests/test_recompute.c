@@ -142,24 +142,27 @@ ZT_TEST(recompute_asks_for_each_layer_once_in_the_backward)
     }
 }
 
-/* One zrun run into dir; with stop: stopped after step 2, then resumed to the end. */
+/* One zrun run into dir with recompute mode; with stop: stopped after step 2, then resumed to
+ * the end with the other recompute mode (layer <-> selective: the checkpoint holds no mode). */
 static void run(const char *dir, const char *model, int W, int s, int th, int mode, int stop)
 {
     char log[96], opts[512];
     snprintf(opts, sizeof opts, "--model %s --batch 4 --micro-batch %d --seq 13 --steps 4 "
-             "--warmup 1 --threads %d --nproc %d --zero %d --recompute %s --ckpt-dir %s",
-             model, W == 1 ? 2 : 1, th, W, s, MODE_NAMES[mode], dir);
+             "--warmup 1 --threads %d --nproc %d --zero %d --ckpt-dir %s --log-json %s.jsonl",
+             model, W == 1 ? 2 : 1, th, W, s, dir, dir);
     snprintf(log, sizeof log, "%s.log", dir);
     if (stop) {
-        zt_zrunf_ok(log, "%s --resume never --stop-after 2 --log-json %s.jsonl", opts, dir);
-        zt_zrunf_ok(log, "%s --resume auto --log-json %s.jsonl", opts, dir);
+        zt_zrunf_ok(log, "%s --recompute %s --resume never --stop-after 2", opts,
+                    MODE_NAMES[mode]);
+        zt_zrunf_ok(log, "%s --recompute %s --resume auto", opts, MODE_NAMES[3 - mode]);
+        zt_file_has(log, "continuing at step 3");
     } else {
-        zt_zrunf_ok(log, "%s --resume never --log-json %s.jsonl", opts, dir);
+        zt_zrunf_ok(log, "%s --recompute %s --resume never", opts, MODE_NAMES[mode]);
     }
 }
 
 /* zrun at every stage, world 1 and 2 (real processes): layer and selective (stopped after
- * step 2 and resumed) end with the checkpoint and the losses of none. */
+ * step 2 and resumed with the other) end with the checkpoint and the losses of none. */
 static void zrun_matches_none(int k, const char *model)
 {
     for (int W = 1; W <= 2; W++)
