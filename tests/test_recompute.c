@@ -273,3 +273,68 @@ ZT_TEST(recompute_dry_run_predicts_peak_rss)
                     "expected)", MODE_NAMES[r], ratio);
     }
 }
+
+/* zrun --memory-limit at 3 limits: the configuration it says it chose runs, and rank 0's
+ * measured peak RSS is under the limit; below every configuration it refuses, naming the
+ * smallest limit that works, which then runs. */
+ZT_TEST(recompute_memory_limit_picks_a_configuration_that_fits)
+{
+    const char *m = "--model gpt2:layers=4,heads=4,dim=128,ctx=256,vocab=256 --batch 16 "
+                    "--seq 256 --nproc 2 --threads 1 --steps 1 --resume never";
+    static const uint64_t limits[] = {200u << 20, 90u << 20, 50u << 20};
+    char seen[3][160];
+    for (int i = 0; i < 3; i++) {
+        char log[32], dir[32], jl[40];
+        snprintf(log, sizeof log, "l%d.log", i);
+        snprintf(dir, sizeof dir, "run-%d", i);
+        snprintf(jl, sizeof jl, "run-%d.jsonl", i);
+        zt_zrunf_ok(log, "%s --memory-limit %llu --ckpt-dir %s --log-json %s", m,
+                    (unsigned long long)limits[i], dir, jl);
+        zt_file_has(log, "memory plan: limit ");
+        zt_file_has(log, "  rejected --zero ");
+        char *t = zt_slurp(log), *c = strstr(t, "  chose --zero ");
+        ZT_CHECK(c != NULL);
+        snprintf(seen[i], sizeof seen[i], "%.*s", (int)strcspn(c, ":"), c);
+        free(t);
+        uint64_t peak = jlog_rss_peak(jl);
+        printf("  limit %.0f MiB: %s, peak RSS %.1f MiB\n", limits[i] / 1048576.0, seen[i] + 8,
+               peak / 1048576.0);
+        if (peak == 0 || peak > limits[i])
+            ZT_FAIL("--memory-limit %llu: measured peak RSS %llu (%s)",
+                    (unsigned long long)limits[i], (unsigned long long)peak, seen[i]);
+    }
+    ZT_CHECK(strcmp(seen[0], seen[2]) != 0); /* the limits led to different choices */
+    int st = zt_zrunf("small.log", "%s --memory-limit 1000000 --ckpt-dir small", m);
+    ZT_CHECK_EQ(st, 2);
+    char *t = zt_slurp("small.log"), *u = strstr(t, "use --memory-limit ");
+    if (!u || !strstr(t, "no configuration fits"))
+        ZT_FAIL("expected a refusal naming the smallest limit:\n%s", t);
+    unsigned long long need = strtoull(u + strlen("use --memory-limit "), NULL, 10);
+    free(t);
+    ZT_CHECK(need > 1000000);
+    zt_zrunf_ok("need.log", "%s --memory-limit %llu --ckpt-dir need", m, need);
+}
+
+/* zckpt audit --memory-limit says what a resume with zrun --memory-limit would pick, and when
+ * nothing fits, a reason naming the smallest limit (not resumable within it). */
+ZT_TEST(recompute_audit_memory_limit)
+{
+    zt_zrunf_ok("a.log", "--model gpt2:layers=2,heads=2,dim=64,ctx=128,vocab=256 --batch 8 "
+                "--seq 128 --steps 1 --threads 1 --ckpt-dir run");
+    char *out = NULL;
+    ZT_CHECK_EQ(zt_zckpt(&out, "audit run --world 2 --memory-limit %llu --json",
+                         (unsigned long long)(400u << 20)), 0);
+    json_t *o = json_loads(out, 0, NULL);
+    ZT_CHECK(o != NULL);
+    json_t *p = json_object_get(o, "memory_plan");
+    ZT_CHECK(json_is_string(json_object_get(p, "chose")));
+    ZT_CHECK(json_integer_value(json_object_get(p, "bytes")) <= (json_int_t)(400u << 20));
+    ZT_CHECK(json_is_true(json_object_get(o, "resumable")));
+    json_decref(o);
+    free(out);
+    ZT_CHECK_EQ(zt_zckpt(&out, "audit run --world 2 --memory-limit 1000"), 1);
+    if (!strstr(out, "not resumable") || !strstr(out, "no configuration fits") ||
+        !strstr(out, "use --memory-limit "))
+        ZT_FAIL("expected the smallest limit named:\n%s", out);
+    free(out);
+}
