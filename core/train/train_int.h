@@ -1,8 +1,9 @@
 /*
- * train_int.h: the checks of train.c that the audit (audit.c) applies too, so that both refuse
- * the same resumes with the same words. Internal to core/train (double underscore: not for
- * cli/). Each returns 0 or ZR_EINVAL (resume_path: the errors of zck_resume_pick) with the
- * message zr_train would give.
+ * train_int.h: internal to core/train (double underscore: not for cli/). First the checks of
+ * a run that the audit (audit.c) applies too, so that both refuse the same resumes with the
+ * same words: each returns 0 or ZR_EINVAL (resume_path: the errors of zck_resume_pick) with
+ * the message zr_train would give. Then one run's state (run) and the functions the files of
+ * zr_train share: collective.c, save.c, resume.c, engine.c, tokenizer.c, jsonlog.c, sample.c.
  */
 #ifndef ZR_TRAIN_INT_H
 #define ZR_TRAIN_INT_H

@@ -7,7 +7,10 @@
 #     BENCH_THREADS threads): ROUNDS rounds, each running the three modes one after the other
 #     (STEPS steps, the first WARMUP excluded, the median step_ms of the JSON log); per round
 #     the ratio mode / none; printed: the median ratio over the rounds with its min and max
-#     (goal: layer <= 1.4x). Every mode's final checkpoint must equal none's (zckpt diff).
+#     (goal: layer <= 1.4x); the same for the CPU seconds of each whole run (user + system,
+#     /usr/bin/time: less sensitive to other load on the machine than the wall clock, though
+#     it includes the start and the final save, the same in every mode). Every mode's final
+#     checkpoint must equal none's (zckpt diff).
 # A benchmark: prints PASS/BELOW and exits 0 either way, non-zero only when a command fails.
 #   ZRUN           the zrun binary (default: build/zrun, brought up to date with make)
 #   MODEL          (gpt2:layers=4,heads=4,dim=256,ctx=256,vocab=8192), SEQ (256), BATCH (4);
@@ -53,13 +56,15 @@ modes=(none layer selective)
 for ((r = 1; r <= ROUNDS; r++)); do
     for m in "${modes[@]}"; do
         rm -rf "$s/run-$m"
-        "$ZRUN" --model "$MODEL" --seq "$SEQ" --batch "$BATCH" --steps "$STEPS" --warmup 1 \
+        /usr/bin/time -f "%U %S" -o "$s/cpu" \
+            "$ZRUN" --model "$MODEL" --seq "$SEQ" --batch "$BATCH" --steps "$STEPS" --warmup 1 \
             --threads "$BENCH_THREADS" --recompute "$m" --resume never --ckpt-dir "$s/run-$m" \
             --log-json "$s/$m.jsonl" >"$s/$m.log" 2>&1 || { cat "$s/$m.log" >&2; fail "--recompute $m failed"; }
-        python3 - "$s/$m.jsonl" "$WARMUP" "$r" "$m" >>"$s/times" <<'EOF'
+        python3 - "$s/$m.jsonl" "$WARMUP" "$r" "$m" "$s/cpu" >>"$s/times" <<'EOF'
 import json, statistics, sys
 ms = [j["step_ms"] for j in map(json.loads, open(sys.argv[1])) if "step_ms" in j]
-print(sys.argv[3], sys.argv[4], statistics.median(ms[int(sys.argv[2]):]))
+cpu = sum(map(float, open(sys.argv[5]).read().split()[-2:]))
+print(sys.argv[3], sys.argv[4], statistics.median(ms[int(sys.argv[2]):]), cpu)
 EOF
         rm -f "$s/$m.jsonl"
     done
@@ -70,16 +75,21 @@ EOF
 done
 python3 - "$s/times" <<'EOF'
 import collections, statistics, sys
-t = collections.defaultdict(dict)
+t, c = collections.defaultdict(dict), collections.defaultdict(dict)
 for line in open(sys.argv[1]):
-    r, m, ms = line.split()
+    r, m, ms, cpu = line.split()
     t[int(r)][m] = float(ms)
+    c[int(r)][m] = float(cpu)
 for m in ("layer", "selective"):
     ratios = sorted(t[r][m] / t[r]["none"] for r in t)
+    cr = sorted(c[r][m] / c[r]["none"] for r in c)
     med = statistics.median(ratios)
     goal = (" PASS" if med <= 1.4 else " BELOW") + " (goal <= 1.4x)" if m == "layer" else ""
     print("[recompute-bench]   %-9s / none: step time %.3fx (median of %d rounds; min %.3f, max %.3f)%s"
           % (m, med, len(ratios), ratios[0], ratios[-1], goal))
-print("[recompute-bench]   none: median step %.1f ms" % statistics.median(t[r]["none"] for r in t))
+    print("[recompute-bench]   %-9s / none: CPU seconds of the run %.3fx (min %.3f, max %.3f)"
+          % (m, statistics.median(cr), cr[0], cr[-1]))
+print("[recompute-bench]   none: median step %.1f ms, median CPU %.1f s per run"
+      % (statistics.median(t[r]["none"] for r in t), statistics.median(c[r]["none"] for r in c)))
 EOF
 say "every mode's checkpoint equals none's in every round"
