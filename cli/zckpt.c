@@ -1327,7 +1327,7 @@ static const zcli_opt audit_opts[] = {
     ZCLI_INTEGER(U32, "--jobs", audit.jobs, "N", 1, 256, NULL, "shards hashed in parallel"),
     {.name = "--memory-limit", .kind = ZCLI_OPT_U64,
      .off = offsetof(zckpt_args, audit.memory_limit), .meta = "B", .lo = 1,
-     .hi = (uint64_t)1 << 50,
+     .hi = (uint64_t)1 << 50, .def = "none",
      .help = "bytes per rank: the configuration zrun --memory-limit would pick for the resume "
              "(stage, micro-batch, recompute, offload) and the runner-up it rejects; a reason "
              "naming the smallest limit when nothing fits"},

@@ -327,7 +327,7 @@ static const zcli_opt zrun_table[] = {
               "(under mpirun or srun). tcp: the TCP star through global rank 0 (small jobs "
               "without MPI; see docs/RUNNING.md)"),
     {.name = "--memory-limit", .kind = ZCLI_OPT_ZU, .off = offsetof(zrun_args, memory_limit),
-     .meta = "B", .lo = 1, .hi = (uint64_t)1 << 50,
+     .meta = "B", .lo = 1, .hi = (uint64_t)1 << 50, .def = "none",
      .help = "bytes per rank: the planner picks the fastest --zero, --micro-batch, "
              "--recompute and offload (NVMe with --nvme-path) whose dry-run peak fits, says "
              "what it chose and the runner-up it rejected; refused, naming the smallest limit "
@@ -570,8 +570,8 @@ static int launch(zrun_args *ap, char **argv)
 
     if (a.memory_limit) { /* every rank plans the same; the launcher (or a lone rank) says it */
         zr_plan_pick c;
-        if (zr_train_plan_memory(&c, NULL, o, (int)(nproc * no.nnodes), a.memory_limit,
-                                 zr_env(ZR_ENV_WORLD) ? NULL : stdout) < 0)
+        FILE *said = zr_env(ZR_ENV_WORLD) ? NULL : a.dry_json ? stderr : stdout; /* JSON alone */
+        if (zr_train_plan_memory(&c, NULL, o, (int)(nproc * no.nnodes), a.memory_limit, said) < 0)
             return zcli_fail_lib(PROG, NULL);
         o->zero_stage = c.zero_stage;
         o->micro_batch = c.micro_batch;
