@@ -10,7 +10,8 @@
 #     (goal: layer <= 1.4x); the same for the CPU seconds of each whole run (user + system,
 #     /usr/bin/time: less sensitive to other load on the machine than the wall clock, though
 #     it includes the start and the final save, the same in every mode). Every mode's final
-#     checkpoint must equal none's (zckpt diff).
+#     checkpoint must equal none's (zckpt diff). Also the ratio of each mode's fastest step over
+#     all rounds to none's (the least disturbed by other work).
 # A benchmark: prints PASS/BELOW and exits 0 either way, non-zero only when a command fails.
 #   ZRUN           the zrun binary (default: build/zrun, brought up to date with make)
 #   MODEL          (gpt2:layers=4,heads=4,dim=256,ctx=256,vocab=8192), SEQ (256), BATCH (4);
@@ -64,7 +65,8 @@ for ((r = 1; r <= ROUNDS; r++)); do
 import json, statistics, sys
 ms = [j["step_ms"] for j in map(json.loads, open(sys.argv[1])) if "step_ms" in j]
 cpu = sum(map(float, open(sys.argv[5]).read().split()[-2:]))
-print(sys.argv[3], sys.argv[4], statistics.median(ms[int(sys.argv[2]):]), cpu)
+print(sys.argv[3], sys.argv[4], statistics.median(ms[int(sys.argv[2]):]), cpu,
+      min(ms[int(sys.argv[2]):]))
 EOF
         rm -f "$s/$m.jsonl"
     done
@@ -75,11 +77,12 @@ EOF
 done
 python3 - "$s/times" <<'EOF'
 import collections, statistics, sys
-t, c = collections.defaultdict(dict), collections.defaultdict(dict)
+t, c, b = collections.defaultdict(dict), collections.defaultdict(dict), {}
 for line in open(sys.argv[1]):
-    r, m, ms, cpu = line.split()
+    r, m, ms, cpu, best = line.split()
     t[int(r)][m] = float(ms)
     c[int(r)][m] = float(cpu)
+    b[m] = min(b.get(m, float("inf")), float(best))
 for m in ("layer", "selective"):
     ratios = sorted(t[r][m] / t[r]["none"] for r in t)
     cr = sorted(c[r][m] / c[r]["none"] for r in c)
@@ -87,8 +90,9 @@ for m in ("layer", "selective"):
     goal = (" PASS" if med <= 1.4 else " BELOW") + " (goal <= 1.4x)" if m == "layer" else ""
     print("[recompute-bench]   %-9s / none: step time %.3fx (median of %d rounds; min %.3f, max %.3f)%s"
           % (m, med, len(ratios), ratios[0], ratios[-1], goal))
-    print("[recompute-bench]   %-9s / none: CPU seconds of the run %.3fx (min %.3f, max %.3f)"
-          % (m, statistics.median(cr), cr[0], cr[-1]))
+    print("[recompute-bench]   %-9s / none: CPU seconds of the run %.3fx (min %.3f, max %.3f); "
+          "fastest step of all rounds %.3fx" % (m, statistics.median(cr), cr[0], cr[-1],
+                                               b[m] / b["none"]))
 print("[recompute-bench]   none: median step %.1f ms, median CPU %.1f s per run"
       % (statistics.median(t[r]["none"] for r in t), statistics.median(c[r]["none"] for r in c)))
 EOF
