@@ -4,7 +4,9 @@
  * Llama, odd shapes, 1 to 3 threads, micro-batches accumulated), asks the parameter hooks for
  * the same groups in the same order (the recompute runs inside the backward's one request of
  * a layer: ZeRO-3 gathers nothing more) and holds fewer activation bytes, as the dry run says;
- * zrun at stages 0-3, world 1 and 2, ends with the checkpoint of none, through a resume.
+ * zrun at stages 0-3, world 1 and 2, ends with the checkpoint of none, through a resume; the
+ * device engine refuses it. The memory planner (zrun and zckpt audit --memory-limit): its
+ * choice fits the limit, measured; nothing fitting names the smallest limit.
  */
 #include "ckutil.h"
 #include "zr.h"
@@ -342,4 +344,22 @@ ZT_TEST(recompute_audit_memory_limit)
         !strstr(out, "use --memory-limit "))
         ZT_FAIL("expected the smallest limit named:\n%s", out);
     free(out);
+}
+
+/* The device engine keeps every activation: a mode other than none is refused there by name
+ * (the training and the dry run), on the host simulation of a device. */
+ZT_TEST(recompute_refused_on_the_device_engine)
+{
+    setenv("ZR_CUDA_LIB", "hostsim", 1);
+    const char *m = "--model gpt2:layers=2,heads=2,dim=32,ctx=32,vocab=256 --batch 4 --seq 16 "
+                    "--steps 1 --threads 1 --device cuda";
+    int st = zt_zrunf("t.log", "%s --recompute layer --ckpt-dir run", m);
+    int sd = zt_zrunf("d.log", "%s --recompute selective --dry-run", m);
+    zt_zrunf_ok("n.log", "%s --recompute none --ckpt-dir none", m);
+    unsetenv("ZR_CUDA_LIB");
+    ZT_CHECK_EQ(st, 2);
+    zt_file_has("t.log", "--recompute layer: the CUDA engine keeps every activation");
+    ZT_CHECK_EQ(sd, 2);
+    zt_file_has("d.log", "--recompute selective: the CUDA engine keeps every activation");
+    zt_file_has("n.log", "device: hostsim");
 }
