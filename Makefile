@@ -370,7 +370,7 @@ TSAN_TESTS ?= engine_sumsq_and_adamw_threads model_threads_agree_on_random_shape
   zero_stages_agree_across_worlds restart_sigkill_during_async_saves_keeps_latest_sound \
   roundtrip_many_worlds reshard_roundtrip_is_byte_identical corrupt_several_problems_all_reported \
   formats_safetensors_export comm_every_op_every_world_exact_bits comm_tcp_every_op_exact_bits \
-  dev_engine_stages_match_cpu
+  dev_engine_stages_match_cpu recompute_model_gradients_bit_equal_at_1_to_3_threads
 tsan:
 	$(MAKE) TSAN=1 tsan-run
 tsan-run: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/libzr_hostsim.so

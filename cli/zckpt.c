@@ -1111,6 +1111,16 @@ static json_t *audit_json(const char *path, const zr_audit *au)
     json_object_set_new(j, "resumable", json_boolean(au->reasons.n == 0));
     json_object_set_new(j, "reasons", reasons);
     json_object_set_new(j, "memory", mem);
+    if (au->has_pick) {
+        char b[160], c[160];
+        zr_plan_pick_print(&au->pick, b, sizeof b);
+        zr_plan_pick_print(&au->runner_up, c, sizeof c);
+        json_object_set_new(j, "memory_plan", json_pack(
+            "{s:s, s:I, s:f, s:s?, s:I, s:f}", "chose", b, "bytes", (json_int_t)au->pick.bytes,
+            "step_time", au->pick.cost, "rejected", au->runner_up.micro_batch ? c : NULL,
+            "rejected_bytes", (json_int_t)au->runner_up.bytes, "rejected_step_time",
+            au->runner_up.cost));
+    }
     return j;
 }
 
@@ -1136,6 +1146,18 @@ static void audit_print(const zr_audit *au)
                au->zero_stage, au->batch, au->model[0] ? au->model : "(not resolved)");
     if (au->has_mem)
         zr_mem_plan_print(&au->mem, stdout);
+    if (au->has_pick) {
+        char b[160];
+        zr_plan_pick_print(&au->pick, b, sizeof b);
+        printf("memory limit: %s: %.1f MiB per rank predicted, step time %.2fx\n", b,
+               au->pick.bytes / 1048576.0, au->pick.cost);
+        if (au->runner_up.micro_batch) {
+            zr_plan_pick_print(&au->runner_up, b, sizeof b);
+            printf("  rejected %s: %.1f MiB per rank, step time %.2fx (%s)\n", b,
+                   au->runner_up.bytes / 1048576.0, au->runner_up.cost,
+                   au->runner_up.cost < au->pick.cost ? "over the limit" : "slower");
+        }
+    }
     if (!au->reasons.n) {
         printf("resumable: step %llu\n", (unsigned long long)au->step);
         return;
@@ -1313,6 +1335,12 @@ static const zcli_opt audit_opts[] = {
     ZCLI_STRING("--model", audit.model, "SPEC", "the checkpoint's",
                 "model of the resume (as zrun --model)"),
     ZCLI_INTEGER(U32, "--jobs", audit.jobs, "N", 1, 256, NULL, "shards hashed in parallel"),
+    {.name = "--memory-limit", .kind = ZCLI_OPT_U64,
+     .off = offsetof(zckpt_args, audit.memory_limit), .meta = "B", .lo = 1,
+     .hi = (uint64_t)1 << 50, .def = "none",
+     .help = "bytes per rank: the configuration zrun --memory-limit would pick for the resume "
+             "(stage, micro-batch, recompute, offload) and the runner-up it rejects; a reason "
+             "naming the smallest limit when nothing fits"},
     OPT_JSON,
 };
 static const zcli_opt plot_opts[] = {

@@ -166,6 +166,7 @@ typedef struct {
     double backoff;
     nodes_opts no;
     int dry_run, dry_json, log_all;
+    size_t memory_limit; /* --memory-limit: bytes per rank (0: none) */
     int comm;   /* COMM_AUTO, COMM_MPI, COMM_TCP */
     int device; /* -1 until set: then ZR_DEVICE, else auto */
 } zrun_args;
@@ -192,6 +193,9 @@ static const char *const comm_names[] = {"auto", "mpi", "tcp", NULL};
 static const int comm_values[] = {COMM_AUTO, COMM_MPI, COMM_TCP};
 static const char *const device_names[] = {"cpu", "cuda", "auto", NULL};
 static const int device_values[] = {ZR_DEVICE_CPU, ZR_DEVICE_CUDA, ZR_DEVICE_AUTO};
+static const char *const recompute_names[] = {"none", "layer", "selective", NULL};
+static const int recompute_values[] = {ZR_RECOMPUTE_NONE, ZR_RECOMPUTE_LAYER,
+                                       ZR_RECOMPUTE_SELECTIVE};
 static const char *const offload_names[] = {"none", "cpu", "nvme", NULL};
 static const int offload_values[] = {ZR_OFFLOAD_NONE, ZR_OFFLOAD_CPU, ZR_OFFLOAD_NVME};
 
@@ -225,6 +229,10 @@ static const zcli_opt zrun_table[] = {
     ZCLI_INTEGER(U32, "--micro-batch", o.micro_batch, "N", 1, 1u << 20,
                  "the rank's share, --batch / world (--nproc x --nnodes)",
                  "sequences per forward pass on each rank; gradients accumulate"),
+    ZCLI_ENUM("--recompute", o.recompute, recompute_names, recompute_values, NULL,
+              "activation checkpointing (CPU engine). layer: keep each layer's input, "
+              "recompute the layer in the backward; selective: recompute only the attention "
+              "weights and GELU/SwiGLU outputs. Same losses and gradients, bit for bit"),
     ZCLI_INTEGER(U64, "--steps", o.steps, "N", 1, UINT64_MAX, NULL,
                  "total optimizer steps of the run, the LR schedule's horizon"),
     ZCLI_REAL(FLOAT, "--lr", o.lr, "X", 0, FLT_MAX, NULL, "peak learning rate"),
@@ -318,6 +326,12 @@ static const zcli_opt zrun_table[] = {
               "under mpirun or srun --mpi=pmix; the TCP star across --nnodes. mpi: MPI "
               "(under mpirun or srun). tcp: the TCP star through global rank 0 (small jobs "
               "without MPI; see docs/RUNNING.md)"),
+    {.name = "--memory-limit", .kind = ZCLI_OPT_ZU, .off = offsetof(zrun_args, memory_limit),
+     .meta = "B", .lo = 1, .hi = (uint64_t)1 << 50, .def = "none",
+     .help = "bytes per rank: the planner picks the fastest --zero, --micro-batch, "
+             "--recompute and offload (NVMe with --nvme-path) whose dry-run peak fits, says "
+             "what it chose and the runner-up it rejected; refused, naming the smallest limit "
+             "that works, when nothing fits"},
     ZCLI_FLAG("--dry-run", dry_run,
               "print the memory each rank would hold (params, grads, optimizer states, "
               "buffers, activations, save staging, the process's own) against the ZeRO "
@@ -554,6 +568,17 @@ static int launch(zrun_args *ap, char **argv)
     uint32_t nproc = a.nproc, max_restarts = a.max_restarts, nproc_restart = a.nproc_restart;
     const nodes_opts no = a.no;
 
+    if (a.memory_limit) { /* every rank plans the same; the launcher (or a lone rank) says it */
+        zr_plan_pick c;
+        FILE *said = zr_env(ZR_ENV_WORLD) ? NULL : a.dry_json ? stderr : stdout; /* JSON alone */
+        if (zr_train_plan_memory(&c, NULL, o, (int)(nproc * no.nnodes), a.memory_limit, said) < 0)
+            return zcli_fail_lib(PROG, NULL);
+        o->zero_stage = c.zero_stage;
+        o->micro_batch = c.micro_batch;
+        o->recompute = c.recompute;
+        o->offload_optimizer = c.offload_optimizer;
+        o->offload_params = c.offload_params;
+    }
     if (a.dry_run) { /* the plan of the whole job: every node's ranks */
         if ((a.dry_json ? zr_train_dry_run_json : zr_train_dry_run)(o, (int)(nproc * no.nnodes),
                                                                     stdout) < 0)

@@ -432,7 +432,7 @@ ZT_TEST(device_hostsim_model_matches_cpu_bits)
     ZT_CHECK(pb == cpb && gb == cgb && ab == cab && pb > 0 && ab > 0);
     uint64_t acts = 0;
     ZT_OK(zr_device_activation_bytes(&acts, ops, &c, B, T));
-    ZT_CHECK_EQ(acts, zr_model_activation_bytes(&c, B, T));
+    ZT_CHECK_EQ(acts, zr_model_activation_bytes(&c, B, T, ZR_RECOMPUTE_NONE));
     ops->mem_stats(&cur, NULL);
     ZT_CHECK_EQ(cur, cur0 + pb + gb + ab); /* the arenas count as device memory */
 

@@ -286,7 +286,7 @@ static uint64_t activation_bytes(const zr_config *c, const zr_model_offsets *off
                                  size_t max_T)
 {
     (void)off; /* the CPU model's activations do not depend on where the parameters lie */
-    return zr_model_activation_bytes(c, max_B, max_T);
+    return zr_model_activation_bytes(c, max_B, max_T, ZR_RECOMPUTE_NONE);
 }
 
 /* The CPU model (either family: zr_model dispatches on c->family) finds its offsets in the same

@@ -44,7 +44,9 @@ static const char *const role_names[R_COUNT] = {
     "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight",
 };
 
-/* What one layer keeps from forward for backward; each buffer sized for max_B x max_T. */
+/* What one layer keeps from forward for backward; each buffer sized for max_B x max_T. With
+ * recompute (zr_recompute) the layers share layer 0's buffers of what is recomputed: all but
+ * res3 (layer), att and hmlp (selective). */
 typedef struct {
     float *rstd1, *xn1;      /* [N], [N, C]: RMSNorm before attention */
     float *qkv;              /* [N, QL]: q, k after the rotation, v */
@@ -61,6 +63,7 @@ struct zr__llama {
     zr_config c;
     size_t L, C, H, KV, hd, KVD, I, V, QL;
     size_t max_B, max_T;
+    zr_recompute rc; /* what the backward recomputes */
     zr_model_hooks h;
     size_t n_groups;     /* L + 2, + 1 for lm_head unless tied */
     uint64_t *goff;      /* [n_groups + 1]: group starts in an arena, then the total */
@@ -97,20 +100,29 @@ static size_t acts_layout(zr__llama *m, unsigned char *base, double *total)
     m->rope_cos = zr__carve(base, &off, total, T * (m->hd / 2));
     m->rope_sin = zr__carve(base, &off, total, T * (m->hd / 2));
     m->encoded = zr__carve(base, &off, total, N * C);
+    ll_acts a0 = {0};
     for (size_t l = 0; l < m->L; l++) {
+        /* each layer's own buffers, or layer 0's where the recompute mode shares them */
+        int own = l == 0 || m->rc == ZR_RECOMPUTE_NONE;
+        int own_sel = l == 0 || m->rc != ZR_RECOMPUTE_LAYER;
+#define CARVE(f, n, fresh) (a.f = (fresh) ? zr__carve(base, &off, total, (n)) : a0.f)
         ll_acts a;
-        a.rstd1 = zr__carve(base, &off, total, N);
-        a.xn1 = zr__carve(base, &off, total, N * C);
-        a.qkv = zr__carve(base, &off, total, N * m->QL);
-        *total += (double)m->max_B * m->H * T * T * sizeof(float); /* may pass size_t */
-        a.att = zr__carve(base, &off, total, m->max_B * m->H * T * T);
-        a.atty = zr__carve(base, &off, total, N * C);
-        a.res2 = zr__carve(base, &off, total, N * C);
-        a.rstd2 = zr__carve(base, &off, total, N);
-        a.xn2 = zr__carve(base, &off, total, N * C);
-        a.gu = zr__carve(base, &off, total, N * 2 * I);
-        a.hmlp = zr__carve(base, &off, total, N * I);
-        a.res3 = zr__carve(base, &off, total, N * C);
+        CARVE(rstd1, N, own_sel);
+        CARVE(xn1, N * C, own_sel);
+        CARVE(qkv, N * m->QL, own_sel);
+        if (own)
+            *total += (double)m->max_B * m->H * T * T * sizeof(float); /* may pass size_t */
+        CARVE(att, m->max_B * m->H * T * T, own);
+        CARVE(atty, N * C, own_sel);
+        CARVE(res2, N * C, own_sel);
+        CARVE(rstd2, N, own_sel);
+        CARVE(xn2, N * C, own_sel);
+        CARVE(gu, N * 2 * I, own_sel);
+        CARVE(hmlp, N * I, own);
+        CARVE(res3, N * C, 1);
+#undef CARVE
+        if (l == 0)
+            a0 = a;
         if (base)
             m->layer[l] = a;
     }
@@ -130,9 +142,11 @@ static size_t acts_layout(zr__llama *m, unsigned char *base, double *total)
     return off;
 }
 
-static void set_dims(zr__llama *m, const zr_config *c, size_t max_B, size_t max_T)
+static void set_dims(zr__llama *m, const zr_config *c, size_t max_B, size_t max_T,
+                     zr_recompute recompute)
 {
     m->c = *c;
+    m->rc = recompute;
     m->L = c->layers;
     m->C = c->dim;
     m->H = c->heads;
@@ -147,11 +161,12 @@ static void set_dims(zr__llama *m, const zr_config *c, size_t max_B, size_t max_
     m->dlogits_rows = zr__dlogits_rows(max_B * max_T, c->vocab);
 }
 
-uint64_t zr__llama_activation_bytes(const zr_config *c, size_t max_B, size_t max_T)
+uint64_t zr__llama_activation_bytes(const zr_config *c, size_t max_B, size_t max_T,
+                                    zr_recompute recompute)
 {
     zr__llama m;
     memset(&m, 0, sizeof m);
-    set_dims(&m, c, max_B, max_T);
+    set_dims(&m, c, max_B, max_T, recompute);
     double total;
     size_t b = acts_layout(&m, NULL, &total);
     return (b + ZR__ARENA_ALIGN - 1) / ZR__ARENA_ALIGN * ZR__ARENA_ALIGN;
@@ -214,7 +229,7 @@ int zr_llama_offsets_get(zr_llama_offsets *out, const zr_config *c)
 {
     zr__llama m;
     memset(&m, 0, sizeof m);
-    set_dims(&m, c, 1, 1);
+    set_dims(&m, c, 1, 1, ZR_RECOMPUTE_NONE);
     ZR_TRY(fill_offsets(&m));
     out->embed = m.goff[0];
     out->layer0 = m.goff[1];
@@ -258,7 +273,7 @@ static int check_new(const zr_config *c, size_t max_B, size_t max_T, const zr_mo
 }
 
 int zr__llama_new(zr__llama **out, const zr_config *c, size_t max_B, size_t max_T,
-                  const zr_model_hooks *hooks)
+                  const zr_model_hooks *hooks, zr_recompute recompute)
 {
     *out = NULL;
     zck_layout *lay = NULL;
@@ -268,7 +283,7 @@ int zr__llama_new(zr__llama **out, const zr_config *c, size_t max_B, size_t max_
     zr__llama *m = calloc(1, sizeof *m);
     if (!m)
         return zr_err_set(ZR_ENOMEM, "model: out of memory");
-    set_dims(m, c, max_B, max_T);
+    set_dims(m, c, max_B, max_T, recompute);
     if (hooks)
         m->h = *hooks;
     m->fwd_targets = -1;
@@ -574,7 +589,16 @@ static zr__att_geom att_geom(const zr__llama *m)
     return g;
 }
 
-/* One block: res3 = res2 + mlp(rms2(res2)), res2 = res + o(attn(rope(qkv(rms1(res))))). */
+/* hmlp = silu(gate) * up of gu: the forward's, and the selective recompute's */
+static void swiglu_forward(const zr__llama *m, ll_acts *a)
+{
+    size_t N = m->B * m->T, I = m->I;
+    swiglu_args sa = {a->hmlp, NULL, a->gu, NULL, I};
+    par_for(N, ELEMS_GRAIN / I ? ELEMS_GRAIN / I : 1, swiglu_forward_rows, &sa);
+}
+
+/* One block: res3 = res2 + mlp(rms2(res2)), res2 = res + o(attn(rope(qkv(rms1(res))))). The
+ * forward's, and the layer recompute's. */
 static void layer_forward(zr__llama *m, ll_acts *a, const float *res, const float *P)
 {
     size_t N = m->B * m->T, C = m->C, I = m->I, QL = m->QL;
@@ -588,16 +612,21 @@ static void layer_forward(zr__llama *m, ll_acts *a, const float *res, const floa
     zr__matmul_forward(a->res2, res, a->atty, P + m->role[R_O], NULL, N, C, C);
     zr__rmsnorm_forward(a->xn2, a->rstd2, a->res2, P + m->role[R_LN2], N, C, eps);
     zr__gemm(0, 1, N, 2 * I, C, a->xn2, C, P + m->role[R_GATE], C, 0.0f, a->gu, 2 * I);
-    swiglu_args sa = {a->hmlp, NULL, a->gu, NULL, I};
-    par_for(N, ELEMS_GRAIN / I ? ELEMS_GRAIN / I : 1, swiglu_forward_rows, &sa);
+    swiglu_forward(m, a);
     zr__matmul_forward(a->res3, a->res2, a->hmlp, P + m->role[R_DOWN], NULL, N, I, C);
 }
 
-/* dres: the gradient of the layer's output in, of its input out; G: the layer's gradients. */
-static void layer_backward(zr__llama *m, const ll_acts *a, const float *res, const float *P,
-                           float *G)
+/* dres: the gradient of the layer's output in, of its input out; G: the layer's gradients.
+ * again: recompute what the mode did not keep (the last layer's is still in the shared
+ * buffers). */
+static void layer_backward(zr__llama *m, ll_acts *a, const float *res, const float *P, float *G,
+                           int again)
 {
     size_t N = m->B * m->T, C = m->C, I = m->I, QL = m->QL;
+    if (again && m->rc == ZR_RECOMPUTE_LAYER)
+        layer_forward(m, a, res, P);
+    if (again && m->rc == ZR_RECOMPUTE_SELECTIVE)
+        swiglu_forward(m, a);
     /* MLP */
     /* dI, then SwiGLU's backward into dgu on each block of dI once computed */
     swiglu_args sa = {NULL, m->dgu, a->gu, m->dI, I};
@@ -610,9 +639,11 @@ static void layer_backward(zr__llama *m, const ll_acts *a, const float *res, con
     rmsnorm_backward(m->dres, G + m->role[R_LN2], m->dC, a->res2, a->rstd2, P + m->role[R_LN2],
                      N, C);
     /* attention */
+    zr__att_geom g = att_geom(m);
+    if (again && m->rc == ZR_RECOMPUTE_SELECTIVE) /* att; its output (atty) into free dC */
+        zr__attention_forward(&g, m->dC, a->att, a->qkv);
     zr__matmul_backward(m->dC, G + m->role[R_O], NULL, m->dres, a->atty, P + m->role[R_O], N, C,
                         C);
-    zr__att_geom g = att_geom(m);
     zr__attention_backward(&g, m->dqkv, m->drow, m->dC, a->qkv, a->att, a->atty);
     rope(m, m->dqkv, N, m->T, 1);
     /* q, k, v as one [QL, C] matrix, as in the forward */
@@ -702,7 +733,7 @@ int zr__llama_backward(zr__llama *m, float scale)
     for (size_t l = L; l-- > 0;) {
         ZR_TRY(zr__params_get(h, own_param(m, l + 1), l + 1, &P));
         ZR_TRY(zr__grads_get(h, own_grad(m, l + 1), l + 1, &G));
-        layer_backward(m, &m->layer[l], l ? m->layer[l - 1].res3 : m->encoded, P, G);
+        layer_backward(m, &m->layer[l], l ? m->layer[l - 1].res3 : m->encoded, P, G, l + 1 < L);
         ZR_TRY(zr__params_put(h, l + 1));
         ZR_TRY(zr__grads_put(h, l + 1));
     }

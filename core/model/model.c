@@ -36,7 +36,9 @@ static int blk_is_matrix(int k)
     return k == ZR_BLK_QKVW || k == ZR_BLK_ATTPROJW || k == ZR_BLK_FCW || k == ZR_BLK_FCPROJW;
 }
 
-/* What one block keeps from forward for backward; each buffer sized for max_B x max_T. */
+/* What one block keeps from forward for backward; each buffer sized for max_B x max_T. With
+ * recompute (zr_recompute) the layers share layer 0's buffers of what is recomputed: all but
+ * res3 (layer), att and fch_gelu (selective). */
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd; /* [N, C], [N], [N] */
     float *qkv;                       /* [N, 3C] */
@@ -51,6 +53,7 @@ typedef struct {
 struct zr_model {
     zr_gpt2_config c;
     size_t max_B, max_T;            /* activations sized for max_B sequences of max_T */
+    zr_recompute rc;                /* what the backward recomputes */
     zr_model_hooks h;               /* where parameters and gradients live (zr.h) */
     zr_gpt2_offsets off;            /* where each group and tensor is in an arena */
     float *params, *grads;          /* own arenas of numel floats, or NULL (hooks) */
@@ -103,23 +106,32 @@ static size_t acts_layout(zr_model *m, unsigned char *base, double *total)
     size_t N = m->max_B * T, off = 0;
     *total = 0;
     m->encoded = zr__carve(base, &off, total, N * C);
+    layer_acts a0 = {0};
     for (size_t l = 0; l < L; l++) {
+        /* each layer's own buffers, or layer 0's where the recompute mode shares them */
+        int own = l == 0 || m->rc == ZR_RECOMPUTE_NONE;
+        int own_sel = l == 0 || m->rc != ZR_RECOMPUTE_LAYER;
+#define CARVE(f, n, fresh) (a.f = (fresh) ? zr__carve(base, &off, total, (n)) : a0.f)
         layer_acts a;
-        a.ln1 = zr__carve(base, &off, total, N * C);
-        a.ln1_mean = zr__carve(base, &off, total, N);
-        a.ln1_rstd = zr__carve(base, &off, total, N);
-        a.qkv = zr__carve(base, &off, total, N * 3 * C);
-        a.atty = zr__carve(base, &off, total, N * C);
+        CARVE(ln1, N * C, own_sel);
+        CARVE(ln1_mean, N, own_sel);
+        CARVE(ln1_rstd, N, own_sel);
+        CARVE(qkv, N * 3 * C, own_sel);
+        CARVE(atty, N * C, own_sel);
         /* the one product that can overflow size_t: counted in double for the caller */
-        *total += (double)m->max_B * NH * T * T * sizeof(float);
-        a.att = zr__carve(base, &off, total, m->max_B * NH * T * T);
-        a.res2 = zr__carve(base, &off, total, N * C);
-        a.ln2 = zr__carve(base, &off, total, N * C);
-        a.ln2_mean = zr__carve(base, &off, total, N);
-        a.ln2_rstd = zr__carve(base, &off, total, N);
-        a.fch = zr__carve(base, &off, total, N * 4 * C);
-        a.fch_gelu = zr__carve(base, &off, total, N * 4 * C);
-        a.res3 = zr__carve(base, &off, total, N * C);
+        if (own)
+            *total += (double)m->max_B * NH * T * T * sizeof(float);
+        CARVE(att, m->max_B * NH * T * T, own);
+        CARVE(res2, N * C, own_sel);
+        CARVE(ln2, N * C, own_sel);
+        CARVE(ln2_mean, N, own_sel);
+        CARVE(ln2_rstd, N, own_sel);
+        CARVE(fch, N * 4 * C, own_sel);
+        CARVE(fch_gelu, N * 4 * C, own);
+        CARVE(res3, N * C, 1);
+#undef CARVE
+        if (l == 0)
+            a0 = a;
         if (base)
             m->layer[l] = a;
     }
@@ -143,16 +155,16 @@ static size_t acts_layout(zr_model *m, unsigned char *base, double *total)
 
 /* A Llama model: the handle holds its config, the maths is llama.c's. */
 static int llama_new(zr_model **out, const zr_config *c, size_t max_B, size_t max_T,
-                     const zr_model_hooks *hooks)
+                     const zr_model_hooks *hooks, zr_recompute rc)
 {
     zr_model *m = calloc(1, sizeof *m);
     if (!m)
         return zr_err_set(ZR_ENOMEM, "model: out of memory");
     m->c = *c;
-    int rc = zr__llama_new(&m->ll, c, max_B, max_T, hooks);
-    if (rc < 0) {
+    int err = zr__llama_new(&m->ll, c, max_B, max_T, hooks, rc);
+    if (err < 0) {
         free(m);
-        return rc;
+        return err;
     }
     *out = m;
     return 0;
@@ -166,10 +178,19 @@ int zr_model_new(zr_model **out, const zr_gpt2_config *c, size_t max_B)
 int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size_t max_T,
                      const zr_model_hooks *hooks)
 {
+    return zr_model_new_recompute(out, c, max_B, max_T, hooks, ZR_RECOMPUTE_NONE);
+}
+
+int zr_model_new_recompute(zr_model **out, const zr_gpt2_config *c, size_t max_B, size_t max_T,
+                           const zr_model_hooks *hooks, zr_recompute rc)
+{
     assert(out && c);
     *out = NULL;
+    if (rc < ZR_RECOMPUTE_NONE || rc > ZR_RECOMPUTE_SELECTIVE)
+        return zr_err_set(ZR_EINVAL, "model: recompute mode %d (none 0, layer 1, selective 2)",
+                          (int)rc);
     if (c->family == ZR_FAMILY_LLAMA)
-        return llama_new(out, c, max_B, max_T, hooks);
+        return llama_new(out, c, max_B, max_T, hooks, rc);
     char why[160];
     if (zr__config_problem(why, sizeof why, c))
         return zr_err_set(ZR_EINVAL, "%s", why);
@@ -185,6 +206,7 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
     m->c = *c;
     m->max_B = max_B;
     m->max_T = max_T;
+    m->rc = rc;
     if (hooks)
         m->h = *hooks;
     m->fwd_targets = -1;
@@ -201,20 +223,20 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
         return zr_err_set(ZR_EINVAL, "model: %.3g parameters and %.3g bytes of activations "
                           "(batch %zu): too large", numel_d, acts_d, max_B);
     }
-    int rc = zr_gpt2_offsets_get(&m->off, c);
-    if (rc < 0) {
+    int err = zr_gpt2_offsets_get(&m->off, c);
+    if (err < 0) {
         free(m);
-        return rc;
+        return err;
     }
     if (!(m->layer = calloc(c->layers, sizeof *m->layer))) {
         zr_model_free(m);
         return zr_err_set(ZR_ENOMEM, "model: out of memory");
     }
-    rc = zr__arenas_alloc(&m->params, &m->pbytes, &m->grads, &m->gbytes, &m->acts_mem, &abytes,
-                          m->off.numel, &m->h, max_B, max_T);
-    if (rc < 0) {
+    err = zr__arenas_alloc(&m->params, &m->pbytes, &m->grads, &m->gbytes, &m->acts_mem, &abytes,
+                           m->off.numel, &m->h, max_B, max_T);
+    if (err < 0) {
         zr_model_free(m);
-        return rc;
+        return err;
     }
     m->acts_bytes = abytes;
     acts_layout(m, m->acts_mem, &acts_d);
@@ -222,15 +244,17 @@ int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size
     return 0;
 }
 
-uint64_t zr_model_activation_bytes(const zr_gpt2_config *c, size_t max_B, size_t max_T)
+uint64_t zr_model_activation_bytes(const zr_gpt2_config *c, size_t max_B, size_t max_T,
+                                   zr_recompute rc)
 {
     if (c->family == ZR_FAMILY_LLAMA)
-        return zr__llama_activation_bytes(c, max_B, max_T);
+        return zr__llama_activation_bytes(c, max_B, max_T, rc);
     zr_model m;
     memset(&m, 0, sizeof m);
     m.c = *c;
     m.max_B = max_B;
     m.max_T = max_T;
+    m.rc = rc;
     size_t N = max_B * max_T;
     m.dlogits_rows = zr__dlogits_rows(N, c->vocab);
     double total;
@@ -680,13 +704,38 @@ ZR_VEC_CLONES static void gelu_backward_elems(void *p, size_t i0, size_t i1)
 /* ---------------------------------------------------------------- forward and backward */
 
 
+/* One block of the last forward's B x T: res3 = res2 + mlp(ln_2(res2)), res2 = res +
+ * attn(ln_1(res)); P: the block's parameters. The forward's, and the backward's recompute. */
+static void layer_forward(zr_model *m, layer_acts *a, const float *res, const float *P)
+{
+    size_t B = m->B, T = m->T, N = B * T, C = m->c.dim, NH = m->c.heads;
+    zr__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, TENSOR(P, LN1W),
+                          TENSOR(P, LN1B), N, C);
+    zr__matmul_forward(a->qkv, NULL, a->ln1, TENSOR(P, QKVW), TENSOR(P, QKVB), N, C, 3 * C);
+    zr__att_geom ag = {B, T, NH, C / NH, 1, 3 * C, C, 2 * C};
+    zr__attention_forward(&ag, a->atty, a->att, a->qkv);
+    /* res2 = res + c_proj(atty) */
+    zr__matmul_forward(a->res2, res, a->atty, TENSOR(P, ATTPROJW), TENSOR(P, ATTPROJB), N, C, C);
+    zr__layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, TENSOR(P, LN2W),
+                          TENSOR(P, LN2B), N, C);
+    /* GELU on each block of fch as soon as the matmul has computed it */
+    gelu_args ga = {a->fch_gelu, a->fch};
+    zr__elems_hook gh = {gelu_forward_elems, &ga, 4 * C};
+    zr__gemm_hook gelu = {zr__elems_hook_fn, &gh};
+    zr__matmul_forward_hooked(a->fch, NULL, a->ln2, TENSOR(P, FCW), TENSOR(P, FCB), N, C, 4 * C,
+                              &gelu);
+    /* res3 = res2 + mlp */
+    zr__matmul_forward(a->res3, a->res2, a->fch_gelu, TENSOR(P, FCPROJW), TENSOR(P, FCPROJB), N,
+                       4 * C, C);
+}
+
 int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets, size_t B,
                      size_t T, float *loss)
 {
     assert(m && inputs && loss);
     if (m->ll)
         return zr__llama_forward(m->ll, inputs, targets, B, T, loss);
-    size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, N = B * T;
+    size_t L = m->c.layers, C = m->c.dim, V = m->c.vocab, N = B * T;
     /* a rejected forward leaves the previous one in place (nothing copied yet) */
     ZR_TRY(zr__forward_begin(m->inputs, m->targets, inputs, targets, B, T, m->max_B, m->max_T,
                              m->c.vocab));
@@ -701,29 +750,10 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
     ZR_TRY(params_put(m, 0));
     const float *res = m->encoded;
     for (size_t l = 0; l < L; l++) {
-        layer_acts *a = &m->layer[l];
         ZR_TRY(params_get(m, l + 2, &P));
-        zr__layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, TENSOR(P, LN1W),
-                          TENSOR(P, LN1B), N, C);
-        zr__matmul_forward(a->qkv, NULL, a->ln1, TENSOR(P, QKVW), TENSOR(P, QKVB), N, C, 3 * C);
-        zr__att_geom ag = {B, T, NH, C / NH, 1, 3 * C, C, 2 * C};
-        zr__attention_forward(&ag, a->atty, a->att, a->qkv);
-        /* res2 = res + c_proj(atty) */
-        zr__matmul_forward(a->res2, res, a->atty, TENSOR(P, ATTPROJW), TENSOR(P, ATTPROJB), N,
-                       C, C);
-        zr__layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, TENSOR(P, LN2W),
-                          TENSOR(P, LN2B), N, C);
-        /* GELU on each block of fch as soon as the matmul has computed it */
-        gelu_args ga = {a->fch_gelu, a->fch};
-        zr__elems_hook gh = {gelu_forward_elems, &ga, 4 * C};
-        zr__gemm_hook gelu = {zr__elems_hook_fn, &gh};
-        zr__matmul_forward_hooked(a->fch, NULL, a->ln2, TENSOR(P, FCW), TENSOR(P, FCB), N, C,
-                                  4 * C, &gelu);
-        /* res3 = res2 + mlp */
-        zr__matmul_forward(a->res3, a->res2, a->fch_gelu, TENSOR(P, FCPROJW), TENSOR(P, FCPROJB),
-                       N, 4 * C, C);
+        layer_forward(m, &m->layer[l], res, P);
         ZR_TRY(params_put(m, l + 2));
-        res = a->res3;
+        res = m->layer[l].res3;
     }
     ZR_TRY(params_get(m, L + 2, &P));
     zr__layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P + m->off.lnf_w,
@@ -778,6 +808,13 @@ int zr_model_backward(zr_model *m, float scale)
         const float *res = l ? m->layer[l - 1].res3 : m->encoded;
         ZR_TRY(params_get(m, l + 2, &P));
         ZR_TRY(grads_get(m, l + 2, &G));
+        /* what the mode did not keep, from the layer's input and parameters; the last layer's
+         * is still in the shared buffers */
+        int again = l + 1 < L;
+        if (again && m->rc == ZR_RECOMPUTE_LAYER)
+            layer_forward(m, a, res, P);
+        if (again && m->rc == ZR_RECOMPUTE_SELECTIVE)
+            zr__gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
         /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
         gelu_args ga = {m->d4C, a->fch}; /* d4C *= gelu'(fch), on each block once computed */
         zr__elems_hook gh = {gelu_backward_elems, &ga, 4 * C};
@@ -789,9 +826,11 @@ int zr_model_backward(zr_model *m, float scale)
         layernorm_backward(m->dres, TENSOR(G, LN2W), TENSOR(G, LN2B), m->dC, a->res2,
                            a->ln2_mean, a->ln2_rstd, TENSOR(P, LN2W), N, C);
         /* attention: res2 = res + c_proj(attn(c_attn(ln_1(res)))) */
+        zr__att_geom ag = {B, T, NH, C / NH, 1, 3 * C, C, 2 * C};
+        if (again && m->rc == ZR_RECOMPUTE_SELECTIVE) /* att; its output (atty) into free dC */
+            zr__attention_forward(&ag, m->dC, a->att, a->qkv);
         zr__matmul_backward(m->dC, TENSOR(G, ATTPROJW), TENSOR(G, ATTPROJB), m->dres, a->atty,
                         TENSOR(P, ATTPROJW), N, C, C);
-        zr__att_geom ag = {B, T, NH, C / NH, 1, 3 * C, C, 2 * C};
         zr__attention_backward(&ag, m->dqkv, m->drow, m->dC, a->qkv, a->att, a->atty);
         zr__matmul_backward(m->dC, TENSOR(G, QKVW), TENSOR(G, QKVB), m->dqkv, a->ln1,
                         TENSOR(P, QKVW), N, C, 3 * C);

@@ -21,6 +21,16 @@ extern "C" {
  * memory, or in a swap file on NVMe. One encoding for zr_train_opts and the ZeRO engines. */
 typedef enum { ZR_OFFLOAD_NONE = 0, ZR_OFFLOAD_CPU = 1, ZR_OFFLOAD_NVME = 2 } zr_offload;
 
+/* What a training forward keeps for the backward (zrun --recompute): everything (none); only
+ * each layer's input, the layer recomputed in the backward (layer); everything but the
+ * attention weights and the GELU/SwiGLU outputs, recomputed in the backward (selective). The
+ * recompute runs the forward's kernels on the same inputs, so the gradients are the same bits. */
+typedef enum {
+    ZR_RECOMPUTE_NONE = 0,
+    ZR_RECOMPUTE_LAYER = 1,
+    ZR_RECOMPUTE_SELECTIVE = 2
+} zr_recompute;
+
 /* ---------------------------------------------------------------- model configuration */
 
 /* The model families (ckpt's family table: "gpt2", "llama"). */
@@ -158,6 +168,11 @@ typedef struct {
  * NULL). */
 int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size_t max_T,
                      const zr_model_hooks *hooks);
+/* As zr_model_new_ext, keeping for the backward what rc says (zr_recompute). The parameters of
+ * a recomputed layer are those the backward asks for anyway (zr_model_fetch_order is the same):
+ * the recompute runs inside the backward's one request of the layer's group. */
+int zr_model_new_recompute(zr_model **out, const zr_gpt2_config *c, size_t max_B, size_t max_T,
+                           const zr_model_hooks *hooks, zr_recompute rc);
 /* The groups a forward (backward 0) or backward (1) asks for, in order, into order[] (room for
  * layers + 4); returns the count. A group may appear twice (wte: embedding and head). */
 size_t zr_model_fetch_order(const zr_model *m, int backward, size_t *order);
@@ -190,8 +205,10 @@ void zr_model_zero_grad(zr_model *m);
  * loss over the whole global batch. */
 int zr_model_backward(zr_model *m, float scale);
 /* Bytes held: parameters, gradients (0 for a lent side), activations (the memory report). */
-/* The activation bytes a model would allocate for max_B x max_T, without allocating. */
-uint64_t zr_model_activation_bytes(const zr_gpt2_config *c, size_t max_B, size_t max_T);
+/* The activation bytes a model would allocate for max_B x max_T with recompute rc, without
+ * allocating. */
+uint64_t zr_model_activation_bytes(const zr_gpt2_config *c, size_t max_B, size_t max_T,
+                                   zr_recompute rc);
 void zr_model_bytes(const zr_model *m, uint64_t *params, uint64_t *grads, uint64_t *acts);
 /* BLAS threads (and any other threads the model uses). */
 void zr_set_threads(int n);

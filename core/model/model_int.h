@@ -166,9 +166,10 @@ static inline float zr__dot8(const float *restrict a, const float *restrict b, s
 
 typedef struct zr__llama zr__llama;
 int zr__llama_new(zr__llama **out, const zr_config *c, size_t max_B, size_t max_T,
-                  const zr_model_hooks *hooks);
+                  const zr_model_hooks *hooks, zr_recompute recompute);
 void zr__llama_free(zr__llama *m);
-uint64_t zr__llama_activation_bytes(const zr_config *c, size_t max_B, size_t max_T);
+uint64_t zr__llama_activation_bytes(const zr_config *c, size_t max_B, size_t max_T,
+                                    zr_recompute recompute);
 size_t zr__llama_n_groups(const zr__llama *m);
 uint64_t zr__llama_group_numel(const zr__llama *m, size_t g);
 uint64_t zr__llama_numel(const zr__llama *m);

@@ -183,6 +183,14 @@ static int check_resume(zr_audit *a, zck_reader *rd, const zr_audit_opts *o)
     if (rc < 0)
         return add_reason(a);
     a->has_mem = 1;
+    if (!o->memory_limit)
+        return 0;
+    rc = zr_train_plan_memory(&a->pick, &a->runner_up, &to, W, o->memory_limit, NULL);
+    if (rc == ZR_ENOMEM)
+        return rc;
+    if (rc < 0)
+        return add_reason(a);
+    a->has_pick = 1;
     return 0;
 }
 

@@ -9,6 +9,7 @@
  */
 #include "sample.h"
 #include "train.h"
+#include "train_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -195,4 +196,67 @@ void zr_train__sample_free(zr_train__sampler *s)
     free(s->full);
     free(s->scratch);
     free(s);
+}
+
+const char *zr_train__sample_prompt(const zr_train_opts *o)
+{
+    return o->sample_prompt ? o->sample_prompt : "the ";
+}
+
+/* Every sample_every steps: the parameters gathered to rank 0 (every rank takes part), which
+ * prints the greedy continuation of the prompt after the step line and logs it as an event. */
+int zr_train__sample_now(run *r)
+{
+    const zr_train_opts *o = r->o;
+    if (!o->sample_every || r->step % o->sample_every)
+        return 0;
+    zr_train__sampler *s = NULL;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    size_t len = 0;
+    int rc = zr_train__agree(r, zr_train__sample_begin(&s, r->zero, r->L, &r->cfg, r->rank, r->W));
+    if (!rc)
+        rc = zr_train__sample_gather(s, r->zero);
+    if (!rc)
+        rc = zr_train__agree(r, r->rank == 0
+                                    ? zr_train__sample_text(s, zr_train__sample_prompt(o),
+                                                            &r->codec, o->sample_tokens, &text,
+                                                            &len, &ids)
+                                    : 0);
+    zr_train__sample_free(s);
+    if (rc || r->rank != 0)
+        return rc;
+    const char *pr = zr_train__sample_prompt(o);
+    size_t plen = strlen(pr);
+    if (r->log) { /* one line: control characters (newlines too) shown as '?' */
+        char *p = malloc(len + 1);
+        for (size_t i = 0; p && i <= len; i++)
+            p[i] = i < len && !text[i] ? '?' : text[i];
+        if (p)
+            fprintf(r->log, "sample at step %llu: %s\n", (unsigned long long)r->step,
+                    zr_printable(p, len + 1, p));
+        free(p);
+    }
+    char *u = malloc(3 * (len + plen) + 2), *up = u ? u + 3 * len + 1 : NULL;
+    if (u && r->jlog) {
+        char when[32];
+        json_t *a = json_array();
+        for (uint32_t i = 0; i < o->sample_tokens; i++)
+            json_array_append_new(a, json_integer(ids[i]));
+        json_t *j = json_pack("{s:s, s:I, s:o, s:o, s:o, s:s, s:s}", "event", "sample", "step",
+                              (json_int_t)r->step, "prompt",
+                              json_stringn(up, zr_gen_utf8_repair(up, pr, plen)), "ids", a,
+                              "text", json_stringn(u, zr_gen_utf8_repair(u, text, len)),
+                              "time", iso_time(when), "run_id", r->run_id);
+        char *line = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (line)
+            fprintf(r->jlog, "%s\n", line);
+        zr_train__json_log_flush(r);
+        free(line);
+        json_decref(j);
+    }
+    free(u);
+    free(text);
+    free(ids);
+    return 0;
 }

@@ -59,6 +59,9 @@ typedef struct {
      * <nvme_path>/zrun-swap-rank<r>, aio_block bytes per request and staging chunk, aio_depth
      * requests in flight, offload_buffers staging sets (>= 2). */
     int offload_optimizer, offload_params;
+    /* what the forward keeps for the backward (model.h's ZR_RECOMPUTE_*: none, layer,
+     * selective); the CPU engine only */
+    int recompute;
     const char *nvme_path;
     unsigned aio_depth, offload_buffers;
     size_t aio_block;
@@ -144,6 +147,24 @@ int zr_train_dry_run(const zr_train_opts *opts, int world, FILE *out);
 /* The same as one JSON object (zr_mem_plan_json). */
 int zr_train_dry_run_json(const zr_train_opts *opts, int world, FILE *out);
 
+/* zrun --memory-limit: a configuration the planner considered (zr_train_plan_memory). */
+typedef struct {
+    uint32_t micro_batch;
+    int zero_stage, recompute, offload_optimizer, offload_params;
+    uint64_t bytes;          /* the dry run's peak per rank (the largest rank's total) */
+    double cost;             /* the speed model's step time, relative (planner.c) */
+} zr_plan_pick;
+/* The fastest configuration of o (its stage, micro-batch, recompute and offload options
+ * replaced; NVMe only with o->nvme_path) whose dry-run peak per rank is at most limit bytes
+ * at this world size: *out, and *runner_up (may be NULL; zeroed when there is none): the
+ * fastest that did not fit when it is faster, else the next best that fits. Said on log (may
+ * be NULL): the choice, its bytes and the runner-up rejected and why. ZR_EINVAL, naming the
+ * smallest limit that would work, when nothing fits; the errors of zr_train_mem_plan for o. */
+int zr_train_plan_memory(zr_plan_pick *out, zr_plan_pick *runner_up, const zr_train_opts *o,
+                         int world, uint64_t limit, FILE *log);
+/* "--zero 3 --micro-batch 4 --recompute layer [--offload-optimizer nvme ...]" into buf */
+void zr_plan_pick_print(const zr_plan_pick *c, char *buf, size_t cap);
+
 /* One rank's bytes by category, as the dry run counts them. */
 typedef struct {
     uint64_t params, grads, optimizer, buffers, activations, total;
@@ -157,6 +178,7 @@ typedef struct {
     char *from;              /* the checkpoint a resume would read (opts->resume), or NULL */
     uint32_t layers, micro_batch, seq;
     int llama;               /* the model family: GPT-2 (0) or Llama (1) */
+    int recompute;           /* ZR_RECOMPUTE_*: what the activations keep */
     uint64_t numel;          /* parameters */
     int zero_stage, world, on_gpu;
     double per_param[2];     /* the ZeRO formula: a + b / W bytes per parameter */
@@ -203,8 +225,9 @@ typedef struct {
     uint32_t batch;          /* global batch; 0: the checkpoint's training section, else 8 */
     const char *model;       /* a zr_gpt2_config_parse spec; NULL: the checkpoint's */
     unsigned jobs;           /* files hashed in parallel */
+    uint64_t memory_limit;   /* bytes per rank: what zrun --memory-limit would pick (0: no) */
 } zr_audit_opts;
-#define ZR_AUDIT_OPTS_INIT {0, -1, 0, NULL, 2}
+#define ZR_AUDIT_OPTS_INIT {0, -1, 0, NULL, 2, 0}
 
 typedef struct {
     char *ckpt;              /* the checkpoint a resume would read; NULL: none */
@@ -220,6 +243,10 @@ typedef struct {
     char model[128];         /* "layers 2 heads 2 dim 64 ctx 64 vocab 256", "" when unknown */
     int has_mem;             /* mem holds the plan (the checks it needs passed) */
     zr_mem_plan mem;
+    /* with memory_limit: the planner's choice and runner-up (has_pick; runner_up's
+     * micro_batch 0: none); when nothing fits, a reason names the smallest limit */
+    int has_pick;
+    zr_plan_pick pick, runner_up;
 } zr_audit;
 
 /* Whether a resume from path (a run directory: the checkpoint zck_resume_pick would pick, in a
