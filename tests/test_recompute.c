@@ -103,6 +103,122 @@ ZT_TEST(recompute_model_gradients_bit_equal_at_1_to_3_threads)
     }
 }
 
+/* The hooks of a model whose gradient lives in one array (grads, in the arena layout of own):
+ * parameters lent from own, every group of V rows (an embedding, a head) lent in pieces of
+ * piece_rows rows, as ZeRO-2/3 lends the big groups. */
+typedef struct {
+    lender l;
+    float *grads;
+    uint64_t rows_numel, piece_numel;
+} piece_lender;
+
+static int lend_grads(void *ctx, size_t g, float **out)
+{
+    piece_lender *p = ctx;
+    *out = p->grads + (zr_model_grad(p->l.own, g) - zr_model_grad(p->l.own, 0));
+    return 0;
+}
+
+static uint64_t piece_numel(void *ctx, size_t g)
+{
+    piece_lender *p = ctx;
+    return zr_model_group_numel(p->l.own, g) == p->rows_numel ? p->piece_numel : 0;
+}
+
+static int lend_piece(void *ctx, size_t g, uint64_t off, uint64_t n, float **out)
+{
+    (void)n;
+    ZT_OK(lend_grads(ctx, g, out));
+    *out += off;
+    return 0;
+}
+
+static int piece_done(void *ctx, size_t g, uint64_t off, uint64_t n)
+{
+    (void)ctx;
+    (void)g;
+    (void)off;
+    (void)n;
+    return 0;
+}
+
+/* The head in several chunks of rows (a vocabulary of 70001: 239 rows a chunk, the last one
+ * partial), its gradient whole or in pieces (which, without the probabilities, recompute their
+ * columns of the logits): every mode gives the losses and the gradient of none with its own
+ * arenas, bit for bit, at 1 to 3 threads; layer keeps one chunk of the head, the others all
+ * the probabilities. */
+ZT_TEST(recompute_head_in_chunks_and_gradient_pieces_bit_equal)
+{
+    static const char *const BIG_V[] = {
+        "gpt2:layers=1,heads=2,dim=16,ctx=64,vocab=70001",
+        "llama:layers=1,heads=2,kv_heads=1,dim=16,ffn=24,ctx=64,vocab=70001",
+        "llama:layers=1,heads=2,kv_heads=1,dim=16,ffn=24,ctx=64,vocab=70001,tied=1",
+    };
+    enum { B = 5, T = 53 }; /* 265 positions: chunks of 239 and 26 */
+    for (size_t k = 0; k < sizeof BIG_V / sizeof *BIG_V; k++) {
+        zr_gpt2_config c;
+        ZT_OK(zr_gpt2_config_parse(&c, BIG_V[k]));
+        int32_t in[B * T], tg[B * T];
+        for (size_t i = 0; i < B * T; i++) {
+            in[i] = (int32_t)(zt_mix(i) % c.vocab);
+            tg[i] = (int32_t)(zt_mix(i + 777) % c.vocab);
+        }
+        zr_model *own;
+        ZT_OK(zr_model_new_ext(&own, &c, B, T, NULL));
+        zr_model_init_weights(own, 5);
+        size_t n = zr_model_numel(own);
+        piece_lender pl[3];
+        zr_model *m[3];
+        for (int r = 0; r < 3; r++) {
+            memset(&pl[r], 0, sizeof pl[r]);
+            pl[r].l.own = own;
+            ZT_CHECK((pl[r].grads = calloc(n, sizeof(float))) != NULL);
+            pl[r].rows_numel = (uint64_t)c.vocab * c.dim;
+            pl[r].piece_numel = 4000 * (uint64_t)c.dim; /* 3968 rows a piece: 18 pieces */
+            zr_model_hooks h = {.ctx = &pl[r], .params = lend, .params_done = lend_done,
+                                .grads = lend_grads, .grads_done = lend_done,
+                                .grad_piece_numel = piece_numel, .grad_piece = lend_piece,
+                                .grad_piece_done = piece_done};
+            ZT_OK(zr_model_new_recompute(&m[r], &c, B, T, &h, (zr_recompute)r));
+            uint64_t acts;
+            zr_model_bytes(m[r], NULL, NULL, &acts);
+            ZT_CHECK_EQ(acts, zr_model_activation_bytes(&c, B, T, (zr_recompute)r));
+        }
+        ZT_CHECK(zr_model_probs(m[0]) != NULL && zr_model_probs(m[2]) != NULL);
+        ZT_CHECK(zr_model_probs(m[1]) == NULL);
+        /* one chunk instead of the probabilities (74 MiB against 64 MiB here) */
+        ZT_CHECK(zr_model_activation_bytes(&c, B, T, ZR_RECOMPUTE_LAYER) + ((uint64_t)4 << 20) <
+                 zr_model_activation_bytes(&c, B, T, ZR_RECOMPUTE_NONE));
+        for (int th = 1; th <= 3; th++) {
+            zr_set_threads(th);
+            float ref, loss;
+            zr_model_zero_grad(own);
+            ZT_OK(zr_model_forward(own, in, tg, B, T, &ref));
+            ZT_OK(zr_model_backward(own, 1.0f));
+            const float *ga = zr_model_grad(own, 0);
+            for (int r = 0; r < 3; r++) {
+                memset(pl[r].grads, 0, n * sizeof(float));
+                ZT_OK(zr_model_forward(m[r], in, tg, B, T, &loss));
+                ZT_OK(zr_model_backward(m[r], 1.0f));
+                if (memcmp(&loss, &ref, sizeof loss))
+                    ZT_FAIL("%s, %d threads, recompute %s, pieces: loss %.9g, none %.9g",
+                            BIG_V[k], th, MODE_NAMES[r], loss, ref);
+                for (size_t i = 0; i < n; i++)
+                    if (memcmp(&ga[i], &pl[r].grads[i], sizeof *ga))
+                        ZT_FAIL("%s, %d threads, recompute %s, pieces: gradient %zu is %.9g, "
+                                "none %.9g", BIG_V[k], th, MODE_NAMES[r], i, pl[r].grads[i],
+                                ga[i]);
+            }
+        }
+        zr_set_threads(1);
+        for (int r = 0; r < 3; r++) {
+            zr_model_free(m[r]);
+            free(pl[r].grads);
+        }
+        zr_model_free(own);
+    }
+}
+
 /* Stage 3 gathers what the model asks the hooks for: the same groups in the same order with
  * every mode, each layer once in the backward (the recompute reuses that request). */
 ZT_TEST(recompute_asks_for_each_layer_once_in_the_backward)

@@ -548,10 +548,47 @@ void zr__attention_backward(const zr__att_geom *g, float *dqkv, float *rows, con
     par_for(g->B * (g->NH / g->grp), 1, attention_backward_pairs, &a);
 }
 
-/* Rows of logits [N, V] -> probabilities in place; losses[n] = -log p[n, targets[n]] when
- * targets is not NULL, computed from the logits (log-sum-exp) so that it stays finite. */
+/*
+ * The head: logits [N, V] = x [N, C] W [V, C]^T, softmax, cross-entropy, and its backward, in
+ * chunks of rows_cap rows (zr__dlogits_rows: a function of V alone when N is larger) in every
+ * recompute mode, each chunk's logits in blocks of HEAD_ROWS columns counted from column 0, one
+ * single-threaded sgemm per block. A column block's bits depend on the call alone, so the
+ * logits of a chunk are the same whoever computes them: the forward, the backward recomputing
+ * a chunk (zr_recompute layer: the full probabilities are not kept, only each row's maximum and
+ * sum), or a ZeRO gradient piece recomputing its columns; and at any thread count.
+ */
+#define HEAD_ROWS 64
+
 typedef struct {
-    float *probs, *losses;
+    float *out; /* row 0 of the chunk, ld V */
+    const float *x, *W;
+    size_t rows, v0, v1, C, V;
+} head_logits_args;
+
+static void head_logits_blocks(void *p, size_t b0, size_t b1)
+{
+    const head_logits_args *a = p;
+    for (size_t b = b0; b < b1; b++) {
+        size_t j0 = a->v0 + b * HEAD_ROWS, j1 = j0 + HEAD_ROWS < a->v1 ? j0 + HEAD_ROWS : a->v1;
+        sgemm1(0, 1, a->rows, j1 - j0, a->C, 1.0f, a->x, a->C, a->W + j0 * a->C, a->C, 0.0f,
+               a->out + j0, a->V);
+    }
+}
+
+/* out[r, v0:v1] = x[r, :] W[v0:v1, :]^T for r < rows (v0 a multiple of HEAD_ROWS) */
+static void head_logits(float *out, const float *x, const float *W, size_t rows, size_t v0,
+                        size_t v1, size_t C, size_t V)
+{
+    assert(v0 % HEAD_ROWS == 0);
+    head_logits_args a = {out, x, W, rows, v0, v1, C, V};
+    par_for((v1 - v0 + HEAD_ROWS - 1) / HEAD_ROWS, 1, head_logits_blocks, &a);
+}
+
+/* Rows of logits -> probabilities in place; losses[n] = -log p[n, targets[n]] when targets is
+ * not NULL, computed from the logits (log-sum-exp) so that it stays finite; each row's maximum
+ * and sum of e^(logit - max) into rmax, rsum when not NULL. */
+typedef struct {
+    float *probs, *losses, *rmax, *rsum;
     const int32_t *targets;
     size_t V;
 } softmax_args;
@@ -568,21 +605,44 @@ ZR_VEC_CLONES static void softmax_xent_rows(void *p, size_t n0, size_t n1)
         float sum = softmax_inplace(pr, V, maxv);
         if (targets)
             a->losses[n] = logf(sum) - target_logit;
+        if (a->rmax) {
+            a->rmax[n] = maxv;
+            a->rsum[n] = sum;
+        }
     }
 }
 
-void zr__softmax_xent_forward(float *probs, float *losses, const int32_t *targets, size_t N,
-                              size_t V)
+void zr__head_carve(zr__head *h, unsigned char *base, size_t *off, double *total, size_t N,
+                    size_t V, zr_recompute rc)
 {
-    softmax_args a = {probs, losses, targets, V};
-    par_for(N, 1, softmax_xent_rows, &a);
+    int keep = rc != ZR_RECOMPUTE_LAYER;
+    h->rows_cap = zr__dlogits_rows(N, V);
+    h->probs = keep ? zr__carve(base, off, total, N * V) : NULL;
+    h->rmax = keep ? NULL : zr__carve(base, off, total, N);
+    h->rsum = keep ? NULL : zr__carve(base, off, total, N);
+    h->chunk = zr__carve(base, off, total, h->rows_cap * V);
 }
 
-/* dlogits[r, v0:v1] = k (probs[r0 + r, v0:v1] - onehot(targets[r0 + r])) for the head's chunk
- * of rows (columns [v0, v1): a piece of the vocabulary; the rest of the row is not written) */
+void zr__head_forward(const zr__head *h, float *losses, const int32_t *targets, const float *W,
+                      const float *x, size_t N, size_t C, size_t V)
+{
+    for (size_t r0 = 0; r0 < N; r0 += h->rows_cap) {
+        size_t rows = N - r0 < h->rows_cap ? N - r0 : h->rows_cap;
+        float *out = h->probs ? h->probs + r0 * V : h->chunk;
+        head_logits(out, x + r0 * C, W, rows, 0, V, C, V);
+        softmax_args a = {out, losses + r0, h->probs ? NULL : h->rmax + r0,
+                          h->probs ? NULL : h->rsum + r0, targets ? targets + r0 : NULL, V};
+        par_for(rows, 1, softmax_xent_rows, &a);
+    }
+}
+
+/* dlogits[r, v0:v1] = k (p[r, v0:v1] - onehot(targets[r])) for a chunk of rows (columns
+ * [v0, v1): a piece of the vocabulary; the rest of the row is not written): p the kept
+ * probabilities (probs), or e^(logit - rmax) / rsum from the logits in dlogits itself, as
+ * softmax_inplace computes them */
 typedef struct {
     float *dlogits;
-    const float *probs;
+    const float *probs, *rmax, *rsum;
     const int32_t *targets;
     size_t V, v0, v1;
     float k;
@@ -593,21 +653,39 @@ ZR_VEC_CLONES static void dlogits_rows(void *p, size_t r0, size_t r1)
     const dlogits_args *a = p;
     size_t V = a->V;
     for (size_t r = r0; r < r1; r++) {
-        const float *pr = a->probs + r * V;
         float *dl = a->dlogits + r * V;
-        for (size_t v = a->v0; v < a->v1; v++)
-            dl[v] = a->k * pr[v];
+        if (a->probs) {
+            const float *pr = a->probs + r * V;
+            for (size_t v = a->v0; v < a->v1; v++)
+                dl[v] = a->k * pr[v];
+        } else {
+            float maxv = a->rmax[r], inv = 1.0f / a->rsum[r];
+            for (size_t v = a->v0; v < a->v1; v++)
+                dl[v] = a->k * (zr_expf(dl[v] - maxv) * inv);
+        }
         size_t t = (size_t)a->targets[r];
         if (t >= a->v0 && t < a->v1)
             dl[t] -= a->k;
     }
 }
 
+/* The chunk of rows r0.. (rows of them) of dlogits into h->chunk, columns [v0, v1) */
+static void head_dlogits(const zr__head *h, const int32_t *targets, const float *W,
+                         const float *x, size_t r0, size_t rows, size_t v0, size_t v1, size_t C,
+                         size_t V, float k)
+{
+    if (!h->probs)
+        head_logits(h->chunk, x + r0 * C, W, rows, v0, v1, C, V);
+    dlogits_args da = {h->chunk, h->probs ? h->probs + r0 * V : NULL,
+                       h->probs ? NULL : h->rmax + r0, h->probs ? NULL : h->rsum + r0,
+                       targets + r0, V, v0, v1, k};
+    par_for(rows, 1, dlogits_rows, &da);
+}
+
 /* dW[v0 + q, :] += dlogits[:, v0 + q]^T x for q in [0, n): one sgemm per block of HEAD_ROWS
  * rows counted from row 0 (v0 a multiple of it), the blocks on the par_for threads. OpenBLAS's
  * bits depend on the rows it is given at once, so fixed blocks make the head's gradient the
  * same whole or in pieces (zr__grad_pieces), at any thread count. */
-#define HEAD_ROWS 64
 typedef struct {
     float *dW; /* row v0 */
     const float *dl, *x;
@@ -631,17 +709,15 @@ static void head_dw(float *dW, const float *dlogits, const float *x, size_t v0, 
     par_for((v1 - v0 + HEAD_ROWS - 1) / HEAD_ROWS, 1, head_dw_blocks, &a);
 }
 
-void zr__head_backward(float *dx, float *dW, float *dlogits, size_t rows_cap, const float *probs,
-                       const int32_t *targets, const float *W, const float *x, size_t N,
-                       size_t C, size_t V, float k)
+void zr__head_backward(const zr__head *h, float *dx, float *dW, const int32_t *targets,
+                       const float *W, const float *x, size_t N, size_t C, size_t V, float k)
 {
-    for (size_t r0 = 0; r0 < N; r0 += rows_cap) {
-        size_t rows = N - r0 < rows_cap ? N - r0 : rows_cap;
-        dlogits_args da = {dlogits, probs + r0 * V, targets + r0, V, 0, V, k};
-        par_for(rows, 1, dlogits_rows, &da);
-        zr__gemm(0, 0, rows, C, V, dlogits, V, W, C, 0.0f, dx + r0 * C, C);
+    for (size_t r0 = 0; r0 < N; r0 += h->rows_cap) {
+        size_t rows = N - r0 < h->rows_cap ? N - r0 : h->rows_cap;
+        head_dlogits(h, targets, W, x, r0, rows, 0, V, C, V, k);
+        zr__gemm(0, 0, rows, C, V, h->chunk, V, W, C, 0.0f, dx + r0 * C, C);
         if (dW)
-            head_dw(dW, dlogits, x + r0 * C, 0, V, C, rows, V);
+            head_dw(dW, h->chunk, x + r0 * C, 0, V, C, rows, V);
     }
 }
 
@@ -649,12 +725,11 @@ void zr__head_backward(float *dx, float *dW, float *dlogits, size_t rows_cap, co
  * zr__head_backward adds them: dlogits recomputed for those columns only. */
 static void head_grad_rows(float *piece, const zr__grad_src *s, size_t v0, size_t v1)
 {
-    size_t V = s->V, C = s->C;
-    for (size_t r0 = 0; r0 < s->N; r0 += s->rows_cap) {
-        size_t rows = s->N - r0 < s->rows_cap ? s->N - r0 : s->rows_cap;
-        dlogits_args da = {s->dlogits, s->probs + r0 * V, s->targets + r0, V, v0, v1, s->k};
-        par_for(rows, 1, dlogits_rows, &da);
-        head_dw(piece, s->dlogits, s->x + r0 * C, v0, v1, C, rows, V);
+    size_t V = s->V, C = s->C, cap = s->head->rows_cap;
+    for (size_t r0 = 0; r0 < s->N; r0 += cap) {
+        size_t rows = s->N - r0 < cap ? s->N - r0 : cap;
+        head_dlogits(s->head, s->targets, s->W, s->x, r0, rows, v0, v1, C, V, s->k);
+        head_dw(piece, s->head->chunk, s->x + r0 * C, v0, v1, C, rows, V);
     }
 }
 
@@ -704,7 +779,7 @@ int zr__grad_pieces(const zr_model_hooks *h, size_t g, const zr__grad_src *s)
                             "%zu", g);
         if (rc)
             return rc;
-        if (s->probs)
+        if (s->head)
             head_grad_rows(piece, s, v0, v1);
         if (s->dout) {
             embed_rows_args a = {piece, s, v0, v1};

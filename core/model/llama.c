@@ -77,13 +77,13 @@ struct zr__llama {
     float *encoded;             /* [N, C] */
     ll_acts *layer;             /* [L] */
     float *rstdf, *xnf;         /* [N], [N, C] */
-    float *probs, *losses;      /* [N, V], [N] */
+    zr__head head;              /* logits, probabilities (model_int.h) */
+    float *losses;              /* [N] */
     int32_t *inputs, *targets;  /* [N] */
     float *dres, *dC, *dqkv;    /* [N, C], [N, C], [N, QL] */
     float *dI;                  /* [N, I]: the gradient of hmlp */
     float *dgu;                 /* [N, 2I]: of gu */
-    float *dlogits, *drow;      /* [dlogits_rows, V], [B H, T] */
-    size_t dlogits_rows;
+    float *drow;                /* [B H, T] */
 
     size_t B, T;
     int fwd_targets; /* -1 none yet, 0 without targets, 1 with */
@@ -128,7 +128,7 @@ static size_t acts_layout(zr__llama *m, unsigned char *base, double *total)
     }
     m->rstdf = zr__carve(base, &off, total, N);
     m->xnf = zr__carve(base, &off, total, N * C);
-    m->probs = zr__carve(base, &off, total, N * m->V);
+    zr__head_carve(&m->head, base, &off, total, N, m->V, m->rc);
     m->losses = zr__carve(base, &off, total, N);
     m->inputs = zr__carve(base, &off, total, N);
     m->targets = zr__carve(base, &off, total, N);
@@ -137,7 +137,6 @@ static size_t acts_layout(zr__llama *m, unsigned char *base, double *total)
     m->dqkv = zr__carve(base, &off, total, N * m->QL);
     m->dI = zr__carve(base, &off, total, N * I);
     m->dgu = zr__carve(base, &off, total, N * 2 * I);
-    m->dlogits = zr__carve(base, &off, total, m->dlogits_rows * m->V);
     m->drow = zr__carve(base, &off, total, m->max_B * m->H * T);
     return off;
 }
@@ -158,7 +157,6 @@ static void set_dims(zr__llama *m, const zr_config *c, size_t max_B, size_t max_
     m->QL = m->C + 2 * m->KVD;
     m->max_B = max_B;
     m->max_T = max_T;
-    m->dlogits_rows = zr__dlogits_rows(max_B * max_T, c->vocab);
 }
 
 uint64_t zr__llama_activation_bytes(const zr_config *c, size_t max_B, size_t max_T,
@@ -336,7 +334,7 @@ uint64_t zr__llama_group_numel(const zr__llama *m, size_t g)
 }
 float *zr__llama_param(zr__llama *m, size_t g) { return m->params ? m->params + m->goff[g] : NULL; }
 float *zr__llama_grad(zr__llama *m, size_t g) { return m->grads ? m->grads + m->goff[g] : NULL; }
-const float *zr__llama_probs(const zr__llama *m) { return m->probs; }
+const float *zr__llama_probs(const zr__llama *m) { return m->head.probs; }
 
 void zr__llama_zero_grad(zr__llama *m)
 {
@@ -361,10 +359,13 @@ size_t zr__llama_fetch_order(const zr__llama *m, int backward, size_t *order)
         for (size_t g = 0; g < L + 2; g++)
             order[n++] = g;
         order[n++] = head_group(m);
-    } else { /* head, norm, layers last to first; the embedding's backward reads none */
+    } else { /* head, norm, layers last to first; the embedding's backward reads none, but a
+              * tied head's gradient pieces read it again when the probabilities are not kept */
         order[n++] = head_group(m);
         for (size_t g = L + 2; g-- > 1;)
             order[n++] = g;
+        if (m->c.tied && !m->head.probs && zr__grad_piece_rows(&m->h, 0, m->C) > 0)
+            order[n++] = 0;
     }
     return n;
 }
@@ -691,9 +692,8 @@ int zr__llama_forward(zr__llama *m, const int32_t *inputs, const int32_t *target
     ZR_TRY(zr__params_put(h, L + 1));
     size_t hg = head_group(m); /* logits [N, V] = xnf [N, C] W[V, C]^T */
     ZR_TRY(zr__params_get(h, own_param(m, hg), hg, &P));
-    zr__gemm(0, 1, N, V, C, m->xnf, C, P, C, 0.0f, m->probs, V);
+    zr__head_forward(&m->head, m->losses, targets ? m->targets : NULL, P, m->xnf, N, C, V);
     ZR_TRY(zr__params_put(h, hg));
-    zr__softmax_xent_forward(m->probs, m->losses, targets ? m->targets : NULL, N, V);
     *loss = zr__mean_loss(m->losses, N, targets != NULL);
     m->fwd_targets = targets != NULL;
     return 0;
@@ -710,20 +710,20 @@ int zr__llama_backward(zr__llama *m, float scale)
      * A gradient the hooks lend in pieces is added piece by piece: an untied head's right
      * away, the embedding's (with a tied head's) at the end. */
     int ph = zr__grad_piece_rows(h, hg, C) > 0, pe = zr__grad_piece_rows(h, 0, C) > 0;
-    zr__grad_src src = {N, C, m->V, m->T, m->probs, m->xnf, m->targets, m->dlogits,
-                        m->dlogits_rows, scale / (float)N, NULL, NULL};
+    zr__grad_src src = {N, C, m->V, m->T, &m->head, NULL, m->xnf, m->targets, scale / (float)N,
+                        NULL, NULL};
     ZR_TRY(zr__params_get(h, own_param(m, hg), hg, &P));
     if (!ph)
         ZR_TRY(zr__grads_get(h, own_grad(m, hg), hg, &G));
-    zr__head_backward(m->dC, G, m->dlogits, m->dlogits_rows, m->probs, m->targets, P, m->xnf, N,
-                      C, m->V, scale / (float)N);
-    ZR_TRY(zr__params_put(h, hg));
+    zr__head_backward(&m->head, m->dC, G, m->targets, P, m->xnf, N, C, m->V, scale / (float)N);
+    src.W = P; /* an untied head's pieces while the head is lent (they may recompute logits) */
     if (m->c.tied)
         demb = G;
     else if (ph)
         ZR_TRY(zr__grad_pieces(h, hg, &src));
     else
         ZR_TRY(zr__grads_put(h, hg));
+    ZR_TRY(zr__params_put(h, hg));
     zr__par_zero(m->dres, N * C);
     ZR_TRY(zr__params_get(h, own_param(m, L + 1), L + 1, &P));
     ZR_TRY(zr__grads_get(h, own_grad(m, L + 1), L + 1, &G));
@@ -737,12 +737,18 @@ int zr__llama_backward(zr__llama *m, float scale)
         ZR_TRY(zr__params_put(h, l + 1));
         ZR_TRY(zr__grads_put(h, l + 1));
     }
-    if (pe) { /* the embedding's rows (and a tied head's) piece by piece */
-        if (!m->c.tied)
-            src.probs = NULL;
+    if (pe) { /* the embedding's rows (and a tied head's) piece by piece; a tied head without
+               * the probabilities recomputes its logits from the embedding, fetched again
+               * (zr__llama_fetch_order) */
+        int refetch = m->c.tied && !m->head.probs;
+        src.head = m->c.tied ? &m->head : NULL;
+        src.W = NULL;
+        if (refetch)
+            ZR_TRY(zr__params_get(h, own_param(m, 0), 0, &src.W));
         src.dout = m->dres;
         src.inp = m->inputs;
-        return zr__grad_pieces(h, 0, &src);
+        ZR_TRY(zr__grad_pieces(h, 0, &src));
+        return refetch ? zr__params_put(h, 0) : 0;
     }
     if (!demb)
         ZR_TRY(zr__grads_get(h, own_grad(m, 0), 0, &demb));

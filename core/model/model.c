@@ -64,7 +64,7 @@ struct zr_model {
     float *encoded;                   /* [N, C] */
     layer_acts *layer;                /* [L], pointers into acts_mem */
     float *lnf, *lnf_mean, *lnf_rstd; /* [N, C], [N], [N] */
-    float *probs;                     /* [N, V]: logits, then softmax in place */
+    zr__head head;                    /* logits, probabilities (model_int.h) */
     float *losses;                    /* [N] */
     int32_t *inputs, *targets;        /* [N] copies of the last forward's tokens */
     /* backward scratch */
@@ -72,9 +72,7 @@ struct zr_model {
     float *dC;      /* [N, C]: gradient of a layernorm output or of atty */
     float *dqkv;    /* [N, 3C] */
     float *d4C;     /* [N, 4C]: gradient of fch_gelu, then of fch (in place) */
-    float *dlogits; /* [dlogits_rows, V] */
     float *drow;    /* [max_B NH, max_T]: one attention row's datt and dpreatt per (b, h) */
-    size_t dlogits_rows;
 
     size_t B, T;     /* of the last forward */
     int fwd_targets; /* -1: no forward yet; 0: last forward had no targets; 1: it had */
@@ -138,7 +136,7 @@ static size_t acts_layout(zr_model *m, unsigned char *base, double *total)
     m->lnf = zr__carve(base, &off, total, N * C);
     m->lnf_mean = zr__carve(base, &off, total, N);
     m->lnf_rstd = zr__carve(base, &off, total, N);
-    m->probs = zr__carve(base, &off, total, N * V);
+    zr__head_carve(&m->head, base, &off, total, N, V, m->rc);
     m->losses = zr__carve(base, &off, total, N);
     m->inputs = zr__carve(base, &off, total, N);
     m->targets = zr__carve(base, &off, total, N);
@@ -146,7 +144,6 @@ static size_t acts_layout(zr_model *m, unsigned char *base, double *total)
     m->dC = zr__carve(base, &off, total, N * C);
     m->dqkv = zr__carve(base, &off, total, N * 3 * C);
     m->d4C = zr__carve(base, &off, total, N * 4 * C);
-    m->dlogits = zr__carve(base, &off, total, m->dlogits_rows * V);
     m->drow = zr__carve(base, &off, total, m->max_B * NH * T);
     return off;
 }
@@ -211,8 +208,6 @@ int zr_model_new_recompute(zr_model **out, const zr_gpt2_config *c, size_t max_B
         m->h = *hooks;
     m->fwd_targets = -1;
     uint64_t C = c->dim;
-    size_t N = max_B * max_T;
-    m->dlogits_rows = zr__dlogits_rows(N, c->vocab);
     /* sizes in double first: past 2^60 bytes the size_t arithmetic below could wrap */
     double numel_d = ((double)c->vocab + c->ctx + 2) * C +
                      (double)c->layers * (12.0 * C + 13) * C; /* the table's 12C^2 + 13C */
@@ -255,8 +250,6 @@ uint64_t zr_model_activation_bytes(const zr_gpt2_config *c, size_t max_B, size_t
     m.max_B = max_B;
     m.max_T = max_T;
     m.rc = rc;
-    size_t N = max_B * max_T;
-    m.dlogits_rows = zr__dlogits_rows(N, c->vocab);
     double total;
     size_t b = acts_layout(&m, NULL, &total);
     return (b + ZR__ARENA_ALIGN - 1) / ZR__ARENA_ALIGN * ZR__ARENA_ALIGN;
@@ -321,10 +314,13 @@ size_t zr_model_fetch_order(const zr_model *m, int backward, size_t *order)
         for (size_t g = 0; g < L + 3; g++)
             order[n++] = g;
         order[n++] = 0;
-    } else { /* the head (wte), ln_f, the blocks last to first; the embedding reads none */
+    } else { /* the head (wte), ln_f, the blocks last to first; the embedding reads none, but
+              * the head's gradient pieces read wte again when the probabilities are not kept */
         order[n++] = 0;
         for (size_t g = L + 3; g-- > 2;)
             order[n++] = g;
+        if (!m->head.probs && zr__grad_piece_rows(&m->h, 0, m->c.dim) > 0)
+            order[n++] = 0;
     }
     return n;
 }
@@ -355,7 +351,7 @@ void zr_model_zero_grad(zr_model *m)
 
 const float *zr_model_probs(const zr_model *m)
 {
-    return m->ll ? zr__llama_probs(m->ll) : m->probs;
+    return m->ll ? zr__llama_probs(m->ll) : m->head.probs;
 }
 
 void zr_model_bytes(const zr_model *m, uint64_t *params, uint64_t *grads, uint64_t *acts)
@@ -762,9 +758,8 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
     ZR_TRY(params_put(m, L + 2));
     /* logits [N, V] = lnf [N, C] wte[V, C]^T: the head is tied to the token embedding */
     ZR_TRY(params_get(m, 0, &wte));
-    zr__gemm(0, 1, N, V, C, m->lnf, C, wte, C, 0.0f, m->probs, V);
+    zr__head_forward(&m->head, m->losses, targets ? m->targets : NULL, wte, m->lnf, N, C, V);
     ZR_TRY(params_put(m, 0));
-    zr__softmax_xent_forward(m->probs, m->losses, targets ? m->targets : NULL, N, V);
     *loss = zr__mean_loss(m->losses, N, targets != NULL);
     m->fwd_targets = targets != NULL;
     return 0;
@@ -791,8 +786,7 @@ int zr_model_backward(zr_model *m, float scale)
     ZR_TRY(params_get(m, 0, &wte));
     if (!pw)
         ZR_TRY(grads_get(m, 0, &dwte));
-    zr__head_backward(m->dC, dwte, m->dlogits, m->dlogits_rows, m->probs, m->targets, wte,
-                      m->lnf, N, C, V, scale / (float)N);
+    zr__head_backward(&m->head, m->dC, dwte, m->targets, wte, m->lnf, N, C, V, scale / (float)N);
     ZR_TRY(params_put(m, 0));
     zr__par_zero(m->dres, N * C);
     ZR_TRY(params_get(m, L + 2, &P));
@@ -842,9 +836,18 @@ int zr_model_backward(zr_model *m, float scale)
     if (!pp)
         ZR_TRY(grads_get(m, 1, &dwpe));
     encoder_backward(dwte, dwpe, m->dres, m->inputs, B, T, C);
-    zr__grad_src src = {N, C, m->c.ctx, T, NULL, NULL, NULL, NULL, 0, 0.0f, m->dres, NULL};
+    zr__grad_src src = {N, C, m->c.ctx, T, NULL, NULL, NULL, NULL, 0.0f, m->dres, NULL};
     ZR_TRY(pp ? zr__grad_pieces(&m->h, 1, &src) : grads_put(m, 1));
-    src = (zr__grad_src){N, C, V, T, m->probs, m->lnf, m->targets, m->dlogits, m->dlogits_rows,
-                         scale / (float)N, m->dres, m->inputs};
-    return pw ? zr__grad_pieces(&m->h, 0, &src) : grads_put(m, 0);
+    if (!pw)
+        return grads_put(m, 0);
+    /* the head's rows of wte's gradient piece by piece: without the probabilities (layer)
+     * each piece recomputes its logits, from wte (fetched again: zr_model_fetch_order) */
+    int refetch = !m->head.probs;
+    wte = NULL;
+    if (refetch)
+        ZR_TRY(params_get(m, 0, &wte));
+    src = (zr__grad_src){N, C, V, T, &m->head, wte, m->lnf, m->targets, scale / (float)N, m->dres,
+                         m->inputs};
+    ZR_TRY(zr__grad_pieces(&m->h, 0, &src));
+    return refetch ? params_put(m, 0) : 0;
 }

@@ -117,34 +117,45 @@ void zr__attention_forward(const zr__att_geom *g, float *out, float *att, const 
 void zr__attention_backward(const zr__att_geom *g, float *dqkv, float *rows, const float *dout,
                             const float *qkv, const float *att, const float *y);
 
-/* Rows of logits [N, V] -> probabilities in place; losses[n] = -log p[n, targets[n]]. */
-void zr__softmax_xent_forward(float *probs, float *losses, const int32_t *targets, size_t N,
-                              size_t V);
-/* The head's backward in chunks of rows of the dlogits scratch ([rows_cap, V]):
- * dlogits = k (probs - onehot(targets)); dx [N, C] = dlogits W (overwritten);
+/* The head's state between forward and backward: logits [N, V] = x W^T, softmax, mean
+ * cross-entropy, computed in chunks of rows_cap rows (zr__dlogits_rows) in every recompute mode,
+ * so that each row gets the same bits whichever mode keeps what (kernels.c). probs [N, V]: the
+ * probabilities kept for the backward; NULL with zr_recompute layer, where only rmax and rsum
+ * [N] (each row's maximum logit and sum of e^(logit - max)) are kept and the backward recomputes
+ * each chunk's logits. chunk [rows_cap, V]: scratch, a chunk's logits and dlogits. */
+typedef struct {
+    float *probs, *chunk, *rmax, *rsum;
+    size_t rows_cap;
+} zr__head;
+/* Carve a head's buffers for N positions (zr__carve: base NULL only counts): the probabilities
+ * unless the mode is zr_recompute layer, which keeps each row's maximum and sum instead */
+void zr__head_carve(zr__head *h, unsigned char *base, size_t *off, double *total, size_t N,
+                    size_t V, zr_recompute rc);
+/* losses[n] = -log p[n, targets[n]] (targets NULL: none), through W [V, C] and x [N, C] */
+void zr__head_forward(const zr__head *h, float *losses, const int32_t *targets, const float *W,
+                      const float *x, size_t N, size_t C, size_t V);
+/* dlogits = k (probs - onehot(targets)) chunk by chunk; dx [N, C] = dlogits W (overwritten);
  * dW [V, C] += dlogits^T x (dW NULL: not computed). */
-void zr__head_backward(float *dx, float *dW, float *dlogits, size_t rows_cap, const float *probs,
-                       const int32_t *targets, const float *W, const float *x, size_t N,
-                       size_t C, size_t V, float k);
+void zr__head_backward(const zr__head *h, float *dx, float *dW, const int32_t *targets,
+                       const float *W, const float *x, size_t N, size_t C, size_t V, float k);
 /* The gradient of a group of V rows of C (an embedding, a head, or both when tied) in the
- * pieces the hooks lend (model.h): the head's dW rows from the forward's probs (k, targets, x,
- * the dlogits scratch of rows_cap rows; probs NULL: no head), then the embedding's rows from
- * dout (the gradient at its output [N, C]: row inp[n], or n mod T without inp; dout NULL: no
- * embedding). zr__grad_piece_rows: rows per piece (a multiple of the 64-row blocks the
- * head's gradient is computed in), 0 when group g has none. */
+ * pieces the hooks lend (model.h): the head's dW rows (head NULL: no head; W, x, targets and k
+ * as zr__head_backward's; each piece recomputes its columns of dlogits), then the embedding's
+ * rows from dout (the gradient at its output [N, C]: row inp[n], or n mod T without inp; dout
+ * NULL: no embedding). zr__grad_piece_rows: rows per piece (a multiple of the 64-row blocks
+ * the head's gradient and logits are computed in), 0 when group g has none. */
 typedef struct {
     size_t N, C, V, T;
-    const float *probs, *x;
+    const zr__head *head;
+    const float *W, *x;
     const int32_t *targets;
-    float *dlogits;
-    size_t rows_cap;
     float k;
     const float *dout;
     const int32_t *inp;
 } zr__grad_src;
 uint64_t zr__grad_piece_rows(const zr_model_hooks *h, size_t g, size_t C);
 int zr__grad_pieces(const zr_model_hooks *h, size_t g, const zr__grad_src *s);
-/* the dlogits scratch rows for N positions of vocabulary V (at most 64 MiB, at least 1 row) */
+/* the head's chunk rows for N positions of vocabulary V (at most 64 MiB, at least 1 row) */
 size_t zr__dlogits_rows(size_t N, size_t V);
 
 /* Sums in a fixed order: eight partial sums over i mod 8, combined pairwise, then the tail
