@@ -3,7 +3,9 @@
  * layer or selective recompute gives the losses and gradients of none bit for bit (GPT-2 and
  * Llama, odd shapes, 1 to 3 threads, micro-batches accumulated), asks the parameter hooks for
  * the same groups in the same order (the recompute runs inside the backward's one request of
- * a layer: ZeRO-3 gathers nothing more) and holds fewer activation bytes, as the dry run says;
+ * a layer: ZeRO-3 gathers nothing more for the layers) and holds fewer activation bytes, as the
+ * dry run says; the head in several chunks with its gradient whole or in pieces (layer keeps no
+ * probabilities: the pieces recompute their logits) gives the same bits in every mode;
  * zrun at stages 0-3, world 1 and 2, ends with the checkpoint of none, through a resume; the
  * device engine refuses it. The memory planner (zrun and zckpt audit --memory-limit): its
  * choice fits the limit, measured; nothing fitting names the smallest limit.

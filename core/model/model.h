@@ -22,7 +22,8 @@ extern "C" {
 typedef enum { ZR_OFFLOAD_NONE = 0, ZR_OFFLOAD_CPU = 1, ZR_OFFLOAD_NVME = 2 } zr_offload;
 
 /* What a training forward keeps for the backward (zrun --recompute): everything (none); only
- * each layer's input, the layer recomputed in the backward (layer); everything but the
+ * each layer's input, the layer recomputed in the backward, and of the head's probabilities
+ * each row's maximum and sum, the logits recomputed chunk by chunk (layer); everything but the
  * attention weights and the GELU/SwiGLU outputs, recomputed in the backward (selective). The
  * recompute runs the forward's kernels on the same inputs, so the gradients are the same bits. */
 typedef enum {
@@ -197,7 +198,9 @@ void zr_model_init_range(const zr_model *m, uint64_t seed, size_t g, uint64_t of
  * only logits are computed). ZR_EINVAL on sizes or token ids out of range. */
 int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets, size_t B,
                      size_t T, float *loss);
-/* Probabilities of the last forward, [B*T, V] (borrowed, valid until the next forward). */
+/* Probabilities of the last forward, [B*T, V] (borrowed, valid until the next forward); NULL
+ * for a model created with ZR_RECOMPUTE_LAYER, which keeps one chunk of rows of them at a time
+ * (zr_recompute). */
 const float *zr_model_probs(const zr_model *m);
 void zr_model_zero_grad(zr_model *m);
 /* Backward of the last forward (which had targets): grads += scale * d(mean loss)/d(params).
