@@ -374,30 +374,45 @@ static uint64_t jlog_rss_peak(const char *path)
  * shape where activations are most of it (2 ranks, stage 3, 1 step and a save). */
 ZT_TEST(recompute_dry_run_predicts_peak_rss)
 {
-    const char *m = "--model gpt2:layers=4,heads=4,dim=128,ctx=256,vocab=256 --batch 48 "
-                    "--seq 256 --nproc 2 --zero 3 --threads 1";
-    for (int r = 0; r < 3; r++) {
-        char log[32], dir[32], jl[40];
-        snprintf(log, sizeof log, "d%d.json", r);
-        snprintf(dir, sizeof dir, "run-%d", r);
-        snprintf(jl, sizeof jl, "run-%d.jsonl", r);
-        zt_zrunf_ok(log, "%s --recompute %s --dry-run --json", m, MODE_NAMES[r]);
-        char *t = zt_slurp(log);
-        json_t *o = json_loads(t, 0, NULL);
-        ZT_CHECK(o != NULL);
-        json_t *r0 = json_array_get(json_object_get(o, "ranks"), 0);
-        double total = (double)json_integer_value(json_object_get(r0, "total_bytes"));
-        json_decref(o);
-        free(t);
-        snprintf(log, sizeof log, "run-%d.log", r);
-        zt_zrunf_ok(log, "%s --recompute %s --steps 1 --resume never --ckpt-dir %s "
-                    "--log-json %s", m, MODE_NAMES[r], dir, jl);
-        double ratio = (double)jlog_rss_peak(jl) / total;
-        printf("  recompute %s: peak RSS %.1f MiB, dry run %.1f MiB (%.2fx)\n", MODE_NAMES[r],
-               ratio * total / 1048576.0, total / 1048576.0, ratio);
-        if (ratio < 0.9 || ratio > 1.1)
-            ZT_FAIL("recompute %s: measured peak RSS %.2fx the dry run's total_bytes (0.9-1.1 "
-                    "expected)", MODE_NAMES[r], ratio);
+    /* the layers' activations; then the head's (vocabulary 32768, 1024 positions a rank: 128
+     * MiB of probabilities, of which layer keeps one 64 MiB chunk) */
+    static const char *const SHAPES[] = {
+        "--model gpt2:layers=4,heads=4,dim=128,ctx=256,vocab=256 --batch 48 --seq 256 "
+        "--nproc 2 --zero 3 --threads 1",
+        "--model gpt2:layers=1,heads=2,dim=32,ctx=256,vocab=32768 --batch 8 --seq 256 "
+        "--nproc 2 --zero 3 --threads 1",
+    };
+    for (int k = 0; k < 2; k++) {
+        const char *m = SHAPES[k];
+        double acts[3];
+        for (int r = 0; r < 3; r++) {
+            char log[32], dir[32], jl[40];
+            snprintf(log, sizeof log, "d%d-%d.json", k, r);
+            snprintf(dir, sizeof dir, "run-%d-%d", k, r);
+            snprintf(jl, sizeof jl, "run-%d-%d.jsonl", k, r);
+            zt_zrunf_ok(log, "%s --recompute %s --dry-run --json", m, MODE_NAMES[r]);
+            char *t = zt_slurp(log);
+            json_t *o = json_loads(t, 0, NULL);
+            ZT_CHECK(o != NULL);
+            json_t *r0 = json_array_get(json_object_get(o, "ranks"), 0);
+            double total = (double)json_integer_value(json_object_get(r0, "total_bytes"));
+            acts[r] = (double)json_integer_value(json_object_get(r0, "activations"));
+            json_decref(o);
+            free(t);
+            snprintf(log, sizeof log, "run-%d-%d.log", k, r);
+            zt_zrunf_ok(log, "%s --recompute %s --steps 1 --resume never --ckpt-dir %s "
+                        "--log-json %s", m, MODE_NAMES[r], dir, jl);
+            double ratio = (double)jlog_rss_peak(jl) / total;
+            printf("  shape %d, recompute %s: activations %.1f MiB; peak RSS %.1f MiB, dry run "
+                   "%.1f MiB (%.2fx)\n", k, MODE_NAMES[r], acts[r] / 1048576.0,
+                   ratio * total / 1048576.0, total / 1048576.0, ratio);
+            if (ratio < 0.9 || ratio > 1.1)
+                ZT_FAIL("shape %d, recompute %s: measured peak RSS %.2fx the dry run's "
+                        "total_bytes (0.9-1.1 expected)", k, MODE_NAMES[r], ratio);
+        }
+        if (k == 1 && acts[1] > acts[0] - 60.0 * 1048576.0)
+            ZT_FAIL("the head: layer's activations %.1f MiB, none's %.1f MiB: expected 64 MiB "
+                    "of probabilities fewer", acts[1] / 1048576.0, acts[0] / 1048576.0);
     }
 }
 

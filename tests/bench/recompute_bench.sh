@@ -17,6 +17,9 @@
 #   MODEL          (gpt2:layers=4,heads=4,dim=256,ctx=256,vocab=8192), SEQ (256), BATCH (4);
 #                  MODEL=gpt2 SEQ=128 BATCH=2 measures 124M (about 8 s a step on 2 threads)
 #   STEPS (4), WARMUP (1), ROUNDS (5), BENCH_THREADS (2)
+#   BASE_ZRUN      another zrun (say, main's) also run each round with --recompute none, after
+#                  the three modes: printed, none's step time against it (no checkpoint diff:
+#                  another build may round differently)
 #   BENCH_DIR      scratch directory (build/bench-scratch)
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh" recompute-bench
@@ -53,13 +56,18 @@ done
 
 say "step time: $MODEL, batch $BATCH x $SEQ, 1 rank, $BENCH_THREADS threads, $STEPS steps ($WARMUP warmup), $ROUNDS rounds"
 modes=(none layer selective)
+if [ -n "${BASE_ZRUN:-}" ]; then
+    [ -x "$BASE_ZRUN" ] || fail "BASE_ZRUN=$BASE_ZRUN: not an executable"
+    modes+=(base)
+fi
 : >"$s/times"
 for ((r = 1; r <= ROUNDS; r++)); do
     for m in "${modes[@]}"; do
         rm -rf "$s/run-$m"
         /usr/bin/time -f "%U %S" -o "$s/cpu" \
-            "$ZRUN" --model "$MODEL" --seq "$SEQ" --batch "$BATCH" --steps "$STEPS" --warmup 1 \
-            --threads "$BENCH_THREADS" --recompute "$m" --resume never --ckpt-dir "$s/run-$m" \
+            "$([ "$m" = base ] && echo "$BASE_ZRUN" || echo "$ZRUN")" --model "$MODEL" \
+            --seq "$SEQ" --batch "$BATCH" --steps "$STEPS" --warmup 1 --threads "$BENCH_THREADS" \
+            --recompute "${m/base/none}" --resume never --ckpt-dir "$s/run-$m" \
             --log-json "$s/$m.jsonl" >"$s/$m.log" 2>&1 || { cat "$s/$m.log" >&2; fail "--recompute $m failed"; }
         python3 - "$s/$m.jsonl" "$WARMUP" "$r" "$m" "$s/cpu" >>"$s/times" <<'EOF'
 import json, statistics, sys
@@ -95,5 +103,12 @@ for m in ("layer", "selective"):
                                                b[m] / b["none"]))
 print("[recompute-bench]   none: median step %.1f ms, median CPU %.1f s per run"
       % (statistics.median(t[r]["none"] for r in t), statistics.median(c[r]["none"] for r in c)))
+if "base" in b:
+    ratios = sorted(t[r]["none"] / t[r]["base"] for r in t)
+    cr = sorted(c[r]["none"] / c[r]["base"] for r in c)
+    print("[recompute-bench]   none / BASE_ZRUN's none: step time %.3fx (min %.3f, max %.3f); "
+          "CPU seconds %.3fx (min %.3f, max %.3f); fastest step %.3fx"
+          % (statistics.median(ratios), ratios[0], ratios[-1], statistics.median(cr), cr[0],
+             cr[-1], b["none"] / b["base"]))
 EOF
 say "every mode's checkpoint equals none's in every round"
