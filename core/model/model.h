@@ -170,12 +170,15 @@ typedef struct {
 int zr_model_new_ext(zr_model **out, const zr_gpt2_config *c, size_t max_B, size_t max_T,
                      const zr_model_hooks *hooks);
 /* As zr_model_new_ext, keeping for the backward what rc says (zr_recompute). The parameters of
- * a recomputed layer are those the backward asks for anyway (zr_model_fetch_order is the same):
- * the recompute runs inside the backward's one request of the layer's group. */
+ * a recomputed layer are those the backward asks for anyway: the recompute runs inside the
+ * backward's one request of the layer's group. zr_model_fetch_order is the same but for the
+ * token embedding, asked for once more at the end of a layer backward whose gradient the hooks
+ * take in pieces: the pieces recompute their logits through the tied head. */
 int zr_model_new_recompute(zr_model **out, const zr_gpt2_config *c, size_t max_B, size_t max_T,
                            const zr_model_hooks *hooks, zr_recompute rc);
 /* The groups a forward (backward 0) or backward (1) asks for, in order, into order[] (room for
- * layers + 4); returns the count. A group may appear twice (wte: embedding and head). */
+ * layers + 4); returns the count. A group may appear twice (wte: embedding and head; in the
+ * backward, the head and its gradient pieces: zr_model_new_recompute). */
 size_t zr_model_fetch_order(const zr_model *m, int backward, size_t *order);
 void zr_model_free(zr_model *m);
 const zr_gpt2_config *zr_model_config(const zr_model *m);
