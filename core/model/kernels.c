@@ -23,7 +23,7 @@
 #include <sys/mman.h>
 
 #define BUF_ALIGN 64 /* each activation buffer starts on a cache line */
-#define DLOGITS_MAX_NUMEL ((size_t)1 << 24) /* dlogits scratch: at most 64 MiB of rows */
+#define HEAD_MAX_NUMEL ((size_t)1 << 24) /* the head's chunk: at most 64 MiB of rows */
 #define ROWS_GRAIN 8  /* rows per chunk at least (rows of C floats) */
 #define COLS_BLOCK 16 /* channels per unit of a column split */
 
@@ -550,7 +550,7 @@ void zr__attention_backward(const zr__att_geom *g, float *dqkv, float *rows, con
 
 /*
  * The head: logits [N, V] = x [N, C] W [V, C]^T, softmax, cross-entropy, and its backward, in
- * chunks of rows_cap rows (zr__dlogits_rows: a function of V alone when N is larger) in every
+ * chunks of rows_cap rows (head_rows: a function of V alone when N is larger) in every
  * recompute mode, each chunk's logits in blocks of HEAD_ROWS columns counted from column 0, one
  * single-threaded sgemm per block. A column block's bits depend on the call alone, so the
  * logits of a chunk are the same whoever computes them: the forward, the backward recomputing
@@ -612,11 +612,20 @@ ZR_VEC_CLONES static void softmax_xent_rows(void *p, size_t n0, size_t n1)
     }
 }
 
+/* the head's chunk rows for N positions of vocabulary V (at most 64 MiB, at least 1 row) */
+static size_t head_rows(size_t N, size_t V)
+{
+    size_t rows = V ? HEAD_MAX_NUMEL / V : 1;
+    if (rows < 1)
+        rows = 1;
+    return rows > N ? N : rows;
+}
+
 void zr__head_carve(zr__head *h, unsigned char *base, size_t *off, double *total, size_t N,
                     size_t V, zr_recompute rc)
 {
     int keep = rc != ZR_RECOMPUTE_LAYER;
-    h->rows_cap = zr__dlogits_rows(N, V);
+    h->rows_cap = head_rows(N, V);
     h->probs = keep ? zr__carve(base, off, total, N * V) : NULL;
     h->rmax = keep ? NULL : zr__carve(base, off, total, N);
     h->rsum = keep ? NULL : zr__carve(base, off, total, N);
@@ -790,13 +799,6 @@ int zr__grad_pieces(const zr_model_hooks *h, size_t g, const zr__grad_src *s)
     return 0;
 }
 
-size_t zr__dlogits_rows(size_t N, size_t V)
-{
-    size_t rows = V ? DLOGITS_MAX_NUMEL / V : 1;
-    if (rows < 1)
-        rows = 1;
-    return rows > N ? N : rows;
-}
 
 int zr__check_tokens(const int32_t *tok, size_t n, uint32_t V, const char *what)
 {

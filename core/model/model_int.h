@@ -118,8 +118,9 @@ void zr__attention_backward(const zr__att_geom *g, float *dqkv, float *rows, con
                             const float *qkv, const float *att, const float *y);
 
 /* The head's state between forward and backward: logits [N, V] = x W^T, softmax, mean
- * cross-entropy, computed in chunks of rows_cap rows (zr__dlogits_rows) in every recompute mode,
- * so that each row gets the same bits whichever mode keeps what (kernels.c). probs [N, V]: the
+ * cross-entropy, computed in chunks of rows_cap rows (at most 64 MiB of logits, at least one
+ * row; a function of V alone when N is larger) in every recompute mode, so that each row gets
+ * the same bits whichever mode keeps what (kernels.c). probs [N, V]: the
  * probabilities kept for the backward; NULL with zr_recompute layer, where only rmax and rsum
  * [N] (each row's maximum logit and sum of e^(logit - max)) are kept and the backward recomputes
  * each chunk's logits. chunk [rows_cap, V]: scratch, a chunk's logits and dlogits. */
@@ -155,8 +156,6 @@ typedef struct {
 } zr__grad_src;
 uint64_t zr__grad_piece_rows(const zr_model_hooks *h, size_t g, size_t C);
 int zr__grad_pieces(const zr_model_hooks *h, size_t g, const zr__grad_src *s);
-/* the head's chunk rows for N positions of vocabulary V (at most 64 MiB, at least 1 row) */
-size_t zr__dlogits_rows(size_t N, size_t V);
 
 /* Sums in a fixed order: eight partial sums over i mod 8, combined pairwise, then the tail
  * (the result does not depend on the vector width the compiler picks). */
