@@ -9,7 +9,8 @@
 #   reshard      zckpt reshard of the save to --world 4; vs cp -r + sync (time), and fio write
 #   verify       zckpt verify --jobs 2; vs two openssl dgst -sha256 in parallel over the shards
 #   load         a zrun resume that has nothing left to do: "resumed from ... (X s)", the read +
-#                hash + place of every rank; vs min(fio read, 2-process openssl) on its bytes
+#                hash + place of every rank; vs min(fio read, SHA-256 on as many cores (openssl
+#                speed -multi, compute only)) on its bytes
 #   consolidate  zckpt consolidate -> safetensors + sync; vs cat of the shards + sync (time)
 # fio: libaio, O_DIRECT, 1 MiB, QD 16, --refill_buffers (fresh random data: the virtual disk
 # writes zero pages about 3x faster), --end_fsync=1, one job per file of the operation. Also,
@@ -102,11 +103,11 @@ fs=$(df -PT "$s" | awk 'NR == 2 {print $1 " (" $2 ")"}')
 say "scratch $s on $fs; $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg); model $MODEL; $ROUNDS rounds"
 
 # ---- the save: one zrun run, ROUNDS + 1 steps, a synchronous save after every step (the
-# last step's is outside the JSON log's save_blocked_ms); keeps every checkpoint (--keep-last
-# 0 would prune nothing either way: the bench removes them itself)
+# last step's is outside the JSON log's save_blocked_ms); --keep-last 0 keeps every checkpoint,
+# so that no save also deletes an older one (the scratch directory goes at the end)
 say "zrun --model $MODEL --nproc 2 --async-save off, $((ROUNDS + 1)) steps, a save after each"
 "$ZRUN" --model "$MODEL" --nproc 2 --zero 3 --threads 1 --batch 4 --seq 64 \
-    --steps $((ROUNDS + 1)) --warmup 1 --save-every 1 --async-save off --keep-last 2 \
+    --steps $((ROUNDS + 1)) --warmup 1 --save-every 1 --async-save off --keep-last 0 \
     --ckpt-dir "$s/run" --log-json "$s/run.jsonl" >"$s/zrun.log" 2>&1 ||
     { cat "$s/zrun.log" >&2; fail "zrun failed"; }
 ck=$(readlink -f "$s/run/latest")
@@ -151,8 +152,11 @@ for ((r = 1; r <= ROUNDS; r++)); do
     fio_run reshard_lim "$r" write "$save_bytes" 4
     rm -f "$s"/fio/*
 
-    # verify against 2 openssl processes over the same shards
+    # verify against 2 openssl processes over the same shards, and SHA-256 compute alone on as
+    # many processes as cores (4 MiB blocks)
     c=$(cold); ossl2 verify_lim "$r" "$ck"/shard-*.bin
+    openssl speed -seconds 1 -bytes 4194304 -multi "$(nproc)" -evp sha256 2>/dev/null |
+        awk -v r="$r" '$1 == "sha256" {sub(/k$/, "", $2); print "sha_lim", r, 1, $2 * 1000}' >>"$T"
     c=$(cold); timed verify "$r" "$save_bytes" "$ZCKPT" verify "$ck" --jobs 2
 
     # load at resume: a zrun resume with nothing left to do; its limit: min(fio read, hashing)
@@ -201,7 +205,7 @@ def per_round(op, lim, kind):
 def load_ratio():
     out = []
     for r, (t, b, _) in rows.get("load", {}).items():
-        rd, hs = rows.get("read_lim", {}).get(r), rows.get("verify_lim", {}).get(r)
+        rd, hs = rows.get("read_lim", {}).get(r), rows.get("sha_lim", {}).get(r)
         if not rd or not hs or t <= 0:
             continue
         limit = min(rd[1] / rd[0], hs[1] / hs[0])
@@ -217,7 +221,8 @@ table = [
     ("zckpt reshard --world 4 (time)", per_round("reshard", "cp", "time"), "cp -r + sync", "time", "<= 1.0"),
     ("zckpt reshard --world 4 (rate)", per_round("reshard", "reshard_lim", "rate"), "fio write", "rate", ">= 0.85"),
     ("zckpt verify --jobs 2", per_round("verify", "verify_lim", "rate"), "2 x openssl dgst", "rate", ">= 0.9"),
-    ("load at resume (read + hash + place)", load_ratio(), "min(fio read, 2 x openssl)", "rate", ">= 0.8"),
+    ("zckpt verify --jobs 2 (info)", per_round("verify", "sha_lim", "rate"), "openssl speed (compute)", "rate", None),
+    ("load at resume (read + hash + place)", load_ratio(), "min(fio read, openssl speed)", "rate", ">= 0.8"),
     ("zckpt consolidate + sync (time)", per_round("consolidate", "cat", "time"), "cat + sync", "time", "<= 1.1"),
     ("torch.save, 2 files (info)", per_round("torch_save", "save_lim", "rate"), "fio write", "rate", None),
     ("DCP save, 1 process (info)", per_round("dcp_save", "save_lim", "rate"), "fio write", "rate", None),
@@ -238,7 +243,7 @@ def gbps(op):
     return fmt(v)
 print("GB/s, median (min-max):")
 for op in ("save", "save_lim", "import", "import_lim", "reshard", "reshard_lim", "cp", "verify",
-           "verify_lim", "load", "read_lim", "consolidate", "cat", "torch_save", "dcp_save"):
+           "verify_lim", "sha_lim", "load", "read_lim", "consolidate", "cat", "torch_save", "dcp_save"):
     if op in rows:
         print("  %-12s %s" % (op, gbps(op)))
 rss = {op: max(x[2] for x in rows[op].values()) for op in ("import", "reshard", "verify", "consolidate") if op in rows}
