@@ -3,7 +3,7 @@
 #   make run        train the tiny GPT (README)     make bench    benchmarks (not part of make test)
 #   make asan       tests under ASan + UBSan        make fuzz     libFuzzer on every parser
 #   make tsan       the threaded tests under ThreadSanitizer (objects in build-tsan/)
-#   make deps       install missing system packages (apt-get on Debian)
+#   make deps       install missing system packages (apt-get on Debian); bench-deps: the bench tools
 #   make test-deps  install the packages only the tests use (Chromium), best effort
 #   make arch       redraw the include graph in docs/ARCHITECTURE.md, then check the architecture:
 #                   forbidden includes (tests/arch/deps.py), circles between objects (cycles.sh),
@@ -53,7 +53,7 @@ DEPS_CHECK = \
   printf '\#include <libaio.h>\nint main(void){io_context_t c=0;return io_setup(1,&c);}\n' | \
     $(CC) -x c - -laio -o /dev/null >/dev/null 2>&1 || missing="$$missing libaio-dev";
 
-.PHONY: all deps test-deps test asan tsan tsan-run stress bench run fuzz clean arch oracle-venv
+.PHONY: all deps test-deps test asan tsan tsan-run stress bench bench-deps run fuzz clean arch oracle-venv
 all: $(BUILD)/libzck.a $(BUILD)/libzfmt.a $(BUILD)/libzr.a $(BUILD)/zckpt $(BUILD)/zrun \
      $(BUILD)/zgen $(BUILD)/ztok
 
@@ -370,7 +370,8 @@ TSAN_TESTS ?= engine_sumsq_and_adamw_threads model_threads_agree_on_random_shape
   zero_stages_agree_across_worlds restart_sigkill_during_async_saves_keeps_latest_sound \
   roundtrip_many_worlds reshard_roundtrip_is_byte_identical corrupt_several_problems_all_reported \
   formats_safetensors_export comm_every_op_every_world_exact_bits comm_tcp_every_op_exact_bits \
-  dev_engine_stages_match_cpu recompute_model_gradients_bit_equal_at_1_to_3_threads
+  dev_engine_stages_match_cpu recompute_model_gradients_bit_equal_at_1_to_3_threads \
+  formats_import_parallel_ranks_same_bytes
 tsan:
 	$(MAKE) TSAN=1 tsan-run
 tsan-run: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/libzr_hostsim.so
@@ -435,6 +436,27 @@ $(BUILD)/swap_bench: $(BUILD)/tests/bench/swap_bench.o $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 bench: $(BUILD)/swap_bench
 
+# the benchmarks' tools (fio; openssl and GNU time, also used by the scripts), installed when
+# missing as `deps` installs the build's
+BENCH_DEPS_CHECK = \
+  command -v fio >/dev/null 2>&1 || missing="$$missing fio"; \
+  command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
+  [ -x /usr/bin/time ] || missing="$$missing time";
+bench-deps:
+	@missing=""; $(BENCH_DEPS_CHECK) \
+	if [ -n "$$missing" ]; then \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	    echo "[bench-deps] installing:$$missing"; \
+	    $$sudo apt-get update -q >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q $$missing >/dev/null || \
+	      { echo "[bench-deps] error: apt-get install$$missing failed" >&2; exit 1; }; \
+	  else \
+	    echo "[bench-deps] error: missing benchmark tools; install the packages:$$missing" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+
 # the shm communicator at world 2 against memcpy (256 MiB); zero_bench.sh runs it
 $(BUILD)/comm_bench: $(BUILD)/tests/bench/comm_bench.o $(BUILD)/libzr.a $(BUILD)/libzck.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
@@ -445,13 +467,14 @@ $(BUILD)/comm_world_bench: $(BUILD)/tests/bench/comm_world_bench.o $(BUILD)/libz
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 bench: $(BUILD)/comm_world_bench $(BUILD)/libzr_mpi.so
 
-bench: $(BUILD)/bench_ckpt $(BUILD)/mkckpt $(BUILD)/zckpt
+bench: bench-deps $(BUILD)/bench_ckpt $(BUILD)/mkckpt $(BUILD)/zckpt $(BUILD)/zrun
 	BENCH_BIN=$(BUILD)/bench_ckpt tests/bench/run.sh
 	ZCKPT=$(BUILD)/zckpt MKCKPT=$(BUILD)/mkckpt tests/bench/zckpt_bench.sh
 	tests/bench/train_bench.sh
 	tests/bench/zero_bench.sh
 	tests/bench/offload_bench.sh
 	tests/bench/save_bench.sh
+	ZCKPT=$(BUILD)/zckpt ZRUN=$(BUILD)/zrun tests/bench/ckpt_io.sh
 	ZRUN=$(BUILD)/zrun tests/bench/tcp_bench.sh
 	BENCH=$(BUILD)/comm_world_bench ZRUN=$(BUILD)/zrun tests/bench/mpi_bench.sh
 

@@ -1,9 +1,11 @@
 /*
- * reshard.c: rewrite a checkpoint for another world size. The source is verified first (every
- * shard hashed, in parallel); then each new rank's shard is written in layout order, one extent
- * per (group, state), read from the source's logical ranges chunk by chunk. Threads write
- * different new ranks; each owns one data buffer for the whole run, so memory is bounded by the
- * buffer size whatever the checkpoint size. The result is committed like any save.
+ * reshard.c: rewrite a checkpoint for another world size. The source is verified (every shard
+ * hashed) on a thread of its own while each new rank's shard is written in layout order, one
+ * extent per (group, state), read from the source's logical ranges chunk by chunk; nothing is
+ * committed unless the verification passes, and its error wins over the writers' (a corrupt
+ * source is named as such). Threads write different new ranks; each owns one data buffer for
+ * the whole run, so memory is bounded by the buffer size whatever the checkpoint size. The
+ * result is committed like any save.
  */
 #include "zck_int.h"
 
@@ -22,7 +24,8 @@ typedef struct {
     const char *staging;
     uint32_t world;
     size_t chunk_bytes;     /* per thread */
-    zck_io_opts io;
+    zck_io_opts io;         /* source reads */
+    zck_io_opts wio;        /* the new shards' writes */
     zck_shard **shards;
     atomic_uint next_rank;
     atomic_ullong done_bytes;
@@ -34,7 +37,7 @@ static int write_rank(job *j, uint32_t rank, unsigned char *buf)
 {
     zck_writer *w = NULL;
     int rc = 0;
-    ZR_TRY_GOTO(zck_writer_open(&w, j->staging, j->L, j->world, rank, &j->io), rc, out);
+    ZR_TRY_GOTO(zck_writer_open(&w, j->staging, j->L, j->world, rank, &j->wio), rc, out);
     for (size_t g = 0; g < zck_layout_n_groups(j->L); g++)
         for (size_t s = 0; s < zck_layout_n_states(j->L); s++) {
             uint64_t a, n;
@@ -99,6 +102,39 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* The source's verification, on its own thread. */
+typedef struct {
+    pthread_t th;
+    int running;
+    const char *path;
+    zck__first_error *stop; /* the writers' error slot: a failure stops them early */
+    int rc;
+    char msg[1024];
+} src_check;
+
+static void *check_main(void *arg)
+{
+    src_check *c = arg;
+    /* one hash thread: the writers have the other cores; buffered, so that the source read
+     * once from the disk serves both */
+    c->rc = zck__verify_or_fail(c->path, 1, NULL);
+    if (c->rc) {
+        snprintf(c->msg, sizeof c->msg, "%s", zr_err_msg());
+        zck__first_error_record(c->stop, c->rc);
+    }
+    return NULL;
+}
+
+/* Wait for the verification: its failure replaces rc (and the message), else rc stays. */
+static int check_settle(src_check *c, int rc)
+{
+    if (!c->running)
+        return rc;
+    pthread_join(c->th, NULL);
+    c->running = 0;
+    return c->rc ? zr_err_set(c->rc, "%s", c->msg) : rc;
+}
+
 int zck_reshard(char **out, const char *src, const char *out_run_dir, uint32_t world,
                 const zck_reshard_opts *opts)
 {
@@ -122,9 +158,16 @@ int zck_reshard(char **out, const char *src, const char *out_run_dir, uint32_t w
     memset(&j, 0, sizeof j);
     zck__first_error_init(&j.err);
     int rc = 0;
+    src_check chk = {.path = zck_reader_path(r), .stop = &j.err};
     ZR_TRY_GOTO(zck_run_lock(&lk, out_run_dir, "reshard"), rc, out);
-    if (opts->verify_source)
-        ZR_TRY_GOTO(zck__verify_or_fail(src, jobs, &opts->progress), rc, out);
+    if (opts->verify_source) {
+        /* the directory the reader resolved: a `latest` that moves in between cannot make us
+         * verify one checkpoint and reshard another */
+        if (!pthread_create(&chk.th, NULL, check_main, &chk))
+            chk.running = 1;
+        else /* no thread: verify first, as one pass */
+            ZR_TRY_GOTO(zck__verify_or_fail(chk.path, jobs, &opts->progress), rc, out);
+    }
 
     uint64_t nonce = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)&j;
     ZR_TRY_GOTO(zck_staging_create(&staging, out_run_dir, zck_reader_step(r), nonce), rc, out);
@@ -137,9 +180,11 @@ int zck_reshard(char **out, const char *src, const char *out_run_dir, uint32_t w
     zck_io_opts io = ZCK_IO_OPTS_INIT;
     io.buf_bytes = (size_t)1 << 20;
     io.queue_depth = 4;
-    io.io = ZCK_IO_BUFFERED; /* source reads come from the page cache verification filled;
-                                the new shards' writes are buffered too, fsynced at finish */
+    io.io = ZCK_IO_BUFFERED; /* source reads share the page cache with the verification */
     j.io = io;
+    /* the new shards as a save writes them: O_DIRECT where the filesystem allows it, 4 MiB
+     * buffers, 4 in flight (no page-cache copy, and the fsync at finish has little left) */
+    j.wio = (zck_io_opts)ZCK_IO_OPTS_INIT;
     if (!(j.shards = calloc(world, sizeof *j.shards))) {
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
         goto out;
@@ -171,7 +216,7 @@ int zck_reshard(char **out, const char *src, const char *out_run_dir, uint32_t w
     }
     for (unsigned t = 0; t < started; t++)
         pthread_join(th[t], NULL);
-    ZR_TRY_GOTO(zck__first_error_result(&j.err), rc, out);
+    ZR_TRY_GOTO(check_settle(&chk, zck__first_error_result(&j.err)), rc, out);
     if (opts->progress.fn)
         opts->progress.fn(opts->progress.ctx, "reshard", total, total);
     zck_commit_opts co = ZCK_COMMIT_OPTS_INIT;
@@ -185,6 +230,7 @@ int zck_reshard(char **out, const char *src, const char *out_run_dir, uint32_t w
         rc = zck_commit(out, out_run_dir, staging, j.L, j.shards, world, &co);
     zck__files_carry_free(&co);
 out:
+    rc = check_settle(&chk, rc);
     if (rc)
         zck_staging_remove(staging);
     if (j.shards)

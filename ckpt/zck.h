@@ -766,7 +766,8 @@ void zck_sha256_free(zck_sha256 *h);
 typedef struct {
     size_t buf_bytes;    /* working memory for data, all threads together (default 256 MiB) */
     unsigned jobs;       /* new shards written in parallel */
-    int verify_source;   /* hash every source shard before anything is written (default on) */
+    int verify_source;   /* hash every source shard, on a thread beside the writers; nothing
+                            is committed unless it passes (default on) */
     zck_progress progress;
 } zck_reshard_opts;
 #define ZCK_RESHARD_OPTS_INIT {.buf_bytes = (size_t)256 << 20, .jobs = 2, .verify_source = 1}

@@ -1387,9 +1387,10 @@ static const zcli_command commands[] = {
      "Exit 0 when sound, 1 when a problem is found, 2 on error.\n"},
     {"reshard", cmd_reshard, TABLE(reshard_opts),
      "Write the checkpoint again for N ranks into the new run directory OUT (same step).\n"
-     "The source is verified first; the output is hashed and committed atomically. Memory\n"
-     "stays within --buffer whatever the checkpoint size. OUT must not exist, unless --force,\n"
-     "which replaces it only once the new one is complete.\n"},
+     "The source is verified in full while the output is written, which is committed only\n"
+     "when that passes; the output is hashed and committed atomically. Memory stays within\n"
+     "--buffer whatever the checkpoint size. OUT must not exist, unless --force, which\n"
+     "replaces it only once the new one is complete.\n"},
     {"consolidate", cmd_consolidate, TABLE(consolidate_opts),
      "One file or one shard: --format safetensors writes every tensor (states other than\n"
      "param as <state>/<name>) into one safetensors file, optionally converted (--dtype) or\n"

@@ -13,8 +13,9 @@
  *     ignored (optimizer states start at zero).
  * Every tensor is checked (missing, duplicated, unexpected, wrong shape) before anything is
  * written. Then each rank's shard is written through the ckpt writer (param from the source,
- * zeros for exp_avg and exp_avg_sq) and the whole is committed with `latest`. At most one source
- * tensor is held in memory at a time.
+ * zeros for exp_avg and exp_avg_sq), two ranks at once on two threads (one after the other for
+ * DeepSpeed and DCP sources), and the whole is committed with `latest`. At most one source
+ * tensor per thread is held in memory at a time.
  */
 #include "fmtutil.h"
 #include "foreign.h"
@@ -24,6 +25,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1163,14 +1165,57 @@ static void remove_staging(const char *staging, zck_shard **sh, uint32_t world)
 
 #define ZERO_NUMEL ((size_t)1 << 16)
 
-/* Rank r's shard: its partition of every (group, state). */
-static int write_rank(zck_shard **out, source *s, const char *staging, uint32_t world,
-                      uint32_t r, const size_t *from, const float *zeros, zfmt__prog *pr)
+/* Ranks written at once: one thread each, each with its own view of the source (its own tensor
+ * in memory), so that two shards are hashed on two cores and both files are in flight. The
+ * safetensors and llm.c sources are read with pread only; DeepSpeed's and DCP's readers keep
+ * state, so their ranks are written one after the other. */
+#define IMPORT_JOBS 2
+#define CHUNK_NUMEL ((size_t)1 << 20)
+
+typedef struct {
+    source *s;
+    const char *staging;
+    uint32_t world;
+    const size_t *from;      /* per state of the layout: its source state (N_ST: zeros) */
+    const float *zeros;
+    zfmt__prog *pr;
+    zck_shard **sh;          /* per rank, set when its shard is finished */
+    pthread_mutex_t mu;      /* guards pr, next, rc and msg */
+    uint32_t next;           /* the next rank to write */
+    int rc;                  /* the first failure, its message in msg */
+    char msg[1024];
+} rank_jobs;
+
+/* Elements [lo, hi) of tensor i of a safetensors source, stored in our orientation: read and
+ * converted to f32 CHUNK_NUMEL at a time through chunk (CHUNK_NUMEL f32, then as many raw
+ * values), so that no thread holds a whole tensor (an embedding can be hundreds of MiB). */
+static int write_st_range(zck_writer *w, const source *s, size_t i, uint64_t lo, uint64_t hi,
+                          float *chunk)
+{
+    const zfmt__st_file *f = s->st[s->map_file[i]];
+    const zfmt__st_entry *e = s->map[i];
+    size_t dsz = zck_dtype_size(e->dtype);
+    void *raw = e->dtype == ZCK_F32 ? (void *)chunk : (void *)(chunk + CHUNK_NUMEL);
+    for (uint64_t at = lo; at < hi;) {
+        size_t k = hi - at < CHUNK_NUMEL ? (size_t)(hi - at) : CHUNK_NUMEL;
+        ZR_TRY(zfmt__pread_full(f->fd, raw, k * dsz, f->data_off + e->begin + at * dsz,
+                                f->path));
+        ZR_TRY(to_f32(chunk, raw, e->dtype, k));
+        ZR_TRY(zck_writer_write(w, chunk, k * 4));
+        at += k;
+    }
+    return 0;
+}
+
+/* Rank r's shard: its partition of every (group, state), reading through the view s (and
+ * chunk, when not NULL, for safetensors tensors in our orientation). */
+static int write_rank(rank_jobs *j, source *s, uint32_t r, float *chunk)
 {
     const zck_layout *L = s->L;
+    uint32_t world = j->world;
     zck_writer *w = NULL;
     int rc = 0;
-    ZR_TRY_GOTO(zck_writer_open(&w, staging, L, world, r, NULL), rc, out);
+    ZR_TRY_GOTO(zck_writer_open(&w, j->staging, L, world, r, NULL), rc, out);
     size_t first = 0; /* flat index of the group's first tensor */
     for (size_t g = 0; g < zck_layout_n_groups(L); first += zck_layout_group_n_tensors(L, g),
                 g++) {
@@ -1181,10 +1226,10 @@ static int write_rank(zck_shard **out, source *s, const char *staging, uint32_t 
             continue;
         for (size_t st = 0; st < zck_layout_n_states(L); st++) {
             ZR_TRY_GOTO(zck_writer_begin(w, g, st, a, n), rc, out);
-            if (from[st] == N_ST) { /* a state the source does not hold: zeros */
+            if (j->from[st] == N_ST) { /* a state the source does not hold: zeros */
                 for (uint64_t done = 0; done < n;) {
                     size_t k = n - done < ZERO_NUMEL ? (size_t)(n - done) : ZERO_NUMEL;
-                    ZR_TRY_GOTO(zck_writer_write(w, zeros, k * 4), rc, out);
+                    ZR_TRY_GOTO(zck_writer_write(w, j->zeros, k * 4), rc, out);
                     done += k;
                 }
                 continue;
@@ -1195,19 +1240,75 @@ static int write_rank(zck_shard **out, source *s, const char *staging, uint32_t 
                 uint64_t hi = a + n < ti->offset + ti->numel ? a + n : ti->offset + ti->numel;
                 if (lo >= hi)
                     continue;
-                ZR_TRY_GOTO(source_load(s, first + t, from[st]), rc, out);
-                ZR_TRY_GOTO(zck_writer_write(w, s->buf + (lo - ti->offset), (hi - lo) * 4), rc,
-                            out);
-                zfmt__prog_add(pr, (hi - lo) * 4);
+                if (chunk && (s->kind == SRC_OURS || s->kind == SRC_HF) && !s->tr[first + t]) {
+                    ZR_TRY_GOTO(write_st_range(w, s, first + t, lo - ti->offset,
+                                               hi - ti->offset, chunk), rc, out);
+                } else {
+                    ZR_TRY_GOTO(source_load(s, first + t, j->from[st]), rc, out);
+                    ZR_TRY_GOTO(zck_writer_write(w, s->buf + (lo - ti->offset), (hi - lo) * 4),
+                                rc, out);
+                }
+                pthread_mutex_lock(&j->mu);
+                zfmt__prog_add(j->pr, (hi - lo) * 4);
+                pthread_mutex_unlock(&j->mu);
             }
         }
     }
-    ZR_TRY_GOTO(zck_writer_finish(w, out), rc, out);
+    ZR_TRY_GOTO(zck_writer_finish(w, &j->sh[r]), rc, out);
 out:
     zck_writer_free(w);
     if (rc)
         zr_err_prefix("rank %u: ", r);
     return rc;
+}
+
+/* Take ranks until none is left or one failed. */
+static void *rank_worker(void *arg)
+{
+    rank_jobs *j = arg;
+    source v = *j->s; /* the shared source, with a tensor cache of its own */
+    v.buf = NULL;
+    /* f32 values, then raw ones of up to 8 bytes (f64); without it, whole tensors as before */
+    float *chunk = v.kind == SRC_OURS || v.kind == SRC_HF ? malloc(CHUNK_NUMEL * 12) : NULL;
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        uint32_t r = j->next++;
+        int stop = j->rc || r >= j->world;
+        pthread_mutex_unlock(&j->mu);
+        if (stop)
+            break;
+        int rc = write_rank(j, &v, r, chunk);
+        if (rc) {
+            pthread_mutex_lock(&j->mu);
+            if (!j->rc) {
+                j->rc = rc;
+                snprintf(j->msg, sizeof j->msg, "%s", zr_err_msg());
+            }
+            pthread_mutex_unlock(&j->mu);
+        }
+    }
+    free(v.buf);
+    free(chunk);
+    return NULL;
+}
+
+/* Every rank's shard into staging, IMPORT_JOBS at once where the source allows it. */
+static int write_ranks(rank_jobs *j)
+{
+    unsigned jobs = j->s->kind == SRC_DS || j->s->kind == SRC_DCP ? 1 : IMPORT_JOBS;
+    if (jobs > j->world)
+        jobs = j->world;
+    pthread_t th[IMPORT_JOBS];
+    unsigned started = 0;
+    pthread_mutex_init(&j->mu, NULL);
+    for (; started + 1 < jobs; started++)
+        if (pthread_create(&th[started], NULL, rank_worker, j))
+            break; /* fewer threads: the calling thread writes the rest */
+    rank_worker(j);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&j->mu);
+    return j->rc ? zr_err_set(j->rc, "%s", j->msg) : 0;
 }
 
 int zfmt_import(const char *src, const char *out_run_dir, const zfmt_import_opts *o)
@@ -1287,8 +1388,9 @@ int zfmt_import(const char *src, const char *out_run_dir, const zfmt_import_opts
     uint64_t nonce = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_sec ^
                      ((uint64_t)ts.tv_nsec << 20);
     ZR_TRY_GOTO(zck_staging_create(&staging, out_run_dir, (uint64_t)s.step, nonce), rc, out);
-    for (uint32_t r = 0; r < o->world; r++)
-        ZR_TRY_GOTO(write_rank(&sh[r], &s, staging, o->world, r, from, zeros, &pr), rc, out);
+    rank_jobs jobs = {.s = &s, .staging = staging, .world = o->world, .from = from,
+                      .zeros = zeros, .pr = &pr, .sh = sh};
+    ZR_TRY_GOTO(write_ranks(&jobs), rc, out);
     zck_commit_opts co = ZCK_COMMIT_OPTS_INIT;
     co.step = (uint64_t)s.step;
     co.world = o->world;

@@ -908,6 +908,34 @@ static int fail_op(zck_op op, const char *path, void *ctx)
     return op == *want && (op != ZCK_OP_WRITE || strstr(path, "shard-00001")) ? EIO : 0;
 }
 
+/* Import writes two ranks at once on two threads and reads safetensors tensors in chunks of 1M
+ * elements: its world-4 shards are the bytes a reshard of its world-1 import writes (the
+ * reshard's own writer path), with wte (1.28M elements) read in two chunks and split between
+ * ranks. */
+ZT_TEST(formats_import_parallel_ranks_same_bytes)
+{
+    static const zfmt_gpt2_config big = {1, 2, 64, 16, 20000};
+    hf_opts o = {0};
+    make_hf("hf", &big, &o);
+    zfmt_import_opts io = ZFMT_IMPORT_OPTS_INIT;
+    io.world = 1;
+    ZT_OK(zfmt_import("hf", "r1", &io));
+    io.world = 4;
+    ZT_OK(zfmt_import("hf", "r4", &io));
+    check_imported("r4", &big, 4, "hf");
+    zck_reshard_opts ro = ZCK_RESHARD_OPTS_INIT;
+    char *rs;
+    ZT_OK(zck_reshard(&rs, "r1", "rs", 4, &ro));
+    for (uint32_t r = 0; r < 4; r++) {
+        char a[256], b[256];
+        snprintf(a, sizeof a, "r4/step-00000000/shard-%05u-of-00004.bin", r);
+        snprintf(b, sizeof b, "%s/shard-%05u-of-00004.bin", rs, r);
+        if (!zt_same_file(a, b))
+            ZT_FAIL("%s differs from %s", a, b);
+    }
+    free(rs);
+}
+
 ZT_TEST(formats_import_failure_leaves_nothing)
 {
     hf_opts o = {0};
