@@ -45,6 +45,13 @@ from their own converters, and damaged copies of them.
       OUTDIR/ref/model.safetensors comes from format_utils.dcp_to_torch_save (loaded back and
       re-saved as safetensors, float32), ref/optim.safetensors (--optim) from the same
       conversion, ref/info.json and OUTDIR/config.json as for ds.
+  foreign_ckpt.py universal SRC DST
+      DeepSpeed's universal checkpoint of the ZeRO checkpoint SRC (made by ds above): its
+      ds_to_universal.py (--inject_missing_state: the engine writes no universal_checkpoint_info
+      for a model without tensor parallelism, and the converter refuses such a checkpoint
+      without it; one worker each) converts SRC/<tag> into DST/<tag>_universal, and writes
+      DST/latest_universal; SRC's config.json and ref/ (zero_to_fp32's weights, the engine's
+      gathered moments: what the universal checkpoint must hold too) are copied into DST.
   foreign_ckpt.py damage KIND SRC DST
       copy the checkpoint directory SRC to DST (which must not exist) and damage the copy. KIND:
       missing-rank-file (DeepSpeed: remove the last rank's *_optim_states.pt), truncated-zip
@@ -339,6 +346,31 @@ def cmd_ds(a):
     say("%s: deepspeed %s stage %d %s world %d, %s, %d tensors, next_loss %.6f (%.1f s)"
           % (a.outdir, a.model, a.stage, a.dtype, a.world, tag, len(model), info["next_loss"],
              time.time() - t0))
+    return 0
+
+
+def cmd_universal(src, dst):
+    need("deepspeed")
+    import subprocess
+    t0 = time.time()
+    src, dst = os.path.abspath(src), os.path.abspath(dst)
+    fresh_dir(dst)
+    tag = open(os.path.join(src, "latest")).read().strip()
+    out = os.path.join(dst, tag + "_universal")
+    env = dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
+    r = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                        "--input_folder", os.path.join(src, tag), "--output_folder", out,
+                        "--inject_missing_state", "--num_extract_workers", "1",
+                        "--num_merge_workers", "1"], stdout=sys.stderr, stderr=sys.stderr,
+                       env=env)
+    if r.returncode != 0:
+        raise SystemExit("foreign_ckpt.py: ds_to_universal of %s exited %d" % (src, r.returncode))
+    shutil.copy(os.path.join(src, "config.json"), dst)
+    if os.path.isdir(os.path.join(src, "ref")):
+        shutil.copytree(os.path.join(src, "ref"), os.path.join(dst, "ref"))
+    params = sorted(os.listdir(os.path.join(out, "zero")))
+    say("%s: universal checkpoint of %s (%s_universal, %d entries in zero/, %.1f s)"
+        % (dst, src, tag, len(params), time.time() - t0))
     return 0
 
 
@@ -820,6 +852,8 @@ def run():
         return cmd_damage(*sys.argv[2:])
     if len(sys.argv) == 3 and sys.argv[1] == "inspect":
         return cmd_inspect(sys.argv[2])
+    if len(sys.argv) == 4 and sys.argv[1] == "universal":
+        return cmd_universal(sys.argv[2], sys.argv[3])
     if len(sys.argv) == 3 and sys.argv[1] == "rebuild":
         return cmd_rebuild(sys.argv[2])
     ap = argparse.ArgumentParser(usage=__doc__)
