@@ -166,18 +166,31 @@ static int check_param(zfmt__dsu *u, size_t i, zck_report *rep, int crc, uint64_
     int absent = stat(path, &st) < 0 || !S_ISDIR(st.st_mode);
     free(path);
     if (absent)
-        return zck_report_add(rep, ZCK_PROB_MISSING, rel, "parameter folder absent (the model "
-                              "states list '%s')", p->name) ? -1 : 1;
+        return zck_report_add(rep, ZCK_PROB_MISSING, rel, "the folder of parameter '%s', which the "
+                              "model states list", p->name) ? -1 : 1;
     int any = 0;
     for (int s = 0; s < ST_N + (u->stage < 3); s++) {
         zfmt__zip *z = NULL;
         zfmt__pickle *pk = NULL;
         const zfmt__pv *t;
         int rc;
+        rel_name(rel, sizeof rel, p->name, s < ST_N ? state_file[s] : "step.pt");
+        if (!(path = zck_path_join(u->dir, rel)))
+            return zr_err_set(ZR_ENOMEM, "out of memory");
+        absent = stat(path, &st) < 0 && errno == ENOENT;
+        free(path);
+        if (absent) {
+            static const char *const what[] = {"fp32 master weights", "first moment (exp_avg)",
+                                               "second moment (exp_avg_sq)", "optimizer step"};
+            if (zck_report_add(rep, ZCK_PROB_MISSING, rel, "the %s of '%s'", what[s],
+                               p->name))
+                return -1;
+            any = 1;
+            continue;
+        }
         if (s < ST_N) {
             rc = load_state(u, i, s, &z, &pk, &t, rep);
         } else { /* step.pt: the optimizer's step, an int or a 0-d tensor */
-            rel_name(rel, sizeof rel, p->name, "step.pt");
             int64_t v;
             rc = zfmt__ds_load(&z, &pk, u->dir, rel, rep);
             if (!rc && zfmt__ds_step_value(z, rel, zfmt__pickle_root(pk), &v) < 0)
@@ -191,10 +204,8 @@ static int check_param(zfmt__dsu *u, size_t i, zck_report *rep, int crc, uint64_
                 u->has_step = 1;
             }
         }
-        if (!rc && crc) {
-            rel_name(rel, sizeof rel, p->name, s < ST_N ? state_file[s] : "step.pt");
+        if (!rc && crc)
             rc = zfmt__ds_crc_all(z, rel, rep, hashed);
-        }
         zfmt__pickle_free(pk);
         zfmt__zip_free(z);
         if (rc < 0)

@@ -30,8 +30,8 @@ int zfmt__ds_files_in(const char *dir)
     int found = 0;
     while (!found && (e = readdir(d))) {
         size_t n = strlen(e->d_name);
-        found = (n > 19 && !strcmp(e->d_name + n - 19, "_model_states.pt")) ||
-                (n > 19 && !strcmp(e->d_name + n - 19, "_optim_states.pt"));
+        found = n > 16 && (!strcmp(e->d_name + n - 16, "_model_states.pt") ||
+                           !strcmp(e->d_name + n - 16, "_optim_states.pt"));
     }
     closedir(d);
     return found;
