@@ -361,9 +361,10 @@ static json_t *ds_describe(const zfmt__ds *d, const char *path)
                                             (json_int_t)p[i].numel, "group",
                                             (json_int_t)p[i].group));
     }
+    zfmt_foreign_kind k = zfmt__ds_universal(d) ? ZFMT_FOREIGN_DS_UNIVERSAL
+                                                : ZFMT_FOREIGN_DEEPSPEED;
     return json_pack("{s:s, s:s, s:s, s:i, s:I, s:b, s:I, s:I, s:I, s:o}", "path", path, "format",
-                     zfmt_foreign_name(zfmt__ds_universal(d) ? ZFMT_FOREIGN_DS_UNIVERSAL
-                                                             : ZFMT_FOREIGN_DEEPSPEED), "tag", zfmt__ds_tag(d), "stage", zfmt__ds_stage(d),
+                     zfmt_foreign_name(k), "tag", zfmt__ds_tag(d), "stage", zfmt__ds_stage(d),
                      "world", (json_int_t)zfmt__ds_world(d), "bf16", zfmt__ds_bf16(d), "step",
                      (json_int_t)zfmt__ds_step(d), "parameters", (json_int_t)np, "numel",
                      (json_int_t)numel, "tensors", ps);

@@ -593,7 +593,8 @@ static double logged_loss(const char *run, int step)
 /* zrun continues the run imp-<dir> (imported from dir, made with --next-token 5 after 2
  * steps) on the batch the source framework continued on: the loss of its first step (the
  * weights) and of its second (AdamW's update from the imported moments and step) are the
- * source framework's (dir/ref/info.json) within 1e-5. how: zrun's parallel options. */
+ * source framework's (dir/ref/info.json) within 1e-5. how: zrun's parallel options and its
+ * --batch (every sample the same: the batch size changes no loss). */
 static void run_continues(const char *dir, const char *how)
 {
     /* a corpus of token 5: every sample is the batch the source continued on; sequences of 7
@@ -608,7 +609,7 @@ static void run_continues(const char *dir, const char *how)
     fclose(f);
     char run[64], info[64];
     snprintf(run, sizeof run, "imp-%s", dir);
-    zt_zrunf_ok("zrun.log", "--resume %s --ckpt-dir %s %s--data five.bin --seq 7 --batch 2 "
+    zt_zrunf_ok("zrun.log", "--resume %s --ckpt-dir %s %s--data five.bin --seq 7 "
                 "--steps 4 --lr 1e-2 --warmup 0 --min-lr-ratio 1 --weight-decay 0 "
                 "--grad-clip 0", run, run, how);
     snprintf(info, sizeof info, "%s/ref/info.json", dir);
@@ -634,7 +635,7 @@ ZT_TEST(foreign_import_continues_the_run)
     foreign_ckpt("ds ds --model gpt2 --stage 2 --dtype fp32 --next-token 5 --weight-decay 0");
     foreign_ckpt("dcp dcp --model llama --optim --next-token 5 --weight-decay 0");
     const char *dirs[] = {"ds", "dcp"}, *models[] = {"gpt2", "llama"};
-    const char *how[] = {"", "--nproc 2 --zero 3 "};
+    const char *how[] = {"--batch 2 ", "--nproc 2 --zero 3 --batch 2 "};
     for (size_t i = 0; i < 2; i++) {
         import_equals_ref(dirs[i], models[i], 2, 1);
         run_continues(dirs[i], how[i]);
@@ -657,16 +658,6 @@ ZT_TEST(foreign_import_continues_the_run)
              strstr(out, "zckpt verify lists them"));
     free(out);
     ZT_CHECK(access("r2", F_OK) < 0 && access("r3", F_OK) < 0);
-}
-
-/* the consolidation of imported run imp-<dir> into imp-<dir>.safetensors */
-static void consolidate_run(const char *dir)
-{
-    char *out;
-    if (zt_zckpt(&out, "consolidate imp-%s -o imp-%s.safetensors --format safetensors", dir,
-                 dir) != 0)
-        ZT_FAIL("consolidate imp-%s: %s", dir, out);
-    free(out);
 }
 
 /* the two files are equal byte for byte */
@@ -706,18 +697,16 @@ ZT_TEST(foreign_deepspeed_universal_stage2)
         ZT_FAIL("consolidate u: %s", out);
     free(out);
     same_tensors("ds/ref/model.safetensors", "u.safetensors", "");
-    /* the import: the source's gather, DeepSpeed's load_universal at 3 ranks, and the import of
-     * the ZeRO checkpoint itself, all bit for bit */
+    /* the import (consolidated into imp-<dir>.safetensors): the source's gather, DeepSpeed's
+     * load_universal at 3 ranks, and the import of the ZeRO checkpoint itself, bit for bit */
     import_equals_ref("u", "gpt2", 3, 1);
     import_equals_ref("ds", "gpt2", 3, 1);
-    consolidate_run("u");
-    consolidate_run("ds");
     size_t n = same_as_ref("u/ref/loaded.safetensors", "imp-u.safetensors", "gpt2", ".fp32", NULL);
     ZT_CHECK(n > 0);
     ZT_CHECK_EQ(same_as_ref("u/ref/loaded.safetensors", "imp-u.safetensors", "gpt2", ".exp_avg",
                             "exp_avg"), n);
     same_bytes("imp-u.safetensors", "imp-ds.safetensors");
-    run_continues("u", "--nproc 3 --zero 2 ");
+    run_continues("u", "--nproc 3 --zero 2 --batch 3 ");
     /* damage, each named */
     static const struct {
         const char *setup, *want;
@@ -753,7 +742,8 @@ ZT_TEST(foreign_deepspeed_universal_stage2)
                     out);
         free(out);
         rc = zt_zckpt(&out, "consolidate e -o e.safetensors");
-        if (rc != 2 || !strstr(out, "zckpt verify lists them") || access("e.safetensors", F_OK) == 0)
+        if (rc != 2 || !strstr(out, "zckpt verify lists them") ||
+            access("e.safetensors", F_OK) == 0)
             ZT_FAIL("%s: consolidate exit %d:\n%s", cases[i].setup, rc, out);
         free(out);
     }
@@ -774,7 +764,5 @@ ZT_TEST(foreign_deepspeed_universal_stage3)
     same_tensors("ds/ref/model.safetensors", "u.safetensors", "");
     import_equals_ref("u", "llama", 2, 1);
     import_equals_ref("ds", "llama", 2, 1);
-    consolidate_run("u");
-    consolidate_run("ds");
     same_bytes("imp-u.safetensors", "imp-ds.safetensors");
 }
