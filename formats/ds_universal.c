@@ -243,8 +243,13 @@ int zfmt__dsu_open(zfmt__dsu **out, const char *dir, const zfmt__ds_param *p, si
                          : pc;
         else
             zfmt__pv_int(pcv, &pc);
-        if (!zfmt__pv_int(zfmt__pv_get(root, "zero_stage"), &stage) || stage < 1 || stage > 3 ||
-            !u->groups || u->groups->kind != ZFMT__PK_LIST)
+        /* DeepSpeed's BF16_Optimizer writes no zero_stage; its partitions are stage 1's (and
+         * ds_to_universal.py takes a missing one as 1 too) */
+        if (!zfmt__pv_get(root, "zero_stage") && pcv)
+            stage = 1;
+        else if (!zfmt__pv_int(zfmt__pv_get(root, "zero_stage"), &stage))
+            stage = 0;
+        if (stage < 1 || stage > 3 || !u->groups || u->groups->kind != ZFMT__PK_LIST)
             rc = zck_report_add(rep, ZCK_PROB_MANIFEST, of, "no zero_stage of 1 to 3 or no "
                                 "param_groups: not a universal checkpoint's optimizer state")
                      ? -1 : 1;
