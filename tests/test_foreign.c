@@ -749,20 +749,38 @@ ZT_TEST(foreign_deepspeed_universal_stage2)
     }
 }
 
-/* The same of a ZeRO-3 bf16 Llama of 3 ranks (its universal files: bare flat tensors, the step
- * in zero/optimizer_state.pt): consolidate equal to zero_to_fp32, the import equal to the
- * source's gather of weights and moments and to the import of the ZeRO checkpoint. */
-ZT_TEST(foreign_deepspeed_universal_stage3)
+/* Universal checkpoints of other variants: a ZeRO-3 bf16 Llama of 3 ranks (its files: bare flat
+ * tensors, the step in zero/optimizer_state.pt) and a bf16 GPT-2 under DeepSpeed's
+ * BF16_Optimizer (stage 1 with fp32 gradient accumulation: no zero_stage anywhere; the
+ * reference is the engine's gathered master weights, zero_to_fp32 refusing the source):
+ * consolidate equal to the reference, the import equal to the source's gather of weights and
+ * moments and to the import of the ZeRO checkpoint, bit for bit. */
+ZT_TEST(foreign_deepspeed_universal_variants)
 {
-    foreign_ckpt("ds ds --model llama --stage 3 --dtype bf16 --world 3");
-    foreign_ckpt("universal ds u");
-    verify_sound("u", "DeepSpeed universal");
-    char *out;
-    if (zt_zckpt(&out, "consolidate u -o u.safetensors") != 0)
-        ZT_FAIL("consolidate u: %s", out);
-    free(out);
-    same_tensors("ds/ref/model.safetensors", "u.safetensors", "");
-    import_equals_ref("u", "llama", 2, 1);
-    import_equals_ref("ds", "llama", 2, 1);
-    same_bytes("imp-u.safetensors", "imp-ds.safetensors");
+    static const char *const all[] = {"llama 3 bf16 3 same", "gpt2 1 bf16 2 fp32"};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+        char model[16], dtype[8], accum[8], args[256], dir[32], u[40], st[64], ref[64], a[64],
+            b[64], *out;
+        int stage, world;
+        ZT_CHECK(sscanf(all[i], "%15s %d %7s %d %7s", model, &stage, dtype, &world, accum) == 5);
+        snprintf(dir, sizeof dir, "ds%zu", i);
+        snprintf(u, sizeof u, "u%zu", i);
+        snprintf(args, sizeof args, "ds %s --model %s --stage %d --dtype %s --world %d "
+                 "--grad-accum %s", dir, model, stage, dtype, world, accum);
+        foreign_ckpt(args);
+        snprintf(args, sizeof args, "universal %s %s", dir, u);
+        foreign_ckpt(args);
+        verify_sound(u, "DeepSpeed universal");
+        snprintf(st, sizeof st, "%s.safetensors", u);
+        if (zt_zckpt(&out, "consolidate %s -o %s", u, st) != 0)
+            ZT_FAIL("consolidate %s: %s", u, out);
+        free(out);
+        snprintf(ref, sizeof ref, "%s/ref/model.safetensors", dir);
+        same_tensors(ref, st, "");
+        import_equals_ref(u, model, 2, 1);
+        import_equals_ref(dir, model, 2, 1);
+        snprintf(a, sizeof a, "imp-%s.safetensors", u);
+        snprintf(b, sizeof b, "imp-%s.safetensors", dir);
+        same_bytes(a, b);
+    }
 }
