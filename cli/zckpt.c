@@ -199,12 +199,15 @@ static int inspect_foreign(const zckpt_args *a)
     const char *fmt = json_string_value(json_object_get(j, "format"));
     printf("%s: %s\n", a->path, fmt);
     json_t *ts = json_object_get(j, "tensors");
+    int universal = !strcmp(fmt, zfmt_foreign_name(ZFMT_FOREIGN_DS_UNIVERSAL));
     if (json_object_get(j, "stage"))
-        printf("  tag %s, ZeRO stage %lld, %lld ranks, %s optimizer files, global step %lld\n",
+        printf("  tag %s, ZeRO stage %lld, %lld ranks, %s, global step %lld\n",
                json_string_value(json_object_get(j, "tag")),
                (long long)json_integer_value(json_object_get(j, "stage")),
                (long long)json_integer_value(json_object_get(j, "world")),
-               json_is_true(json_object_get(j, "bf16")) ? "bf16" : "fp32",
+               universal ? "one folder per parameter"
+               : json_is_true(json_object_get(j, "bf16")) ? "bf16 optimizer files"
+                                                         : "fp32 optimizer files",
                (long long)json_integer_value(json_object_get(j, "step")));
     else
         printf("  %zu bytes items\n", json_array_size(json_object_get(j, "bytes_items")));
@@ -1300,8 +1303,8 @@ static const zcli_opt import_opts[] = {
     ZCLI_INTEGER(U32, "--heads", import.heads, "N", 1, 65536, "from the source",
                  "attention heads, when the source does not say"),
     ZCLI_STRING("--format", import.format, "auto|deepspeed|dcp", "auto",
-                "deepspeed or dcp: refuse SRC unless it is a DeepSpeed ZeRO or PyTorch DCP "
-                "checkpoint (auto: by what SRC holds)"),
+                "deepspeed or dcp: refuse SRC unless it is a DeepSpeed (ZeRO or universal) or "
+                "PyTorch DCP checkpoint (auto: by what SRC holds)"),
     ZCLI_STRING("--config", import.config, "FILE", "SRC's config.json (a DeepSpeed tag "
                 "folder: its parent's)",
                 "DeepSpeed and DCP: the model's Hugging Face config.json"),
@@ -1377,13 +1380,15 @@ static const zcli_command commands[] = {
      "stale temporaries.\n"},
     {"inspect", cmd_inspect, TABLE(inspect_opts),
      "Summarize a checkpoint's manifest. CKPT is a checkpoint directory or a run directory\n"
-     "(its `latest` is used), or a DeepSpeed ZeRO or PyTorch DCP checkpoint directory.\n"},
+     "(its `latest` is used), or a DeepSpeed ZeRO, DeepSpeed universal (ds_to_universal.py)\n"
+     "or PyTorch DCP checkpoint directory.\n"},
     {"verify", cmd_verify, TABLE(verify_opts),
      "Check a checkpoint: manifest, SHA256SUMS, presence and size of every shard, coverage of\n"
      "every (group, state), stray files and, unless --quick, the SHA-256 of every shard.\n"
      "An archive made by `zckpt pack` is verified while it streams, without extracting.\n"
-     "A DeepSpeed ZeRO or PyTorch DCP checkpoint directory is read in C (nothing executed):\n"
-     "rank files, partitions or chunks covering every tensor, zips, pickles, CRC-32s.\n"
+     "A DeepSpeed ZeRO, DeepSpeed universal or PyTorch DCP checkpoint directory is read in C\n"
+     "(nothing executed): rank files, partitions, parameter folders or chunks covering every\n"
+     "tensor, zips, pickles, CRC-32s.\n"
      "Exit 0 when sound, 1 when a problem is found, 2 on error.\n"},
     {"reshard", cmd_reshard, TABLE(reshard_opts),
      "Write the checkpoint again for N ranks into the new run directory OUT (same step).\n"
@@ -1395,8 +1400,8 @@ static const zcli_command commands[] = {
      "One file or one shard: --format safetensors writes every tensor (states other than\n"
      "param as <state>/<name>) into one safetensors file, optionally converted (--dtype) or\n"
      "params only; --format zckpt writes a world-1 checkpoint into the run directory OUT.\n"
-     "Of a DeepSpeed ZeRO or DCP checkpoint: its weights into one safetensors file, as\n"
-     "zero_to_fp32.py or dcp_to_torch_save give them. Streaming, bounded memory.\n"},
+     "Of a DeepSpeed (ZeRO or universal) or DCP checkpoint: its weights into one safetensors\n"
+     "file, as zero_to_fp32.py or dcp_to_torch_save give them. Streaming, bounded memory.\n"},
     {"export", cmd_export, TABLE(export_opts),
      "Export the model (params) of a checkpoint: safetensors in our tensor names, llm.c's\n"
      "GPT-2 model file (gpt2_124M.bin layout), or a Hugging Face model directory (config.json\n"
@@ -1407,7 +1412,8 @@ static const zcli_command commands[] = {
      "Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory (config.json +\n"
      "model.safetensors, or shards with model.safetensors.index.json), or an llm.c GPT-2\n"
      "model file: optimizer states start at zero. Or a DeepSpeed ZeRO checkpoint (stages\n"
-     "1-3, fp32 or bf16) or a PyTorch DCP checkpoint of such a Hugging Face model, verified\n"
+     "1-3, fp32 or bf16), its universal checkpoint (ds_to_universal.py's <tag>_universal\n"
+     "folder) or a PyTorch DCP checkpoint of such a Hugging Face model, verified\n"
      "in full first: the fp32 weights, AdamW's moments and step come along, and `zrun\n"
      "--resume RUNDIR` continues the run (give it the source's --lr and --weight-decay).\n"},
     {"pack", cmd_pack, TABLE(pack_opts),

@@ -56,6 +56,8 @@ struct zfmt__ds {
     size_t np, n_groups;
     ds_rank *r;
     int64_t step;
+    int u_dir;     /* a universal checkpoint folder (ds_universal.c) */
+    zfmt__dsu *u;  /* its reader, once open */
 };
 
 void zfmt__ds_free(zfmt__ds *d)
@@ -67,6 +69,7 @@ void zfmt__ds_free(zfmt__ds *d)
         zfmt__zip_free(d->r[i].z);
     }
     free(d->r);
+    zfmt__dsu_free(d->u);
     free(d->p);
     zfmt__pickle_free(d->mpk);
     zfmt__zip_free(d->mz);
@@ -75,9 +78,8 @@ void zfmt__ds_free(zfmt__ds *d)
     free(d);
 }
 
-/* a torch.save file of the tag folder: zip and pickle; problems into rep (1: reported) */
-static int load_file(zfmt__zip **z, zfmt__pickle **pk, const char *dir, const char *file,
-                     zck_report *rep)
+int zfmt__ds_load(zfmt__zip **z, zfmt__pickle **pk, const char *dir, const char *file,
+                  zck_report *rep)
 {
     char *path = zck_path_join(dir, file), *b = NULL;
     if (!path)
@@ -108,15 +110,24 @@ static int load_file(zfmt__zip **z, zfmt__pickle **pk, const char *dir, const ch
     return rc;
 }
 
-/* `latest` (when dir has one) names the tag folder */
+/* `latest` (when dir has one) names the tag folder; else `latest_universal` (what
+ * ds_to_universal.py writes beside the universal folder) names a universal one */
 static int find_tag(zfmt__ds *d, const char *path, zck_report *rep)
 {
-    char *lp = zck_path_join(path, "latest"), *txt = NULL;
+    const char *file = "latest";
+    char *lp = zck_path_join(path, file), *txt = NULL;
     size_t n = 0;
     if (!lp)
         return zr_err_set(ZR_ENOMEM, "out of memory");
     struct stat st;
     int has = lstat(lp, &st) == 0;
+    if (!has) {
+        free(lp);
+        file = "latest_universal";
+        if (!(lp = zck_path_join(path, file)))
+            return zr_err_set(ZR_ENOMEM, "out of memory");
+        has = lstat(lp, &st) == 0;
+    }
     int rc = has ? zfmt__read_file(&txt, &n, lp) : 0;
     free(lp);
     if (!has) { /* the tag folder itself */
@@ -125,12 +136,12 @@ static int find_tag(zfmt__ds *d, const char *path, zck_report *rep)
         return d->dir && d->tag ? 0 : zr_err_set(ZR_ENOMEM, "out of memory");
     }
     if (rc)
-        return zck_report_add(rep, ZCK_PROB_IO, "latest", "%s", zr_err_msg()) ? -1 : 1;
+        return zck_report_add(rep, ZCK_PROB_IO, file, "%s", zr_err_msg()) ? -1 : 1;
     while (n && isspace((unsigned char)txt[n - 1]))
         txt[--n] = 0;
     char shown[128];
     if (!n || n > 200 || strchr(txt, '/') || !strcmp(txt, "..") || !strcmp(txt, ".")) {
-        rc = zck_report_add(rep, ZCK_PROB_MANIFEST, "latest", "'%s' is not a tag folder's name",
+        rc = zck_report_add(rep, ZCK_PROB_MANIFEST, file, "'%s' is not a tag folder's name",
                             zr_printable(shown, sizeof shown, txt));
         free(txt);
         return rc ? -1 : 1;
@@ -139,7 +150,7 @@ static int find_tag(zfmt__ds *d, const char *path, zck_report *rep)
     if (!(d->dir = zck_path_join(path, txt)))
         return zr_err_set(ZR_ENOMEM, "out of memory");
     if (stat(d->dir, &st) < 0 || !S_ISDIR(st.st_mode))
-        return zck_report_add(rep, ZCK_PROB_MISSING, "latest", "names tag '%s', which does not "
+        return zck_report_add(rep, ZCK_PROB_MISSING, file, "names tag '%s', which does not "
                               "exist in %s", zr_printable(shown, sizeof shown, txt), path)
                    ? -1 : 1;
     return 0;
@@ -199,10 +210,10 @@ static int scan(zfmt__ds *d, zck_report *rep, char *model_file, size_t cap, int 
         rc = zck_report_add(rep, ZCK_PROB_MISSING, "mp_rank_00_model_states.pt", "no model "
                             "states file in %s (mp_rank_00_model_states.pt, or at stage 3 "
                             "zero_pp_rank_0_mp_rank_00_model_states.pt)", d->dir);
-    if (!rc && !n_optim)
+    if (!rc && !n_optim && !d->u_dir)
         rc = zck_report_add(rep, ZCK_PROB_MISSING, "zero_pp_rank_0_mp_rank_00_optim_states.pt",
                             "no optimizer states file in %s: not a ZeRO checkpoint", d->dir);
-    return rc ? -1 : !model_file[0] || !n_optim;
+    return rc ? -1 : !model_file[0] || (!n_optim && !d->u_dir);
 }
 
 /* param_shapes: a list of dicts name -> torch.Size, the groups */
@@ -282,7 +293,7 @@ static int read_rank(zfmt__ds *d, uint32_t r, int bf16, zck_report *rep)
     if (absent)
         return zck_report_add(rep, ZCK_PROB_MISSING, x->file, "rank %u's optimizer states "
                               "(the model states say %u ranks)", r, d->world) ? -1 : 1;
-    int rc = load_file(&x->z, &x->pk, d->dir, x->file, rep);
+    int rc = zfmt__ds_load(&x->z, &x->pk, d->dir, x->file, rep);
     if (rc)
         return rc;
     const zfmt__pv *root = zfmt__pickle_root(x->pk);
@@ -412,7 +423,7 @@ static int check_layout(zfmt__ds *d, zck_report *rep)
     return 0;
 }
 
-static int crc_all(const zfmt__zip *z, const char *file, zck_report *rep, uint64_t *hashed)
+int zfmt__ds_crc_all(const zfmt__zip *z, const char *file, zck_report *rep, uint64_t *hashed)
 {
     for (size_t i = 0; z && i < z->n; i++) {
         int rc = zfmt__zip_check_crc(z, &z->e[i]);
@@ -433,20 +444,26 @@ int zfmt__ds_open(zfmt__ds **out, const char *path, zck_report *rep, int crc,
         return zr_err_set(ZR_ENOMEM, "out of memory");
     char mf[256];
     int bf16 = 0, rc = find_tag(d, path, rep);
+    d->u_dir = !rc && zfmt__dsu_is(d->dir);
     if (!rc)
         rc = scan(d, rep, mf, sizeof mf, &bf16);
     if (!rc)
-        rc = load_file(&d->mz, &d->mpk, d->dir, mf, rep);
+        rc = zfmt__ds_load(&d->mz, &d->mpk, d->dir, mf, rep);
     if (!rc) {
         d->model = zfmt__pickle_root(d->mpk);
         rc = read_params(d, rep, mf);
     }
-    if (!rc && !(d->r = calloc(d->world, sizeof *d->r)))
+    uint64_t hashed = 0;
+    if (!rc && d->u_dir) { /* the rest is ds_universal.c's */
+        rc = zfmt__dsu_open(&d->u, d->dir, d->p, d->np, d->world, rep, crc, &hashed, progress);
+        d->stage = d->u ? zfmt__dsu_stage(d->u) : 0;
+    } else if (!rc && !(d->r = calloc(d->world, sizeof *d->r))) {
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
+    }
     d->bf16 = bf16 > 0;
     /* every rank's file is looked at, so that each missing one is named */
     int any = 0;
-    for (uint32_t r = 0; !rc && r < d->world; r++) {
+    for (uint32_t r = 0; !rc && d->r && r < d->world; r++) {
         int k = read_rank(d, r, d->bf16, rep);
         if (k < 0)
             rc = k;
@@ -464,14 +481,13 @@ int zfmt__ds_open(zfmt__ds **out, const char *path, zck_report *rep, int crc,
                                     "(stage 3 writes one per rank)", r);
             free(p);
         }
-    if (!rc && !any)
+    if (!rc && !any && !d->u)
         rc = check_layout(d, rep);
-    uint64_t hashed = 0;
     if (!rc && crc) {
-        rc = crc_all(d->mz, mf, rep, &hashed);
-        for (uint32_t r = 0; r < d->world && rc >= 0; r++) {
+        rc = zfmt__ds_crc_all(d->mz, mf, rep, &hashed);
+        for (uint32_t r = 0; d->r && r < d->world && rc >= 0; r++) {
             /* a file whose pickle did not load was reported already */
-            int k = d->r[r].pk ? crc_all(d->r[r].z, d->r[r].file, rep, &hashed) : 0;
+            int k = d->r[r].pk ? zfmt__ds_crc_all(d->r[r].z, d->r[r].file, rep, &hashed) : 0;
             rc = k < 0 ? k : rc | k;
             if (progress && progress->fn)
                 progress->fn(progress->ctx, "checking CRC-32", r + 1, d->world);
@@ -503,6 +519,7 @@ size_t zfmt__ds_params(const zfmt__ds *d, const zfmt__ds_param **out)
 }
 
 int zfmt__ds_stage(const zfmt__ds *d) { return d->stage; }
+int zfmt__ds_universal(const zfmt__ds *d) { return d->u != NULL; }
 int zfmt__ds_bf16(const zfmt__ds *d) { return d->bf16; }
 const char *zfmt__ds_tag(const zfmt__ds *d) { return d->tag; }
 uint32_t zfmt__ds_world(const zfmt__ds *d) { return d->world; }
@@ -539,6 +556,8 @@ static int rank_read(const ds_rank *x, const char *which, uint64_t at, float *ds
 int zfmt__ds_read(const zfmt__ds *d, size_t i, const char *which, uint64_t from, float *dst,
                   uint64_t n)
 {
+    if (d->u)
+        return zfmt__dsu_read(d->u, i, which, from, dst, n);
     const zfmt__ds_param *p = &d->p[i];
     uint32_t W = d->world;
     if (d->stage == 3) { /* rank r holds elements [r pn, (r + 1) pn) at its offset p->off */
@@ -574,9 +593,7 @@ int zfmt__ds_read(const zfmt__ds *d, size_t i, const char *which, uint64_t from,
     return n ? zr_err_set(ZR_ECORRUPT, "%s: the partitions end before '%s'", d->dir, p->name) : 0;
 }
 
-/* The value of a "step" entry: an int, a float, or a 0-d float32 / float64 / int64 tensor in
- * rank x's zip (torch keeps it a tensor since 1.12). */
-static int step_value(const ds_rank *x, const zfmt__pv *v, int64_t *out)
+int zfmt__ds_step_value(const zfmt__zip *z, const char *file, const zfmt__pv *v, int64_t *out)
 {
     if (zfmt__pv_int(v, out))
         return 0;
@@ -587,13 +604,13 @@ static int step_value(const ds_rank *x, const zfmt__pv *v, int64_t *out)
                (v->dtype == ZCK_F32 || v->dtype == ZCK_F64 || v->dtype == ZCK_I64)) {
         char rec[128];
         snprintf(rec, sizeof rec, "data/%s", v->storage->s);
-        const zfmt__zip_entry *e = zfmt__zip_find(x->z, rec);
+        const zfmt__zip_entry *e = zfmt__zip_find(z, rec);
         if (!e)
-            return zr_err_set(ZR_ECORRUPT, "%s: no record %s (the optimizer's step)", x->file,
+            return zr_err_set(ZR_ECORRUPT, "%s: no record %s (the optimizer's step)", file,
                               rec);
         size_t es = zck_dtype_size(v->dtype);
         unsigned char b[8];
-        ZR_TRY(zfmt__zip_read(x->z, e, (uint64_t)v->i * es, b, es));
+        ZR_TRY(zfmt__zip_read(z, e, (uint64_t)v->i * es, b, es));
         if (v->dtype == ZCK_F32) {
             float g;
             memcpy(&g, b, 4);
@@ -607,20 +624,22 @@ static int step_value(const ds_rank *x, const zfmt__pv *v, int64_t *out)
     }
     if (!(f >= 0 && f <= 9007199254740992.0) || f != (double)(int64_t)f)
         return zr_err_set(ZR_ECORRUPT, "%s: the optimizer's step is not a count of steps",
-                          x->file);
+                          file);
     *out = (int64_t)f;
     return 0;
 }
 
 int zfmt__ds_adam(const zfmt__ds *d, int64_t *step, const zfmt__pv **param_groups)
 {
+    if (d->u)
+        return zfmt__dsu_adam(d->u, step, param_groups);
     const ds_rank *x = &d->r[0];
     if (!x->nm)
         return zr_err_set(ZR_ECORRUPT, "%s: the optimizer has no state (no step was taken)",
                           x->file);
     for (size_t i = 0; i < x->nm; i++) {
         int64_t s;
-        ZR_TRY(step_value(x, zfmt__pv_get(x->m_items[2 * i + 1], "step"), &s));
+        ZR_TRY(zfmt__ds_step_value(x->z, x->file, zfmt__pv_get(x->m_items[2 * i + 1], "step"), &s));
         if (i && s != *step)
             return zr_err_set(ZR_ECORRUPT, "%s: the optimizer's groups took %lld and %lld steps",
                               x->file, (long long)*step, (long long)s);
@@ -668,6 +687,8 @@ static void *crc_weights(void *p)
 
 int zfmt__ds_check_weights(const zfmt__ds *d, zck_report *rep)
 {
+    if (d->u)
+        return zfmt__dsu_check_weights(d->u, rep);
     enum { T = 2 };
     crc_job jobs[T];
     pthread_t th[T];

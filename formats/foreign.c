@@ -21,8 +21,7 @@ static int has_file(const char *dir, const char *name)
     return n > 0 && (size_t)n < sizeof p && stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* 1 when dir holds a DeepSpeed states file (*_model_states.pt, *_optim_states.pt) */
-static int ds_files_in(const char *dir)
+int zfmt__ds_files_in(const char *dir)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -31,8 +30,8 @@ static int ds_files_in(const char *dir)
     int found = 0;
     while (!found && (e = readdir(d))) {
         size_t n = strlen(e->d_name);
-        found = (n > 19 && !strcmp(e->d_name + n - 19, "_model_states.pt")) ||
-                (n > 19 && !strcmp(e->d_name + n - 19, "_optim_states.pt"));
+        found = n > 16 && (!strcmp(e->d_name + n - 16, "_model_states.pt") ||
+                           !strcmp(e->d_name + n - 16, "_optim_states.pt"));
     }
     closedir(d);
     return found;
@@ -59,7 +58,29 @@ static int ds_save_dir(const char *path)
     snprintf(p, sizeof p, "%s/%s", path, tag);
     if (!*tag || strchr(tag, '/') || has_file(p, "manifest.json"))
         return 0;
-    return ds_files_in(p) || has_file(path, "zero_to_fp32.py");
+    return zfmt__ds_files_in(p) || has_file(path, "zero_to_fp32.py");
+}
+
+/* A save_dir without `latest` whose `latest_universal` names a universal checkpoint folder */
+static int ds_universal_parent(const char *path)
+{
+    char p[8192], tag[256];
+    if ((size_t)snprintf(p, sizeof p, "%s/latest", path) >= sizeof p || access(p, F_OK) == 0)
+        return 0;
+    snprintf(p, sizeof p, "%s/latest_universal", path);
+    int fd = open(p, O_RDONLY | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0)
+        return 0;
+    struct stat st;
+    ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? read(fd, tag, sizeof tag - 1) : -1;
+    close(fd);
+    if (n <= 0)
+        return 0;
+    tag[n] = 0;
+    tag[strcspn(tag, "\r\n")] = 0;
+    snprintf(p, sizeof p, "%s/%s", path, tag);
+    /* a tag naming no folder: opened as one anyway, so that verify says so */
+    return *tag && !strchr(tag, '/') && (zfmt__dsu_is(p) || access(p, F_OK) < 0);
 }
 
 zfmt_foreign_kind zfmt_foreign_detect(const char *path)
@@ -69,7 +90,9 @@ zfmt_foreign_kind zfmt_foreign_detect(const char *path)
         return ZFMT_FOREIGN_NONE;
     if (has_file(path, ".metadata"))
         return ZFMT_FOREIGN_DCP;
-    if (ds_files_in(path) || ds_save_dir(path))
+    if (zfmt__dsu_is(path) || ds_universal_parent(path))
+        return ZFMT_FOREIGN_DS_UNIVERSAL;
+    if (zfmt__ds_files_in(path) || ds_save_dir(path))
         return ZFMT_FOREIGN_DEEPSPEED;
     return ZFMT_FOREIGN_NONE;
 }
@@ -79,6 +102,7 @@ const char *zfmt_foreign_name(zfmt_foreign_kind k)
     switch (k) {
     case ZFMT_FOREIGN_DCP: return "PyTorch DCP";
     case ZFMT_FOREIGN_DEEPSPEED: return "DeepSpeed ZeRO";
+    case ZFMT_FOREIGN_DS_UNIVERSAL: return "DeepSpeed universal";
     case ZFMT_FOREIGN_NONE: break;
     }
     return "none";
@@ -337,8 +361,10 @@ static json_t *ds_describe(const zfmt__ds *d, const char *path)
                                             (json_int_t)p[i].numel, "group",
                                             (json_int_t)p[i].group));
     }
+    zfmt_foreign_kind k = zfmt__ds_universal(d) ? ZFMT_FOREIGN_DS_UNIVERSAL
+                                                : ZFMT_FOREIGN_DEEPSPEED;
     return json_pack("{s:s, s:s, s:s, s:i, s:I, s:b, s:I, s:I, s:I, s:o}", "path", path, "format",
-                     "DeepSpeed ZeRO", "tag", zfmt__ds_tag(d), "stage", zfmt__ds_stage(d),
+                     zfmt_foreign_name(k), "tag", zfmt__ds_tag(d), "stage", zfmt__ds_stage(d),
                      "world", (json_int_t)zfmt__ds_world(d), "bf16", zfmt__ds_bf16(d), "step",
                      (json_int_t)zfmt__ds_step(d), "parameters", (json_int_t)np, "numel",
                      (json_int_t)numel, "tensors", ps);

@@ -182,6 +182,7 @@ int zfmt__ds_check_weights(const zfmt__ds *d, zck_report *rep);
 /* The trainable parameters in param_shapes order (borrowed). */
 size_t zfmt__ds_params(const zfmt__ds *d, const zfmt__ds_param **out);
 int zfmt__ds_stage(const zfmt__ds *d);
+int zfmt__ds_universal(const zfmt__ds *d);    /* a universal checkpoint folder */
 int zfmt__ds_bf16(const zfmt__ds *d);         /* the bf16_ optimizer files */
 const char *zfmt__ds_tag(const zfmt__ds *d);  /* "" when opened at the tag folder */
 uint32_t zfmt__ds_world(const zfmt__ds *d);
@@ -194,6 +195,39 @@ int zfmt__ds_adam(const zfmt__ds *d, int64_t *step, const zfmt__pv **param_group
  * (which NULL) or the AdamW moment "exp_avg" / "exp_avg_sq". */
 int zfmt__ds_read(const zfmt__ds *d, size_t i, const char *which, uint64_t from, float *dst,
                   uint64_t n);
+
+/* Helpers deepspeed.c shares with ds_universal.c. A torch.save file dir/file: zip, CRC-32 of
+ * data.pkl, pickle; problems into rep named by file (1: reported). */
+int zfmt__ds_load(zfmt__zip **z, zfmt__pickle **pk, const char *dir, const char *file,
+                  zck_report *rep);
+/* The CRC-32 of every record of z, a mismatch into rep named by file; *hashed += bytes. */
+int zfmt__ds_crc_all(const zfmt__zip *z, const char *file, zck_report *rep, uint64_t *hashed);
+/* The value of an optimizer's "step": an int, a float, or a 0-d float32 / float64 / int64
+ * tensor of zip z (torch keeps it a tensor since 1.12); ZR_ECORRUPT naming file otherwise. */
+int zfmt__ds_step_value(const zfmt__zip *z, const char *file, const zfmt__pv *v, int64_t *out);
+/* 1 when dir holds a DeepSpeed states file (*_model_states.pt, *_optim_states.pt) (foreign.c) */
+int zfmt__ds_files_in(const char *dir);
+
+/* ---------------------------------------------------------------- DeepSpeed universal
+ * (ds_universal.c): a folder of ds_to_universal.py, opened by zfmt__ds_open, which reads its
+ * model states and then delegates to these. */
+
+typedef struct zfmt__dsu zfmt__dsu;
+/* 1 when dir is one: dir/zero/optimizer_state.pt, or a zero/ folder beside DeepSpeed files */
+int zfmt__dsu_is(const char *dir);
+/* Check dir's zero/ folder against the parameters p[np] (borrowed: they must outlive *out) of
+ * the model states, which say world ranks (ds_universal.c's head comment; CRC-32s when crc,
+ * their bytes added to *hashed). Problems into rep: then 1 and *out NULL. */
+int zfmt__dsu_open(zfmt__dsu **out, const char *dir, const zfmt__ds_param *p, size_t np,
+                   uint32_t world, zck_report *rep, int crc, uint64_t *hashed,
+                   const zck_progress *progress);
+void zfmt__dsu_free(zfmt__dsu *u);
+int zfmt__dsu_stage(const zfmt__dsu *u); /* optimizer_state.pt's zero_stage */
+/* zfmt__ds_read, zfmt__ds_adam and zfmt__ds_check_weights of a universal folder */
+int zfmt__dsu_read(zfmt__dsu *u, size_t i, const char *which, uint64_t from, float *dst,
+                   uint64_t n);
+int zfmt__dsu_adam(const zfmt__dsu *u, int64_t *step, const zfmt__pv **param_groups);
+int zfmt__dsu_check_weights(const zfmt__dsu *u, zck_report *rep);
 
 /* ---------------------------------------------------------------- either (foreign.c) */
 

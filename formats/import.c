@@ -992,6 +992,8 @@ static int source_open(source *s, const char *src, const zfmt_import_opts *o)
     if (stat(src, &st) < 0)
         return zr_err_sys(errno, "%s", src);
     zfmt_foreign_kind fk = zfmt_foreign_detect(src);
+    if (fk == ZFMT_FOREIGN_DS_UNIVERSAL) /* read as the ZeRO checkpoints (deepspeed.c) */
+        fk = ZFMT_FOREIGN_DEEPSPEED;
     if (o->format && strcmp(o->format, "auto")) {
         int want = !strcmp(o->format, "deepspeed") ? ZFMT_FOREIGN_DEEPSPEED
                    : !strcmp(o->format, "dcp")     ? ZFMT_FOREIGN_DCP

@@ -246,6 +246,8 @@ typedef enum {
     ZFMT_FOREIGN_NONE = 0,
     ZFMT_FOREIGN_DCP,       /* a directory with .metadata and __R_N.distcp files */
     ZFMT_FOREIGN_DEEPSPEED, /* a save_dir with `latest`, or a tag folder of *_states.pt files */
+    ZFMT_FOREIGN_DS_UNIVERSAL, /* DeepSpeed's universal checkpoint: a folder with zero/<param>/
+                                  fp32.pt ..., or a save_dir whose latest_universal names one */
 } zfmt_foreign_kind;
 
 /* What path holds, from its file names (and the tag a DeepSpeed `latest` names): NONE for our

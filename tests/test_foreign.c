@@ -590,15 +590,13 @@ static double logged_loss(const char *run, int step)
     return loss;
 }
 
-/* A DeepSpeed ZeRO-2 GPT-2 and an FSDP2 DCP Llama (with its optimizer), 2 ranks each, imported;
- * zrun continues each run on the batch the source framework continued on: the loss of its
- * first step (the weights) and of its second (AdamW's update from the imported moments and
- * step) are the source framework's within 1e-5. Damage, a wrong --format and a missing
- * config.json are refused, nothing written. */
-ZT_TEST(foreign_import_continues_the_run)
+/* zrun continues the run imp-<dir> (imported from dir, made with --next-token 5 after 2
+ * steps) on the batch the source framework continued on: the loss of its first step (the
+ * weights) and of its second (AdamW's update from the imported moments and step) are the
+ * source framework's (dir/ref/info.json) within 1e-5. how: zrun's parallel options and its
+ * --batch (every sample the same: the batch size changes no loss). */
+static void run_continues(const char *dir, const char *how)
 {
-    foreign_ckpt("ds ds --model gpt2 --stage 2 --dtype fp32 --next-token 5 --weight-decay 0");
-    foreign_ckpt("dcp dcp --model llama --optim --next-token 5 --weight-decay 0");
     /* a corpus of token 5: every sample is the batch the source continued on; sequences of 7
      * are its 8 tokens' 7 predictions */
     enum { N = 4096 };
@@ -609,28 +607,38 @@ ZT_TEST(foreign_import_continues_the_run)
     FILE *f = fopen("five.bin", "wb");
     ZT_CHECK(f && fwrite(head, sizeof head, 1, f) == 1 && fwrite(tok, sizeof tok, 1, f) == 1);
     fclose(f);
+    char run[64], info[64];
+    snprintf(run, sizeof run, "imp-%s", dir);
+    zt_zrunf_ok("zrun.log", "--resume %s --ckpt-dir %s %s--data five.bin --seq 7 "
+                "--steps 4 --lr 1e-2 --warmup 0 --min-lr-ratio 1 --weight-decay 0 "
+                "--grad-clip 0", run, run, how);
+    snprintf(info, sizeof info, "%s/ref/info.json", dir);
+    json_t *j = json_load_file(info, 0, NULL);
+    ZT_CHECK(j && json_integer_value(json_object_get(j, "step")) == 2);
+    double want[2] = {json_number_value(json_object_get(j, "next_loss")),
+                      json_number_value(json_object_get(j, "after_step_loss"))};
+    json_decref(j);
+    for (int k = 0; k < 2; k++) {
+        double got = logged_loss(run, 3 + k);
+        if (!(fabs(got - want[k]) <= 1e-5 * fabs(want[k])))
+            ZT_FAIL("%s: step %d loss %.7f, the source's %.7f", run, 3 + k, got, want[k]);
+        fprintf(stderr, "  %s: step %d loss %.7f, the source's %.7f\n", run, 3 + k, got,
+                want[k]);
+    }
+}
+
+/* A DeepSpeed ZeRO-2 GPT-2 and an FSDP2 DCP Llama (with its optimizer), 2 ranks each, imported;
+ * zrun continues each run (run_continues). Damage, a wrong --format and a missing config.json
+ * are refused, nothing written. */
+ZT_TEST(foreign_import_continues_the_run)
+{
+    foreign_ckpt("ds ds --model gpt2 --stage 2 --dtype fp32 --next-token 5 --weight-decay 0");
+    foreign_ckpt("dcp dcp --model llama --optim --next-token 5 --weight-decay 0");
     const char *dirs[] = {"ds", "dcp"}, *models[] = {"gpt2", "llama"};
-    const char *how[] = {"", "--nproc 2 --zero 3 "};
+    const char *how[] = {"--batch 2 ", "--nproc 2 --zero 3 --batch 2 "};
     for (size_t i = 0; i < 2; i++) {
         import_equals_ref(dirs[i], models[i], 2, 1);
-        char run[64], info[64];
-        snprintf(run, sizeof run, "imp-%s", dirs[i]);
-        zt_zrunf_ok("zrun.log", "--resume %s --ckpt-dir %s %s--data five.bin --seq 7 --batch 2 "
-                    "--steps 4 --lr 1e-2 --warmup 0 --min-lr-ratio 1 --weight-decay 0 "
-                    "--grad-clip 0", run, run, how[i]);
-        snprintf(info, sizeof info, "%s/ref/info.json", dirs[i]);
-        json_t *j = json_load_file(info, 0, NULL);
-        ZT_CHECK(j && json_integer_value(json_object_get(j, "step")) == 2);
-        double want[2] = {json_number_value(json_object_get(j, "next_loss")),
-                          json_number_value(json_object_get(j, "after_step_loss"))};
-        json_decref(j);
-        for (int k = 0; k < 2; k++) {
-            double got = logged_loss(run, 3 + k);
-            if (!(fabs(got - want[k]) <= 1e-5 * fabs(want[k])))
-                ZT_FAIL("%s: step %d loss %.7f, the source's %.7f", run, 3 + k, got, want[k]);
-            fprintf(stderr, "  %s: step %d loss %.7f, the source's %.7f\n", run, 3 + k, got,
-                    want[k]);
-        }
+        run_continues(dirs[i], how[i]);
     }
     /* refusals: nothing written */
     char *out;
@@ -650,4 +658,129 @@ ZT_TEST(foreign_import_continues_the_run)
              strstr(out, "zckpt verify lists them"));
     free(out);
     ZT_CHECK(access("r2", F_OK) < 0 && access("r3", F_OK) < 0);
+}
+
+/* the two files are equal byte for byte */
+static void same_bytes(const char *a, const char *b)
+{
+    char *x = zt_slurp(a), *y = zt_slurp(b);
+    struct stat sa, sb;
+    ZT_CHECK(stat(a, &sa) == 0 && stat(b, &sb) == 0);
+    if (sa.st_size != sb.st_size || memcmp(x, y, (size_t)sa.st_size))
+        ZT_FAIL("%s and %s differ", a, b);
+    free(x);
+    free(y);
+}
+
+/* A DeepSpeed universal checkpoint (ds_to_universal.py) of a ZeRO-2 GPT-2 of 2 ranks: verify
+ * sound; consolidate equal tensor for tensor to zero_to_fp32 of the source; DeepSpeed's own
+ * load_universal at 3 ranks gathers the same master weights as our import; the import (3
+ * ranks) equal bit for bit to the import of the source ZeRO checkpoint, and zrun continues it
+ * as the source engine did; each damage class named by verify (exit 1), consolidate refused. */
+ZT_TEST(foreign_deepspeed_universal_stage2)
+{
+    foreign_ckpt("ds ds --model gpt2 --stage 2 --dtype fp32 --next-token 5 --weight-decay 0");
+    foreign_ckpt("universal ds u --load 3");
+    verify_sound("u", "DeepSpeed universal");
+    verify_sound("u/global_step2_universal", "DeepSpeed universal");
+    verify_sound("ds/global_step2", "DeepSpeed ZeRO"); /* a tag folder named directly */
+    char *out;
+    ZT_CHECK(zt_zckpt(&out, "inspect u --json") == 0);
+    if (!strstr(out, "\"format\": \"DeepSpeed universal\"") ||
+        !strstr(out, "\"stage\": 2,\n  \"world\": 2,") || !strstr(out, "\"step\": 2,"))
+        ZT_FAIL("inspect u --json:\n%s", out);
+    free(out);
+    ZT_CHECK(zt_zckpt(&out, "audit u") == 1 && strstr(out, "a DeepSpeed universal checkpoint, "
+                                                       "sound (all checks)"));
+    free(out);
+    if (zt_zckpt(&out, "consolidate u -o u.safetensors") != 0)
+        ZT_FAIL("consolidate u: %s", out);
+    free(out);
+    same_tensors("ds/ref/model.safetensors", "u.safetensors", "");
+    /* the import (consolidated into imp-<dir>.safetensors): the source's gather, DeepSpeed's
+     * load_universal at 3 ranks, and the import of the ZeRO checkpoint itself, bit for bit */
+    import_equals_ref("u", "gpt2", 3, 1);
+    import_equals_ref("ds", "gpt2", 3, 1);
+    size_t n = same_as_ref("u/ref/loaded.safetensors", "imp-u.safetensors", "gpt2", ".fp32", NULL);
+    ZT_CHECK(n > 0);
+    ZT_CHECK_EQ(same_as_ref("u/ref/loaded.safetensors", "imp-u.safetensors", "gpt2", ".exp_avg",
+                            "exp_avg"), n);
+    same_bytes("imp-u.safetensors", "imp-ds.safetensors");
+    run_continues("u", "--nproc 3 --zero 2 --batch 3 ");
+    /* damage, each named */
+    static const struct {
+        const char *setup, *want;
+    } cases[] = {
+        {"rm -r e/global_step2_universal/zero/transformer.h.0.ln_1.bias",
+         "zero/transformer.h.0.ln_1.bias: missing: the folder of parameter "
+         "'transformer.h.0.ln_1.bias'"},
+        {"rm e/global_step2_universal/zero/transformer.wte.weight/exp_avg.pt",
+         "zero/transformer.wte.weight/exp_avg.pt: missing: the first moment (exp_avg) of "
+         "'transformer.wte.weight'"},
+        {"rm e/global_step2_universal/zero/transformer.wte.weight/step.pt",
+         "zero/transformer.wte.weight/step.pt: missing: the optimizer step"},
+        {"truncate -s 1000 e/global_step2_universal/zero/transformer.h.1.mlp.c_fc.weight/"
+         "exp_avg_sq.pt", "zero/transformer.h.1.mlp.c_fc.weight/exp_avg_sq.pt: truncated: "},
+        {"cp e/global_step2_universal/zero/transformer.h.0.ln_1.bias/fp32.pt "
+         "e/global_step2_universal/zero/transformer.h.0.attn.c_attn.bias/fp32.pt",
+         "zero/transformer.h.0.attn.c_attn.bias/fp32.pt: bad manifest: shape [16], the model "
+         "states say [48]"},
+        {"printf '\\001' | dd of=e/global_step2_universal/zero/transformer.wte.weight/fp32.pt "
+         "bs=1 seek=1200 conv=notrunc 2>/dev/null",
+         "zero/transformer.wte.weight/fp32.pt: hash mismatch: "},
+        {"rm e/global_step2_universal/zero/optimizer_state.pt",
+         "zero/optimizer_state.pt: missing: "},
+        {"echo global_step9_universal > e/latest_universal",
+         "latest_universal: missing: names tag 'global_step9_universal', which does not exist"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ZT_CHECK(system("rm -rf e && cp -r u e") == 0);
+        ZT_CHECK(system(cases[i].setup) == 0);
+        int rc = zt_zckpt(&out, "verify e");
+        if (rc != 1 || !strstr(out, cases[i].want))
+            ZT_FAIL("%s: exit %d, expected 1 and '%s':\n%s", cases[i].setup, rc, cases[i].want,
+                    out);
+        free(out);
+        rc = zt_zckpt(&out, "consolidate e -o e.safetensors");
+        if (rc != 2 || !strstr(out, "zckpt verify lists them") ||
+            access("e.safetensors", F_OK) == 0)
+            ZT_FAIL("%s: consolidate exit %d:\n%s", cases[i].setup, rc, out);
+        free(out);
+    }
+}
+
+/* Universal checkpoints of other variants: a ZeRO-3 bf16 Llama of 3 ranks (its files: bare flat
+ * tensors, the step in zero/optimizer_state.pt) and a bf16 GPT-2 under DeepSpeed's
+ * BF16_Optimizer (stage 1 with fp32 gradient accumulation: no zero_stage anywhere; the
+ * reference is the engine's gathered master weights, zero_to_fp32 refusing the source):
+ * consolidate equal to the reference, the import equal to the source's gather of weights and
+ * moments and to the import of the ZeRO checkpoint, bit for bit. */
+ZT_TEST(foreign_deepspeed_universal_variants)
+{
+    static const char *const all[] = {"llama 3 bf16 3 same", "gpt2 1 bf16 2 fp32"};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+        char model[16], dtype[8], accum[8], args[256], dir[32], u[40], st[64], ref[64], a[64],
+            b[64], *out;
+        int stage, world;
+        ZT_CHECK(sscanf(all[i], "%15s %d %7s %d %7s", model, &stage, dtype, &world, accum) == 5);
+        snprintf(dir, sizeof dir, "ds%zu", i);
+        snprintf(u, sizeof u, "u%zu", i);
+        snprintf(args, sizeof args, "ds %s --model %s --stage %d --dtype %s --world %d "
+                 "--grad-accum %s", dir, model, stage, dtype, world, accum);
+        foreign_ckpt(args);
+        snprintf(args, sizeof args, "universal %s %s", dir, u);
+        foreign_ckpt(args);
+        verify_sound(u, "DeepSpeed universal");
+        snprintf(st, sizeof st, "%s.safetensors", u);
+        if (zt_zckpt(&out, "consolidate %s -o %s", u, st) != 0)
+            ZT_FAIL("consolidate %s: %s", u, out);
+        free(out);
+        snprintf(ref, sizeof ref, "%s/ref/model.safetensors", dir);
+        same_tensors(ref, st, "");
+        import_equals_ref(u, model, 2, 1);
+        import_equals_ref(dir, model, 2, 1);
+        snprintf(a, sizeof a, "imp-%s.safetensors", u);
+        snprintf(b, sizeof b, "imp-%s.safetensors", dir);
+        same_bytes(a, b);
+    }
 }

@@ -45,6 +45,19 @@ from their own converters, and damaged copies of them.
       OUTDIR/ref/model.safetensors comes from format_utils.dcp_to_torch_save (loaded back and
       re-saved as safetensors, float32), ref/optim.safetensors (--optim) from the same
       conversion, ref/info.json and OUTDIR/config.json as for ds.
+  foreign_ckpt.py universal SRC DST [--load W]
+      DeepSpeed's universal checkpoint of the ZeRO checkpoint SRC (made by ds above): its
+      ds_to_universal.py (--inject_missing_state: the engine writes no universal_checkpoint_info
+      for a model without tensor parallelism, and the converter refuses such a checkpoint
+      without it; one worker each) converts SRC/<tag> into DST/<tag>_universal, and writes
+      DST/latest_universal; SRC's config.json and ref/ (zero_to_fp32's weights, the engine's
+      gathered moments: what the universal checkpoint must hold too) are copied into DST.
+      --load W: then W CPU ranks (gloo) build the same model and engine (SRC's stage, dtype and
+      optimizer) with "checkpoint": {"load_universal": true}, engine.load_checkpoint(DST) (which
+      reads latest_universal), and gather every trainable parameter's master weights and
+      moments (safe_get_full_fp32_param, safe_get_full_optimizer_state) into
+      DST/ref/loaded.safetensors ("<name>.fp32", "<name>.exp_avg", "<name>.exp_avg_sq"), the
+      engine's global_steps into DST/ref/loaded.json.
   foreign_ckpt.py damage KIND SRC DST
       copy the checkpoint directory SRC to DST (which must not exist) and damage the copy. KIND:
       missing-rank-file (DeepSpeed: remove the last rank's *_optim_states.pt), truncated-zip
@@ -339,6 +352,83 @@ def cmd_ds(a):
     say("%s: deepspeed %s stage %d %s world %d, %s, %d tensors, next_loss %.6f (%.1f s)"
           % (a.outdir, a.model, a.stage, a.dtype, a.world, tag, len(model), info["next_loss"],
              time.time() - t0))
+    return 0
+
+
+def ucp_load_rank(rank, a, port, q):
+    sys.stdout = sys.stderr
+    dist_env(rank, a.world, port)
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+    import transformers
+    transformers.utils.logging.set_verbosity_error()
+    deepspeed.init_distributed(dist_backend="gloo")
+    model, _ = build(a.model)
+    conf = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": a.stage}, "zero_allow_untested_optimizer": True,
+            "gradient_clipping": 0.0, "steps_per_print": 1000000, "wall_clock_breakdown": False,
+            "checkpoint": {"load_universal": True}}
+    if a.dtype == "bf16":
+        conf["bf16"] = {"enabled": True}
+    if a.grad_accum == "fp32":
+        conf["data_types"] = {"grad_accum_dtype": "fp32"}
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=adamw(model, a.weight_decay),
+                                           config=conf)
+    engine.load_checkpoint(a.outdir)
+    got = {}
+    for name, p in engine.module.named_parameters():
+        if p.requires_grad:
+            got[name + ".fp32"] = safe_get_full_fp32_param(p)
+            for k in ("exp_avg", "exp_avg_sq"):
+                got[name + "." + k] = safe_get_full_optimizer_state(p, k)
+    if rank == 0:
+        save_file({k: v.detach().float().clone().contiguous() for k, v in got.items()
+                   if v is not None}, os.path.join(a.outdir, "ref", "loaded.safetensors"))
+        q.put({"missing": sorted(k for k, v in got.items() if v is None),
+               "global_steps": engine.global_steps})
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def cmd_universal(src, dst, load=None):
+    need("deepspeed")
+    import subprocess
+    t0 = time.time()
+    src, dst = os.path.abspath(src), os.path.abspath(dst)
+    fresh_dir(dst)
+    tag = open(os.path.join(src, "latest")).read().strip()
+    out = os.path.join(dst, tag + "_universal")
+    env = dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
+    r = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                        "--input_folder", os.path.join(src, tag), "--output_folder", out,
+                        "--inject_missing_state", "--num_extract_workers", "1",
+                        "--num_merge_workers", "1"], stdout=sys.stderr, stderr=sys.stderr,
+                       env=env)
+    if r.returncode != 0:
+        raise SystemExit("foreign_ckpt.py: ds_to_universal of %s exited %d" % (src, r.returncode))
+    shutil.copy(os.path.join(src, "config.json"), dst)
+    if os.path.isdir(os.path.join(src, "ref")):
+        shutil.copytree(os.path.join(src, "ref"), os.path.join(dst, "ref"))
+    params = sorted(os.listdir(os.path.join(out, "zero")))
+    if load:
+        import argparse
+        from safetensors.torch import load_file
+        info = json.load(open(os.path.join(src, "ref", "info.json")))
+        a = argparse.Namespace(world=load, model=info["model"]["model_type"], stage=info["stage"],
+                               dtype=info["dtype"], grad_accum=info["grad_accum"],
+                               weight_decay=info["optimizer"]["weight_decay"], outdir=dst)
+        r = spawn(ucp_load_rank, a)
+        write_json(os.path.join(dst, "ref", "loaded.json"), {"world": load, **r})
+        # what DeepSpeed loaded is what it gathered before saving the ZeRO checkpoint
+        ref = load_file(os.path.join(dst, "ref", "optim.safetensors"))
+        got = load_file(os.path.join(dst, "ref", "loaded.safetensors"))
+        bad = sorted(k for k in ref if k not in got or not torch.equal(ref[k], got[k]))
+        if bad or r["missing"]:
+            raise SystemExit("foreign_ckpt.py: DeepSpeed's load_universal at world %d: %s differ "
+                             "from the source's gather; not gathered: %s"
+                             % (load, bad[:4], r["missing"][:4]))
+    say("%s: universal checkpoint of %s (%s_universal, %d entries in zero/, %.1f s)"
+        % (dst, src, tag, len(params), time.time() - t0))
     return 0
 
 
@@ -820,6 +910,11 @@ def run():
         return cmd_damage(*sys.argv[2:])
     if len(sys.argv) == 3 and sys.argv[1] == "inspect":
         return cmd_inspect(sys.argv[2])
+    if len(sys.argv) in (4, 6) and sys.argv[1] == "universal":
+        if len(sys.argv) == 6 and sys.argv[4] != "--load":
+            raise SystemExit("foreign_ckpt.py universal SRC DST [--load W]")
+        return cmd_universal(sys.argv[2], sys.argv[3], int(sys.argv[5]) if len(sys.argv) == 6
+                             else None)
     if len(sys.argv) == 3 and sys.argv[1] == "rebuild":
         return cmd_rebuild(sys.argv[2])
     ap = argparse.ArgumentParser(usage=__doc__)
