@@ -33,6 +33,8 @@ typedef struct {
     int dtype;                /* a zck_dtype, -1: as stored */
     uint32_t world;
     size_t shard_bytes;       /* export --format hf: --shard-size */
+    size_t split_bytes;       /* consolidate of a foreign checkpoint: --shard-size (SIZE_MAX:
+                                 not given, one file) */
     zck_verify_opts verify;
     zck_reshard_opts reshard;
     zck_diff_opts diff;
@@ -49,6 +51,7 @@ static void args_init(zckpt_args *a)
         .format = -1,
         .dtype = -1,
         .shard_bytes = (size_t)ZFMT_HF_SHARD_DEFAULT,
+        .split_bytes = SIZE_MAX,
         .verify = ZCK_VERIFY_OPTS_INIT,
         .reshard = ZCK_RESHARD_OPTS_INIT,
         .diff = ZCK_DIFF_OPTS_INIT,
@@ -738,26 +741,48 @@ static int export_st(const char *src, const char *out, bool force, zfmt_st_opts 
     return output_done(rc, made, out);
 }
 
-/* A DeepSpeed or DCP checkpoint into one safetensors file (zfmt_foreign_consolidate). */
+/* A DeepSpeed or DCP checkpoint into one safetensors file (zfmt_foreign_consolidate), or with
+ * --shard-size a directory of Hugging Face shards (zfmt_foreign_consolidate_sharded). */
 static int consolidate_foreign(const zckpt_args *a, zfmt_foreign_kind k, int fmt)
 {
-    if (fmt != FMT_SAFETENSORS || a->dtype >= 0 || a->params_only)
-        return zcli_fail(PROG, "name a .safetensors output, or pass --format safetensors",
-                         "%s: a %s checkpoint consolidates into one safetensors file, as it is "
+    bool sharded = a->split_bytes != SIZE_MAX;
+    if ((fmt != FMT_SAFETENSORS && !sharded) || a->dtype >= 0 || a->params_only)
+        return zcli_fail(PROG, "name a .safetensors output, or pass --format safetensors "
+                         "(--shard-size SIZE: a directory of shards)",
+                         "%s: a %s checkpoint consolidates into safetensors, as it is "
                          "(--dtype and --params-only do not apply)", a->path,
                          zfmt_foreign_name(k));
-    if (exists(a->out) && !a->force)
+    if (!sharded && exists(a->out) && !a->force)
         return refuse_existing(a->out);
     char *made;
-    int rc = output_ready(a->out, true, &made);
+    int rc = output_ready(a->out, !sharded, &made);
     if (rc)
         return rc;
     zcli_bar bar;
     zck_progress p = zcli_progress_init(&bar);
-    rc = progress_done(&bar, zfmt_foreign_consolidate(a->path, a->out, &p));
-    if (rc == ZCLI_OK)
-        printf("%s: safetensors of %s (%s)\n", a->out, a->path, zfmt_foreign_name(k));
-    return output_done(rc, made, a->out);
+    if (!sharded) {
+        rc = progress_done(&bar, zfmt_foreign_consolidate(a->path, a->out, &p));
+        if (rc == ZCLI_OK)
+            printf("%s: safetensors of %s (%s)\n", a->out, a->path, zfmt_foreign_name(k));
+        return output_done(rc, made, a->out);
+    }
+    int r = zfmt_foreign_consolidate_sharded(a->path, a->out, a->split_bytes, a->force, &p);
+    zcli_progress_end(&bar);
+    if (r < 0)
+        return output_done(zcli_fail_ckpt(PROG, r == ZR_EEXIST && !a->force
+                                                    ? "choose another output, or pass --force "
+                                                      "to replace an earlier consolidate"
+                                                    : NULL),
+                           made, a->out);
+    free(made);
+    char ix[4200];
+    struct stat st;
+    snprintf(ix, sizeof ix, "%s/model.safetensors.index.json", a->out);
+    printf("%s: %s of %s (%s)\n", a->out,
+           lstat(ix, &st) == 0 ? "sharded model-*.safetensors with their index"
+                               : "model.safetensors",
+           a->path, zfmt_foreign_name(k));
+    return ZCLI_OK;
 }
 
 static int cmd_consolidate(const void *args)
@@ -772,6 +797,9 @@ static int cmd_consolidate(const void *args)
     zfmt_foreign_kind fk = zfmt_foreign_detect(src);
     if (fk != ZFMT_FOREIGN_NONE)
         return consolidate_foreign(a, fk, fmt);
+    if (a->split_bytes != SIZE_MAX)
+        return zcli_fail(PROG, "use export --format hf --shard-size for a zero checkpoint",
+                         "%s: --shard-size applies to a DeepSpeed or DCP checkpoint", src);
     if (fmt == FMT_SAFETENSORS) {
         zfmt_st_opts so = ZFMT_ST_OPTS_INIT;
         so.dtype = dtype;
@@ -1272,6 +1300,11 @@ static const zcli_opt consolidate_opts[] = {
     OPT_DTYPE,
     ZCLI_FLAG("--params-only", params_only, "safetensors: only the param state"),
     OPT_BUFFER("working memory (safetensors: at most 64M)"),
+    {.name = "--shard-size", .kind = ZCLI_OPT_BYTES, .off = offsetof(zckpt_args, split_bytes),
+     .meta = "SIZE", .def = "one file",
+     .help = "a DeepSpeed or DCP checkpoint: OUT is a directory of Hugging Face shards "
+             "model-0000k-of-0000n.safetensors of at most SIZE each (a larger tensor alone; at "
+             "most 512 files) with model.safetensors.index.json, as export --format hf writes"},
     OPT_FORCE,
 };
 static const zcli_opt export_opts[] = {

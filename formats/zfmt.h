@@ -263,6 +263,16 @@ int zfmt_foreign_verify(zck_report **out, const char *path, const zck_verify_opt
  * tensor of a DCP checkpoint in its own dtype and name, as dcp_to_torch_save keeps them. */
 int zfmt_foreign_consolidate(const char *path, const char *out_file,
                              const zck_progress *progress);
+/* The same weights as Hugging Face's shards in directory out_dir: model-0000k-of-0000n.safetensors
+ * of at most shard_bytes of data each (a new file where the next tensor would pass the limit, a
+ * larger tensor alone: export --format hf's rule, at most 512 files) with
+ * model.safetensors.index.json ({"metadata": {"total_size"}, "weight_map"}), or one
+ * model.safetensors when all fit. Built in "<out_dir>.tmp-<pid>" and renamed into place; out_dir
+ * must be absent or empty, or with force hold nothing but such files (ZR_EEXIST otherwise).
+ * shard_bytes UINT64_MAX: zfmt_foreign_consolidate's one file out_dir (force must be 0); 0 is
+ * ZR_EINVAL. */
+int zfmt_foreign_consolidate_sharded(const char *path, const char *out_dir, uint64_t shard_bytes,
+                                     int force, const zck_progress *progress);
 /* What a foreign checkpoint holds, as JSON (format, DeepSpeed's tag, stage, world, step, each
  * parameter's name and shape; DCP's tensors with dtype, shape and chunk count, its bytes items),
  * after the cheap checks (no CRC): a damaged one is ZR_ECORRUPT naming its first problem. */
