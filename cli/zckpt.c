@@ -29,6 +29,7 @@ typedef struct {
     const char *tokenizer;    /* export --format hf: a tokenizer.json to include */
     const char *log;          /* plot: --log */
     int json, tensors, force, params_only, all;
+    int optim;                /* export --format dcp: --optim */
     int format;               /* FMT_*, -1: from the output's name */
     int dtype;                /* a zck_dtype, -1: as stored */
     uint32_t world;
@@ -43,7 +44,7 @@ typedef struct {
     zr_audit_opts audit;
 } zckpt_args;
 #define ZCLI_ARGS zckpt_args
-enum { FMT_ZCKPT, FMT_SAFETENSORS, FMT_LLMC, FMT_HF };
+enum { FMT_ZCKPT, FMT_SAFETENSORS, FMT_LLMC, FMT_HF, FMT_DCP };
 
 static void args_init(zckpt_args *a)
 {
@@ -815,6 +816,40 @@ static int cmd_consolidate(const void *args)
 
 /* ------------------------------------------------------------------ export, import */
 
+/* A directory export (hf, dcp) that failed with rc: the error, its parents made go again. */
+static int dir_export_failed(int rc, const zckpt_args *a, char *made)
+{
+    return output_done(zcli_fail_ckpt(PROG, rc == ZR_EEXIST && !a->force
+                                                ? "choose another output, or pass --force to "
+                                                  "replace an earlier export"
+                                                : NULL),
+                       made, a->out);
+}
+
+static int export_dcp(const zckpt_args *a)
+{
+    if (a->dtype >= 0)
+        return zcli_fail(PROG, NULL, "a DCP export keeps the stored dtypes: --dtype does not "
+                         "apply");
+    zfmt_dcp_opts o = ZFMT_DCP_OPTS_INIT;
+    zcli_bar bar;
+    o.optim = a->optim;
+    o.force = a->force;
+    char *made;
+    int rc = output_ready(a->out, false, &made);
+    if (rc)
+        return rc;
+    o.progress = zcli_progress_init(&bar);
+    rc = zfmt_dcp_export(a->path, a->out, &o);
+    zcli_progress_end(&bar);
+    if (rc < 0)
+        return dir_export_failed(rc, a, made);
+    free(made);
+    printf("%s: PyTorch DCP checkpoint (.metadata, __0_0.distcp) of %s: the model%s\n", a->out,
+           a->path, a->optim ? " and AdamW's state" : "");
+    return ZCLI_OK;
+}
+
 static int export_hf(const zckpt_args *a)
 {
     zfmt_hf_opts o = ZFMT_HF_OPTS_INIT;
@@ -831,11 +866,7 @@ static int export_hf(const zckpt_args *a)
     rc = zfmt_hf_export(a->path, a->out, &o);
     zcli_progress_end(&bar);
     if (rc < 0)
-        return output_done(zcli_fail_ckpt(PROG, rc == ZR_EEXIST && !a->force
-                                                    ? "choose another output, or pass --force "
-                                                      "to replace an earlier export"
-                                                    : NULL),
-                           made, a->out);
+        return dir_export_failed(rc, a, made);
     free(made);
     char tj[4200];
     struct stat st;
@@ -857,6 +888,10 @@ static int cmd_export(const void *args)
     int dtype = a->dtype;
     if (a->tokenizer && a->format != FMT_HF)
         return zcli_fail(PROG, NULL, "--tokenizer applies to --format hf only");
+    if (a->optim && a->format != FMT_DCP)
+        return zcli_fail(PROG, NULL, "--optim applies to --format dcp only");
+    if (a->format == FMT_DCP)
+        return export_dcp(a);
     if (a->format == FMT_SAFETENSORS) {
         zfmt_st_opts so = ZFMT_ST_OPTS_INIT;
         so.dtype = dtype;
@@ -1265,8 +1300,8 @@ static const char *const dtype_names[] = {"f32", "bf16", "f16", NULL};
 static const int dtype_values[] = {ZCK_F32, ZCK_BF16, ZCK_F16};
 static const char *const consolidate_formats[] = {"zckpt", "safetensors", NULL};
 static const int consolidate_format_values[] = {FMT_ZCKPT, FMT_SAFETENSORS};
-static const char *const export_formats[] = {"safetensors", "llmc", "hf", NULL};
-static const int export_format_values[] = {FMT_SAFETENSORS, FMT_LLMC, FMT_HF};
+static const char *const export_formats[] = {"safetensors", "llmc", "hf", "dcp", NULL};
+static const int export_format_values[] = {FMT_SAFETENSORS, FMT_LLMC, FMT_HF, FMT_DCP};
 
 static const zcli_opt ls_opts[] = {ZCLI_POSITIONAL("RUNDIR", path), OPT_JSON};
 static const zcli_opt inspect_opts[] = {
@@ -1309,12 +1344,15 @@ static const zcli_opt consolidate_opts[] = {
 };
 static const zcli_opt export_opts[] = {
     ZCLI_POSITIONAL("CKPT", path),
-    OPT_OUTPUT("OUT", "the model file (hf: the model directory)"),
+    OPT_OUTPUT("OUT", "the model file (hf, dcp: the directory)"),
     {.name = "--format", .kind = ZCLI_OPT_ENUM, .flags = ZCLI_OPT_REQUIRED,
      .off = offsetof(zckpt_args, format), .choices = export_formats,
      .values = export_format_values,
-     .help = "safetensors in our tensor names, llm.c's GPT-2 model file, or a Hugging Face "
-             "model directory (config.json + model.safetensors) that transformers loads"},
+     .help = "safetensors in our tensor names, llm.c's GPT-2 model file, a Hugging Face "
+             "model directory (config.json + model.safetensors) that transformers loads, or a "
+             "PyTorch Distributed Checkpoint (.metadata + __0_0.distcp) that "
+             "torch.distributed.checkpoint.load reads into the Hugging Face model's state_dict "
+             "under \"model\""},
     OPT_DTYPE,
     ZCLI_STRING("--tokenizer", tokenizer, "FILE", "the checkpoint's own, if any",
                 "hf: a tokenizer.json to put beside the model"),
@@ -1323,6 +1361,9 @@ static const zcli_opt export_opts[] = {
      .help = "hf: weights larger than this go into model-0000k-of-0000n.safetensors shards of "
              "at most SIZE each (a larger tensor alone; at most 512 files) with "
              "model.safetensors.index.json; 0: one model.safetensors whatever its size"},
+    ZCLI_FLAG("--optim", optim,
+              "dcp: also AdamW's state under \"optimizer\" (exp_avg, exp_avg_sq, step; one param "
+              "group), as get_optimizer_state_dict names it, for set_optimizer_state_dict"),
     OPT_FORCE,
 };
 static const zcli_opt import_opts[] = {

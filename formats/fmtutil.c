@@ -428,3 +428,12 @@ int zfmt__dir_tmp(char dir[4096], char tmp[4096], const char *out_dir)
     snprintf(tmp, 4096, "%s.tmp-%ld", dir, (long)getpid());
     return 0;
 }
+
+void zfmt__transpose(void *dst, const void *src, size_t O, size_t I, size_t es)
+{
+    const unsigned char *a = src;
+    unsigned char *b = dst;
+    for (size_t o = 0; o < O; o++)
+        for (size_t i = 0; i < I; i++)
+            memcpy(b + (i * O + o) * es, a + (o * I + i) * es, es);
+}

@@ -105,6 +105,13 @@ int zfmt__hf_name(const zfmt__hf_family *f, char *out, size_t n, const char *our
 const char *zfmt__hf_to_ours(const zfmt__hf_family *f, const char *hf, int *transposed);
 /* 1 when hf is the output head, which a tied model does not have (skipped on import). */
 int zfmt__hf_is_head(const zfmt__hf_family *f, const char *hf);
+/* The output head's Hugging Face name ("lm_head.weight"), which the model's state_dict holds
+ * also when tied, and *embedding our name of the embedding a tied head is ("wte"). */
+const char *zfmt__hf_head(const zfmt__hf_family *f, const char **embedding);
+
+/* A row-major [O, I] matrix of es-byte elements into dst as [I, O] (ours [out, in] -> a Conv1D
+ * weight's [in, out]). */
+void zfmt__transpose(void *dst, const void *src, size_t O, size_t I, size_t es);
 
 /* ---------------------------------------------------------------- llm.c files */
 

@@ -274,12 +274,8 @@ static int write_transposed(zck_reader *r, const zck_read_opts *ro, const item *
 {
     zck_read_req q = {x->g, x->s, x->ti.offset, x->ti.numel, whole};
     ZR_TRY(zck_reader_read(r, &q, 1, ro));
-    size_t es = zck_dtype_size(st), O = (size_t)x->ti.shape[0], I = (size_t)x->ti.shape[1];
-    const unsigned char *a = whole;
-    unsigned char *b = tmp;
-    for (size_t o = 0; o < O; o++) /* ours [out, in] -> [in, out] */
-        for (size_t i = 0; i < I; i++)
-            memcpy(b + (i * O + o) * es, a + (o * I + i) * es, es);
+    zfmt__transpose(tmp, whole, (size_t)x->ti.shape[0], (size_t)x->ti.shape[1],
+                    zck_dtype_size(st));
     if (st != x->out_t) {
         int rc = zfmt_convert(whole, x->out_t, tmp, st, (size_t)x->ti.numel);
         if (rc) {

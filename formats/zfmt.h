@@ -112,6 +112,33 @@ typedef struct {
  */
 int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o);
 
+/* ---------------------------------------------------------------- PyTorch DCP export */
+
+typedef struct {
+    int optim;           /* also AdamW's state (the checkpoint's exp_avg, exp_avg_sq, step) */
+    int force;           /* replace out_dir when it holds only a DCP export's two files */
+    zck_progress progress;
+} zfmt_dcp_opts;
+#define ZFMT_DCP_OPTS_INIT {.optim = 0, .force = 0}
+
+/*
+ * Export a GPT-2 or Llama checkpoint as the PyTorch Distributed Checkpoint directory that
+ * torch.distributed.checkpoint.save of one process writes for {"model":
+ * get_model_state_dict(m)} (with optim: and "optimizer": get_optimizer_state_dict(m, AdamW), the
+ * key of torch's documentation and of zfmt_import) of
+ * the Hugging Face model m (GPT2LMHeadModel, LlamaForCausalLM): .metadata and __0_0.distcp,
+ * one torch.save zip per item (docs/FORMAT.md section 17). Keys "model.<Hugging Face name>"
+ * (lm_head.weight also when tied, as the state_dict has it; GPT-2's Conv1D weights [in, out]);
+ * with optim "optimizer.state.<name>.step|exp_avg|exp_avg_sq" and
+ * "optimizer.param_groups.0.<setting>"
+ * (lr and weight_decay from the training section, zrun's betas (0.9, 0.95) and eps 1e-8; one
+ * group, so zrun's decay on matrices only is not carried). Tensors as stored; the source is
+ * verified (every shard hashed) alongside, the directory built as "<out_dir>.tmp-<pid>" and
+ * renamed into place only after. ZR_EEXIST as zfmt_hf_export; ZR_ENOTFOUND for optim without
+ * moments; ZR_EUNSUPPORTED for another family or a tensor of 4 GiB or more (no ZIP64).
+ */
+int zfmt_dcp_export(const char *ckpt, const char *out_dir, const zfmt_dcp_opts *o);
+
 /* ---------------------------------------------------------------- import */
 
 typedef struct {
