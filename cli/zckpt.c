@@ -1469,12 +1469,15 @@ static const zcli_command commands[] = {
      "param as <state>/<name>) into one safetensors file, optionally converted (--dtype) or\n"
      "params only; --format zckpt writes a world-1 checkpoint into the run directory OUT.\n"
      "Of a DeepSpeed ZeRO or DCP checkpoint: its weights into one safetensors file, as\n"
-     "zero_to_fp32.py or dcp_to_torch_save give them. Streaming, bounded memory.\n"},
+     "zero_to_fp32.py or dcp_to_torch_save give them, or with --shard-size into a directory\n"
+     "of Hugging Face shards with their index. Streaming, bounded memory.\n"},
     {"export", cmd_export, TABLE(export_opts),
      "Export the model (params) of a checkpoint: safetensors in our tensor names, llm.c's\n"
      "GPT-2 model file (gpt2_124M.bin layout), or a Hugging Face model directory (config.json\n"
      "+ model.safetensors or shards with their index) that transformers loads as\n"
-     "GPT2LMHeadModel or LlamaForCausalLM.\n"},
+     "GPT2LMHeadModel or LlamaForCausalLM, or a PyTorch Distributed Checkpoint of that\n"
+     "model's state dict (with --optim also AdamW's state) that torch.distributed.checkpoint\n"
+     "loads.\n"},
     {"import", cmd_import, TABLE(import_opts),
      "Make a step-0 checkpoint (N shards) from a model: a safetensors file in our names, a\n"
      "Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory (config.json +\n"
