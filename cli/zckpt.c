@@ -29,10 +29,13 @@ typedef struct {
     const char *tokenizer;    /* export --format hf: a tokenizer.json to include */
     const char *log;          /* plot: --log */
     int json, tensors, force, params_only, all;
+    int optim;                /* export --format dcp: --optim */
     int format;               /* FMT_*, -1: from the output's name */
     int dtype;                /* a zck_dtype, -1: as stored */
     uint32_t world;
     size_t shard_bytes;       /* export --format hf: --shard-size */
+    size_t split_bytes;       /* consolidate of a foreign checkpoint: --shard-size (SIZE_MAX:
+                                 not given, one file) */
     zck_verify_opts verify;
     zck_reshard_opts reshard;
     zck_diff_opts diff;
@@ -41,7 +44,7 @@ typedef struct {
     zr_audit_opts audit;
 } zckpt_args;
 #define ZCLI_ARGS zckpt_args
-enum { FMT_ZCKPT, FMT_SAFETENSORS, FMT_LLMC, FMT_HF };
+enum { FMT_ZCKPT, FMT_SAFETENSORS, FMT_LLMC, FMT_HF, FMT_DCP };
 
 static void args_init(zckpt_args *a)
 {
@@ -49,6 +52,7 @@ static void args_init(zckpt_args *a)
         .format = -1,
         .dtype = -1,
         .shard_bytes = (size_t)ZFMT_HF_SHARD_DEFAULT,
+        .split_bytes = SIZE_MAX,
         .verify = ZCK_VERIFY_OPTS_INIT,
         .reshard = ZCK_RESHARD_OPTS_INIT,
         .diff = ZCK_DIFF_OPTS_INIT,
@@ -741,26 +745,48 @@ static int export_st(const char *src, const char *out, bool force, zfmt_st_opts 
     return output_done(rc, made, out);
 }
 
-/* A DeepSpeed or DCP checkpoint into one safetensors file (zfmt_foreign_consolidate). */
+/* A DeepSpeed or DCP checkpoint into one safetensors file (zfmt_foreign_consolidate), or with
+ * --shard-size a directory of Hugging Face shards (zfmt_foreign_consolidate_sharded). */
 static int consolidate_foreign(const zckpt_args *a, zfmt_foreign_kind k, int fmt)
 {
-    if (fmt != FMT_SAFETENSORS || a->dtype >= 0 || a->params_only)
-        return zcli_fail(PROG, "name a .safetensors output, or pass --format safetensors",
-                         "%s: a %s checkpoint consolidates into one safetensors file, as it is "
+    bool sharded = a->split_bytes != SIZE_MAX;
+    if ((fmt != FMT_SAFETENSORS && !sharded) || a->dtype >= 0 || a->params_only)
+        return zcli_fail(PROG, "name a .safetensors output, or pass --format safetensors "
+                         "(--shard-size SIZE: a directory of shards)",
+                         "%s: a %s checkpoint consolidates into safetensors, as it is "
                          "(--dtype and --params-only do not apply)", a->path,
                          zfmt_foreign_name(k));
-    if (exists(a->out) && !a->force)
+    if (!sharded && exists(a->out) && !a->force)
         return refuse_existing(a->out);
     char *made;
-    int rc = output_ready(a->out, true, &made);
+    int rc = output_ready(a->out, !sharded, &made);
     if (rc)
         return rc;
     zcli_bar bar;
     zck_progress p = zcli_progress_init(&bar);
-    rc = progress_done(&bar, zfmt_foreign_consolidate(a->path, a->out, &p));
-    if (rc == ZCLI_OK)
-        printf("%s: safetensors of %s (%s)\n", a->out, a->path, zfmt_foreign_name(k));
-    return output_done(rc, made, a->out);
+    if (!sharded) {
+        rc = progress_done(&bar, zfmt_foreign_consolidate(a->path, a->out, &p));
+        if (rc == ZCLI_OK)
+            printf("%s: safetensors of %s (%s)\n", a->out, a->path, zfmt_foreign_name(k));
+        return output_done(rc, made, a->out);
+    }
+    int r = zfmt_foreign_consolidate_sharded(a->path, a->out, a->split_bytes, a->force, &p);
+    zcli_progress_end(&bar);
+    if (r < 0)
+        return output_done(zcli_fail_ckpt(PROG, r == ZR_EEXIST && !a->force
+                                                    ? "choose another output, or pass --force "
+                                                      "to replace an earlier consolidate"
+                                                    : NULL),
+                           made, a->out);
+    free(made);
+    char ix[4200];
+    struct stat st;
+    snprintf(ix, sizeof ix, "%s/model.safetensors.index.json", a->out);
+    printf("%s: %s of %s (%s)\n", a->out,
+           lstat(ix, &st) == 0 ? "sharded model-*.safetensors with their index"
+                               : "model.safetensors",
+           a->path, zfmt_foreign_name(k));
+    return ZCLI_OK;
 }
 
 static int cmd_consolidate(const void *args)
@@ -775,6 +801,9 @@ static int cmd_consolidate(const void *args)
     zfmt_foreign_kind fk = zfmt_foreign_detect(src);
     if (fk != ZFMT_FOREIGN_NONE)
         return consolidate_foreign(a, fk, fmt);
+    if (a->split_bytes != SIZE_MAX)
+        return zcli_fail(PROG, "use export --format hf --shard-size for a zero checkpoint",
+                         "%s: --shard-size applies to a DeepSpeed or DCP checkpoint", src);
     if (fmt == FMT_SAFETENSORS) {
         zfmt_st_opts so = ZFMT_ST_OPTS_INIT;
         so.dtype = dtype;
@@ -789,6 +818,40 @@ static int cmd_consolidate(const void *args)
 }
 
 /* ------------------------------------------------------------------ export, import */
+
+/* A directory export (hf, dcp) that failed with rc: the error, its parents made go again. */
+static int dir_export_failed(int rc, const zckpt_args *a, char *made)
+{
+    return output_done(zcli_fail_ckpt(PROG, rc == ZR_EEXIST && !a->force
+                                                ? "choose another output, or pass --force to "
+                                                  "replace an earlier export"
+                                                : NULL),
+                       made, a->out);
+}
+
+static int export_dcp(const zckpt_args *a)
+{
+    if (a->dtype >= 0)
+        return zcli_fail(PROG, NULL, "a DCP export keeps the stored dtypes: --dtype does not "
+                         "apply");
+    zfmt_dcp_opts o = ZFMT_DCP_OPTS_INIT;
+    zcli_bar bar;
+    o.optim = a->optim;
+    o.force = a->force;
+    char *made;
+    int rc = output_ready(a->out, false, &made);
+    if (rc)
+        return rc;
+    o.progress = zcli_progress_init(&bar);
+    rc = zfmt_dcp_export(a->path, a->out, &o);
+    zcli_progress_end(&bar);
+    if (rc < 0)
+        return dir_export_failed(rc, a, made);
+    free(made);
+    printf("%s: PyTorch DCP checkpoint (.metadata, __0_0.distcp) of %s: the model%s\n", a->out,
+           a->path, a->optim ? " and AdamW's state" : "");
+    return ZCLI_OK;
+}
 
 static int export_hf(const zckpt_args *a)
 {
@@ -806,11 +869,7 @@ static int export_hf(const zckpt_args *a)
     rc = zfmt_hf_export(a->path, a->out, &o);
     zcli_progress_end(&bar);
     if (rc < 0)
-        return output_done(zcli_fail_ckpt(PROG, rc == ZR_EEXIST && !a->force
-                                                    ? "choose another output, or pass --force "
-                                                      "to replace an earlier export"
-                                                    : NULL),
-                           made, a->out);
+        return dir_export_failed(rc, a, made);
     free(made);
     char tj[4200];
     struct stat st;
@@ -832,6 +891,10 @@ static int cmd_export(const void *args)
     int dtype = a->dtype;
     if (a->tokenizer && a->format != FMT_HF)
         return zcli_fail(PROG, NULL, "--tokenizer applies to --format hf only");
+    if (a->optim && a->format != FMT_DCP)
+        return zcli_fail(PROG, NULL, "--optim applies to --format dcp only");
+    if (a->format == FMT_DCP)
+        return export_dcp(a);
     if (a->format == FMT_SAFETENSORS) {
         zfmt_st_opts so = ZFMT_ST_OPTS_INIT;
         so.dtype = dtype;
@@ -1240,8 +1303,8 @@ static const char *const dtype_names[] = {"f32", "bf16", "f16", NULL};
 static const int dtype_values[] = {ZCK_F32, ZCK_BF16, ZCK_F16};
 static const char *const consolidate_formats[] = {"zckpt", "safetensors", NULL};
 static const int consolidate_format_values[] = {FMT_ZCKPT, FMT_SAFETENSORS};
-static const char *const export_formats[] = {"safetensors", "llmc", "hf", NULL};
-static const int export_format_values[] = {FMT_SAFETENSORS, FMT_LLMC, FMT_HF};
+static const char *const export_formats[] = {"safetensors", "llmc", "hf", "dcp", NULL};
+static const int export_format_values[] = {FMT_SAFETENSORS, FMT_LLMC, FMT_HF, FMT_DCP};
 
 static const zcli_opt ls_opts[] = {ZCLI_POSITIONAL("RUNDIR", path), OPT_JSON};
 static const zcli_opt inspect_opts[] = {
@@ -1275,16 +1338,24 @@ static const zcli_opt consolidate_opts[] = {
     OPT_DTYPE,
     ZCLI_FLAG("--params-only", params_only, "safetensors: only the param state"),
     OPT_BUFFER("working memory (safetensors: at most 64M)"),
+    {.name = "--shard-size", .kind = ZCLI_OPT_BYTES, .off = offsetof(zckpt_args, split_bytes),
+     .meta = "SIZE", .def = "one file",
+     .help = "a DeepSpeed or DCP checkpoint: OUT is a directory of Hugging Face shards "
+             "model-0000k-of-0000n.safetensors of at most SIZE each (a larger tensor alone; at "
+             "most 512 files) with model.safetensors.index.json, as export --format hf writes"},
     OPT_FORCE,
 };
 static const zcli_opt export_opts[] = {
     ZCLI_POSITIONAL("CKPT", path),
-    OPT_OUTPUT("OUT", "the model file (hf: the model directory)"),
+    OPT_OUTPUT("OUT", "the model file (hf, dcp: the directory)"),
     {.name = "--format", .kind = ZCLI_OPT_ENUM, .flags = ZCLI_OPT_REQUIRED,
      .off = offsetof(zckpt_args, format), .choices = export_formats,
      .values = export_format_values,
-     .help = "safetensors in our tensor names, llm.c's GPT-2 model file, or a Hugging Face "
-             "model directory (config.json + model.safetensors) that transformers loads"},
+     .help = "safetensors in our tensor names, llm.c's GPT-2 model file, a Hugging Face "
+             "model directory (config.json + model.safetensors) that transformers loads, or a "
+             "PyTorch Distributed Checkpoint (.metadata + __0_0.distcp) that "
+             "torch.distributed.checkpoint.load reads into the Hugging Face model's state_dict "
+             "under \"model\""},
     OPT_DTYPE,
     ZCLI_STRING("--tokenizer", tokenizer, "FILE", "the checkpoint's own, if any",
                 "hf: a tokenizer.json to put beside the model"),
@@ -1293,6 +1364,9 @@ static const zcli_opt export_opts[] = {
      .help = "hf: weights larger than this go into model-0000k-of-0000n.safetensors shards of "
              "at most SIZE each (a larger tensor alone; at most 512 files) with "
              "model.safetensors.index.json; 0: one model.safetensors whatever its size"},
+    ZCLI_FLAG("--optim", optim,
+              "dcp: also AdamW's state under \"optimizer\" (exp_avg, exp_avg_sq, step; one param "
+              "group), as get_optimizer_state_dict names it, for set_optimizer_state_dict"),
     OPT_FORCE,
 };
 static const zcli_opt import_opts[] = {
@@ -1401,12 +1475,15 @@ static const zcli_command commands[] = {
      "param as <state>/<name>) into one safetensors file, optionally converted (--dtype) or\n"
      "params only; --format zckpt writes a world-1 checkpoint into the run directory OUT.\n"
      "Of a DeepSpeed (ZeRO or universal) or DCP checkpoint: its weights into one safetensors\n"
-     "file, as zero_to_fp32.py or dcp_to_torch_save give them. Streaming, bounded memory.\n"},
+     "file, as zero_to_fp32.py or dcp_to_torch_save give them, or with --shard-size into a\n"
+     "directory of Hugging Face shards with their index. Streaming, bounded memory.\n"},
     {"export", cmd_export, TABLE(export_opts),
      "Export the model (params) of a checkpoint: safetensors in our tensor names, llm.c's\n"
      "GPT-2 model file (gpt2_124M.bin layout), or a Hugging Face model directory (config.json\n"
      "+ model.safetensors or shards with their index) that transformers loads as\n"
-     "GPT2LMHeadModel or LlamaForCausalLM.\n"},
+     "GPT2LMHeadModel or LlamaForCausalLM, or a PyTorch Distributed Checkpoint of that\n"
+     "model's state dict (with --optim also AdamW's state) that torch.distributed.checkpoint\n"
+     "loads.\n"},
     {"import", cmd_import, TABLE(import_opts),
      "Make a step-0 checkpoint (N shards) from a model: a safetensors file in our names, a\n"
      "Hugging Face GPT2LMHeadModel or LlamaForCausalLM directory (config.json +\n"

@@ -1,10 +1,12 @@
 /*
  * fmtutil.c: helpers the converters share (see fmtutil.h): the output file that is written
  * under a temporary name and renamed into place only when complete and durable, opening a
- * source checkpoint after a full verification, throttled progress, and full reads.
+ * source checkpoint after a full verification, throttled progress, full reads, and output
+ * directories built under a temporary name and renamed into place.
  */
 #include "fmtutil.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <fcntl.h>
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---------------------------------------------------------------- atomic output file */
@@ -333,4 +336,104 @@ int zfmt__read_file(char **out, size_t *n_bytes, const char *path)
     *out = buf;
     *n_bytes = (size_t)size;
     return 0;
+}
+
+/* ---------------------------------------------------------------- output directories */
+
+int zfmt__dir_check(const char *dir, int force, int (*ours)(const char *name), const char *what,
+                    int *exists)
+{
+    struct stat st;
+    *exists = 0;
+    if (lstat(dir, &st) < 0) {
+        if (errno == ENOENT)
+            return 0;
+        return zr_err_sys(errno, "%s", dir);
+    }
+    if (!S_ISDIR(st.st_mode))
+        return zr_err_set(ZR_EEXIST, "%s exists and is not a directory%s", dir,
+                          S_ISLNK(st.st_mode) ? " (a symbolic link)" : "");
+    *exists = 1;
+    DIR *d = opendir(dir);
+    if (!d)
+        return zr_err_sys(errno, "%s: open directory", dir);
+    int rc = 0;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if (!force) {
+            rc = zr_err_set(ZR_EEXIST, "%s is not empty (it holds '%s')", dir, e->d_name);
+            break;
+        }
+        struct stat es;
+        if (!ours(e->d_name) || fstatat(dirfd(d), e->d_name, &es, AT_SYMLINK_NOFOLLOW) ||
+            !S_ISREG(es.st_mode))
+            rc = zr_err_set(ZR_EEXIST, "%s holds '%s', which %s does not write: not replacing "
+                            "it", dir, e->d_name, what);
+    }
+    closedir(d);
+    return rc;
+}
+
+void zfmt__dir_remove(const char *dir, int (*ours)(const char *name))
+{
+    char tmp[64];
+    int n = snprintf(tmp, sizeof tmp, ".tmp-%ld", (long)getpid());
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        char name[256];
+        snprintf(name, sizeof name, "%s", e->d_name);
+        if (len > (size_t)n && !strcmp(name + len - (size_t)n, tmp))
+            name[len - (size_t)n] = 0;
+        if (strcmp(name, ".") && strcmp(name, "..") && ours(name))
+            unlinkat(dirfd(d), e->d_name, 0);
+    }
+    if (d)
+        closedir(d);
+    rmdir(dir);
+}
+
+int zfmt__dir_put(const char *tmp, const char *dir, int exists, int (*ours)(const char *name))
+{
+    char old[4096];
+    if (exists) {
+        if ((size_t)snprintf(old, sizeof old, "%s.old-%ld", dir, (long)getpid()) >= sizeof old)
+            return zr_err_set(ZR_EINVAL, "%s: path too long", dir);
+        if (rename(dir, old) < 0)
+            return zr_err_sys(errno, "%s: rename to %s", dir, old);
+    }
+    if (rename(tmp, dir) < 0) {
+        int rc = zr_err_sys(errno, "%s: rename to %s", tmp, dir);
+        if (exists && rename(old, dir) < 0)
+            zr_err_prefix("(the old output is at %s) ", old);
+        return rc;
+    }
+    int rc = zfmt__fsync_dir_of(dir);
+    if (exists)
+        zfmt__dir_remove(old, ours);
+    return rc;
+}
+
+int zfmt__dir_tmp(char dir[4096], char tmp[4096], const char *out_dir)
+{
+    size_t n = strlen(out_dir);
+    while (n > 1 && out_dir[n - 1] == '/')
+        n--;
+    if (n + 64 > 4096)
+        return zr_err_set(ZR_EINVAL, "%s: path too long", out_dir);
+    snprintf(dir, 4096, "%.*s", (int)n, out_dir);
+    snprintf(tmp, 4096, "%s.tmp-%ld", dir, (long)getpid());
+    return 0;
+}
+
+void zfmt__transpose(void *dst, const void *src, size_t O, size_t I, size_t es)
+{
+    const unsigned char *a = src;
+    unsigned char *b = dst;
+    for (size_t o = 0; o < O; o++)
+        for (size_t i = 0; i < I; i++)
+            memcpy(b + (i * O + o) * es, a + (o * I + i) * es, es);
 }

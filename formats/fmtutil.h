@@ -30,6 +30,22 @@ void zfmt__out_free(zfmt__out *o);
 /* fsync the directory that holds path (its entries: a rename, a new file). */
 int zfmt__fsync_dir_of(const char *path);
 
+/* ---------------------------------------------------------------- output directories
+ * (an export of several files: built in "<dir>.tmp-<pid>" beside dir, then renamed into place;
+ * ours(name) says which file names the writer makes, the only ones a replaced dir may hold) */
+
+/* dir (trailing slashes dropped) and its temporary name, into 4096-byte buffers. */
+int zfmt__dir_tmp(char dir[4096], char tmp[4096], const char *out_dir);
+/* 0 when dir may be written: absent, an empty directory, or (force) a directory holding only
+ * regular files ours() accepts; else ZR_EEXIST naming what is there (what: "a Hugging Face
+ * export", for the message). *exists tells whether dir is there. */
+int zfmt__dir_check(const char *dir, int force, int (*ours)(const char *name), const char *what,
+                    int *exists);
+/* Move the built directory tmp into place as dir, replacing an old one (exists). */
+int zfmt__dir_put(const char *tmp, const char *dir, int exists, int (*ours)(const char *name));
+/* Remove the files ours() accepts (and their temporary files of this process) from dir, then dir. */
+void zfmt__dir_remove(const char *dir, int (*ours)(const char *name));
+
 /* ---------------------------------------------------------------- sources and progress */
 
 /* Open a checkpoint (directory or run directory) and start verifying it in full (hashes) on a
@@ -89,6 +105,13 @@ int zfmt__hf_name(const zfmt__hf_family *f, char *out, size_t n, const char *our
 const char *zfmt__hf_to_ours(const zfmt__hf_family *f, const char *hf, int *transposed);
 /* 1 when hf is the output head, which a tied model does not have (skipped on import). */
 int zfmt__hf_is_head(const zfmt__hf_family *f, const char *hf);
+/* The output head's Hugging Face name ("lm_head.weight"), which the model's state_dict holds
+ * also when tied, and *embedding our name of the embedding a tied head is ("wte"). */
+const char *zfmt__hf_head(const zfmt__hf_family *f, const char **embedding);
+
+/* A row-major [O, I] matrix of es-byte elements into dst as [I, O] (ours [out, in] -> a Conv1D
+ * weight's [in, out]). */
+void zfmt__transpose(void *dst, const void *src, size_t O, size_t I, size_t es);
 
 /* ---------------------------------------------------------------- llm.c files */
 
@@ -142,10 +165,31 @@ int zfmt__st_dtype_parse(zck_dtype *out, const char *name);
 int zfmt__st_export_hf(const char *ckpt, const char *out_dir, const zfmt_st_opts *o,
                        uint64_t shard_bytes);
 
+/* Hugging Face's shards (export --format hf --shard-size, consolidate --shard-size): tensors in
+ * order go into files of at most limit bytes of data, a new file where the next tensor would
+ * pass the limit (a larger tensor alone), as transformers does. Start with {0}; each call gives
+ * the file (0, 1, ...) of the next tensor of n_bytes and its offset in that file's data. */
+typedef struct {
+    size_t file;
+    uint64_t at;
+} zfmt__st_split;
+size_t zfmt__st_split_next(zfmt__st_split *s, uint64_t n_bytes, uint64_t limit, uint64_t *begin);
+/* The name of file k of n: "model.safetensors" (n 1) or "model-0000k-of-0000n.safetensors"
+ * (k from 0), after dir and a slash (dir NULL: the bare name). */
+void zfmt__st_shard_path(char *out, size_t cap, const char *dir, size_t k, size_t n);
+/* 1 for a name "model-<5 digits>-of-<5 digits>.safetensors". */
+int zfmt__st_is_shard_name(const char *name);
+struct json_t;
+/* model.safetensors.index.json into dir: {"metadata": {"total_size": total}, "weight_map":
+ * weight_map} (a JSON object, tensor name -> file name; borrowed), opened into *out for the
+ * caller to commit with the shards. */
+int zfmt__st_index_open(zfmt__out **out, const char *dir, const struct json_t *weight_map,
+                        uint64_t total);
+#define ZFMT__MAX_SHARDS 512 /* each stays open until the source verified */
+
 /* json_dumps into memory from malloc (whatever allocator Jansson was given), each real the
  * shortest decimal that reads back as the same double (zck_json_dumps); NULL when out of
  * memory. */
-struct json_t;
 char *zfmt__json_dump(const struct json_t *j, size_t flags);
 
 /* Keep the current message, change its code (a bad config read from a file is corrupt data,

@@ -5,6 +5,7 @@
 #include "foreign.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -297,45 +298,137 @@ int zfmt__foreign_open(const char *path, int moments, const zck_progress *progre
     return rc;
 }
 
-int zfmt_foreign_consolidate(const char *path, const char *out_file, const zck_progress *progress)
+/* The tensors t[i0, i1) as one safetensors file at out_file, hdr first (committed). */
+static int write_st(const zfmt__ds *ds, const zfmt__dcp *dcp, out_tensor *t, size_t i0,
+                    size_t i1, const char *out_file, void *buf, zfmt__prog *pr)
 {
+    char *hdr = NULL;
+    size_t hl = 0;
+    zfmt__out *o = NULL;
+    int rc = st_header(&hdr, &hl, t + i0, i1 - i0);
+    if (!rc)
+        rc = zfmt__out_open(&o, out_file);
+    if (!rc)
+        rc = zfmt__out_pwrite(o, hdr, hl, 0);
+    for (size_t i = i0; !rc && i < i1; i++)
+        if (ds) {
+            rc = write_ds(ds, &t[i], o, hl, buf, pr);
+        } else {
+            rc = zfmt__dcp_copy(dcp, t[i].src, o, hl + t[i].at, buf, COPY_BUF);
+            zfmt__prog_add(pr, t[i].bytes);
+        }
+    if (!rc)
+        rc = zfmt__out_commit(o);
+    zfmt__out_free(o);
+    free(hdr);
+    return rc;
+}
+
+static int is_sharded_file(const char *name)
+{
+    return !strcmp(name, "model.safetensors") || !strcmp(name, "model.safetensors.index.json") ||
+           zfmt__st_is_shard_name(name);
+}
+
+/* The shards of t[0, n) into directory dir (made here): file by file, then the index. */
+static int write_shards(const zfmt__ds *ds, const zfmt__dcp *dcp, out_tensor *t, size_t n,
+                        const char *dir, uint64_t shard_bytes, void *buf, zfmt__prog *pr)
+{
+    size_t *file = calloc(n + 1, sizeof *file), n_files = 1;
+    json_t *wm = json_object();
+    uint64_t total = 0;
+    int rc = file && wm ? 0 : zr_err_set(ZR_ENOMEM, "out of memory");
+    zfmt__st_split sp = {0};
+    for (size_t i = 0; !rc && i < n; i++) {
+        uint64_t at;
+        file[i] = zfmt__st_split_next(&sp, t[i].bytes, shard_bytes, &at);
+        total += t[i].bytes;
+        n_files = file[i] + 1;
+    }
+    if (!rc && n_files > ZFMT__MAX_SHARDS)
+        rc = zr_err_set(ZR_EINVAL, "consolidate: a shard size of %llu bytes makes %zu files (at "
+                        "most %d): choose a larger one", (unsigned long long)shard_bytes, n_files,
+                        ZFMT__MAX_SHARDS);
+    if (!rc && mkdir(dir, 0755) < 0)
+        rc = zr_err_sys(errno, "%s: create", dir);
+    char path[4200], name[64];
+    for (size_t k = 0, i0 = 0; !rc && k < n_files; k++) {
+        size_t i1 = i0;
+        while (i1 < n && file[i1] == k)
+            i1++;
+        zfmt__st_shard_path(name, sizeof name, NULL, k, n_files);
+        for (size_t i = i0; !rc && i < i1; i++)
+            if (json_object_get(wm, t[i].name))
+                rc = zr_err_set(ZR_ECORRUPT, "tensor '%s' occurs twice", t[i].name);
+            else if (json_object_set_new(wm, t[i].name, json_string(name)))
+                rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (!rc)
+            rc = write_st(ds, dcp, t, i0, i1, path, buf, pr);
+        i0 = i1;
+    }
+    if (!rc && n_files > 1) {
+        zfmt__out *ix = NULL;
+        rc = zfmt__st_index_open(&ix, dir, wm, total);
+        if (!rc)
+            rc = zfmt__out_commit(ix);
+        zfmt__out_free(ix);
+    }
+    if (!rc)
+        rc = zfmt__fsync_dir_of(path);
+    json_decref(wm);
+    free(file);
+    return rc;
+}
+
+int zfmt_foreign_consolidate_sharded(const char *path, const char *out, uint64_t shard_bytes,
+                                     int force, const zck_progress *progress)
+{
+    char dir[4096], tmp[4096];
+    int exists = 0;
+    if (shard_bytes == UINT64_MAX && force)
+        return zr_err_set(ZR_EINVAL, "consolidate: force applies to a sharded output only");
+    if (shard_bytes != UINT64_MAX) {
+        if (!shard_bytes)
+            return zr_err_set(ZR_EINVAL, "consolidate: a shard size of 0 bytes: at least 1");
+        ZR_TRY(zfmt__dir_tmp(dir, tmp, out));
+        ZR_TRY(zfmt__dir_check(dir, force, is_sharded_file, "a sharded consolidate", &exists));
+    }
     /* verified first (CRC-32s and coverage): nothing unverified is written */
     zfmt__ds *ds = NULL;
     zfmt__dcp *dcp = NULL;
     int rc = zfmt__foreign_open(path, 0, progress, &ds, &dcp);
     out_tensor *t = NULL;
-    size_t n = 0, hl = 0;
-    char *hdr = NULL;
+    size_t n = 0;
     if (!rc)
         rc = ds ? ds_tensors(ds, &t, &n) : dcp_tensors(dcp, &t, &n);
-    if (!rc)
-        rc = st_header(&hdr, &hl, t, n);
-    zfmt__out *o = NULL;
     void *buf = rc ? NULL : malloc(COPY_BUF);
     if (!rc && !buf)
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
-    if (!rc)
-        rc = zfmt__out_open(&o, out_file);
-    if (!rc)
-        rc = zfmt__out_pwrite(o, hdr, hl, 0);
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += t[i].bytes;
     zfmt__prog pr;
-    zfmt__prog_init(&pr, progress, "writing", n ? t[n - 1].at + t[n - 1].bytes : 0);
-    for (size_t i = 0; !rc && i < n; i++)
-        if (ds) {
-            rc = write_ds(ds, &t[i], o, hl, buf, &pr);
-        } else {
-            rc = zfmt__dcp_copy(dcp, t[i].src, o, hl + t[i].at, buf, COPY_BUF);
-            zfmt__prog_add(&pr, t[i].bytes);
-        }
-    if (!rc)
-        rc = zfmt__out_commit(o);
-    zfmt__out_free(o);
+    zfmt__prog_init(&pr, progress, "writing", total);
+    if (!rc && shard_bytes == UINT64_MAX) {
+        rc = write_st(ds, dcp, t, 0, n, out, buf, &pr);
+    } else if (!rc) {
+        rc = write_shards(ds, dcp, t, n, tmp, shard_bytes, buf, &pr);
+        if (!rc)
+            rc = zfmt__dir_put(tmp, dir, exists, is_sharded_file);
+        if (rc)
+            zfmt__dir_remove(tmp, is_sharded_file);
+    }
     free(buf);
-    free(hdr);
     free(t);
     zfmt__ds_free(ds);
     zfmt__dcp_free(dcp);
     return rc;
+}
+
+int zfmt_foreign_consolidate(const char *path, const char *out_file, const zck_progress *progress)
+{
+    return zfmt_foreign_consolidate_sharded(path, out_file, UINT64_MAX, 0, progress);
 }
 
 /* ---------------------------------------------------------------- inspect */

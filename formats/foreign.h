@@ -122,6 +122,51 @@ void zfmt__pv_describe(const zfmt__pv *v, char *buf, size_t n);
 /* torch's dtype name ("float32", "bfloat16") as ours: 1, or 0 for one zero does not read */
 int zfmt__torch_dtype(zck_dtype *out, const char *name);
 
+/* torch's names of a dtype ours: "float32" and its storage class "FloatStorage";
+ * ZR_EUNSUPPORTED for one torch has no storage class of. */
+int zfmt__torch_dtype_names(const char **dtype, const char **storage, zck_dtype t);
+
+/* A pickle writer (pickle.c): opcodes appended to a growing buffer, in the subset of protocol 2
+ * that every later protocol reads too (GLOBAL by "module\nname\n", BINUNICODE, BININT*,
+ * LONG1, BINFLOAT); no memo. Out of memory sets oom, checked once at the end. */
+typedef struct {
+    unsigned char *b;
+    size_t n, cap;
+    int oom;
+} zfmt__pkw;
+void zfmt__pkw_raw(zfmt__pkw *w, const void *p, size_t n);
+void zfmt__pkw_op(zfmt__pkw *w, int op); /* one opcode byte: '(' MARK, 't' TUPLE, ... */
+void zfmt__pkw_int(zfmt__pkw *w, int64_t v);
+void zfmt__pkw_float(zfmt__pkw *w, double v);
+void zfmt__pkw_str(zfmt__pkw *w, const char *s);
+void zfmt__pkw_global(zfmt__pkw *w, const char *module, const char *name);
+/* a tuple of n non-negative ints */
+void zfmt__pkw_ints(zfmt__pkw *w, size_t n, const uint64_t *v);
+void zfmt__pkw_free(zfmt__pkw *w);
+
+/* A torch.save zip written into an output file from byte base (torchzip.c): records under
+ * "archive/", stored, each record's data 64-byte aligned in the zip as torch aligns it, then
+ * the central directory. Up to 16 records; each below 4 GiB (no ZIP64: ZR_EUNSUPPORTED). */
+typedef struct {
+    zfmt__out *o;
+    uint64_t base, at; /* the zip's start in o, the next byte (relative) */
+    size_t n;
+    struct {
+        char name[64];
+        uint64_t off, size;
+        uint32_t crc;
+    } e[16];
+} zfmt__zipw;
+void zfmt__zipw_init(zfmt__zipw *z, zfmt__out *o, uint64_t base);
+/* A record of size bytes: its local header written; *data_at: where in o its bytes go (the
+ * caller writes them there, then zfmt__zipw_end with their CRC-32). */
+int zfmt__zipw_begin(zfmt__zipw *z, const char *name, uint64_t size, uint64_t *data_at);
+int zfmt__zipw_end(zfmt__zipw *z, uint32_t crc);
+/* A whole record from memory. */
+int zfmt__zipw_record(zfmt__zipw *z, const char *name, const void *data, size_t n);
+/* The central directory: *len the zip's bytes. */
+int zfmt__zipw_finish(zfmt__zipw *z, uint64_t *len);
+
 /* ---------------------------------------------------------------- PyTorch DCP (dcp.c) */
 
 typedef struct zfmt__dcp zfmt__dcp;

@@ -9,9 +9,7 @@
  */
 #include "fmtutil.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,87 +18,17 @@
 #include <unistd.h>
 
 /* What an export writes: the only entries a target may hold to be replaced; and the shards
- * model-<5 digits>-of-<5 digits>.safetensors. */
+ * model-<5 digits>-of-<5 digits>.safetensors (zfmt__st_is_shard_name). */
 static const char *const hf_files[] = {"config.json", "model.safetensors", "tokenizer.json",
                                        "model.safetensors.index.json"};
 #define N_HF_FILES (sizeof hf_files / sizeof *hf_files)
-
-static int is_digits(const char *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (p[i] < '0' || p[i] > '9')
-            return 0;
-    return 1;
-}
 
 static int is_hf_file(const char *name)
 {
     for (size_t i = 0; i < N_HF_FILES; i++)
         if (!strcmp(name, hf_files[i]))
             return 1;
-    /* "model-" 5 "-of-" 5 ".safetensors" */
-    return strlen(name) == 32 && !strncmp(name, "model-", 6) && is_digits(name + 6, 5) &&
-           !strncmp(name + 11, "-of-", 4) && is_digits(name + 15, 5) &&
-           !strcmp(name + 20, ".safetensors");
-}
-
-/* 0 when out_dir may be written: absent, an empty directory, or (force) a directory holding
- * only regular files an export writes. *exists tells whether it is there. */
-static int check_target(const char *out_dir, int force, int *exists)
-{
-    struct stat st;
-    *exists = 0;
-    if (lstat(out_dir, &st) < 0) {
-        if (errno == ENOENT)
-            return 0;
-        return zr_err_sys(errno, "%s", out_dir);
-    }
-    if (!S_ISDIR(st.st_mode))
-        return zr_err_set(ZR_EEXIST, "%s exists and is not a directory%s", out_dir,
-                          S_ISLNK(st.st_mode) ? " (a symbolic link)" : "");
-    *exists = 1;
-    DIR *d = opendir(out_dir);
-    if (!d)
-        return zr_err_sys(errno, "%s: open directory", out_dir);
-    int rc = 0;
-    struct dirent *e;
-    while (!rc && (e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        if (!force) {
-            rc = zr_err_set(ZR_EEXIST, "%s is not empty (it holds '%s')", out_dir, e->d_name);
-            break;
-        }
-        struct stat es;
-        if (!is_hf_file(e->d_name) || fstatat(dirfd(d), e->d_name, &es, AT_SYMLINK_NOFOLLOW) ||
-            !S_ISREG(es.st_mode))
-            rc = zr_err_set(ZR_EEXIST, "%s holds '%s', which a Hugging Face export does not "
-                            "write: not replacing it", out_dir, e->d_name);
-    }
-    closedir(d);
-    return rc;
-}
-
-/* Remove the files an export writes (and their temporary files of this process) from dir, then
- * dir (nothing else is there: check_target). */
-static void remove_export(const char *dir)
-{
-    char tmp[64];
-    int n = snprintf(tmp, sizeof tmp, ".tmp-%ld", (long)getpid());
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        size_t len = strlen(e->d_name);
-        char name[256];
-        snprintf(name, sizeof name, "%s", e->d_name);
-        if (len > (size_t)n && !strcmp(name + len - (size_t)n, tmp))
-            name[len - (size_t)n] = 0;
-        if (is_hf_file(name))
-            unlinkat(dirfd(d), e->d_name, 0);
-    }
-    if (d)
-        closedir(d);
-    rmdir(dir);
+    return zfmt__st_is_shard_name(name);
 }
 
 static int write_text(const char *path, const char *text, size_t n)
@@ -263,29 +191,6 @@ static int read_config(zck_arch_config *a, uint64_t *step, int *param_dtype, con
     return rc;
 }
 
-/* Move the built directory tmp into place as out_dir, replacing an old export. */
-static int put_in_place(const char *tmp, const char *out_dir, int exists)
-{
-    char old[4096];
-    if (exists) {
-        if ((size_t)snprintf(old, sizeof old, "%s.old-%ld", out_dir, (long)getpid()) >=
-            sizeof old)
-            return zr_err_set(ZR_EINVAL, "%s: path too long", out_dir);
-        if (rename(out_dir, old) < 0)
-            return zr_err_sys(errno, "%s: rename to %s", out_dir, old);
-    }
-    if (rename(tmp, out_dir) < 0) {
-        int rc = zr_err_sys(errno, "%s: rename to %s", tmp, out_dir);
-        if (exists && rename(old, out_dir) < 0)
-            zr_err_prefix("(the old export is at %s) ", old);
-        return rc;
-    }
-    int rc = zfmt__fsync_dir_of(out_dir);
-    if (exists)
-        remove_export(old);
-    return rc;
-}
-
 int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o)
 {
     zfmt_hf_opts def = ZFMT_HF_OPTS_INIT;
@@ -294,15 +199,8 @@ int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o)
     if (o->dtype != -1 && o->dtype != ZCK_F32 && o->dtype != ZCK_BF16 && o->dtype != ZCK_F16)
         return zr_err_set(ZR_EINVAL, "Hugging Face export: dtype %d: expected -1 (as stored), "
                           "f32, bf16 or f16", o->dtype);
-    size_t n = strlen(out_dir);
-    while (n > 1 && out_dir[n - 1] == '/')
-        n--;
-    if (n + 64 > 4096)
-        return zr_err_set(ZR_EINVAL, "%s: path too long", out_dir);
     char dir[4096], tmp[4096], path[4200];
-    snprintf(dir, sizeof dir, "%.*s", (int)n, out_dir);
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp-%ld", dir, (long)getpid()) >= sizeof tmp)
-        return zr_err_set(ZR_EINVAL, "%s: path too long", out_dir);
+    ZR_TRY(zfmt__dir_tmp(dir, tmp, out_dir));
 
     int exists, stored;
     zck_arch_config c;
@@ -310,7 +208,7 @@ int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o)
     char *tok = NULL; /* the tokenizer.json given (else the checkpoint's), checked before */
     size_t tok_bytes = 0; /* anything is written */
     int64_t eos;
-    ZR_TRY(check_target(dir, o->force, &exists));
+    ZR_TRY(zfmt__dir_check(dir, o->force, is_hf_file, "a Hugging Face export", &exists));
     ZR_TRY(read_config(&c, &step, &stored, ckpt));
     if (o->tokenizer_json)
         ZR_TRY(given_tokenizer(&tok, &tok_bytes, o->tokenizer_json,
@@ -347,8 +245,8 @@ int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o)
     if (!rc)
         rc = zfmt__fsync_dir_of(path);
     if (!rc)
-        rc = put_in_place(tmp, dir, exists);
+        rc = zfmt__dir_put(tmp, dir, exists, is_hf_file);
     if (rc)
-        remove_export(tmp);
+        zfmt__dir_remove(tmp, is_hf_file);
     return rc;
 }

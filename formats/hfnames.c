@@ -21,6 +21,7 @@ struct zfmt__hf_family {
     const char *prefix;        /* before our names in Hugging Face's */
     const char *outside;       /* a name kept outside the prefix (as ours), or NULL */
     const char *head;          /* the output head: skipped on import when ours is tied */
+    const char *embedding;     /* our name of the embedding a tied head is */
     struct {
         const char *ours, *hf;
     } renamed[2];
@@ -36,6 +37,7 @@ static const zfmt__hf_family families[] = {
         .hf_bare = "GPT2Model", /* its head is tied: the same model */
         .prefix = "transformer.",
         .head = "lm_head.weight",
+        .embedding = "wte",
         .renamed = {{"wte", "wte.weight"}, {"wpe", "wpe.weight"}},
         .layers = "h",
         .buffers = {"attn.bias", "attn.masked_bias"},
@@ -48,6 +50,7 @@ static const zfmt__hf_family families[] = {
         .prefix = "model.",
         .outside = "lm_head.weight",
         .head = "lm_head.weight",
+        .embedding = "embed_tokens.weight",
         .layers = "layers",
         .buffers = {"self_attn.rotary_emb.inv_freq"},
     },
@@ -129,4 +132,10 @@ const char *zfmt__hf_to_ours(const zfmt__hf_family *f, const char *hf, int *tran
 int zfmt__hf_is_head(const zfmt__hf_family *f, const char *hf)
 {
     return f->head && !strcmp(hf, f->head);
+}
+
+const char *zfmt__hf_head(const zfmt__hf_family *f, const char **embedding)
+{
+    *embedding = f->embedding;
+    return f->head;
 }

@@ -772,8 +772,8 @@ static int dcp_optim_note(source *s)
     return rc;
 }
 
-/* DCP: a model state dict (keys: the parameter names), or get_state_dict's {"model": ...,
- * "optimizer": ...} with the moments as "optimizer.state.<name>.exp_avg" / ".exp_avg_sq" and
+/* DCP: a model state dict (keys: the parameter names), or get_state_dict's {"model": ...[,
+ * "optimizer": ...]} (zfmt_dcp_export's) with the moments as "optimizer.state.<name>.exp_avg" / ".exp_avg_sq" and
  * the step as ".step". */
 static int open_dcp(source *s, const char *path, const zfmt_import_opts *o)
 {
@@ -787,15 +787,19 @@ static int open_dcp(source *s, const char *path, const zfmt_import_opts *o)
         return zr_err_set(ZR_ENOMEM, "out of memory");
     memset(s->fx, 0xff, s->nt * sizeof *s->fx); /* -1 */
     size_t n = zfmt__dcp_n(s->dcp);
-    int layout = 0; /* get_state_dict's */
-    for (size_t i = 0; i < n && !layout; i++) {
+    /* get_state_dict's: an "optimizer." item, or every item under "model." (a bare
+     * LlamaForCausalLM state dict has lm_head.weight outside its "model." prefix) */
+    int layout = 0, wrapped = n > 0;
+    for (size_t i = 0; i < n; i++) {
         const char *fqn;
         zck_dtype dt;
         size_t nd;
         const uint64_t *sz;
         zfmt__dcp_tensor(s->dcp, i, &fqn, &dt, &nd, &sz);
-        layout = !strncmp(fqn, "optimizer.", 10);
+        layout |= !strncmp(fqn, "optimizer.", 10);
+        wrapped &= !strncmp(fqn, "model.", 6);
     }
+    layout |= wrapped;
     static const char *const suffix[N_ST] = {"", ".exp_avg", ".exp_avg_sq"};
     int moments = 0, steps = 0;
     for (size_t i = 0; i < n; i++) {

@@ -890,3 +890,111 @@ void zfmt__pv_describe(const zfmt__pv *v, char *buf, size_t n)
     else
         snprintf(buf, n, "%s", kinds[v->kind]);
 }
+
+/* ---------------------------------------------------------------- writing */
+
+int zfmt__torch_dtype_names(const char **dtype, const char **storage, zck_dtype t)
+{
+    for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
+        if (dtypes[i].known && dtypes[i].t == t && dtypes[i].dtype && dtypes[i].storage) {
+            *dtype = dtypes[i].dtype;
+            *storage = dtypes[i].storage;
+            return 0;
+        }
+    return zr_err_set(ZR_EUNSUPPORTED, "dtype %s has no torch storage class", zck_dtype_name(t));
+}
+
+void zfmt__pkw_raw(zfmt__pkw *w, const void *p, size_t n)
+{
+    if (w->oom)
+        return;
+    if (w->n + n > w->cap) {
+        size_t cap = w->cap ? w->cap : 256;
+        while (cap < w->n + n)
+            cap *= 2;
+        unsigned char *b = realloc(w->b, cap);
+        if (!b) {
+            w->oom = 1;
+            return;
+        }
+        w->b = b;
+        w->cap = cap;
+    }
+    memcpy(w->b + w->n, p, n);
+    w->n += n;
+}
+
+void zfmt__pkw_op(zfmt__pkw *w, int op)
+{
+    unsigned char c = (unsigned char)op;
+    zfmt__pkw_raw(w, &c, 1);
+}
+
+static void put_le(zfmt__pkw *w, uint64_t v, int n)
+{
+    unsigned char b[8];
+    for (int k = 0; k < n; k++)
+        b[k] = (unsigned char)(v >> (8 * k));
+    zfmt__pkw_raw(w, b, (size_t)n);
+}
+
+void zfmt__pkw_int(zfmt__pkw *w, int64_t v)
+{
+    if (v >= 0 && v < 256) {
+        zfmt__pkw_op(w, 'K'); /* BININT1 */
+        put_le(w, (uint64_t)v, 1);
+    } else if (v >= 0 && v < 65536) {
+        zfmt__pkw_op(w, 'M'); /* BININT2 */
+        put_le(w, (uint64_t)v, 2);
+    } else if (v >= INT32_MIN && v <= INT32_MAX) {
+        zfmt__pkw_op(w, 'J'); /* BININT */
+        put_le(w, (uint64_t)(uint32_t)(int32_t)v, 4);
+    } else {
+        zfmt__pkw_op(w, 0x8a); /* LONG1: 8 bytes, two's complement */
+        put_le(w, 8, 1);
+        put_le(w, (uint64_t)v, 8);
+    }
+}
+
+void zfmt__pkw_float(zfmt__pkw *w, double v)
+{
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    unsigned char b[9] = {'G'}; /* BINFLOAT: big-endian */
+    for (int k = 0; k < 8; k++)
+        b[1 + k] = (unsigned char)(u >> (8 * (7 - k)));
+    zfmt__pkw_raw(w, b, 9);
+}
+
+void zfmt__pkw_str(zfmt__pkw *w, const char *s)
+{
+    size_t n = strlen(s);
+    zfmt__pkw_op(w, 'X'); /* BINUNICODE */
+    put_le(w, (uint64_t)n, 4);
+    zfmt__pkw_raw(w, s, n);
+}
+
+void zfmt__pkw_global(zfmt__pkw *w, const char *module, const char *name)
+{
+    zfmt__pkw_op(w, 'c'); /* GLOBAL "module\nname\n" */
+    zfmt__pkw_raw(w, module, strlen(module));
+    zfmt__pkw_op(w, '\n');
+    zfmt__pkw_raw(w, name, strlen(name));
+    zfmt__pkw_op(w, '\n');
+}
+
+void zfmt__pkw_ints(zfmt__pkw *w, size_t n, const uint64_t *v)
+{
+    if (n > 3)
+        zfmt__pkw_op(w, '(');
+    for (size_t k = 0; k < n; k++)
+        zfmt__pkw_int(w, (int64_t)v[k]);
+    static const char tuple_op[4] = {')', (char)0x85, (char)0x86, (char)0x87};
+    zfmt__pkw_op(w, n > 3 ? 't' : (unsigned char)tuple_op[n]);
+}
+
+void zfmt__pkw_free(zfmt__pkw *w)
+{
+    free(w->b);
+    *w = (zfmt__pkw){0};
+}

@@ -197,25 +197,75 @@ fail:
     return rc;
 }
 
-/* Split items into files of at most limit bytes of data (0: one file), as transformers does:
- * a new file where the next tensor would pass the limit (a tensor larger than the limit has a
- * file of its own); offsets become relative to each file. Returns the number of files. */
+size_t zfmt__st_split_next(zfmt__st_split *s, uint64_t n_bytes, uint64_t limit, uint64_t *begin)
+{
+    if (limit && s->at && s->at + n_bytes > limit) {
+        s->file++;
+        s->at = 0;
+    }
+    *begin = s->at;
+    s->at += n_bytes;
+    return s->file;
+}
+
+/* Split items into files of at most limit bytes of data (0: one file); offsets become relative
+ * to each file. Returns the number of files. */
 static size_t assign_shards(item *it, size_t n, uint64_t limit)
 {
-    size_t shard = 0;
-    uint64_t at = 0;
+    zfmt__st_split sp = {0};
     for (size_t i = 0; i < n; i++) {
         uint64_t bytes = it[i].end - it[i].begin;
-        if (limit && at && at + bytes > limit) {
-            shard++;
-            at = 0;
-        }
-        it[i].shard = shard;
-        it[i].begin = at;
-        at += bytes;
-        it[i].end = at;
+        it[i].shard = zfmt__st_split_next(&sp, bytes, limit, &it[i].begin);
+        it[i].end = it[i].begin + bytes;
     }
-    return shard + 1;
+    return sp.file + 1;
+}
+
+static int is_digits(const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] < '0' || p[i] > '9')
+            return 0;
+    return 1;
+}
+
+int zfmt__st_is_shard_name(const char *name)
+{
+    /* "model-" 5 "-of-" 5 ".safetensors" */
+    return strlen(name) == 32 && !strncmp(name, "model-", 6) && is_digits(name + 6, 5) &&
+           !strncmp(name + 11, "-of-", 4) && is_digits(name + 15, 5) &&
+           !strcmp(name + 20, ".safetensors");
+}
+
+void zfmt__st_shard_path(char *out, size_t cap, const char *dir, size_t k, size_t n)
+{
+    const char *sep = dir ? "/" : "";
+    dir = dir ? dir : "";
+    if (n == 1)
+        snprintf(out, cap, "%s%smodel.safetensors", dir, sep);
+    else
+        snprintf(out, cap, "%s%smodel-%05zu-of-%05zu.safetensors", dir, sep, k + 1, n);
+}
+
+int zfmt__st_index_open(zfmt__out **out, const char *dir, const json_t *weight_map,
+                        uint64_t total)
+{
+    *out = NULL;
+    json_t *root = json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total,
+                             "weight_map", (json_t *)weight_map);
+    char *text = root ? zfmt__json_dump(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(root);
+    if (!text)
+        return zr_err_set(ZR_ENOMEM, "out of memory");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    size_t n = strlen(text);
+    text[n] = '\n'; /* json_dumps leaves room for its NUL: a final newline in its place */
+    int rc = zfmt__out_open(out, path);
+    if (!rc)
+        rc = zfmt__out_write(*out, text, n + 1);
+    free(text);
+    return rc;
 }
 
 /* Read tensor x whole (it is 2-D), write it transposed through dbuf (as wide as the tensor). */
@@ -224,12 +274,8 @@ static int write_transposed(zck_reader *r, const zck_read_opts *ro, const item *
 {
     zck_read_req q = {x->g, x->s, x->ti.offset, x->ti.numel, whole};
     ZR_TRY(zck_reader_read(r, &q, 1, ro));
-    size_t es = zck_dtype_size(st), O = (size_t)x->ti.shape[0], I = (size_t)x->ti.shape[1];
-    const unsigned char *a = whole;
-    unsigned char *b = tmp;
-    for (size_t o = 0; o < O; o++) /* ours [out, in] -> [in, out] */
-        for (size_t i = 0; i < I; i++)
-            memcpy(b + (i * O + o) * es, a + (o * I + i) * es, es);
+    zfmt__transpose(tmp, whole, (size_t)x->ti.shape[0], (size_t)x->ti.shape[1],
+                    zck_dtype_size(st));
     if (st != x->out_t) {
         int rc = zfmt_convert(whole, x->out_t, tmp, st, (size_t)x->ti.numel);
         if (rc) {
@@ -431,10 +477,8 @@ static void file_path(char *p, size_t cap, const st_job *j, const char *out, siz
 {
     if (!j->fam)
         snprintf(p, cap, "%s", out);
-    else if (j->n_files == 1)
-        snprintf(p, cap, "%s/model.safetensors", out);
     else
-        snprintf(p, cap, "%s/model-%05zu-of-%05zu.safetensors", out, k + 1, j->n_files);
+        zfmt__st_shard_path(p, cap, out, k, j->n_files);
 }
 
 /* Write file k (items of shard k, consecutive) up to its commit. */
@@ -465,34 +509,21 @@ static int write_file(st_job *j, const char *out, size_t k, size_t *i)
     return rc;
 }
 
-/* model.safetensors.index.json: {"metadata": {"total_size": bytes}, "weight_map": {name: file}}
- * (opened as file n_files, committed with the others). */
+/* model.safetensors.index.json (opened as file n_files, committed with the others). */
 static int write_index(st_job *j, const char *out)
 {
-    json_t *wm = json_object(), *root = NULL;
+    json_t *wm = json_object();
     uint64_t total = 0;
     int bad = !wm;
-    char path[4200];
+    char name[64];
     for (size_t i = 0; !bad && i < j->n; i++) {
-        file_path(path, sizeof path, j, "", j->it[i].shard);
-        bad = json_object_set_new(wm, j->it[i].name, json_string(path + 1));
+        zfmt__st_shard_path(name, sizeof name, NULL, j->it[i].shard, j->n_files);
+        bad = json_object_set_new(wm, j->it[i].name, json_string(name));
         total += j->it[i].end - j->it[i].begin;
     }
-    if (!bad)
-        root = json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total,
-                         "weight_map", wm);
+    int rc = bad ? zr_err_set(ZR_ENOMEM, "out of memory")
+                 : zfmt__st_index_open(&j->f[j->n_files], out, wm, total);
     json_decref(wm);
-    char *text = root ? zfmt__json_dump(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(root);
-    if (!text)
-        return zr_err_set(ZR_ENOMEM, "out of memory");
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", out);
-    size_t n = strlen(text);
-    text[n] = '\n'; /* json_dumps leaves room for its NUL: a final newline in its place */
-    int rc = zfmt__out_open(&j->f[j->n_files], path);
-    if (!rc)
-        rc = zfmt__out_write(j->f[j->n_files], text, n + 1);
-    free(text);
     return rc;
 }
 
@@ -512,7 +543,6 @@ static int ckpt_family(const zfmt__hf_family **out, zck_reader *r)
 
 static int st_export(const char *ckpt, const char *out, const zfmt_st_opts *o, int hf,
                      uint64_t shard_bytes);
-#define MAX_SHARDS 512
 
 int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o)
 {
@@ -552,10 +582,10 @@ static int st_export(const char *ckpt, const char *out, const zfmt_st_opts *o, i
     ZR_TRY_GOTO(plan_items(&j.it, &j.n, j.r, &opt, j.fam), rc, out);
     uint64_t total = j.n ? j.it[j.n - 1].end : 0;
     j.n_files = hf ? assign_shards(j.it, j.n, shard_bytes) : 1;
-    if (j.n_files > MAX_SHARDS) { /* each stays open until the source verified */
+    if (j.n_files > ZFMT__MAX_SHARDS) { /* each stays open until the source verified */
         rc = zr_err_set(ZR_EINVAL, "Hugging Face export: a shard size of %llu bytes makes %zu "
                         "files (at most %d): choose a larger one",
-                        (unsigned long long)shard_bytes, j.n_files, MAX_SHARDS);
+                        (unsigned long long)shard_bytes, j.n_files, ZFMT__MAX_SHARDS);
         goto out;
     }
     if (!(j.f = calloc(j.n_files + 1, sizeof *j.f))) {

@@ -418,3 +418,118 @@ int zfmt__zip_check_crc(const zfmt__zip *z, const zfmt__zip_entry *e)
                           e->crc);
     return 0;
 }
+
+/* ---------------------------------------------------------------- writing */
+
+#define ZIPW_ALIGN 64 /* torch's kFieldAlignment */
+
+static void put16(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+}
+
+static void put32(unsigned char *p, uint32_t v)
+{
+    put16(p, v & 0xffff);
+    put16(p + 2, v >> 16);
+}
+
+void zfmt__zipw_init(zfmt__zipw *z, zfmt__out *o, uint64_t base)
+{
+    *z = (zfmt__zipw){.o = o, .base = base};
+}
+
+/* the local header of record k (crc as known), with the padding extra field "FB" that puts its
+ * data on a 64-byte boundary of the zip, at its offset */
+static int local_header(zfmt__zipw *z, size_t k, uint64_t *hdr_bytes)
+{
+    unsigned char h[30 + 64 + ZIPW_ALIGN + 4];
+    size_t nl = strlen(z->e[k].name);
+    uint64_t data = z->e[k].off + 30 + nl + 4;
+    size_t pad = (size_t)((ZIPW_ALIGN - data % ZIPW_ALIGN) % ZIPW_ALIGN);
+    memset(h, 0, 30);
+    put32(h, 0x04034b50);
+    put16(h + 4, 20);        /* version needed */
+    put16(h + 6, 0x0800);    /* UTF-8 names */
+    put32(h + 14, z->e[k].crc);
+    put32(h + 18, (uint32_t)z->e[k].size);
+    put32(h + 22, (uint32_t)z->e[k].size);
+    put16(h + 26, (uint32_t)nl);
+    put16(h + 28, (uint32_t)(4 + pad));
+    memcpy(h + 30, z->e[k].name, nl);
+    put16(h + 30 + nl, 0x4246); /* "FB" */
+    put16(h + 32 + nl, (uint32_t)pad);
+    memset(h + 34 + nl, 'Z', pad);
+    *hdr_bytes = 34 + nl + pad;
+    return zfmt__out_pwrite(z->o, h, (size_t)*hdr_bytes, z->base + z->e[k].off);
+}
+
+int zfmt__zipw_begin(zfmt__zipw *z, const char *name, uint64_t size, uint64_t *data_at)
+{
+    if (z->n >= sizeof z->e / sizeof *z->e || strlen(name) + 9 >= sizeof z->e[0].name)
+        return zr_err_set(ZR_EINVAL, "torch.save zip: too many records or too long a name");
+    if (size >= 0xffffffffu)
+        return zr_err_set(ZR_EUNSUPPORTED, "torch.save zip: a record of %llu bytes (4 GiB or "
+                          "more needs ZIP64, not written)", (unsigned long long)size);
+    size_t k = z->n++;
+    snprintf(z->e[k].name, sizeof z->e[k].name, "archive/%s", name);
+    z->e[k].off = z->at;
+    z->e[k].size = size;
+    z->e[k].crc = 0;
+    uint64_t hl;
+    ZR_TRY(local_header(z, k, &hl));
+    *data_at = z->base + z->at + hl;
+    z->at += hl + size;
+    return 0;
+}
+
+int zfmt__zipw_end(zfmt__zipw *z, uint32_t crc)
+{
+    uint64_t hl;
+    z->e[z->n - 1].crc = crc;
+    return local_header(z, z->n - 1, &hl); /* again, with the CRC-32 */
+}
+
+int zfmt__zipw_record(zfmt__zipw *z, const char *name, const void *data, size_t n)
+{
+    uint64_t at;
+    ZR_TRY(zfmt__zipw_begin(z, name, n, &at));
+    ZR_TRY(zfmt__out_pwrite(z->o, data, n, at));
+    return zfmt__zipw_end(z, zfmt__crc32(0, data, n));
+}
+
+int zfmt__zipw_finish(zfmt__zipw *z, uint64_t *len)
+{
+    unsigned char c[46 + 64];
+    uint64_t cd = z->at;
+    for (size_t k = 0; k < z->n; k++) {
+        size_t nl = strlen(z->e[k].name);
+        memset(c, 0, 46);
+        put32(c, 0x02014b50);
+        put16(c + 4, 20);  /* version made by */
+        put16(c + 6, 20);  /* version needed */
+        put16(c + 8, 0x0800);
+        put32(c + 16, z->e[k].crc);
+        put32(c + 20, (uint32_t)z->e[k].size);
+        put32(c + 24, (uint32_t)z->e[k].size);
+        put16(c + 28, (uint32_t)nl);
+        put32(c + 42, (uint32_t)z->e[k].off);
+        memcpy(c + 46, z->e[k].name, nl);
+        ZR_TRY(zfmt__out_pwrite(z->o, c, 46 + nl, z->base + z->at));
+        z->at += 46 + nl;
+    }
+    if (z->at >= 0xffffffffu)
+        return zr_err_set(ZR_EUNSUPPORTED, "torch.save zip: 4 GiB or more needs ZIP64, not "
+                          "written");
+    memset(c, 0, 22);
+    put32(c, 0x06054b50);
+    put16(c + 8, (uint32_t)z->n);
+    put16(c + 10, (uint32_t)z->n);
+    put32(c + 12, (uint32_t)(z->at - cd));
+    put32(c + 16, (uint32_t)cd);
+    ZR_TRY(zfmt__out_pwrite(z->o, c, 22, z->base + z->at));
+    z->at += 22;
+    *len = z->at;
+    return 0;
+}

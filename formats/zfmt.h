@@ -112,6 +112,33 @@ typedef struct {
  */
 int zfmt_hf_export(const char *ckpt, const char *out_dir, const zfmt_hf_opts *o);
 
+/* ---------------------------------------------------------------- PyTorch DCP export */
+
+typedef struct {
+    int optim;           /* also AdamW's state (the checkpoint's exp_avg, exp_avg_sq, step) */
+    int force;           /* replace out_dir when it holds only a DCP export's two files */
+    zck_progress progress;
+} zfmt_dcp_opts;
+#define ZFMT_DCP_OPTS_INIT {.optim = 0, .force = 0}
+
+/*
+ * Export a GPT-2 or Llama checkpoint as the PyTorch Distributed Checkpoint directory that
+ * torch.distributed.checkpoint.save of one process writes for {"model":
+ * get_model_state_dict(m)} (with optim: and "optimizer": get_optimizer_state_dict(m, AdamW), the
+ * key of torch's documentation and of zfmt_import) of
+ * the Hugging Face model m (GPT2LMHeadModel, LlamaForCausalLM): .metadata and __0_0.distcp,
+ * one torch.save zip per item (docs/FORMAT.md section 17). Keys "model.<Hugging Face name>"
+ * (lm_head.weight also when tied, as the state_dict has it; GPT-2's Conv1D weights [in, out]);
+ * with optim "optimizer.state.<name>.step|exp_avg|exp_avg_sq" and
+ * "optimizer.param_groups.0.<setting>"
+ * (lr and weight_decay from the training section, zrun's betas (0.9, 0.95) and eps 1e-8; one
+ * group, so zrun's decay on matrices only is not carried). Tensors as stored; the source is
+ * verified (every shard hashed) alongside, the directory built as "<out_dir>.tmp-<pid>" and
+ * renamed into place only after. ZR_EEXIST as zfmt_hf_export; ZR_ENOTFOUND for optim without
+ * moments; ZR_EUNSUPPORTED for another family or a tensor of 4 GiB or more (no ZIP64).
+ */
+int zfmt_dcp_export(const char *ckpt, const char *out_dir, const zfmt_dcp_opts *o);
+
 /* ---------------------------------------------------------------- import */
 
 typedef struct {
@@ -265,6 +292,16 @@ int zfmt_foreign_verify(zck_report **out, const char *path, const zck_verify_opt
  * tensor of a DCP checkpoint in its own dtype and name, as dcp_to_torch_save keeps them. */
 int zfmt_foreign_consolidate(const char *path, const char *out_file,
                              const zck_progress *progress);
+/* The same weights as Hugging Face's shards in directory out_dir: model-0000k-of-0000n.safetensors
+ * of at most shard_bytes of data each (a new file where the next tensor would pass the limit, a
+ * larger tensor alone: export --format hf's rule, at most 512 files) with
+ * model.safetensors.index.json ({"metadata": {"total_size"}, "weight_map"}), or one
+ * model.safetensors when all fit. Built in "<out_dir>.tmp-<pid>" and renamed into place; out_dir
+ * must be absent or empty, or with force hold nothing but such files (ZR_EEXIST otherwise).
+ * shard_bytes UINT64_MAX: zfmt_foreign_consolidate's one file out_dir (force must be 0); 0 is
+ * ZR_EINVAL. */
+int zfmt_foreign_consolidate_sharded(const char *path, const char *out_dir, uint64_t shard_bytes,
+                                     int force, const zck_progress *progress);
 /* What a foreign checkpoint holds, as JSON (format, DeepSpeed's tag, stage, world, step, each
  * parameter's name and shape; DCP's tensors with dtype, shape and chunk count, its bytes items),
  * after the cheap checks (no CRC): a damaged one is ZR_ECORRUPT naming its first problem. */

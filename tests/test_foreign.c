@@ -7,6 +7,7 @@
 #include "foreign.h"
 #include "harness.h"
 
+#include <glob.h>
 #include <jansson.h>
 #include <math.h>
 #include <sys/stat.h>
@@ -783,4 +784,114 @@ ZT_TEST(foreign_deepspeed_universal_variants)
         snprintf(b, sizeof b, "imp-%s.safetensors", dir);
         same_bytes(a, b);
     }
+}
+
+/* dir (a sharded consolidate) holds exactly the tensors of one (the one-file consolidate), bit
+ * for bit, each in the file its index names, each shard within limit bytes of data unless it
+ * holds one tensor alone; the index's total_size is their sum. Returns the number of shards. */
+static size_t shards_equal_one_file(const char *dir, const char *one, uint64_t limit)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    json_t *ix = json_load_file(path, 0, NULL), *wm = json_object_get(ix, "weight_map");
+    ZT_CHECK(ix && json_is_object(wm));
+    zfmt__st_file *a;
+    ZT_OK(zfmt__st_open(&a, one));
+    ZT_CHECK_EQ(json_object_size(wm), a->n);
+    uint64_t total = 0;
+    size_t n_files = 0;
+    for (size_t k = 1;; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s/model-%05zu-of-", dir, k);
+        glob_t g;
+        char pat[600];
+        snprintf(pat, sizeof pat, "%s*.safetensors", name);
+        if (glob(pat, 0, NULL, &g) != 0)
+            break;
+        ZT_CHECK_EQ(g.gl_pathc, (size_t)1);
+        zfmt__st_file *b;
+        ZT_OK(zfmt__st_open(&b, g.gl_pathv[0]));
+        const char *base = strrchr(g.gl_pathv[0], '/') + 1;
+        uint64_t data = 0;
+        for (size_t i = 0; i < b->n; i++) {
+            const zfmt__st_entry *y = &b->e[i], *x = st_entry(a, y->name);
+            if (!x)
+                ZT_FAIL("%s: '%s' is not in %s", g.gl_pathv[0], y->name, one);
+            ZT_CHECK(!strcmp(json_string_value(json_object_get(wm, y->name)), base));
+            ZT_CHECK(x->dtype == y->dtype && x->ndim == y->ndim &&
+                     !memcmp(x->shape, y->shape, x->ndim * sizeof *x->shape));
+            size_t n = (size_t)(x->end - x->begin);
+            char *p = malloc(n + 1), *q = malloc(n + 1);
+            ZT_OK(zfmt__st_read(a, x, p));
+            ZT_OK(zfmt__st_read(b, y, q));
+            if (memcmp(p, q, n))
+                ZT_FAIL("%s: '%s' differs from %s", g.gl_pathv[0], y->name, one);
+            free(p);
+            free(q);
+            data += n;
+        }
+        ZT_CHECK(data <= limit || b->n == 1);
+        total += data;
+        n_files++;
+        zfmt__st_free(b);
+        globfree(&g);
+    }
+    ZT_CHECK_EQ((uint64_t)json_integer_value(
+                    json_object_get(json_object_get(ix, "metadata"), "total_size")), total);
+    fprintf(stderr, "  %s: %zu shards, the %zu tensors of %s\n", dir, n_files, a->n, one);
+    zfmt__st_free(a);
+    json_decref(ix);
+    return n_files;
+}
+
+/* consolidate --shard-size of a real DeepSpeed and a real DCP checkpoint: Hugging Face shards
+ * equal to the one-file consolidate; refusals of a bad size and an existing output, a zero
+ * checkpoint refused; --force replaces an earlier one. */
+ZT_TEST(foreign_consolidate_sharded_equals_one_file)
+{
+    foreign_ckpt("ds ds --model gpt2 --stage 2 --dtype fp32 --world 2");
+    foreign_ckpt("dcp dcp --model llama --optim");
+    const char *dirs[] = {"ds", "dcp"};
+    for (size_t i = 0; i < 2; i++) {
+        char *out;
+        if (zt_zckpt(&out, "consolidate %s -o %s.safetensors", dirs[i], dirs[i]) != 0)
+            ZT_FAIL("consolidate %s: %s", dirs[i], out);
+        free(out);
+        if (zt_zckpt(&out, "consolidate %s -o out/%s-sh --shard-size 8K", dirs[i], dirs[i]) != 0 ||
+            !strstr(out, "sharded model-*.safetensors with their index"))
+            ZT_FAIL("consolidate %s --shard-size 8K: %s", dirs[i], out);
+        free(out);
+        char sh[64], one[64];
+        snprintf(sh, sizeof sh, "out/%s-sh", dirs[i]);
+        snprintf(one, sizeof one, "%s.safetensors", dirs[i]);
+        ZT_CHECK(shards_equal_one_file(sh, one, 8192) > 2);
+        /* all in one: model.safetensors, no index */
+        ZT_CHECK(zt_zckpt(&out, "consolidate %s -o %s-1 --shard-size 1G", dirs[i], dirs[i]) == 0);
+        free(out);
+        snprintf(sh, sizeof sh, "%s-1/model.safetensors", dirs[i]);
+        same_tensors(one, sh, "");
+        snprintf(sh, sizeof sh, "%s-1/model.safetensors.index.json", dirs[i]);
+        ZT_CHECK(access(sh, F_OK) < 0);
+    }
+    char *out;
+    ZT_CHECK(zt_zckpt(&out, "consolidate ds -o out/ds-sh --shard-size 8K") == 2 &&
+             strstr(out, "out/ds-sh is not empty") && strstr(out, "--force"));
+    free(out);
+    ZT_CHECK(zt_zckpt(&out, "consolidate ds -o out/ds-sh --shard-size 16K --force") == 0);
+    free(out);
+    ZT_CHECK(shards_equal_one_file("out/ds-sh", "ds.safetensors", 16384) >= 2);
+    ZT_CHECK(system("mkdir -p other && touch other/notes.txt") == 0);
+    ZT_CHECK(zt_zckpt(&out, "consolidate ds -o other --shard-size 8K --force") == 2 &&
+             strstr(out, "holds 'notes.txt', which a sharded consolidate does not write"));
+    free(out);
+    ZT_CHECK(zt_zckpt(&out, "consolidate ds -o x --shard-size 0") == 2 &&
+             strstr(out, "--shard-size '0': expected a size"));
+    free(out);
+    ZT_CHECK(zt_zckpt(&out, "consolidate ds -o x --shard-size 12Q") == 2 &&
+             strstr(out, "--shard-size '12Q': expected a size"));
+    free(out);
+    ZT_CHECK(zt_zckpt(&out, "consolidate nothing-here -o x --shard-size 8K") == 2 &&
+             strstr(out, "--shard-size applies to a DeepSpeed or DCP checkpoint"));
+    free(out);
+    ZT_CHECK(access("x", F_OK) < 0 && access("other/notes.txt", F_OK) == 0);
 }
