@@ -41,6 +41,7 @@ static const char *const state_names[N_ST] = {"param", "exp_avg", "exp_avg_sq"};
 
 typedef struct {
     int kind;
+    zfmt_foreign_kind foreign; /* as detected: a DeepSpeed universal folder reads as SRC_DS */
     const char *file;            /* the file holding the tensors, for messages */
     char *file_buf;              /* owns file when it is built */
     zck_arch_config a;           /* the model */
@@ -996,6 +997,7 @@ static int source_open(source *s, const char *src, const zfmt_import_opts *o)
     if (stat(src, &st) < 0)
         return zr_err_sys(errno, "%s", src);
     zfmt_foreign_kind fk = zfmt_foreign_detect(src);
+    s->foreign = fk;
     if (fk == ZFMT_FOREIGN_DS_UNIVERSAL) /* read as the ZeRO checkpoints (deepspeed.c) */
         fk = ZFMT_FOREIGN_DEEPSPEED;
     if (o->format && strcmp(o->format, "auto")) {
@@ -1346,7 +1348,7 @@ int zfmt_import(const char *src, const char *out_run_dir, const zfmt_import_opts
     }
     if (s.kind == SRC_DS || s.kind == SRC_DCP)
         json_object_set_new(tj, "imported_format",
-                            json_string(s.kind == SRC_DS ? "DeepSpeed ZeRO" : "PyTorch DCP"));
+                            json_string(zfmt_foreign_name(s.foreign)));
     training = zfmt__json_dump(tj, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(tj);
     if (!training || !(sh = calloc(o->world, sizeof *sh)) ||
@@ -1376,7 +1378,7 @@ int zfmt_import(const char *src, const char *out_run_dir, const zfmt_import_opts
     if (o->note && o->note_cap) {
         if (s.kind == SRC_DS || s.kind == SRC_DCP)
             snprintf(o->note, o->note_cap, "(%s) at step %lld, %s%s%s",
-                     s.kind == SRC_DS ? "DeepSpeed ZeRO" : "PyTorch DCP", (long long)s.step,
+                     zfmt_foreign_name(s.foreign), (long long)s.step,
                      s.moments ? "with AdamW's moments" : "no optimizer state (moments start at "
                                                           "zero)",
                      *s.optim_note ? "; " : "", s.optim_note);

@@ -702,6 +702,9 @@ ZT_TEST(foreign_deepspeed_universal_stage2)
      * load_universal at 3 ranks, and the import of the ZeRO checkpoint itself, bit for bit */
     import_equals_ref("u", "gpt2", 3, 1);
     import_equals_ref("ds", "gpt2", 3, 1);
+    /* the manifests say which format each came from */
+    ZT_CHECK(system("grep -rqF 'DeepSpeed universal' imp-u --include=manifest.json") == 0);
+    ZT_CHECK(system("grep -rqF 'DeepSpeed ZeRO' imp-ds --include=manifest.json") == 0);
     size_t n = same_as_ref("u/ref/loaded.safetensors", "imp-u.safetensors", "gpt2", ".fp32", NULL);
     ZT_CHECK(n > 0);
     ZT_CHECK_EQ(same_as_ref("u/ref/loaded.safetensors", "imp-u.safetensors", "gpt2", ".exp_avg",
