@@ -38,24 +38,34 @@ int zfmt__ds_files_in(const char *dir)
     return found;
 }
 
+/* The tag that the small regular file dir/name holds (its first line) into tag[cap]; 1 when
+ * there is one. A FIFO, a symlink or an empty file gives 0, never a hang. */
+static int read_tag_file(const char *dir, const char *name, char *tag, size_t cap)
+{
+    char p[8192];
+    if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, name) >= sizeof p)
+        return 0;
+    int fd = open(p, O_RDONLY | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0)
+        return 0;
+    struct stat st;
+    ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? read(fd, tag, cap - 1) : -1;
+    close(fd);
+    if (n <= 0)
+        return 0;
+    tag[n] = 0;
+    tag[strcspn(tag, "\r\n")] = 0;
+    return 1;
+}
+
 /* A save_dir: `latest` names a tag folder that is not one of ours (no manifest.json) and holds
  * DeepSpeed files, or DeepSpeed copied its zero_to_fp32.py beside it (the tag may be missing:
  * verify then says so). */
 static int ds_save_dir(const char *path)
 {
     char p[8192], tag[256];
-    if ((size_t)snprintf(p, sizeof p, "%s/latest", path) >= sizeof p)
+    if (!read_tag_file(path, "latest", tag, sizeof tag))
         return 0;
-    int fd = open(p, O_RDONLY | O_NONBLOCK | O_NOFOLLOW);
-    if (fd < 0)
-        return 0;
-    struct stat st;
-    ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? read(fd, tag, sizeof tag - 1) : -1;
-    close(fd);
-    if (n <= 0)
-        return 0;
-    tag[n] = 0;
-    tag[strcspn(tag, "\r\n")] = 0;
     snprintf(p, sizeof p, "%s/%s", path, tag);
     if (!*tag || strchr(tag, '/') || has_file(p, "manifest.json"))
         return 0;
@@ -66,19 +76,9 @@ static int ds_save_dir(const char *path)
 static int ds_universal_parent(const char *path)
 {
     char p[8192], tag[256];
-    if ((size_t)snprintf(p, sizeof p, "%s/latest", path) >= sizeof p || access(p, F_OK) == 0)
+    if ((size_t)snprintf(p, sizeof p, "%s/latest", path) >= sizeof p || access(p, F_OK) == 0 ||
+        !read_tag_file(path, "latest_universal", tag, sizeof tag))
         return 0;
-    snprintf(p, sizeof p, "%s/latest_universal", path);
-    int fd = open(p, O_RDONLY | O_NONBLOCK | O_NOFOLLOW);
-    if (fd < 0)
-        return 0;
-    struct stat st;
-    ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? read(fd, tag, sizeof tag - 1) : -1;
-    close(fd);
-    if (n <= 0)
-        return 0;
-    tag[n] = 0;
-    tag[strcspn(tag, "\r\n")] = 0;
     snprintf(p, sizeof p, "%s/%s", path, tag);
     /* a tag naming no folder: opened as one anyway, so that verify says so */
     return *tag && !strchr(tag, '/') && (zfmt__dsu_is(p) || access(p, F_OK) < 0);
