@@ -30,8 +30,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define DS_PICKLE_BUDGET ((size_t)256 << 20)
-#define DS_MAX_PKL ((size_t)64 << 20)
 
 typedef struct {
     char file[256];
@@ -76,38 +74,6 @@ void zfmt__ds_free(zfmt__ds *d)
     free(d->dir);
     free(d->tag);
     free(d);
-}
-
-int zfmt__ds_load(zfmt__zip **z, zfmt__pickle **pk, const char *dir, const char *file,
-                  zck_report *rep)
-{
-    char *path = zck_path_join(dir, file), *b = NULL;
-    if (!path)
-        return zr_err_set(ZR_ENOMEM, "out of memory");
-    int rc = zfmt__zip_open(z, path);
-    const zfmt__zip_entry *e = rc ? NULL : zfmt__zip_find(*z, "data.pkl");
-    if (!rc && !e)
-        rc = zr_err_set(ZR_ECORRUPT, "%s: no data.pkl record: not a torch.save file", path);
-    if (!rc) /* damaged bytes are named as such, not as the pickle they garble */
-        rc = zfmt__zip_check_crc(*z, e);
-    if (!rc)
-        rc = zfmt__zip_slurp(*z, e, DS_MAX_PKL, &b);
-    if (!rc)
-        rc = zfmt__pickle_load(pk, b, (size_t)e->size, path, DS_PICKLE_BUDGET);
-    free(b);
-    free(path);
-    if (rc == ZR_ENOTFOUND)
-        return zck_report_add(rep, ZCK_PROB_MISSING, file, "%s", zr_err_msg()) ? -1 : 1;
-    if (rc == ZR_ECORRUPT || rc == ZR_EUNSUPPORTED) {
-        const char *m = zr_err_msg();
-        zck_problem_kind k = strstr(m, "not allowed") ? ZCK_PROB_UNSAFE
-                             : strstr(m, "CRC-32") ? ZCK_PROB_HASH
-                             : strstr(m, "truncated") || strstr(m, "no end of central")
-                                 ? ZCK_PROB_TRUNCATED
-                                 : ZCK_PROB_IO;
-        return zck_report_add(rep, k, file, "%s", m) ? -1 : 1;
-    }
-    return rc;
 }
 
 /* `latest` (when dir has one) names the tag folder; else `latest_universal` (what
@@ -423,18 +389,6 @@ static int check_layout(zfmt__ds *d, zck_report *rep)
     return 0;
 }
 
-int zfmt__ds_crc_all(const zfmt__zip *z, const char *file, zck_report *rep, uint64_t *hashed)
-{
-    for (size_t i = 0; z && i < z->n; i++) {
-        int rc = zfmt__zip_check_crc(z, &z->e[i]);
-        *hashed += z->e[i].size;
-        if (rc == ZR_ECORRUPT)
-            return zck_report_add(rep, ZCK_PROB_HASH, file, "%s", zr_err_msg()) ? -1 : 1;
-        ZR_TRY(rc);
-    }
-    return 0;
-}
-
 int zfmt__ds_open(zfmt__ds **out, const char *path, zck_report *rep, int crc,
                   const zck_progress *progress)
 {
@@ -591,42 +545,6 @@ int zfmt__ds_read(const zfmt__ds *d, size_t i, const char *which, uint64_t from,
         at = 0;
     }
     return n ? zr_err_set(ZR_ECORRUPT, "%s: the partitions end before '%s'", d->dir, p->name) : 0;
-}
-
-int zfmt__ds_step_value(const zfmt__zip *z, const char *file, const zfmt__pv *v, int64_t *out)
-{
-    if (zfmt__pv_int(v, out))
-        return 0;
-    double f = -1;
-    if (v && v->kind == ZFMT__PK_FLOAT) {
-        f = v->f;
-    } else if (v && v->kind == ZFMT__PK_TENSOR && v->ndim == 0 &&
-               (v->dtype == ZCK_F32 || v->dtype == ZCK_F64 || v->dtype == ZCK_I64)) {
-        char rec[128];
-        snprintf(rec, sizeof rec, "data/%s", v->storage->s);
-        const zfmt__zip_entry *e = zfmt__zip_find(z, rec);
-        if (!e)
-            return zr_err_set(ZR_ECORRUPT, "%s: no record %s (the optimizer's step)", file,
-                              rec);
-        size_t es = zck_dtype_size(v->dtype);
-        unsigned char b[8];
-        ZR_TRY(zfmt__zip_read(z, e, (uint64_t)v->i * es, b, es));
-        if (v->dtype == ZCK_F32) {
-            float g;
-            memcpy(&g, b, 4);
-            f = g;
-        } else if (v->dtype == ZCK_F64) {
-            memcpy(&f, b, 8);
-        } else {
-            memcpy(out, b, 8);
-            f = (double)*out;
-        }
-    }
-    if (!(f >= 0 && f <= 9007199254740992.0) || f != (double)(int64_t)f)
-        return zr_err_set(ZR_ECORRUPT, "%s: the optimizer's step is not a count of steps",
-                          file);
-    *out = (int64_t)f;
-    return 0;
 }
 
 int zfmt__ds_adam(const zfmt__ds *d, int64_t *step, const zfmt__pv **param_groups)

@@ -22,22 +22,6 @@ static int has_file(const char *dir, const char *name)
     return n > 0 && (size_t)n < sizeof p && stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-int zfmt__ds_files_in(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return 0;
-    struct dirent *e;
-    int found = 0;
-    while (!found && (e = readdir(d))) {
-        size_t n = strlen(e->d_name);
-        found = n > 16 && (!strcmp(e->d_name + n - 16, "_model_states.pt") ||
-                           !strcmp(e->d_name + n - 16, "_optim_states.pt"));
-    }
-    closedir(d);
-    return found;
-}
-
 /* The tag that the small regular file dir/name holds (its first line) into tag[cap]; 1 when
  * there is one. A FIFO, a symlink or an empty file gives 0, never a hang. */
 static int read_tag_file(const char *dir, const char *name, char *tag, size_t cap)
