@@ -230,10 +230,11 @@ static const zcli_opt zrun_table[] = {
                  "the rank's share, --batch / world (--nproc x --nnodes)",
                  "sequences per forward pass on each rank; gradients accumulate"),
     ZCLI_ENUM("--recompute", o.recompute, recompute_names, recompute_values, NULL,
-              "activation checkpointing (CPU engine). layer: keep each layer's input, "
+              "activation checkpointing. layer: keep each layer's input, "
               "recompute the layer and the head's logits in the backward; selective: "
               "recompute only the attention "
-              "weights and GELU/SwiGLU outputs. Same losses and gradients, bit for bit"),
+              "weights and GELU/SwiGLU outputs (on a GPU only the attention weights). Same "
+              "losses and gradients, bit for bit"),
     ZCLI_INTEGER(U64, "--steps", o.steps, "N", 1, UINT64_MAX, NULL,
                  "total optimizer steps of the run, the LR schedule's horizon"),
     ZCLI_REAL(FLOAT, "--lr", o.lr, "X", 0, FLT_MAX, NULL, "peak learning rate"),

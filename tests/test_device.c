@@ -123,6 +123,46 @@ ZT_TEST(device_backend_built_when_nvcc_exists)
 #endif
 }
 
+/* The CUDA backend's activation bytes per recompute mode, from its own layout code (the getter
+ * and activation_bytes run no CUDA call, so this runs without a GPU): GPT-2 124M and a Llama at
+ * B 8 x T 1024. selective shares one [B, NH, T, T] bf16 attention buffer among the layers: none
+ * minus selective is exactly L - 1 of them; layer keeps less again. */
+ZT_TEST(device_cuda_activation_bytes_per_recompute_mode)
+{
+    if (!nvcc_present())
+        ZT_SKIP("no nvcc here: the CUDA backend is not built");
+#if defined(__SANITIZE_ADDRESS__)
+    ZT_SKIP("not under ASan (loading CUDA's libraries is checked by make test)");
+#endif
+    char d[4096], so[4200];
+    exe_dir(d, sizeof d);
+    snprintf(so, sizeof so, "%s/libzr_cuda.so", d);
+    void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        ZT_FAIL("%s: %s", so, dlerror());
+    zr_device_getter get = (zr_device_getter)dlsym(h, ZR_DEVICE_SYMBOL);
+    ZT_CHECK(get != NULL);
+    const zr_device_ops *ops = get();
+    ZT_CHECK_EQ(ops->abi_version, ZR_DEVICE_ABI_VERSION);
+    static const char *const specs[2] = {
+        "gpt2", "llama:layers=4,heads=8,kv_heads=2,dim=256,ffn=704,ctx=1024,vocab=32000"};
+    for (int k = 0; k < 2; k++) {
+        zr_config c;
+        ZT_OK(zr_gpt2_config_parse(&c, specs[k]));
+        zr_model_offsets off;
+        ZT_OK(zr_model_offsets_get(&off, &c));
+        uint64_t b[3];
+        for (int r = 0; r < 3; r++)
+            b[r] = ops->activation_bytes(&c, &off, 8, 1024, (zr_recompute)r);
+        uint64_t att = (uint64_t)8 * c.heads * 1024 * 1024 * 2;
+        ZT_CHECK_EQ(b[0] - b[2], (uint64_t)(c.layers - 1) * att);
+        ZT_CHECK(b[1] < b[2]);
+        fprintf(stderr, "  %s, B 8 x T 1024: none %.0f MiB, layer %.0f, selective %.0f\n",
+                specs[k], b[0] / 1048576.0, b[1] / 1048576.0, b[2] / 1048576.0);
+    }
+    dlclose(h);
+}
+
 ZT_TEST(device_gpu_checks_or_one_skip_line)
 {
 #if defined(__SANITIZE_ADDRESS__)
@@ -424,15 +464,18 @@ ZT_TEST(device_hostsim_model_matches_cpu_bits)
     uint64_t cur0, cur;
     ops->mem_stats(&cur0, NULL);
     zr_dev_model *dm;
-    ZT_OK(zr_device_model_new(ops, &dm, &c, B, T, NULL));
+    ZT_OK(zr_device_model_new(ops, &dm, &c, B, T, NULL, ZR_RECOMPUTE_NONE));
     ZT_CHECK(ops->model_stream(dm) != NULL);
     uint64_t pb, gb, ab, cpb, cgb, cab;
     ops->model_bytes(dm, &pb, &gb, &ab);
     zr_model_bytes(cm, &cpb, &cgb, &cab);
     ZT_CHECK(pb == cpb && gb == cgb && ab == cab && pb > 0 && ab > 0);
     uint64_t acts = 0;
-    ZT_OK(zr_device_activation_bytes(&acts, ops, &c, B, T));
+    ZT_OK(zr_device_activation_bytes(&acts, ops, &c, B, T, ZR_RECOMPUTE_NONE));
     ZT_CHECK_EQ(acts, zr_model_activation_bytes(&c, B, T, ZR_RECOMPUTE_NONE));
+    ZT_OK(zr_device_activation_bytes(&acts, ops, &c, B, T, ZR_RECOMPUTE_LAYER));
+    ZT_CHECK_EQ(acts, zr_model_activation_bytes(&c, B, T, ZR_RECOMPUTE_LAYER));
+    ZT_CHECK_EQ(zr_device_activation_bytes(&acts, ops, &c, B, T, (zr_recompute)7), ZR_EINVAL);
     ops->mem_stats(&cur, NULL);
     ZT_CHECK_EQ(cur, cur0 + pb + gb + ab); /* the arenas count as device memory */
 
@@ -513,7 +556,7 @@ ZT_TEST(device_hostsim_model_matches_cpu_bits)
     /* lent parameters (hooks): model_param is NULL, the loss the same bits */
     hs_lender l = {cm, 0, 0};
     zr_model_hooks hk = {.ctx = &l, .params = hs_params, .params_done = hs_params_done};
-    ZT_OK(zr_device_model_new(ops, &dm, &c, B, T, &hk));
+    ZT_OK(zr_device_model_new(ops, &dm, &c, B, T, &hk, ZR_RECOMPUTE_NONE));
     ZT_CHECK(ops->model_param(dm, 0) == NULL && ops->model_grad(dm, 0) != NULL);
     ops->model_bytes(dm, &pb, &gb, NULL);
     ZT_CHECK(pb == 0 && gb == cgb);
@@ -740,10 +783,10 @@ ZT_TEST(device_model_offsets_carry_the_family)
             ZT_CHECK_EQ(o.llama.head, head);
             /* another model's offsets are refused; the right ones give the CPU's loss bits */
             zr_dev_model *dm = NULL;
-            ZT_ERR(ops->model_new(&dm, &c, &gpt2_off, 2, 16, NULL), ZR_EINVAL,
+            ZT_ERR(ops->model_new(&dm, &c, &gpt2_off, 2, 16, NULL, ZR_RECOMPUTE_NONE), ZR_EINVAL,
                    "tensor offsets that are not the layout's");
             ZT_CHECK(dm == NULL);
-            ZT_OK(zr_device_model_new(ops, &dm, &c, 2, 16, NULL));
+            ZT_OK(zr_device_model_new(ops, &dm, &c, 2, 16, NULL, ZR_RECOMPUTE_NONE));
             for (size_t g = 0; g < G; g++)
                 ZT_OK(ops->memcpy(ops->model_param(dm, g), zr_model_param(cm, g),
                                   zr_model_group_numel(cm, g) * sizeof(float), ZR_DEV_H2D, NULL));

@@ -136,20 +136,32 @@ int zr_device_cuda_available(void)
     return zr_device_open(&ops) == 0;
 }
 
+/* a recompute mode the backends know (zr_recompute) */
+static int recompute_check(zr_recompute rc)
+{
+    if (rc != ZR_RECOMPUTE_NONE && rc != ZR_RECOMPUTE_LAYER && rc != ZR_RECOMPUTE_SELECTIVE)
+        return zr_err_set(ZR_EINVAL, "device model: recompute mode %d (none 0, layer 1, "
+                          "selective 2)", (int)rc);
+    return 0;
+}
+
 int zr_device_model_new(const zr_device_ops *ops, zr_dev_model **out, const zr_config *c,
-                        size_t max_B, size_t max_T, const zr_model_hooks *hooks)
+                        size_t max_B, size_t max_T, const zr_model_hooks *hooks,
+                        zr_recompute rc)
 {
     zr_model_offsets off;
     *out = NULL;
+    ZR_TRY(recompute_check(rc));
     ZR_TRY(zr_model_offsets_get(&off, c));
-    return ops->model_new(out, c, &off, max_B, max_T, hooks);
+    return ops->model_new(out, c, &off, max_B, max_T, hooks, rc);
 }
 
 int zr_device_activation_bytes(uint64_t *out, const zr_device_ops *ops, const zr_config *c,
-                               size_t max_B, size_t max_T)
+                               size_t max_B, size_t max_T, zr_recompute rc)
 {
     zr_model_offsets off;
+    ZR_TRY(recompute_check(rc));
     ZR_TRY(zr_model_offsets_get(&off, c));
-    *out = ops->activation_bytes(c, &off, max_B, max_T);
+    *out = ops->activation_bytes(c, &off, max_B, max_T, rc);
     return 0;
 }

@@ -36,8 +36,9 @@
 extern "C" {
 #endif
 
-#define ZR_DEVICE_ABI_VERSION 4 /* 4: model_new and activation_bytes take zr_model_offsets
-                                 * (the family and its offsets: GPT-2 or Llama) */
+#define ZR_DEVICE_ABI_VERSION 5 /* 4: model_new and activation_bytes take zr_model_offsets
+                                 * (the family and its offsets: GPT-2 or Llama); 5: and the
+                                 * recompute mode (zr_recompute) */
 #define ZR_DEVICE_SYMBOL "zr_cuda_ops_v1" /* const zr_device_ops *zr_cuda_ops_v1(void) */
 #define ZR_DEVICE_LIB "libzr_cuda.so"
 #define ZR_NCCL_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
@@ -173,7 +174,7 @@ typedef struct zr_device_ops {
      * bf16 each time a group is fetched, activations bf16 where matmuls read them, the residual
      * stream, LayerNorm statistics, softmax, loss and every gradient accumulation in fp32).
      *
-     * model_new(c, off, max_B, max_T, hooks): as zr_model_new_ext; off says where each group
+     * model_new(c, off, max_B, max_T, hooks, rc): as zr_model_new_recompute; off says where each group
      * and tensor lies in an arena (zr_model_offsets_get of c: the family, then the family's
      * offsets; the host computes them from ckpt's family table, so the backend never restates
      * the table; zr_device_model_new does it). A backend without a model of c's family
@@ -201,9 +202,9 @@ typedef struct zr_device_ops {
      * bf16 weight copies and scratch).
      */
     uint64_t (*activation_bytes)(const zr_config *c, const zr_model_offsets *off, size_t max_B,
-                                 size_t max_T);
+                                 size_t max_T, zr_recompute rc);
     int (*model_new)(zr_dev_model **out, const zr_config *c, const zr_model_offsets *off,
-                     size_t max_B, size_t max_T, const zr_model_hooks *hooks);
+                     size_t max_B, size_t max_T, const zr_model_hooks *hooks, zr_recompute rc);
     void (*model_free)(zr_dev_model *m);
     zr_dev_stream *(*model_stream)(zr_dev_model *m);
     size_t (*model_n_groups)(const zr_dev_model *m);
@@ -287,9 +288,10 @@ int zr_device_open(const zr_device_ops **out);
 /* ops->model_new and ops->activation_bytes with the offsets of c (zr_model_offsets_get): what
  * the engine and the tests call. ZR_EINVAL for a config without a layout. */
 int zr_device_model_new(const zr_device_ops *ops, zr_dev_model **out, const zr_config *c,
-                        size_t max_B, size_t max_T, const zr_model_hooks *hooks);
+                        size_t max_B, size_t max_T, const zr_model_hooks *hooks,
+                        zr_recompute rc);
 int zr_device_activation_bytes(uint64_t *out, const zr_device_ops *ops, const zr_config *c,
-                               size_t max_B, size_t max_T);
+                               size_t max_B, size_t max_T, zr_recompute rc);
 /* As zr_device_open for the library at `path`, without keeping the outcome (tests). */
 int zr_device_open_at(const char *path, const zr_device_ops **out);
 /* Where zr_device_open looks: into buf[cap]; ZR_EINVAL when it does not fit. */

@@ -283,24 +283,25 @@ struct zr_dev_model {
 };
 
 static uint64_t activation_bytes(const zr_config *c, const zr_model_offsets *off, size_t max_B,
-                                 size_t max_T)
+                                 size_t max_T, zr_recompute rc)
 {
     (void)off; /* the CPU model's activations do not depend on where the parameters lie */
-    return zr_model_activation_bytes(c, max_B, max_T, ZR_RECOMPUTE_NONE);
+    return zr_model_activation_bytes(c, max_B, max_T, rc);
 }
 
 /* The CPU model (either family: zr_model dispatches on c->family) finds its offsets in the same
  * table; a backend handed others is refused, as a CUDA model computing with them would be
  * wrong. */
 static int model_new(zr_dev_model **out, const zr_config *c, const zr_model_offsets *off,
-                     size_t max_B, size_t max_T, const zr_model_hooks *hooks)
+                     size_t max_B, size_t max_T, const zr_model_hooks *hooks,
+                     zr_recompute recompute)
 {
     *out = NULL;
     zr_dev_model *d = calloc(1, sizeof *d);
     if (!d)
         return zr_err_set(ZR_ENOMEM, "hostsim: model: out of memory");
     zr_model_offsets own;
-    int rc = zr_model_new_ext(&d->m, c, max_B, max_T, hooks);
+    int rc = zr_model_new_recompute(&d->m, c, max_B, max_T, hooks, recompute);
     if (!rc)
         rc = zr_model_offsets_get(&own, c);
     if (!rc && memcmp(&own, off, sizeof own))
@@ -402,6 +403,9 @@ static int model_probs(zr_dev_model *d, float *host_dst)
     if (d->fwd_targets < 0)
         return zr_err_set(ZR_EINVAL, "probs: no forward");
     const float *p = zr_model_probs(d->m);
+    if (!p) /* the CPU model with layer recompute keeps one chunk of rows at a time */
+        return zr_err_set(ZR_EUNSUPPORTED, "hostsim: probs: not kept by a model with layer "
+                          "recompute");
     memcpy(host_dst, p, d->B * d->T * zr_model_config(d->m)->vocab * sizeof(float));
     return 0;
 }

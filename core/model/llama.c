@@ -64,6 +64,7 @@ struct zr__llama {
     size_t L, C, H, KV, hd, KVD, I, V, QL;
     size_t max_B, max_T;
     zr_recompute rc; /* what the backward recomputes */
+    size_t held;     /* the layer whose activations the shared buffers hold */
     zr_model_hooks h;
     size_t n_groups;     /* L + 2, + 1 for lm_head unless tied */
     uint64_t *goff;      /* [n_groups + 1]: group starts in an arena, then the total */
@@ -618,8 +619,7 @@ static void layer_forward(zr__llama *m, ll_acts *a, const float *res, const floa
 }
 
 /* dres: the gradient of the layer's output in, of its input out; G: the layer's gradients.
- * again: recompute what the mode did not keep (the last layer's is still in the shared
- * buffers). */
+ * again: recompute what the mode did not keep (the shared buffers hold another layer's). */
 static void layer_backward(zr__llama *m, ll_acts *a, const float *res, const float *P, float *G,
                            int again)
 {
@@ -687,6 +687,7 @@ int zr__llama_forward(zr__llama *m, const int32_t *inputs, const int32_t *target
         ZR_TRY(zr__params_put(h, l + 1));
         res = m->layer[l].res3;
     }
+    m->held = L - 1;
     ZR_TRY(zr__params_get(h, own_param(m, L + 1), L + 1, &P));
     zr__rmsnorm_forward(m->xnf, m->rstdf, res, P, N, C, (float)m->c.norm_eps);
     ZR_TRY(zr__params_put(h, L + 1));
@@ -733,7 +734,10 @@ int zr__llama_backward(zr__llama *m, float scale)
     for (size_t l = L; l-- > 0;) {
         ZR_TRY(zr__params_get(h, own_param(m, l + 1), l + 1, &P));
         ZR_TRY(zr__grads_get(h, own_grad(m, l + 1), l + 1, &G));
-        layer_backward(m, &m->layer[l], l ? m->layer[l - 1].res3 : m->encoded, P, G, l + 1 < L);
+        /* what the mode did not keep, unless the shared buffers hold this layer's (model.c) */
+        int again = m->rc != ZR_RECOMPUTE_NONE && m->held != l;
+        m->held = l;
+        layer_backward(m, &m->layer[l], l ? m->layer[l - 1].res3 : m->encoded, P, G, again);
         ZR_TRY(zr__params_put(h, l + 1));
         ZR_TRY(zr__grads_put(h, l + 1));
     }

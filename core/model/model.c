@@ -54,6 +54,7 @@ struct zr_model {
     zr_gpt2_config c;
     size_t max_B, max_T;            /* activations sized for max_B sequences of max_T */
     zr_recompute rc;                /* what the backward recomputes */
+    size_t held;                    /* the layer whose activations the shared buffers hold */
     zr_model_hooks h;               /* where parameters and gradients live (zr.h) */
     zr_gpt2_offsets off;            /* where each group and tensor is in an arena */
     float *params, *grads;          /* own arenas of numel floats, or NULL (hooks) */
@@ -751,6 +752,7 @@ int zr_model_forward(zr_model *m, const int32_t *inputs, const int32_t *targets,
         ZR_TRY(params_put(m, l + 2));
         res = m->layer[l].res3;
     }
+    m->held = L - 1;
     ZR_TRY(params_get(m, L + 2, &P));
     zr__layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P + m->off.lnf_w,
                           P + m->off.lnf_b,
@@ -802,9 +804,11 @@ int zr_model_backward(zr_model *m, float scale)
         const float *res = l ? m->layer[l - 1].res3 : m->encoded;
         ZR_TRY(params_get(m, l + 2, &P));
         ZR_TRY(grads_get(m, l + 2, &G));
-        /* what the mode did not keep, from the layer's input and parameters; the last layer's
-         * is still in the shared buffers */
-        int again = l + 1 < L;
+        /* what the mode did not keep, from the layer's input and parameters, unless the shared
+         * buffers hold this layer's (the last one's after the forward; a second backward of the
+         * same forward finds the first layer's there) */
+        int again = m->rc != ZR_RECOMPUTE_NONE && m->held != l;
+        m->held = l;
         if (again && m->rc == ZR_RECOMPUTE_LAYER)
             layer_forward(m, a, res, P);
         if (again && m->rc == ZR_RECOMPUTE_SELECTIVE)

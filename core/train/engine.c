@@ -283,10 +283,9 @@ int zr_train__build_engine(run *r)
     }
     zr_model_hooks h;
     zr_zero_hooks(r->zero, &h);
-    if (r->dev && o->recompute != ZR_RECOMPUTE_NONE)
-        return zr_train__recompute_on_gpu(o->recompute);
     if (r->dev) { /* the CPU model only gives the initial values: the smallest one */
-        ZR_TRY(zr_device_model_new(r->dev, &r->dmodel, &r->cfg, r->mb, r->T, &h));
+        ZR_TRY(zr_device_model_new(r->dev, &r->dmodel, &r->cfg, r->mb, r->T, &h,
+                                   (zr_recompute)o->recompute));
         ZR_TRY(zr_zero_attach(r->zero, NULL, r->dmodel, r->n_micro));
         ZR_TRY(zr_model_new_ext(&r->model, &r->cfg, 1, 1, &h));
     } else {

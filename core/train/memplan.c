@@ -105,15 +105,11 @@ int zr_train_mem_plan(zr_mem_plan *out, const zr_train_opts *o, int world)
         ZR_TRY_GOTO(zr_device_open(&ops), rc, out);
     out->on_gpu = ops != NULL;
     out->recompute = o->recompute;
-    if (ops && o->recompute != ZR_RECOMPUTE_NONE) {
-        rc = zr_train__recompute_on_gpu(o->recompute);
-        goto out;
-    }
     uint64_t acts = zr_model_activation_bytes(&cfg, out->micro_batch, out->seq,
                                               (zr_recompute)o->recompute);
     if (ops)
-        ZR_TRY_GOTO(zr_device_activation_bytes(&acts, ops, &cfg, out->micro_batch, out->seq),
-                    rc, out);
+        ZR_TRY_GOTO(zr_device_activation_bytes(&acts, ops, &cfg, out->micro_batch, out->seq,
+                                               (zr_recompute)o->recompute), rc, out);
     out->per_param[0] = per_param[o->zero_stage][0];
     out->per_param[1] = per_param[o->zero_stage][1];
     out->formula_bytes = (out->per_param[0] + out->per_param[1] / world) * (double)out->numel;

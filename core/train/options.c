@@ -174,10 +174,3 @@ const char *zr_train__recompute_name(int recompute)
     static const char *const names[] = {"none", "layer", "selective"};
     return recompute >= 0 && recompute <= ZR_RECOMPUTE_SELECTIVE ? names[recompute] : "?";
 }
-
-int zr_train__recompute_on_gpu(int recompute)
-{
-    return zr_err_set(ZR_EUNSUPPORTED, "--recompute %s: the CUDA engine keeps every activation "
-                      "(not built there yet); use --recompute none on a GPU, or --device cpu",
-                      zr_train__recompute_name(recompute));
-}

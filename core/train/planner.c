@@ -17,7 +17,8 @@
  * (docs/PERFORMANCE.md): the ZeRO stages' tokens/s at W = 2 (issue 5: 1.00, 0.97, 0.72, 0.99);
  * recompute on GPT-2 124M (issue 26, recompute_bench.sh: selective 1.02x; layer 1.23x before
  * it recomputed the head's logits too, 1.31x now by the arithmetic: 250 GFLOP for 190 at 256
- * tokens, which that 1.23x matched); NVMe offload at stage 3 (issue 6:
+ * tokens, which that 1.23x matched; on a GPU the same factors, not measured there: no GPU was
+ * lent when the device engine got recompute); NVMe offload at stage 3 (issue 6:
  * the optimizer 2.06x, with the parameters 2.83x); pinned host memory on a GPU and a step's
  * extra micro-batches have no figure: 1.3x and 1 % each, assumed. */
 static const double stage_cost[4] = {1.0 / 1.00, 1.0 / 0.97, 1.0 / 0.72, 1.0 / 0.99};
@@ -112,7 +113,7 @@ int zr_train_plan_memory(zr_plan_pick *out, zr_plan_pick *runner_up, const zr_tr
                             continue;
                         if ((oo == ZR_OFFLOAD_CPU || op == ZR_OFFLOAD_CPU) && !on_gpu)
                             continue; /* on the CPU, host memory is where they are anyway */
-                        if ((op && s != 3) || (on_gpu && op && !oo) || (on_gpu && r))
+                        if ((op && s != 3) || (on_gpu && op && !oo))
                             continue;
                         zr_plan_pick c = {mb, s, r, oo, op, 0, 0.0};
                         zr_train_opts t = opts_of(o, &c, from);

@@ -53,10 +53,8 @@ void zr_train__schedule_note(FILE *log, const zr_train__section *s, const zr_tra
 void zr_train__retain_at_start(FILE *log, const zck_lock *lk, const zr_train_opts *o,
                                const char *from);
 
-/* "none", "layer" or "selective" (ZR_RECOMPUTE_*), and the refusal of any other on a GPU,
- * whose engine keeps every activation (options.c) */
+/* "none", "layer" or "selective" (ZR_RECOMPUTE_*; options.c) */
 const char *zr_train__recompute_name(int recompute);
-int zr_train__recompute_on_gpu(int recompute);
 
 /* The dry run's figures besides the engine's (memplan.c): one rank's host staging for
  * asynchronous saves (b: its zr_zero_plan; on_gpu: a pinned copy of its partitions instead of

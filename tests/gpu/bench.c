@@ -11,7 +11,9 @@
  * peak (--peak-tflops, default 989: H100/H200 SXM bf16 dense).
  *
  * usage: gpu_bench [--model SPEC] [--batch B] [--seq T] [--steps N] [--warmup N]
- *                  [--peak-tflops X] [--json]
+ *                  [--recompute none|layer|selective] [--peak-tflops X] [--json]
+ * (--recompute: the device model's activation checkpointing; MFU still counts the model's
+ * FLOPs, so a recompute's extra work shows as a lower MFU.)
  * Exit 77 with a "skip:" line when no GPU is usable.
  */
 #include "device.h"
@@ -72,6 +74,7 @@ int main(int argc, char **argv)
     size_t B = 8, T = 1024, steps = 20, warmup = 3;
     double peak = 989.0;
     int json = 0;
+    zr_recompute rc = ZR_RECOMPUTE_NONE;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) {
@@ -95,9 +98,16 @@ int main(int argc, char **argv)
             warmup = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--peak-tflops"))
             peak = strtod(v, NULL);
+        else if (!strcmp(a, "--recompute") && !strcmp(v, "none"))
+            rc = ZR_RECOMPUTE_NONE;
+        else if (!strcmp(a, "--recompute") && !strcmp(v, "layer"))
+            rc = ZR_RECOMPUTE_LAYER;
+        else if (!strcmp(a, "--recompute") && !strcmp(v, "selective"))
+            rc = ZR_RECOMPUTE_SELECTIVE;
         else {
             fprintf(stderr, "usage: gpu_bench [--model SPEC] [--batch B] [--seq T] [--steps N] "
-                            "[--warmup N] [--peak-tflops X] [--json]\n");
+                            "[--warmup N] [--recompute none|layer|selective] "
+                            "[--peak-tflops X] [--json]\n");
             return 2;
         }
     }
@@ -135,7 +145,7 @@ int main(int argc, char **argv)
 
     D->mem_reset_peak();
     zr_dev_model *m;
-    OK(zr_device_model_new(D, &m, &c, B, T, NULL));
+    OK(zr_device_model_new(D, &m, &c, B, T, NULL, rc));
     OK(D->memcpy(D->model_param(m, 0), host, numel * 4, ZR_DEV_H2D, NULL));
     free(host);
     float *mv, *vv;
@@ -196,15 +206,16 @@ int main(int argc, char **argv)
     /* the ZeRO formula at stage 0, world 1: 16 bytes per parameter (fp32 param, grad, two
      * moments; our bf16 copies are per-group scratch, counted with the activations) */
     double states = 16.0 * (double)numel;
+    static const char *const rc_names[3] = {"none", "layer", "selective"};
     if (json)
-        printf("{\"model\":\"%s\",\"params\":%llu,\"B\":%zu,\"T\":%zu,\"tokens_per_s\":%.0f,"
+        printf("{\"model\":\"%s\",\"recompute\":\"%s\",\"params\":%llu,\"B\":%zu,\"T\":%zu,\"tokens_per_s\":%.0f,"
                "\"step_ms\":%.2f,\"mfu\":%.4f,\"peak_alloc_gib\":%.3f,\"device_used_gib\":%.3f,"
                "\"states_gib\":%.3f,\"acts_gib\":%.3f,\"loss\":%.4f}\n",
-               spec, (unsigned long long)numel, B, T, tps, 1e3 * dt / steps, mfu, pk / gib,
+               spec, rc_names[rc], (unsigned long long)numel, B, T, tps, 1e3 * dt / steps, mfu, pk / gib,
                (tot - fr_min) / gib, states / gib, ab / gib, loss);
     else {
-        printf("%s: %s, %.1f M parameters, B %zu x T %zu, %zu steps after %zu warmup\n", spec,
-               name, numel / 1e6, B, T, steps, warmup);
+        printf("%s: %s, %.1f M parameters, B %zu x T %zu, recompute %s, %zu steps after %zu "
+               "warmup\n", spec, name, numel / 1e6, B, T, rc_names[rc], steps, warmup);
         printf("  %.0f tokens/s, %.1f ms/step, MFU %.1f %% of %.0f TFLOP/s (%.0f GFLOP/token)\n",
                tps, 1e3 * dt / steps, 100 * mfu, peak, flops_tok / 1e9);
         printf("  memory: %.2f GiB peak through the allocator (states %.2f GiB = 16 B/param, "

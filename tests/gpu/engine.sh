@@ -10,7 +10,8 @@
 #   4. a checkpoint GPU -> CPU -> GPU: 8 steps on the GPU, 6 on the CPU, 6 on the GPU again,
 #      within tolerance of 20 steps on the GPU, and zckpt verify passes;
 #   5. stage 3 holds less GPU memory per rank than stage 0;
-#   6. a Llama (core/device/cuda/llama.cu): 30 steps at world 1, and tied at world 2, stage 3.
+#   6. a Llama (core/device/cuda/llama.cu): 30 steps at world 1, and tied at world 2, stage 3;
+#   7. --recompute layer and selective: the losses of --recompute none, bit for bit.
 # usage: tests/gpu/engine.sh (after a build of build/zrun, build/zckpt, build/libzr_cuda.so)
 # Exit 0 when every check passes, or with one "skip:" line without a GPU; 1 otherwise.
 set -uo pipefail
@@ -113,6 +114,20 @@ run lcpu3 $llama,tied=1 --device cpu --nproc 2 --zero 3 $base --steps 12 --ckpt-
 ZR_DEVICE_COMM=shm run lgpu3 $llama,tied=1 --device cuda --nproc 2 --zero 3 $base --steps 12 \
     --ckpt-dir lgpu3 &&
 losses lcpu3.json lgpu3.json "Llama tied, world 2 on one GPU, stage 3: GPU vs CPU"
+
+# 7. --recompute layer and selective: the losses of none, bit for bit (stage 0 at world 1,
+# stage 3 at world 2 on one GPU: the recompute inside the backward's one fetch of a layer),
+# GPT-2 and tied Llama
+for mode in layer selective; do
+    run rc1$mode --device cuda $base --steps 30 --ckpt-dir rc1$mode --recompute $mode &&
+        losses gpu1.json rc1$mode.json "--recompute $mode, world 1, stage 0 vs none (bits)" 1
+    ZR_DEVICE_COMM=shm run rc3$mode --device cuda --nproc 2 --zero 3 $base --steps 12 \
+        --ckpt-dir rc3$mode --recompute $mode &&
+        losses gpu2s3.json rc3$mode.json "--recompute $mode, world 2, stage 3 vs none (bits)" 1
+    ZR_DEVICE_COMM=shm run lrc3$mode $llama,tied=1 --device cuda --nproc 2 --zero 3 $base \
+        --steps 12 --ckpt-dir lrc3$mode --recompute $mode &&
+        losses lgpu3.json lrc3$mode.json "Llama tied --recompute $mode, stage 3 vs none (bits)" 1
+done
 
 # 5. memory per rank, stage 3 vs stage 0 (the device's own bytes, from the JSON lines)
 mem() { tail -n 1 "$1" | grep -o '"params":[0-9]*' | cut -d: -f2; }

@@ -789,7 +789,7 @@ static void test_model(zr_config c, size_t B, size_t T)
     random_tokens(tg, N, c.vocab);
 
     zr_dev_model *gm;
-    OK(zr_device_model_new(D, &gm, &c, B, T, NULL));
+    OK(zr_device_model_new(D, &gm, &c, B, T, NULL, ZR_RECOMPUTE_NONE));
     check_true("model numel and groups", D->model_numel(gm) == numel &&
                D->model_n_groups(gm) == zr_model_n_groups(cpu), "%llu parameters",
                (unsigned long long)numel);
@@ -860,7 +860,7 @@ static void test_model(zr_config c, size_t B, size_t T)
     }
     zr_model_hooks hk = {.ctx = &l, .params = h_params, .params_done = h_params_done,
                          .grads = h_grads, .grads_done = h_grads_done};
-    OK(zr_device_model_new(D, &gm, &c, B, T, &hk));
+    OK(zr_device_model_new(D, &gm, &c, B, T, &hk, ZR_RECOMPUTE_NONE));
     check_true("model with hooks owns no arenas", !D->model_param(gm, 0) && !D->model_grad(gm, 0),
                "model_param/model_grad NULL");
     l.phase = 0;
@@ -891,6 +891,85 @@ static void test_model(zr_config c, size_t B, size_t T)
     for (size_t g = 0; g < G; g++)
         D->free(l.p[g]), D->free(l.g[g]);
     free(gh), free(g1), free(g1d), free(probs), free(in), free(tg);
+    zr_model_free(cpu);
+}
+
+/* ---------------------------------------------------------------- recompute */
+
+/* One forward and backward of the device model with recompute mode rc (own arenas, parameters
+ * P): the loss, the probabilities and the gradients (new host copies); then the backward again
+ * on the same forward, halved twice (the shared buffers hold layer 0 by then: it recomputes the
+ * last layer too), its gradients into *again. */
+static float recompute_run(zr_config c, size_t B, size_t T, zr_recompute rc, const float *P,
+                           const int32_t *in, const int32_t *tg, const float *probs0,
+                           float **probs, float **grads, float **again, uint64_t *acts)
+{
+    zr_dev_model *gm;
+    OK(zr_device_model_new(D, &gm, &c, B, T, NULL, rc));
+    uint64_t numel = D->model_numel(gm);
+    D->model_bytes(gm, NULL, NULL, acts);
+    OK(D->memcpy(D->model_param(gm, 0), P, numel * 4, ZR_DEV_H2D, NULL));
+    float loss;
+    OK(D->model_forward(gm, in, tg, B, T, &loss));
+    *probs = malloc(B * T * c.vocab * sizeof **probs);
+    if (D->kernels || rc != ZR_RECOMPUTE_LAYER) /* the host simulation's CPU model keeps none */
+        OK(D->model_probs(gm, *probs));
+    else
+        memcpy(*probs, probs0, B * T * c.vocab * sizeof **probs);
+    OK(D->model_zero_grad(gm));
+    OK(D->model_backward(gm, 1.0f));
+    OK(D->stream_sync(D->model_stream(gm)));
+    *grads = dget(D->model_grad(gm, 0), numel);
+    OK(D->model_zero_grad(gm));
+    OK(D->model_backward(gm, 0.5f));
+    OK(D->model_backward(gm, 0.5f));
+    OK(D->stream_sync(D->model_stream(gm)));
+    *again = dget(D->model_grad(gm, 0), numel);
+    D->model_free(gm);
+    return loss;
+}
+
+/* --recompute on the device model (model.cu, llama.cu): layer and selective give the loss, the
+ * probabilities and every gradient of none, bit for bit, with fewer activation bytes; a vocab
+ * of 65536 at B T = 1200 rows puts the head in two chunks (ZRC_XENT_BYTES), which layer
+ * recomputes one at a time. */
+static void test_recompute(zr_config c, size_t B, size_t T)
+{
+    size_t N = B * T;
+    zr_model *cpu;
+    OK(zr_model_new_ext(&cpu, &c, 1, 1, NULL));
+    zr_model_init_weights(cpu, 11);
+    uint64_t numel = zr_model_numel(cpu);
+    float *P = zr_model_param(cpu, 0);
+    for (uint64_t i = 0; i < numel; i++)
+        P[i] += 0.02f * nrand();
+    int32_t *in = malloc(N * sizeof *in), *tg = malloc(N * sizeof *tg);
+    random_tokens(in, N, c.vocab);
+    random_tokens(tg, N, c.vocab);
+    static const char *const names[3] = {"none", "layer", "selective"};
+    float loss[3], *probs[3], *grads[3], *again[3];
+    uint64_t acts[3];
+    for (int r = 0; r < 3; r++)
+        loss[r] = recompute_run(c, B, T, (zr_recompute)r, P, in, tg, probs[0], &probs[r],
+                                &grads[r], &again[r], &acts[r]);
+    for (int r = 1; r < 3; r++) {
+        char name[96];
+        snprintf(name, sizeof name, "recompute %s: loss == none", names[r]);
+        check_bits(name, &loss[r], &loss[0], 1, 4);
+        snprintf(name, sizeof name, "recompute %s: probabilities == none", names[r]);
+        check_bits(name, probs[r], probs[0], N * c.vocab, 4);
+        snprintf(name, sizeof name, "recompute %s: gradients == none", names[r]);
+        check_bits(name, grads[r], grads[0], numel, 4);
+        snprintf(name, sizeof name, "recompute %s: a second backward of one forward == none",
+                 names[r]);
+        check_bits(name, again[r], again[0], numel, 4);
+        snprintf(name, sizeof name, "recompute %s: fewer activation bytes", names[r]);
+        check_true(name, acts[r] < acts[0], "%.1f MiB, none %.1f MiB", acts[r] / 1048576.0,
+                   acts[0] / 1048576.0);
+    }
+    for (int r = 0; r < 3; r++)
+        free(probs[r]), free(grads[r]), free(again[r]);
+    free(in), free(tg);
     zr_model_free(cpu);
 }
 
@@ -935,7 +1014,7 @@ static void test_training(zr_config c)
     uint64_t numel = zr_model_numel(cpu);
     size_t G = zr_model_n_groups(cpu);
     zr_dev_model *gm;
-    OK(zr_device_model_new(D, &gm, &c, B, T, NULL));
+    OK(zr_device_model_new(D, &gm, &c, B, T, NULL, ZR_RECOMPUTE_NONE));
     float *gp = D->model_param(gm, 0), *gg = D->model_grad(gm, 0);
     OK(D->memcpy(gp, zr_model_param(cpu, 0), numel * 4, ZR_DEV_H2D, NULL));
     float *cm = calloc(numel, 4), *cv = calloc(numel, 4);
@@ -1193,6 +1272,15 @@ int main(int argc, char **argv)
         test_model((zr_config)ZR_GPT2(2, 4, 64, 32, 97), 3, 29);
     if (wanted("training"))
         test_training((zr_config)ZR_GPT2(2, 4, 64, 64, 256));
+    if (wanted("recompute")) {
+        printf("== recompute: gpt2\n");
+        test_recompute((zr_config)ZR_GPT2(3, 4, 64, 300, 65536), 4, 300);
+        zr_config rl;
+        OK(zr_gpt2_config_parse(&rl, "llama:layers=3,heads=4,kv_heads=2,dim=64,ffn=96,ctx=300,"
+                                     "vocab=65536,tied=1"));
+        printf("== recompute: llama\n");
+        test_recompute(rl, 4, 300);
+    }
     /* Llama's layers, then the model (llama.cu): grouped-query attention with 2 and with 4
      * query heads a KV head, untied and tied head, odd vocabulary and sequence; then 30
      * training steps */

@@ -37,8 +37,21 @@ typedef struct {
     float *res3;        /* [N, C] */
 } ll_acts;
 
+/*
+ * Recompute (zr_recompute, device.h's model_new): with ZR_RECOMPUTE_LAYER every layer's entry
+ * in layer / ll points to ONE set of buffers but its own res3 (the layer's output, the next
+ * one's input), and dl holds one chunk of the head's rows; the backward runs a layer's forward
+ * again (without its output: the res3 it has) before the layer's backward, and the head's logits
+ * of each chunk again before the chunk's backward. With ZR_RECOMPUTE_SELECTIVE the layers share
+ * one att buffer, which the backward fills again from the layer's q, k and v (the attention's
+ * output of that recompute goes to the datty scratch). Same kernels on the same inputs: the same
+ * bits as without recompute. `held` is the layer whose activations the shared buffers hold (the
+ * forward leaves the last; a second backward of one forward recomputes it).
+ */
 struct zr_dev_model {
     zr_config c;
+    zr_recompute recompute;
+    size_t held;
     size_t max_B, max_T, max_N, Vp, xent_rows;
     zr_model_hooks h;
     zr_gpt2_offsets off;   /* GPT-2: from the host (the layout of ckpt's family table) */
@@ -56,7 +69,7 @@ struct zr_dev_model {
     float *rope_cos, *rope_sin; /* Llama: [max_T, hd / 2] */
     bf16 *lnf;
     float *lnf_mean, *lnf_rstd;
-    bf16 *dl;         /* [N, Vp]: p - onehot (p without targets) */
+    bf16 *dl;         /* [N, Vp]: p - onehot (p without targets); [xent_rows, Vp] with layer */
     float *losses;    /* [N] */
     double *loss_sum; /* [1] */
     int32_t *tok;     /* inputs [maxN], targets [maxN], pos [maxN], uniq [maxN], seg [maxN+1] */
@@ -128,13 +141,18 @@ int zrc_forward_begin(zr_dev_model *m, const int32_t *inputs, const int32_t *tar
  * or lm_head), in chunks of m->xent_rows rows: m->dl, m->losses, and the loss sum when there
  * are targets. */
 int zrc_head_forward(zr_dev_model *m, const bf16 *W, size_t N, int targets);
-/* Its backward: m->dC [N, C] = k dl W (overwritten), dW += k dl^T lnf. */
+/* Its backward: m->dC [N, C] = k dl W (overwritten), dW += k dl^T lnf (with layer recompute,
+ * each chunk's dl computed again first). */
 int zrc_head_backward(zr_dev_model *m, const bf16 *W, float *dW, size_t N, float k);
+/* Whether the backward of layer l must run its forward (layer) or its attention (selective)
+ * again first: the shared buffers hold another layer. */
+int zrc_recompute_due(const zr_dev_model *m, size_t l);
 /* The checks of a backward: a complete forward with targets. */
 int zrc_backward_check(const zr_dev_model *m);
 
 /* ---------------------------------------------------------------- Llama (llama.cu) */
 
+/* The activations (as recompute says: the comment above struct zr_dev_model). */
 size_t zrc_llama_acts_layout(zr_dev_model *m, unsigned char *base, double *total);
 /* the config's own checks (KV divides H, hd even, ffn), 1 with why filled */
 int zrc_llama_problem(char *why, size_t cap, const zr_config *c);

@@ -99,21 +99,25 @@ size_t zrc_llama_acts_layout(zr_dev_model *m, unsigned char *base, double *total
     size_t att = m->max_B * d.H * T * T, wide = d.QL > 2 * I ? d.QL : 2 * I;
     *total = (double)m->max_B * d.H * T * T * (double)(d.L * 2 + 6); /* overflow guard */
     m->encoded = ZRC_CARVE(float, N * C);
+    ll_acts a; /* with recompute, the buffers the layers share (devmodel.h) */
+    int sel = m->recompute == ZR_RECOMPUTE_SELECTIVE; /* (carving without a base gives NULL) */
+    bf16 *shared_att = sel ? ZRC_CARVE(bf16, att) : NULL;
     for (size_t l = 0; l < d.L; l++) {
-        ll_acts a;
-        a.xn1 = ZRC_CARVE(bf16, N * C);
-        a.rstd1 = ZRC_CARVE(float, N);
-        a.q = ZRC_CARVE(bf16, N * C);
-        a.k = ZRC_CARVE(bf16, N * d.KVD);
-        a.v = ZRC_CARVE(bf16, N * d.KVD);
-        a.att = ZRC_CARVE(bf16, att);
-        a.atty = ZRC_CARVE(bf16, N * C);
-        a.res2 = ZRC_CARVE(float, N * C);
-        a.xn2 = ZRC_CARVE(bf16, N * C);
-        a.rstd2 = ZRC_CARVE(float, N);
-        a.gate = ZRC_CARVE(bf16, N * I);
-        a.up = ZRC_CARVE(bf16, N * I);
-        a.hmlp = ZRC_CARVE(bf16, N * I);
+        if (l == 0 || m->recompute != ZR_RECOMPUTE_LAYER) {
+            a.xn1 = ZRC_CARVE(bf16, N * C);
+            a.rstd1 = ZRC_CARVE(float, N);
+            a.q = ZRC_CARVE(bf16, N * C);
+            a.k = ZRC_CARVE(bf16, N * d.KVD);
+            a.v = ZRC_CARVE(bf16, N * d.KVD);
+            a.att = sel ? shared_att : ZRC_CARVE(bf16, att);
+            a.atty = ZRC_CARVE(bf16, N * C);
+            a.res2 = ZRC_CARVE(float, N * C);
+            a.xn2 = ZRC_CARVE(bf16, N * C);
+            a.rstd2 = ZRC_CARVE(float, N);
+            a.gate = ZRC_CARVE(bf16, N * I);
+            a.up = ZRC_CARVE(bf16, N * I);
+            a.hmlp = ZRC_CARVE(bf16, N * I);
+        }
         a.res3 = ZRC_CARVE(float, N * C);
         if (base)
             m->ll[l] = a;
@@ -155,15 +159,15 @@ int zrc_llama_setup(zr_dev_model *m)
 #define W16(r) (m->wslot + m->loff.role[ZR_LL_##r]) /* a bf16 weight of the fetched layer */
 #define V32(P, r) ((P) + m->loff.role[ZR_LL_##r])   /* an fp32 vector or gradient */
 
-/* res3 = res2 + mlp(rms2(res2)), res2 = res + o(attn(rope(qkv(rms1(res))))) */
+/* res3 = res2 + mlp(rms2(res2)), res2 = res + o(attn(rope(qkv(rms1(res))))), with P and
+ * m->wslot (their bf16 cast, the caller's); out: also a->res3 (not when recomputing) */
 static int layer_forward(zr_dev_model *m, const ll_dims *d, ll_acts *a, const float *res,
-                         const float *P, size_t B, size_t T)
+                         const float *P, size_t B, size_t T, int out)
 {
     cublasHandle_t h = m->blas;
     cudaStream_t s = m->stream;
     size_t N = B * T, C = d->C, KVD = d->KVD, QL = d->QL, I = d->I;
     float eps = (float)m->c.norm_eps, *x = m->scratch;
-    ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->layer_numel, s));
     ZRC_TRY(zrk_rmsnorm_forward(a->xn1, a->rstd1, res, V32(P, LN1), N, C, eps, s));
     ZRC_TRY(zrc_mm_fwd(h, x, F32, QL, 0.0f, a->xn1, W16(Q), N, C, C));
     ZRC_TRY(zrc_mm_fwd(h, x + C, F32, QL, 0.0f, a->xn1, W16(K), N, C, KVD));
@@ -178,6 +182,8 @@ static int layer_forward(zr_dev_model *m, const ll_dims *d, ll_acts *a, const fl
     ZRC_TRY(zrc_mm_fwd(h, x, F32, I, 0.0f, a->xn2, W16(GATE), N, C, I));
     ZRC_TRY(zrc_mm_fwd(h, x + N * I, F32, I, 0.0f, a->xn2, W16(UP), N, C, I));
     ZRC_TRY(zrk_swiglu_forward(a->gate, a->up, a->hmlp, x, x + N * I, N * I, s));
+    if (!out)
+        return 0;
     ZRC_TRY(zrk_rows_init(a->res3, a->res2, NULL, N, C, s));
     return zrc_mm_fwd(h, a->res3, F32, C, 1.0f, a->hmlp, W16(DOWN), N, I, C);
 }
@@ -191,7 +197,6 @@ static int layer_backward(zr_dev_model *m, const ll_dims *d, const ll_acts *a, c
     size_t N = B * T, C = d->C, KVD = d->KVD, QL = d->QL, I = d->I;
     bf16 *dg = m->d4C, *du = m->d4C + N * I, *dx = m->dqkv;
     bf16 *dq = m->dqkvp, *dk = dq + N * C, *dv = dk + N * KVD;
-    ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->layer_numel, s));
     /* MLP: dh = dres down, then SwiGLU's backward, then gate and up */
     ZRC_TRY(zrk_cast_bf16(m->dres_bf, m->dres, N * C, s));
     ZRC_TRY(zrc_mm_dinp(h, m->scratch, F32, 0.0f, m->dres_bf, C, W16(DOWN), N, I, C, 1.0f));
@@ -235,10 +240,12 @@ int zrc_llama_forward(zr_dev_model *m, size_t B, size_t T)
     const float *res = m->encoded;
     for (size_t l = 0; l < d.L; l++) {
         ZRC_TRY(zrc_params_get(m, l + 1, &P));
-        ZRC_TRY(layer_forward(m, &d, &m->ll[l], res, P, B, T));
+        ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->layer_numel, s));
+        ZRC_TRY(layer_forward(m, &d, &m->ll[l], res, P, B, T, 1));
         ZRC_TRY(zrc_params_put(m, l + 1));
         res = m->ll[l].res3;
     }
+    m->held = d.L - 1;
     ZRC_TRY(zrc_params_get(m, d.L + 1, &P));
     ZRC_TRY(zrk_rmsnorm_forward(m->lnf, m->lnf_rstd, res, P, N, d.C, (float)m->c.norm_eps, s));
     ZRC_TRY(zrc_params_put(m, d.L + 1));
@@ -274,9 +281,20 @@ int zrc_llama_backward(zr_dev_model *m, float scale)
     ZRC_TRY(zrc_params_put(m, d.L + 1));
     ZRC_TRY(zrc_grads_put(m, d.L + 1));
     for (size_t l = d.L; l-- > 0;) {
+        ll_acts *a = &m->ll[l];
+        const float *res = l ? m->ll[l - 1].res3 : m->encoded;
         ZRC_TRY(zrc_params_get(m, l + 1, &P));
         ZRC_TRY(zrc_grads_get(m, l + 1, &G));
-        ZRC_TRY(layer_backward(m, &d, &m->ll[l], l ? m->ll[l - 1].res3 : m->encoded, P, G, B, T));
+        ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->layer_numel, s));
+        if (zrc_recompute_due(m, l)) { /* inside this fetch of the layer: no second gather */
+            if (m->recompute == ZR_RECOMPUTE_LAYER)
+                ZRC_TRY(layer_forward(m, &d, a, res, P, B, T, 0));
+            else /* the probabilities again; the output goes to datty, free until then */
+                ZRC_TRY(zrc_gqa_forward(m->blas, s, m->datty, a->att, m->S, m->tmp, a->q, a->k,
+                                        a->v, B, T, d.C, d.H, d.KV));
+            m->held = l;
+        }
+        ZRC_TRY(layer_backward(m, &d, a, res, P, G, B, T));
         ZRC_TRY(zrc_params_put(m, l + 1));
         ZRC_TRY(zrc_grads_put(m, l + 1));
     }

@@ -285,13 +285,19 @@ void *zrc_carve(unsigned char *base, size_t *off, double *total, size_t bytes)
 
 #define CARVE ZRC_CARVE
 
+/* the head's rows dl holds: all, or one chunk with layer recompute */
+static size_t zrc_dl_rows(const zr_dev_model *m)
+{
+    return m->recompute == ZR_RECOMPUTE_LAYER ? m->xent_rows : m->max_N;
+}
+
 void zrc_carve_common(zr_dev_model *m, unsigned char *base, size_t *offp, double *total,
                       size_t att)
 {
     size_t N = m->max_N, C = m->c.dim, off = *offp;
     m->lnf = CARVE(bf16, N * C);
     m->lnf_rstd = CARVE(float, N);
-    m->dl = CARVE(bf16, N * m->Vp);
+    m->dl = CARVE(bf16, zrc_dl_rows(m) * m->Vp);
     m->losses = CARVE(float, N);
     m->loss_sum = CARVE(double, 1);
     m->tok = CARVE(int32_t, 5 * N + 1);
@@ -316,22 +322,26 @@ static size_t acts_layout(zr_dev_model *m, unsigned char *base, double *total)
     *total = 0;
     *total += (double)m->max_B * NH * T * T * (double)(L * 2 + 6); /* overflow guard */
     m->encoded = CARVE(float, N * C);
+    layer_acts a; /* with recompute, the buffers the layers share (see devmodel.h) */
+    int sel = m->recompute == ZR_RECOMPUTE_SELECTIVE; /* (carving without a base gives NULL) */
+    bf16 *shared_att = sel ? CARVE(bf16, att) : NULL;
     for (size_t l = 0; l < L; l++) {
-        layer_acts a;
-        a.ln1 = CARVE(bf16, N * C);
-        a.ln1_mean = CARVE(float, N);
-        a.ln1_rstd = CARVE(float, N);
-        a.q = CARVE(bf16, N * C);
-        a.k = CARVE(bf16, N * C);
-        a.v = CARVE(bf16, N * C);
-        a.att = CARVE(bf16, att);
-        a.atty = CARVE(bf16, N * C);
-        a.res2 = CARVE(float, N * C);
-        a.ln2 = CARVE(bf16, N * C);
-        a.ln2_mean = CARVE(float, N);
-        a.ln2_rstd = CARVE(float, N);
-        a.fch = CARVE(bf16, N * 4 * C);
-        a.fch_gelu = CARVE(bf16, N * 4 * C);
+        if (l == 0 || m->recompute != ZR_RECOMPUTE_LAYER) {
+            a.ln1 = CARVE(bf16, N * C);
+            a.ln1_mean = CARVE(float, N);
+            a.ln1_rstd = CARVE(float, N);
+            a.q = CARVE(bf16, N * C);
+            a.k = CARVE(bf16, N * C);
+            a.v = CARVE(bf16, N * C);
+            a.att = sel ? shared_att : CARVE(bf16, att);
+            a.atty = CARVE(bf16, N * C);
+            a.res2 = CARVE(float, N * C);
+            a.ln2 = CARVE(bf16, N * C);
+            a.ln2_mean = CARVE(float, N);
+            a.ln2_rstd = CARVE(float, N);
+            a.fch = CARVE(bf16, N * 4 * C);
+            a.fch_gelu = CARVE(bf16, N * 4 * C);
+        }
         a.res3 = CARVE(float, N * C);
         if (base)
             m->layer[l] = a;
@@ -347,9 +357,10 @@ static size_t acts_layout(zr_dev_model *m, unsigned char *base, double *total)
 }
 
 static void setup_shape(zr_dev_model *m, const zr_config *c, const zr_model_offsets *off,
-                        size_t max_B, size_t max_T)
+                        size_t max_B, size_t max_T, zr_recompute rc)
 {
     m->c = *c;
+    m->recompute = rc;
     m->max_B = max_B;
     m->max_T = max_T;
     m->max_N = max_B * max_T;
@@ -372,11 +383,11 @@ static size_t layout(zr_dev_model *m, unsigned char *base, double *total)
 }
 
 uint64_t zrc_activation_bytes(const zr_config *c, const zr_model_offsets *off, size_t max_B,
-                              size_t max_T)
+                              size_t max_T, zr_recompute rc)
 {
     zr_dev_model m;
     memset(&m, 0, sizeof m);
-    setup_shape(&m, c, off, max_B, max_T);
+    setup_shape(&m, c, off, max_B, max_T, rc);
     double total;
     return layout(&m, NULL, &total);
 }
@@ -409,16 +420,21 @@ static int model_problem(const zr_config *c, const zr_model_offsets *off, size_t
 }
 
 int zrc_model_new(zr_dev_model **out, const zr_config *c, const zr_model_offsets *off,
-                  size_t max_B, size_t max_T, const zr_model_hooks *hooks)
+                  size_t max_B, size_t max_T, const zr_model_hooks *hooks,
+                  zr_recompute recompute)
 {
     *out = NULL;
     ZRC_TRY(model_problem(c, off, max_B, max_T, hooks));
+    if (recompute != ZR_RECOMPUTE_NONE && recompute != ZR_RECOMPUTE_LAYER &&
+        recompute != ZR_RECOMPUTE_SELECTIVE)
+        return zrc_err(ZR_EINVAL, "model: recompute mode %d (none 0, layer 1, selective 2)",
+                       (int)recompute);
     ZRC_TRY(zrc_ensure_device());
 
     zr_dev_model *m = (zr_dev_model *)calloc(1, sizeof *m);
     if (!m)
         return zrc_err(ZR_ENOMEM, "model: out of memory");
-    setup_shape(m, c, off, max_B, max_T);
+    setup_shape(m, c, off, max_B, max_T, recompute);
     if (hooks)
         m->h = *hooks;
     m->fwd_targets = -1;
@@ -466,7 +482,7 @@ int zrc_model_new(zr_dev_model **out, const zr_config *c, const zr_model_offsets
         m->acts_bytes = abytes;
         layout(m, m->acts_mem, &acts_d);
         /* the head's padding columns are never read; zero dl once so they hold no garbage */
-        if ((e = cudaMemset(m->dl, 0, m->max_N * m->Vp * sizeof(bf16))) != cudaSuccess)
+        if ((e = cudaMemset(m->dl, 0, zrc_dl_rows(m) * m->Vp * sizeof(bf16))) != cudaSuccess)
             rc = zrc_cuda_err(e, "zeroing the head's buffer");
     }
     if (!rc && m->ll)
@@ -648,27 +664,64 @@ int zrc_forward_begin(zr_dev_model *m, const int32_t *inputs, const int32_t *tar
     return 0;
 }
 
-int zrc_head_forward(zr_dev_model *m, const bf16 *W, size_t N, int targets)
+/* the head's chunk of rows r0 .. r0 + rows: logits, then dl (where the mode keeps it) and the
+ * losses */
+static int head_chunk(zr_dev_model *m, const bf16 *W, size_t r0, size_t rows, int targets)
 {
     size_t C = m->c.dim, V = m->c.vocab, Vp = m->Vp;
-    const int32_t *d_targets = targets ? m->tok + m->max_N : NULL;
+    const int32_t *d_targets = targets ? m->tok + m->max_N + r0 : NULL;
+    bf16 *dl = m->recompute == ZR_RECOMPUTE_LAYER ? m->dl : m->dl + r0 * Vp;
+    ZRC_TRY(zrc_gemm(m->blas, 0, 1, rows, V, C, 1.0f, m->lnf + r0 * C, BF, C, 0, W, BF, C, 0,
+                     0.0f, m->logits, F32, Vp, 0, 1));
+    return zrk_xent_forward(dl, Vp, m->losses + r0, m->logits, Vp, d_targets, rows, V,
+                            m->stream);
+}
+
+int zrc_head_forward(zr_dev_model *m, const bf16 *W, size_t N, int targets)
+{
     for (size_t r0 = 0; r0 < N; r0 += m->xent_rows) {
         size_t rows = N - r0 < m->xent_rows ? N - r0 : m->xent_rows;
-        ZRC_TRY(zrc_gemm(m->blas, 0, 1, rows, V, C, 1.0f, m->lnf + r0 * C, BF, C, 0, W, BF, C, 0,
-                         0.0f, m->logits, F32, Vp, 0, 1));
-        ZRC_TRY(zrk_xent_forward(m->dl + r0 * Vp, Vp, m->losses + r0, m->logits, Vp,
-                                 d_targets ? d_targets + r0 : NULL, rows, V, m->stream));
+        ZRC_TRY(head_chunk(m, W, r0, rows, targets));
     }
     if (targets)
         ZRC_TRY(zrk_sum_f64(m->loss_sum, m->losses, N, m->stream));
     return 0;
 }
 
-static int gpt2_forward(zr_dev_model *m, size_t B, size_t T)
+/* A block's forward from res with its parameters P (fp32) and m->wslot (their bf16 cast, made
+ * by the caller), into a's buffers; out: also its output a->res3 (not when recomputing: the
+ * backward has it). */
+static int layer_forward(zr_dev_model *m, layer_acts *a, const float *res, const float *P,
+                         size_t B, size_t T, int out)
 {
-    size_t L = m->c.layers, C = m->c.dim, NH = m->c.heads, V = m->c.vocab, N = B * T;
+    size_t C = m->c.dim, NH = m->c.heads, N = B * T;
     cudaStream_t s = m->stream;
     cublasHandle_t h = m->blas;
+    const bf16 *W = m->wslot;
+    ZRC_TRY(zrk_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, V32(P, LN1W),
+                                  V32(P, LN1B), N, C, s));
+    ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln1, W16(W, QKVW), N, C, 3 * C));
+    ZRC_TRY(zrk_qkv_permute(a->q, a->k, a->v, m->scratch, V32(P, QKVB), B, T, C, NH, s));
+    ZRC_TRY(zrc_attention_forward(h, s, a->atty, a->att, m->S, m->tmp, a->q, a->k, a->v, B, T,
+                                  C, NH));
+    /* res2 = res + c_proj(atty) */
+    ZRC_TRY(zrk_rows_init(a->res2, res, V32(P, ATTPROJB), N, C, s));
+    ZRC_TRY(mm_fwd(h, a->res2, F32, 1.0f, a->atty, W16(W, ATTPROJW), N, C, C));
+    ZRC_TRY(zrk_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, V32(P, LN2W),
+                                  V32(P, LN2B), N, C, s));
+    ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln2, W16(W, FCW), N, C, 4 * C));
+    ZRC_TRY(zrk_bias_gelu(a->fch, a->fch_gelu, m->scratch, V32(P, FCB), N, 4 * C, s));
+    if (!out)
+        return 0;
+    /* res3 = res2 + mlp */
+    ZRC_TRY(zrk_rows_init(a->res3, a->res2, V32(P, FCPROJB), N, C, s));
+    return mm_fwd(h, a->res3, F32, 1.0f, a->fch_gelu, W16(W, FCPROJW), N, 4 * C, C);
+}
+
+static int gpt2_forward(zr_dev_model *m, size_t B, size_t T)
+{
+    size_t L = m->c.layers, C = m->c.dim, V = m->c.vocab, N = B * T;
+    cudaStream_t s = m->stream;
     const float *wte, *wpe, *P;
     ZRC_TRY(zrc_params_get(m, 0, &wte));
     ZRC_TRY(zrc_params_get(m, 1, &wpe));
@@ -677,29 +730,13 @@ static int gpt2_forward(zr_dev_model *m, size_t B, size_t T)
     ZRC_TRY(zrc_params_put(m, 0));
     const float *res = m->encoded;
     for (size_t l = 0; l < L; l++) {
-        layer_acts *a = &m->layer[l];
-        const bf16 *W = m->wslot;
         ZRC_TRY(zrc_params_get(m, l + 2, &P));
         ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->layer_numel, s));
-        ZRC_TRY(zrk_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, V32(P, LN1W),
-                                      V32(P, LN1B), N, C, s));
-        ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln1, W16(W, QKVW), N, C, 3 * C));
-        ZRC_TRY(zrk_qkv_permute(a->q, a->k, a->v, m->scratch, V32(P, QKVB), B, T, C, NH, s));
-        ZRC_TRY(zrc_attention_forward(h, s, a->atty, a->att, m->S, m->tmp, a->q, a->k, a->v, B,
-                                      T, C, NH));
-        /* res2 = res + c_proj(atty) */
-        ZRC_TRY(zrk_rows_init(a->res2, res, V32(P, ATTPROJB), N, C, s));
-        ZRC_TRY(mm_fwd(h, a->res2, F32, 1.0f, a->atty, W16(W, ATTPROJW), N, C, C));
-        ZRC_TRY(zrk_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, V32(P, LN2W),
-                                      V32(P, LN2B), N, C, s));
-        ZRC_TRY(mm_fwd(h, m->scratch, F32, 0.0f, a->ln2, W16(W, FCW), N, C, 4 * C));
-        ZRC_TRY(zrk_bias_gelu(a->fch, a->fch_gelu, m->scratch, V32(P, FCB), N, 4 * C, s));
-        /* res3 = res2 + mlp */
-        ZRC_TRY(zrk_rows_init(a->res3, a->res2, V32(P, FCPROJB), N, C, s));
-        ZRC_TRY(mm_fwd(h, a->res3, F32, 1.0f, a->fch_gelu, W16(W, FCPROJW), N, 4 * C, C));
+        ZRC_TRY(layer_forward(m, &m->layer[l], res, P, B, T, 1));
         ZRC_TRY(zrc_params_put(m, l + 2));
-        res = a->res3;
+        res = m->layer[l].res3;
     }
+    m->held = L - 1;
     ZRC_TRY(zrc_params_get(m, L + 2, &P));
     ZRC_TRY(zrk_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, res, P + m->off.lnf_w,
                                   P + m->off.lnf_b, N, C, s));
@@ -746,12 +783,16 @@ int zrc_model_probs(zr_dev_model *m, float *host_dst)
     if (m->fwd_targets < 0)
         return zrc_err(ZR_EINVAL, "probs: no forward");
     ZRC_TRY(zrc_ensure_device());
-    size_t N = m->B * m->T, V = m->c.vocab, rows_max = m->xent_rows * m->Vp / V;
+    int again = m->recompute == ZR_RECOMPUTE_LAYER; /* dl of each chunk computed again */
+    size_t N = m->B * m->T, V = m->c.vocab;
+    size_t rows_max = again ? m->xent_rows : m->xent_rows * m->Vp / V;
     const int32_t *tg = m->fwd_targets ? m->tok + m->max_N : NULL;
     for (size_t r0 = 0; r0 < N; r0 += rows_max) {
         size_t rows = N - r0 < rows_max ? N - r0 : rows_max;
-        ZRC_TRY(zrk_probs_export(m->logits, m->dl + r0 * m->Vp, m->Vp, tg ? tg + r0 : NULL, rows,
-                                 V, m->stream));
+        if (again) /* the head's matrix is still in wte_bf from the forward */
+            ZRC_TRY(head_chunk(m, m->wte_bf, r0, rows, m->fwd_targets));
+        ZRC_TRY(zrk_probs_export(m->logits, again ? m->dl : m->dl + r0 * m->Vp, m->Vp,
+                                 tg ? tg + r0 : NULL, rows, V, m->stream));
         ZRC_CU(cudaMemcpyAsync(host_dst + r0 * V, m->logits, rows * V * sizeof(float),
                                cudaMemcpyDeviceToHost, m->stream), "reading probabilities");
         ZRC_CU(cudaStreamSynchronize(m->stream), "reading probabilities");
@@ -771,14 +812,23 @@ int zrc_backward_check(const zr_dev_model *m)
 int zrc_head_backward(zr_dev_model *m, const bf16 *W, float *dW, size_t N, float k)
 {
     size_t C = m->c.dim, V = m->c.vocab, Vp = m->Vp;
+    int again = m->recompute == ZR_RECOMPUTE_LAYER;
     for (size_t r0 = 0; r0 < N; r0 += m->xent_rows) {
         size_t rows = N - r0 < m->xent_rows ? N - r0 : m->xent_rows;
-        ZRC_TRY(zrc_gemm(m->blas, 0, 0, rows, C, V, k, m->dl + r0 * Vp, BF, Vp, 0, W, BF, C, 0,
-                         0.0f, m->dC + r0 * C, F32, C, 0, 1));
-        ZRC_TRY(zrc_gemm(m->blas, 1, 0, V, C, rows, k, m->dl + r0 * Vp, BF, Vp, 0,
-                         m->lnf + r0 * C, BF, C, 0, 1.0f, dW, F32, C, 0, 1));
+        if (again)
+            ZRC_TRY(head_chunk(m, W, r0, rows, 1));
+        const bf16 *dl = again ? m->dl : m->dl + r0 * Vp;
+        ZRC_TRY(zrc_gemm(m->blas, 0, 0, rows, C, V, k, dl, BF, Vp, 0, W, BF, C, 0, 0.0f,
+                         m->dC + r0 * C, F32, C, 0, 1));
+        ZRC_TRY(zrc_gemm(m->blas, 1, 0, V, C, rows, k, dl, BF, Vp, 0, m->lnf + r0 * C, BF, C, 0,
+                         1.0f, dW, F32, C, 0, 1));
     }
     return 0;
+}
+
+int zrc_recompute_due(const zr_dev_model *m, size_t l)
+{
+    return m->recompute != ZR_RECOMPUTE_NONE && m->held != l;
 }
 
 static int gpt2_backward(zr_dev_model *m, float scale)
@@ -813,6 +863,14 @@ static int gpt2_backward(zr_dev_model *m, float scale)
         ZRC_TRY(zrc_params_get(m, l + 2, &P));
         ZRC_TRY(zrc_grads_get(m, l + 2, &G));
         ZRC_TRY(zrk_cast_bf16(m->wslot, P, m->layer_numel, s));
+        if (zrc_recompute_due(m, l)) { /* inside this fetch of the block: no second gather */
+            if (m->recompute == ZR_RECOMPUTE_LAYER)
+                ZRC_TRY(layer_forward(m, a, res, P, B, T, 0));
+            else /* the probabilities again; the output goes to datty, free until below */
+                ZRC_TRY(zrc_attention_forward(h, s, m->datty, a->att, m->S, m->tmp, a->q, a->k,
+                                              a->v, B, T, C, NH));
+            m->held = l;
+        }
         /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) */
         ZRC_TRY(zrk_cast_bf16(m->dres_bf, m->dres, N * C, s));
         ZRC_TRY(mm_dinp(h, m->scratch, F32, m->dres_bf, W16(W, FCPROJW), N, 4 * C, C, 1.0f));

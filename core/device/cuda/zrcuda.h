@@ -218,9 +218,9 @@ size_t zrc_token_plan(const int32_t *tok, size_t N, size_t V, int32_t *pos, int3
 /* ---------------------------------------------------------------- model (model.cu) */
 
 uint64_t zrc_activation_bytes(const zr_config *c, const zr_model_offsets *off, size_t max_B,
-                              size_t max_T);
+                              size_t max_T, zr_recompute rc);
 int zrc_model_new(zr_dev_model **out, const zr_config *c, const zr_model_offsets *off,
-                  size_t max_B, size_t max_T, const zr_model_hooks *hooks);
+                  size_t max_B, size_t max_T, const zr_model_hooks *hooks, zr_recompute rc);
 void zrc_model_free(zr_dev_model *m);
 zr_dev_stream *zrc_model_stream(zr_dev_model *m);
 size_t zrc_model_n_groups(const zr_dev_model *m);
