@@ -17,6 +17,9 @@
 #   MODEL          (gpt2:layers=4,heads=4,dim=256,ctx=256,vocab=8192), SEQ (256), BATCH (4);
 #                  MODEL=gpt2 SEQ=128 BATCH=2 measures 124M (about 8 s a step on 2 threads)
 #   STEPS (4), WARMUP (1), ROUNDS (5), BENCH_THREADS (2)
+#   NPROC (1), ZERO (0): ranks and ZeRO stage of the step-time runs (NPROC=2 ZERO=3
+#                  BENCH_THREADS=1: the embedding's gradient in pieces, whose logits layer
+#                  recomputes once more)
 #   BASE_ZRUN      another zrun (say, main's) also run each round with --recompute none, after
 #                  the three modes: printed, none's step time against it (no checkpoint diff:
 #                  another build may round differently)
@@ -30,7 +33,10 @@ STEPS=${STEPS:-4}
 WARMUP=${WARMUP:-1}
 ROUNDS=${ROUNDS:-5}
 BENCH_THREADS=${BENCH_THREADS:-2}
-for v in SEQ BATCH STEPS ROUNDS BENCH_THREADS; do
+NPROC=${NPROC:-1}
+ZERO=${ZERO:-0}
+[[ $ZERO =~ ^[0-3]$ ]] || fail "ZERO=$ZERO: expected 0..3"
+for v in SEQ BATCH STEPS ROUNDS BENCH_THREADS NPROC; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || fail "$v=${!v}: expected a positive integer"
 done
 [[ $WARMUP =~ ^[0-9]+$ ]] && ((WARMUP < STEPS)) || fail "WARMUP=$WARMUP: expected 0..STEPS-1"
@@ -54,7 +60,7 @@ print("[recompute-bench]   %-9s micro-batch %s: activations %7.0f MiB (%.2f GB),
 EOF
 done
 
-say "step time: $MODEL, batch $BATCH x $SEQ, 1 rank, $BENCH_THREADS threads, $STEPS steps ($WARMUP warmup), $ROUNDS rounds"
+say "step time: $MODEL, batch $BATCH x $SEQ, $NPROC rank(s) at ZeRO-$ZERO, $BENCH_THREADS threads, $STEPS steps ($WARMUP warmup), $ROUNDS rounds"
 modes=(none layer selective)
 if [ -n "${BASE_ZRUN:-}" ]; then
     [ -x "$BASE_ZRUN" ] || fail "BASE_ZRUN=$BASE_ZRUN: not an executable"
@@ -67,6 +73,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
         /usr/bin/time -f "%U %S" -o "$s/cpu" \
             "$([ "$m" = base ] && echo "$BASE_ZRUN" || echo "$ZRUN")" --model "$MODEL" \
             --seq "$SEQ" --batch "$BATCH" --steps "$STEPS" --warmup 1 --threads "$BENCH_THREADS" \
+            --nproc "$NPROC" --zero "$ZERO" \
             --recompute "${m/base/none}" --resume never --ckpt-dir "$s/run-$m" \
             --log-json "$s/$m.jsonl" >"$s/$m.log" 2>&1 || { cat "$s/$m.log" >&2; fail "--recompute $m failed"; }
         python3 - "$s/$m.jsonl" "$WARMUP" "$r" "$m" "$s/cpu" >>"$s/times" <<'EOF'

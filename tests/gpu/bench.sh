@@ -32,6 +32,9 @@ run() {
 }
 echo "== GPT-2 124M"
 run --model gpt2 --batch 16 --seq 1024
+echo "== GPT-2 124M, activation checkpointing (step time against the run above)"
+run --model gpt2 --batch 16 --seq 1024 --recompute layer
+run --model gpt2 --batch 16 --seq 1024 --recompute selective
 echo "== GPT-2 350M"
 run --model gpt2-medium --batch 8 --seq 1024
 run --model gpt2-medium --batch 16 --seq 1024
