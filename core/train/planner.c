@@ -15,14 +15,16 @@
 
 /* Step time relative to stage 0, no recompute, nothing offloaded, one micro-batch per step
  * (docs/PERFORMANCE.md): the ZeRO stages' tokens/s at W = 2 (issue 5: 1.00, 0.97, 0.72, 0.99);
- * recompute on GPT-2 124M (issue 26, recompute_bench.sh: selective 1.02x; layer 1.23x before
- * it recomputed the head's logits too, 1.31x now by the arithmetic: 250 GFLOP for 190 at 256
- * tokens, which that 1.23x matched; on a GPU the same factors, not measured there: no GPU was
- * lent when the device engine got recompute); NVMe offload at stage 3 (issue 6:
+ * recompute on GPT-2 124M at 2 ranks, 2 x 128 tokens (issue 26, recompute_bench.sh, medians of
+ * 3 rounds on the quiet VM: layer 1.27x at stage 0 and 1.34x at stage 3, where the embedding's
+ * gradient pieces recompute their logits once more; selective 1.02x on one rank; on a GPU the
+ * same factors, not measured there: no GPU was lent when the device engine got recompute);
+ * NVMe offload at stage 3 (issue 6:
  * the optimizer 2.06x, with the parameters 2.83x); pinned host memory on a GPU and a step's
  * extra micro-batches have no figure: 1.3x and 1 % each, assumed. */
 static const double stage_cost[4] = {1.0 / 1.00, 1.0 / 0.97, 1.0 / 0.72, 1.0 / 0.99};
-static const double recompute_cost[3] = {1.00, 1.31, 1.02};
+static const double recompute_cost[2][3] = {{1.00, 1.27, 1.02},  /* stages 0, 1 */
+                                            {1.00, 1.34, 1.02}}; /* stages 2, 3: pieces */
 #define NVME_OPT_COST 2.06
 #define NVME_OPT_PARAMS_COST 2.83
 #define PINNED_COST 1.3
@@ -30,7 +32,7 @@ static const double recompute_cost[3] = {1.00, 1.31, 1.02};
 
 static double cost_of(const zr_plan_pick *c, uint32_t share)
 {
-    double t = stage_cost[c->zero_stage] * recompute_cost[c->recompute];
+    double t = stage_cost[c->zero_stage] * recompute_cost[c->zero_stage >= 2][c->recompute];
     if (c->offload_params == ZR_OFFLOAD_NVME)
         t *= NVME_OPT_PARAMS_COST;
     else if (c->offload_optimizer == ZR_OFFLOAD_NVME)

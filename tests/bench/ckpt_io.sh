@@ -138,6 +138,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
 
     # import into 4 shards, with the moments (zeros), then its limit
     rm -rf "$s/imp"
+    sync # the removals' write-back (fio's files, the last import) outside the timed import
     timed import "$r" 0 "$ZCKPT" import "$s/model.safetensors" -o "$s/imp" --world 4
     imp=$(ls -d "$s"/imp/step-*)
     imp_bytes=$(du -sb --apparent-size "$imp" | cut -f1)
