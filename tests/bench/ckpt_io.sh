@@ -5,7 +5,9 @@
 #   save         zrun --async-save off (MODEL at 2 ranks): save_blocked_ms of the JSON log,
 #                the whole write + hash + fsync + commit of all ranks; vs fio write
 #   import       zckpt import of the model exported as safetensors, --world 4 (moments as
-#                zeros, as an import writes them); vs fio write
+#                zeros, as an import writes them), its source in the page cache; vs fio write
+#                (also printed: the same from a cold source, which the cache drops before
+#                the other operations leave it, as import_cold)
 #   reshard      zckpt reshard of the save to --world 4; vs cp -r + sync (time), and fio write
 #   verify       zckpt verify --jobs 2; vs two openssl dgst -sha256 in parallel over the shards
 #   load         a zrun resume that has nothing left to do: "resumed from ... (X s)", the read +
@@ -139,10 +141,16 @@ for ((r = 1; r <= ROUNDS; r++)); do
     # import into 4 shards, with the moments (zeros), then its limit
     rm -rf "$s/imp"
     sync # the removals' write-back (fio's files, the last import) outside the timed import
+    # first from a cold source (import_cold), then again with the source in the page cache,
+    # as fio reads nothing: the write path against fio's (import)
+    c=$(cold); timed import_cold "$r" 0 "$ZCKPT" import "$s/model.safetensors" -o "$s/imp" \
+        --world 4
+    rm -rf "$s/imp"
+    sync
     timed import "$r" 0 "$ZCKPT" import "$s/model.safetensors" -o "$s/imp" --world 4
     imp=$(ls -d "$s"/imp/step-*)
     imp_bytes=$(du -sb --apparent-size "$imp" | cut -f1)
-    sed -i '$ s/^\(import [0-9]* [0-9.]*\) 0/\1 '"$imp_bytes"'/' "$T"
+    sed -i 's/^\(import[a-z_]* '"$r"' [0-9.]*\) 0\( \|$\)/\1 '"$imp_bytes"'\2/' "$T"
     fio_run import_lim "$r" write "$imp_bytes" 4
     rm -f "$s"/fio/*
 
@@ -220,6 +228,7 @@ def fmt(v):
 table = [
     ("save (zrun --async-save off, 2 ranks)", per_round("save", "save_lim", "rate"), "fio write", "rate", ">= 0.85"),
     ("zckpt import --world 4", per_round("import", "import_lim", "rate"), "fio write", "rate", ">= 0.85"),
+    ("zckpt import, cold source (info)", per_round("import_cold", "import_lim", "rate"), "fio write", "rate", None),
     ("zckpt reshard --world 4 (time)", per_round("reshard", "cp", "time"), "cp -r + sync", "time", "<= 1.0"),
     ("zckpt reshard --world 4 (rate)", per_round("reshard", "reshard_lim", "rate"), "fio write", "rate", ">= 0.85"),
     ("zckpt verify --jobs 2", per_round("verify", "verify_lim", "rate"), "2 x openssl dgst", "rate", ">= 0.9"),
@@ -244,7 +253,7 @@ def gbps(op):
     v = [b / t / 1e9 for t, b, _ in rows.get(op, {}).values() if t > 0]
     return fmt(v)
 print("GB/s, median (min-max):")
-for op in ("save", "save_lim", "import", "import_lim", "reshard", "reshard_lim", "cp", "verify",
+for op in ("save", "save_lim", "import", "import_cold", "import_lim", "reshard", "reshard_lim", "cp", "verify",
            "verify_lim", "sha_lim", "load", "read_lim", "consolidate", "cat", "torch_save", "dcp_save"):
     if op in rows:
         print("  %-12s %s" % (op, gbps(op)))
