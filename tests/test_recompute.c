@@ -540,5 +540,30 @@ ZT_TEST(recompute_on_the_device_engine_matches_none)
         }
         ZT_CHECK(acts[1] < acts[0] && acts[2] < acts[0]);
     }
+    /* the planner on a GPU considers recompute: a limit that only layer meets (1 MiB above its
+     * dry run at ZeRO-3, micro-batch 1; none's smallest is above it) */
+    const char *g = "--model gpt2:layers=4,heads=4,dim=64,ctx=256,vocab=256 --batch 8 --seq 256 "
+                    "--device cuda --nproc 2 --zero 3 --micro-batch 1";
+    uint64_t tot[2];
+    for (int r = 0; r < 2; r++) {
+        zt_zrunf_ok("p.json", "%s --recompute %s --dry-run --json", g, MODE_NAMES[r]);
+        char *t = zt_slurp("p.json");
+        json_t *o = json_loads(t, 0, NULL);
+        if (!o)
+            ZT_FAIL("p.json: not JSON:\n%s", t);
+        tot[r] = 0;
+        json_t *rk;
+        size_t i;
+        json_array_foreach(json_object_get(o, "ranks"), i, rk) {
+            uint64_t b = (uint64_t)json_integer_value(json_object_get(rk, "total_bytes"));
+            tot[r] = b > tot[r] ? b : tot[r];
+        }
+        json_decref(o);
+        free(t);
+    }
+    uint64_t limit = tot[1] + (1u << 20);
+    ZT_CHECK(tot[0] > limit);
+    zt_zrunf_ok("plan.log", "%s --memory-limit %llu --dry-run", g, (unsigned long long)limit);
+    zt_file_has("plan.log", "--recompute layer");
     unsetenv("ZR_CUDA_LIB");
 }
