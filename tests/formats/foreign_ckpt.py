@@ -265,21 +265,44 @@ def ds_rank(rank, a, port, q):
     dist.destroy_process_group()
 
 
-def spawn(fn, a):
+def spawn(fn, a, fresh=False):
     """run fn(rank, a, port, queue) on a.world processes; rank 0 puts one result in the queue.
-    When a rank fails the others (likely waiting in a collective) are killed at once."""
+    When a rank fails the others (likely waiting in a collective) are killed at once. A rank
+    that dies of a signal of its own (gloo's threads have aborted a rank at exit, "terminate
+    called without an active exception", once in many CI runs) gets the whole run again, once,
+    on a new port (fresh: a.outdir, empty before the first run, emptied again first); a rank
+    that fails with an exit status does not."""
+    out, codes, crashed = spawn_once(fn, a)
+    if crashed:
+        sys.stderr.write("foreign_ckpt.py: %s: a rank crashed (exit codes %s): running again "
+                         "once\n" % (a.outdir, codes))
+        if fresh:
+            shutil.rmtree(a.outdir)  # fresh_dir made it empty: all of it is ours
+            fresh_dir(a.outdir)
+        out, codes, crashed = spawn_once(fn, a)
+    if any(c != 0 for c in codes) or out is None:
+        raise SystemExit("foreign_ckpt.py: %s: a rank failed (exit codes %s)" % (a.outdir, codes))
+    return out
+
+
+def spawn_once(fn, a):
+    """one run of spawn: (rank 0's result or None, the exit codes, whether the first rank to
+    fail died of a signal rather than the kill that followed)"""
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     port = free_port()
     procs = [ctx.Process(target=fn, args=(r, a, port, q)) for r in range(a.world)]
     for p in procs:
         p.start()
-    out, deadline = None, time.time() + 600
+    out, deadline, crashed = None, time.time() + 600, False
     while True:
         if out is None and not q.empty():
             out = q.get()
         codes = [p.exitcode for p in procs]
-        if any(c not in (None, 0) for c in codes) or time.time() > deadline:
+        if any(c not in (None, 0) for c in codes):
+            crashed = any(c is not None and c < 0 for c in codes)  # before the kills below
+            break
+        if time.time() > deadline:
             break
         if all(c == 0 for c in codes):
             if out is None and not q.empty():
@@ -290,10 +313,7 @@ def spawn(fn, a):
         if p.exitcode is None:
             p.kill()
         p.join()
-    codes = [p.exitcode for p in procs]
-    if any(c != 0 for c in codes) or out is None:
-        raise SystemExit("foreign_ckpt.py: %s: a rank failed (exit codes %s)" % (a.outdir, codes))
-    return out
+    return out, [p.exitcode for p in procs], crashed
 
 
 def fresh_dir(d):
@@ -307,7 +327,7 @@ def cmd_ds(a):
     need("transformers")
     t0 = time.time()
     fresh_dir(a.outdir)
-    out = spawn(ds_rank, a)
+    out = spawn(ds_rank, a, fresh=True)
     if a.no_ref:
         write_json(os.path.join(a.outdir, "config.json"), out["info"]["model"])
         say("%s: deepspeed %s (%s) stage %d %s world %d, no reference (%.1f s)"
@@ -489,7 +509,7 @@ def cmd_dcp(a):
     need("transformers")
     t0 = time.time()
     fresh_dir(a.outdir)
-    out = spawn(dcp_rank, a)
+    out = spawn(dcp_rank, a, fresh=True)
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     refdir = os.path.join(a.outdir, "ref")
     os.makedirs(refdir)
