@@ -154,13 +154,16 @@ static double training_num(zck_reader *r, const char *key, double def)
     return d;
 }
 
-/* the settings of AdamW's one param group, as torch 2.15 pickles them */
+/* the settings of AdamW's one param group, as torch 2.15 pickles them: lr and weight_decay from
+ * the training section, else zrun's defaults (ZR_TRAIN_OPTS_INIT: what a resume without options
+ * uses; an import records neither); betas and eps zrun's fixed ones (ZR_ADAMW_HP_INIT), restated
+ * here because formats/ does not include core/ */
 static int add_param_groups(dcp_job *j)
 {
     static const char *const keys[] = {"lr", "betas", "eps", "weight_decay", "amsgrad",
                                        "maximize", "foreach", "capturable", "differentiable",
                                        "fused", "decoupled_weight_decay", "params"};
-    double lr = training_num(j->r, "lr", 1e-3), wd = training_num(j->r, "weight_decay", 0.01);
+    double lr = training_num(j->r, "lr", 1e-3), wd = training_num(j->r, "weight_decay", 0.1);
     for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
         dcp_out *x = add(j);
         size_t n = strlen(keys[k]) + 32;

@@ -433,6 +433,12 @@ void zfmt__transpose(void *dst, const void *src, size_t O, size_t I, size_t es)
 {
     const unsigned char *a = src;
     unsigned char *b = dst;
+    if (es == 4) { /* f32, the common case: a constant size the compiler copies inline */
+        for (size_t o = 0; o < O; o++)
+            for (size_t i = 0; i < I; i++)
+                memcpy(b + (i * O + o) * 4, a + (o * I + i) * 4, 4);
+        return;
+    }
     for (size_t o = 0; o < O; o++)
         for (size_t i = 0; i < I; i++)
             memcpy(b + (i * O + o) * es, a + (o * I + i) * es, es);

@@ -43,7 +43,8 @@ int zfmt__dir_check(const char *dir, int force, int (*ours)(const char *name), c
                     int *exists);
 /* Move the built directory tmp into place as dir, replacing an old one (exists). */
 int zfmt__dir_put(const char *tmp, const char *dir, int exists, int (*ours)(const char *name));
-/* Remove the files ours() accepts (and their temporary files of this process) from dir, then dir. */
+/* Remove the files ours() accepts (and their temporary files of this process) from dir, then
+ * dir. */
 void zfmt__dir_remove(const char *dir, int (*ours)(const char *name));
 
 /* ---------------------------------------------------------------- sources and progress */

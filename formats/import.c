@@ -13,9 +13,9 @@
  *     ignored (optimizer states start at zero).
  * Every tensor is checked (missing, duplicated, unexpected, wrong shape) before anything is
  * written. Then each rank's shard is written through the ckpt writer (param from the source,
- * zeros for exp_avg and exp_avg_sq), two ranks at once on two threads (one after the other for
- * DeepSpeed and DCP sources), and the whole is committed with `latest`. At most one source
- * tensor per thread is held in memory at a time.
+ * zeros for exp_avg and exp_avg_sq), up to IMPORT_JOBS ranks at once on their own threads (one
+ * after the other for DeepSpeed and DCP sources), and the whole is committed with `latest`. At
+ * most one source tensor per thread is held in memory at a time.
  */
 #include "fmtutil.h"
 #include "foreign.h"
@@ -774,8 +774,8 @@ static int dcp_optim_note(source *s)
 }
 
 /* DCP: a model state dict (keys: the parameter names), or get_state_dict's {"model": ...[,
- * "optimizer": ...]} (zfmt_dcp_export's) with the moments as "optimizer.state.<name>.exp_avg" / ".exp_avg_sq" and
- * the step as ".step". */
+ * "optimizer": ...]} (zfmt_dcp_export's) with the moments as
+ * "optimizer.state.<name>.exp_avg" / ".exp_avg_sq" and the step as ".step". */
 static int open_dcp(source *s, const char *path, const zfmt_import_opts *o)
 {
     ZR_TRY(zfmt__foreign_open(path, 1, &o->progress, &s->ds, &s->dcp));
@@ -1111,9 +1111,7 @@ static int source_load(source *s, size_t i, size_t st)
         if (!t) {
             rc = zr_err_set(ZR_ENOMEM, "out of memory (tensor '%s')", ti->name);
         } else {
-            for (size_t a = 0; a < I; a++)
-                for (size_t b = 0; b < O; b++)
-                    t[b * I + a] = f[a * O + b];
+            zfmt__transpose(t, f, I, O, sizeof *t);
             free(f);
             f = t;
         }

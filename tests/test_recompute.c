@@ -511,8 +511,9 @@ ZT_TEST(recompute_on_the_device_engine_matches_none)
             snprintf(dir, sizeof dir, "d%d-%s", k, MODE_NAMES[r]);
             snprintf(log, sizeof log, "%s.log", dir);
             snprintf(js, sizeof js, "%s.jsonl", dir);
-            zt_zrunf_ok(log, "--model %s,ctx=32 --batch 4 --seq 16 --steps 3 --threads 1 --device cuda "
-                        "--nproc 2 --zero 3 --recompute %s --ckpt-dir %s --log-json %s",
+            zt_zrunf_ok(log, "--model %s,ctx=32 --batch 4 --seq 16 --steps 3 --threads 1 "
+                        "--device cuda --nproc 2 --zero 3 --recompute %s --ckpt-dir %s "
+                        "--log-json %s",
                         models[k], MODE_NAMES[r], dir, js);
             zt_file_has(log, "device: hostsim");
             double lr[8];

@@ -174,11 +174,11 @@ typedef struct zr_device_ops {
      * bf16 each time a group is fetched, activations bf16 where matmuls read them, the residual
      * stream, LayerNorm statistics, softmax, loss and every gradient accumulation in fp32).
      *
-     * model_new(c, off, max_B, max_T, hooks, rc): as zr_model_new_recompute; off says where each group
-     * and tensor lies in an arena (zr_model_offsets_get of c: the family, then the family's
-     * offsets; the host computes them from ckpt's family table, so the backend never restates
-     * the table; zr_device_model_new does it). A backend without a model of c's family
-     * answers ZR_EUNSUPPORTED naming it.
+     * model_new(c, off, max_B, max_T, hooks, rc): as zr_model_new_recompute; off says where
+     * each group and tensor lies in an arena (zr_model_offsets_get of c: the family, then the
+     * family's offsets; the host computes them from ckpt's family table, so the backend never
+     * restates the table; zr_device_model_new does it). A backend without a model of c's
+     * family answers ZR_EUNSUPPORTED naming it.
      * Without hooks (or a NULL side),
      * the model owns zeroed device arenas of numel floats in layout order (model_param /
      * model_grad point into them; the test uploads a CPU model's arena with one copy). With

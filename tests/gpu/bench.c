@@ -208,11 +208,12 @@ int main(int argc, char **argv)
     double states = 16.0 * (double)numel;
     static const char *const rc_names[3] = {"none", "layer", "selective"};
     if (json)
-        printf("{\"model\":\"%s\",\"recompute\":\"%s\",\"params\":%llu,\"B\":%zu,\"T\":%zu,\"tokens_per_s\":%.0f,"
-               "\"step_ms\":%.2f,\"mfu\":%.4f,\"peak_alloc_gib\":%.3f,\"device_used_gib\":%.3f,"
+        printf("{\"model\":\"%s\",\"recompute\":\"%s\",\"params\":%llu,\"B\":%zu,\"T\":%zu,"
+               "\"tokens_per_s\":%.0f,\"step_ms\":%.2f,\"mfu\":%.4f,\"peak_alloc_gib\":%.3f,"
+               "\"device_used_gib\":%.3f,"
                "\"states_gib\":%.3f,\"acts_gib\":%.3f,\"loss\":%.4f}\n",
-               spec, rc_names[rc], (unsigned long long)numel, B, T, tps, 1e3 * dt / steps, mfu, pk / gib,
-               (tot - fr_min) / gib, states / gib, ab / gib, loss);
+               spec, rc_names[rc], (unsigned long long)numel, B, T, tps, 1e3 * dt / steps, mfu,
+               pk / gib, (tot - fr_min) / gib, states / gib, ab / gib, loss);
     else {
         printf("%s: %s, %.1f M parameters, B %zu x T %zu, recompute %s, %zu steps after %zu "
                "warmup\n", spec, name, numel / 1e6, B, T, rc_names[rc], steps, warmup);

@@ -897,12 +897,13 @@ static void test_model(zr_config c, size_t B, size_t T)
 /* ---------------------------------------------------------------- recompute */
 
 /* One forward and backward of the device model with recompute mode rc (own arenas, parameters
- * P): the loss, the probabilities and the gradients (new host copies); then the backward again
+ * P): the loss, the probabilities (NULL where the backend keeps none) and the gradients (new
+ * host copies); then the backward again
  * on the same forward, halved twice (the shared buffers hold layer 0 by then: it recomputes the
  * last layer too), its gradients into *again. */
 static float recompute_run(zr_config c, size_t B, size_t T, zr_recompute rc, const float *P,
-                           const int32_t *in, const int32_t *tg, const float *probs0,
-                           float **probs, float **grads, float **again, uint64_t *acts)
+                           const int32_t *in, const int32_t *tg, float **probs, float **grads,
+                           float **again, uint64_t *acts)
 {
     zr_dev_model *gm;
     OK(zr_device_model_new(D, &gm, &c, B, T, NULL, rc));
@@ -911,11 +912,12 @@ static float recompute_run(zr_config c, size_t B, size_t T, zr_recompute rc, con
     OK(D->memcpy(D->model_param(gm, 0), P, numel * 4, ZR_DEV_H2D, NULL));
     float loss;
     OK(D->model_forward(gm, in, tg, B, T, &loss));
-    *probs = malloc(B * T * c.vocab * sizeof **probs);
-    if (D->kernels || rc != ZR_RECOMPUTE_LAYER) /* the host simulation's CPU model keeps none */
+    /* the host simulation's CPU model with layer keeps no probabilities: none to compare */
+    *probs = NULL;
+    if (D->kernels || rc != ZR_RECOMPUTE_LAYER) {
+        *probs = malloc(B * T * c.vocab * sizeof **probs);
         OK(D->model_probs(gm, *probs));
-    else
-        memcpy(*probs, probs0, B * T * c.vocab * sizeof **probs);
+    }
     OK(D->model_zero_grad(gm));
     OK(D->model_backward(gm, 1.0f));
     OK(D->stream_sync(D->model_stream(gm)));
@@ -950,14 +952,17 @@ static void test_recompute(zr_config c, size_t B, size_t T)
     float loss[3], *probs[3], *grads[3], *again[3];
     uint64_t acts[3];
     for (int r = 0; r < 3; r++)
-        loss[r] = recompute_run(c, B, T, (zr_recompute)r, P, in, tg, probs[0], &probs[r],
-                                &grads[r], &again[r], &acts[r]);
+        loss[r] = recompute_run(c, B, T, (zr_recompute)r, P, in, tg, &probs[r], &grads[r],
+                                &again[r], &acts[r]);
     for (int r = 1; r < 3; r++) {
         char name[96];
         snprintf(name, sizeof name, "recompute %s: loss == none", names[r]);
         check_bits(name, &loss[r], &loss[0], 1, 4);
         snprintf(name, sizeof name, "recompute %s: probabilities == none", names[r]);
-        check_bits(name, probs[r], probs[0], N * c.vocab, 4);
+        if (probs[r])
+            check_bits(name, probs[r], probs[0], N * c.vocab, 4);
+        else
+            printf("skip %s (the host simulation keeps no probabilities with layer)\n", name);
         snprintf(name, sizeof name, "recompute %s: gradients == none", names[r]);
         check_bits(name, grads[r], grads[0], numel, 4);
         snprintf(name, sizeof name, "recompute %s: a second backward of one forward == none",
