@@ -371,7 +371,7 @@ TSAN_TESTS ?= engine_sumsq_and_adamw_threads model_threads_agree_on_random_shape
   roundtrip_many_worlds reshard_roundtrip_is_byte_identical corrupt_several_problems_all_reported \
   formats_safetensors_export comm_every_op_every_world_exact_bits comm_tcp_every_op_exact_bits \
   dev_engine_stages_match_cpu recompute_model_gradients_bit_equal_at_1_to_3_threads \
-  formats_import_parallel_ranks_same_bytes
+  formats_import_parallel_ranks_same_bytes verify_each_hands_every_element_once
 tsan:
 	$(MAKE) TSAN=1 tsan-run
 tsan-run: $(BUILD)/zt $(BUILD)/zckpt $(BUILD)/zrun $(BUILD)/libzr_hostsim.so

@@ -63,16 +63,17 @@ void zck__sha_free(zck__sha *h)
 struct hash_ctx {
     zck__sha *h;
     zck__hash_tick *tick;
+    zck__chunk_fn fn;
+    void *fn_ctx;
 };
 
 static int hash_chunk(void *ctx, uint64_t off, const unsigned char *p, size_t len)
 {
-    (void)off;
     struct hash_ctx *c = ctx;
     zck__sha_update(c->h, p, len);
     if (c->tick)
         zck__hash_tick_add(c->tick, len);
-    return 0;
+    return c->fn ? c->fn(c->fn_ctx, off, p, len) : 0;
 }
 
 void zck__hash_tick_add(zck__hash_tick *t, uint64_t n)
@@ -86,10 +87,10 @@ void zck__hash_tick_add(zck__hash_tick *t, uint64_t n)
 }
 
 int zck__sha256_file_ticked(char out[65], const char *path, const zck_io_opts *opts,
-                            zck__hash_tick *tick)
+                            zck__hash_tick *tick, zck__chunk_fn fn, void *fn_ctx)
 {
     zck__io *io = NULL;
-    struct hash_ctx hc = {NULL, tick};
+    struct hash_ctx hc = {NULL, tick, fn, fn_ctx};
     uint64_t size;
     int rc = 0;
     ZR_TRY_GOTO(zck__io_open(&io, path, ZCK__IO_READ, opts), rc, out);
@@ -110,7 +111,7 @@ out:
 
 int zck_sha256_file(char out[65], const char *path, const zck_io_opts *opts)
 {
-    return zck__sha256_file_ticked(out, path, opts, NULL);
+    return zck__sha256_file_ticked(out, path, opts, NULL, NULL, NULL);
 }
 
 /* the public face of the same context */

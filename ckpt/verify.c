@@ -307,22 +307,94 @@ typedef struct {
     char (*hex)[65];        /* result per todo item */
     char **err;             /* error message per todo item, or NULL */
     zck__hash_tick tick;
+    const zck_verify_opts *o; /* its each, when set, sees the pieces */
+    atomic_int each_failed; /* each returned an error: every shard's read stops */
 } hash_ctx;
+
+/* One shard's pieces for opts->each: its extents by offset, the next to cut. */
+typedef struct {
+    hash_ctx *c;
+    size_t shard;
+    zck__extent *e;
+    size_t n, next;
+    int failed, stopped; /* its each failed; stopped for another shard's */
+} cut_ctx;
+
+static int cmp_ext_offset(const void *a, const void *b)
+{
+    const zck__extent *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* A chunk [off, off + len) of the shard, hashed: the extents it overlaps, piece by piece. The
+ * manifest's extents start on ZCK_FILE_ALIGN and chunks on multiples of it, so no element is
+ * cut in two (checked all the same). */
+static int cut_chunk(void *vctx, uint64_t off, const unsigned char *p, size_t len)
+{
+    cut_ctx *k = vctx;
+    hash_ctx *c = k->c;
+    if (atomic_load(&c->each_failed)) {
+        k->stopped = 1;
+        return zr_err_set(ZR_ERROR, "stopped: a piece of another shard failed");
+    }
+    const zck_shard *s = c->m->shards[k->shard];
+    uint64_t end = off + len;
+    for (size_t i = k->next; i < k->n && k->e[i].offset < end; i++) {
+        const zck__extent *e = &k->e[i];
+        uint64_t ds = zck_dtype_size(zck_layout_state_dtype(c->m->L, e->state));
+        uint64_t eb = e->offset + e->count * ds, a = off > e->offset ? off : e->offset;
+        uint64_t b = end < eb ? end : eb;
+        if (eb <= off) { /* wholly before this chunk: done with it */
+            k->next = i + 1;
+            continue;
+        }
+        if ((a - e->offset) % ds || (b - a) % ds)
+            return zr_err_set(ZR_ECORRUPT, "%s/%s: extent at offset %llu cut inside an element",
+                              c->dir, s->file, (unsigned long long)e->offset);
+        zck_piece piece = {k->shard, e->group, e->state, e->start + (a - e->offset) / ds,
+                           (b - a) / ds, p + (a - off)};
+        int rc = c->o->each(c->o->each_ctx, &piece);
+        if (rc) {
+            k->failed = 1;
+            atomic_store(&c->each_failed, 1);
+            return rc;
+        }
+        if (b == eb)
+            k->next = i + 1;
+    }
+    return 0;
+}
 
 static int hash_one(void *vctx, size_t k)
 {
     hash_ctx *c = vctx;
-    const zck_shard *s = c->m->shards[c->todo[k]];
+    size_t si = c->todo[k];
+    const zck_shard *s = c->m->shards[si];
     char *path = zck_path_join(c->dir, s->file);
     if (!path)
         return ZR_ENOMEM;
-    if (zck__sha256_file_ticked(c->hex[k], path, c->io, &c->tick) < 0 &&
-        !(c->err[k] = strdup(zr_err_msg()))) {
-        free(path);
-        return zr_err_set(ZR_ENOMEM, "out of memory");
+    cut_ctx cut = {c, si, NULL, s->next, 0, 0, 0};
+    if (c->o->each) {
+        if (!(cut.e = malloc((s->next ? s->next : 1) * sizeof *cut.e))) {
+            free(path);
+            return zr_err_set(ZR_ENOMEM, "out of memory");
+        }
+        memcpy(cut.e, s->ext, s->next * sizeof *cut.e);
+        qsort(cut.e, s->next, sizeof *cut.e, cmp_ext_offset);
     }
+    int rc = 0;
+    if (zck__sha256_file_ticked(c->hex[k], path, c->io, &c->tick, c->o->each ? cut_chunk : NULL,
+                                &cut) < 0) {
+        if (cut.failed) /* the caller's error, not damage */
+            rc = zr_err_code();
+        else if (cut.stopped) /* the shard whose piece failed reports it */
+            rc = 0;
+        else if (!(c->err[k] = strdup(zr_err_msg())))
+            rc = zr_err_set(ZR_ENOMEM, "out of memory");
+    }
+    free(cut.e);
     free(path);
-    return 0;
+    return rc;
 }
 
 int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
@@ -346,6 +418,8 @@ int zck_verify(zck_report **out, const char *path, const zck_verify_opts *opts)
     hc.tick.owner = pthread_self();
     hc.tick.progress = opts->progress;
     hc.tick.what = "verify";
+    hc.o = opts;
+    atomic_init(&hc.each_failed, 0);
     size_t ntodo = 0;
     int rc = zck__manifest_load(&m, dir);
     if (rc == ZR_ENOMEM || (rc && zck__vanished(dir)))

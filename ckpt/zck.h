@@ -721,6 +721,15 @@ typedef struct {
     const char *detail;  /* one line: expected vs found */
 } zck_problem;
 
+/* A piece of a shard as zck_verify reads it to hash it (zck_verify_opts.each): elements
+ * [start, start + count) of (group, state), as stored. */
+typedef struct {
+    size_t shard;        /* index in the manifest's shard list */
+    size_t group, state;
+    uint64_t start, count;
+    const void *data;    /* count * the state's dtype size bytes; valid during the call only */
+} zck_piece;
+
 typedef struct {
     int quick;           /* skip hashing */
     unsigned jobs;       /* files hashed in parallel */
@@ -734,6 +743,14 @@ typedef struct {
      * ends zck_verify with that error (no report). NULL: none */
     int (*precheck)(void *ctx, const zck_reader *rd);
     void *precheck_ctx;
+    /* one pass for a caller that needs the data too (consolidate): every shard's bytes, as
+     * they are read to be hashed, cut into the pieces of its extents (padding is hashed, not
+     * handed over), a shard's pieces in file order, several shards' on up to jobs threads at
+     * once. The pieces come before their shard's hash is known: nothing of them may be trusted
+     * unless the report is empty. A non-zero return ends zck_verify with that error (no
+     * report). NULL: none */
+    int (*each)(void *ctx, const zck_piece *p);
+    void *each_ctx;
 } zck_verify_opts;
 #define ZCK_VERIFY_OPTS_INIT {.quick = 0, .jobs = 2, .io = ZCK_IO_OPTS_INIT}
 

@@ -184,8 +184,6 @@ typedef struct {
     const char *what;
 } zck__hash_tick;
 void zck__hash_tick_add(zck__hash_tick *t, uint64_t n);
-int zck__sha256_file_ticked(char out[65], const char *path, const zck_io_opts *opts,
-                            zck__hash_tick *tick);
 
 /* The libaio I/O engine: one file, a ring of aligned buffers, several requests in flight. */
 typedef struct zck__io zck__io;
@@ -215,6 +213,10 @@ typedef struct {
 typedef int (*zck__chunk_fn)(void *ctx, uint64_t off, const unsigned char *p, size_t len);
 int zck__io_read_spans(zck__io *io, const zck__span *spans, size_t n, zck__chunk_fn fn,
                        void *ctx);
+/* SHA-256 of a whole file through the engine, ticking tick (may be NULL); fn (may be NULL) sees
+ * every chunk after it is hashed, in file order (the same pass): its error stops the read. */
+int zck__sha256_file_ticked(char out[65], const char *path, const zck_io_opts *opts,
+                            zck__hash_tick *tick, zck__chunk_fn fn, void *fn_ctx);
 int zck__io_size(zck__io *io, uint64_t *out);
 /* Close (and report a close error); always frees. */
 int zck__io_close(zck__io *io);

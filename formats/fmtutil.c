@@ -100,28 +100,6 @@ int zfmt__out_pwrite(zfmt__out *o, const void *data, size_t n_bytes, uint64_t at
     return 0;
 }
 
-int zfmt__out_copy(zfmt__out *o, int in_fd, uint64_t in_off, uint64_t n_bytes, uint64_t at)
-{
-    loff_t src = (loff_t)in_off, dst = (loff_t)at;
-    uint64_t left = n_bytes;
-    while (left) {
-        ssize_t k = copy_file_range(in_fd, &src, o->fd, &dst, left, 0);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0 && left == n_bytes &&
-            (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP))
-            return 1; /* not here: the caller copies through memory */
-        if (k < 0)
-            return zr_err_sys(errno, "%s: copy", o->tmp);
-        if (k == 0)
-            return zr_err_set(ZR_ECORRUPT, "%s: source ended %llu bytes early while copying",
-                              o->tmp, (unsigned long long)left);
-        left -= (uint64_t)k;
-    }
-    start_writeback(o, at, n_bytes);
-    return 0;
-}
-
 int zfmt__fsync_dir_of(const char *path)
 {
     char *copy = strdup(path);
@@ -175,6 +153,19 @@ struct zfmt__verify {
     char msg[1024];
 };
 
+int zfmt__report_err(const zck_report *rep, const char *dir)
+{
+    size_t n = zck_report_count(rep);
+    if (!n)
+        return 0;
+    const zck_problem *p = zck_report_get(rep, 0);
+    if (n > 1)
+        return zr_err_set(ZR_ECORRUPT, "%s/%s: %s: %s (and %zu more problems: run verify on %s)",
+                          dir, p->file, zck_problem_kind_name(p->kind), p->detail, n - 1, dir);
+    return zr_err_set(ZR_ECORRUPT, "%s/%s: %s: %s", dir, p->file, zck_problem_kind_name(p->kind),
+                      p->detail);
+}
+
 static void *verify_main(void *arg)
 {
     zfmt__verify *v = arg;
@@ -183,17 +174,8 @@ static void *verify_main(void *arg)
     vo.jobs = 2;                /* two hash threads; the export copies in the kernel */
     vo.io.io = ZCK_IO_BUFFERED; /* share the page cache with the export's reads */
     int rc = zck_verify(&rep, v->dir, &vo);
-    if (!rc && zck_report_count(rep)) {
-        size_t n = zck_report_count(rep);
-        const zck_problem *p = zck_report_get(rep, 0);
-        if (n > 1)
-            rc = zr_err_set(ZR_ECORRUPT, "%s/%s: %s: %s (and %zu more problems: run verify on "
-                            "%s)", v->dir, p->file, zck_problem_kind_name(p->kind), p->detail,
-                            n - 1, v->dir);
-        else
-            rc = zr_err_set(ZR_ECORRUPT, "%s/%s: %s: %s", v->dir, p->file,
-                            zck_problem_kind_name(p->kind), p->detail);
-    }
+    if (!rc)
+        rc = zfmt__report_err(rep, v->dir);
     if (rc) {
         v->rc = rc;
         snprintf(v->msg, sizeof v->msg, "%s", zr_err_msg());

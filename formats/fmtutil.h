@@ -22,9 +22,6 @@ int zfmt__out_open(zfmt__out **out, const char *final_path);
 int zfmt__out_write(zfmt__out *o, const void *data, size_t n_bytes);
 /* n_bytes at byte offset at (write-back started at once for large writes) */
 int zfmt__out_pwrite(zfmt__out *o, const void *data, size_t n_bytes, uint64_t at);
-/* n_bytes of in_fd from in_off to byte offset at, in the kernel (copy_file_range); 1 when the
- * filesystems cannot (nothing written: copy through memory instead) */
-int zfmt__out_copy(zfmt__out *o, int in_fd, uint64_t in_off, uint64_t n_bytes, uint64_t at);
 int zfmt__out_commit(zfmt__out *o);
 void zfmt__out_free(zfmt__out *o);
 /* fsync the directory that holds path (its entries: a rename, a new file). */
@@ -61,6 +58,9 @@ int zfmt__verify_join(zfmt__verify *v);
 /* Join after the export failed with rc (< 0): damage the verification found (a missing
  * shard, say) explains the failure best, so its error wins; otherwise rc and its message stay. */
 int zfmt__verify_settle(zfmt__verify *v, int rc);
+/* The report of a zck_verify that ran on dir: its first problem (and how many more) as a
+ * ZR_ECORRUPT error; 0 when it is empty. */
+int zfmt__report_err(const zck_report *rep, const char *dir);
 
 /* Progress in bytes, reported to progress->fn at most every few MiB and once at the end. */
 typedef struct {

@@ -13,6 +13,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,6 +299,8 @@ typedef struct {
     unsigned char *sbuf, *dbuf, *wbuf, *tbuf;
     zfmt__out **f;
     zfmt__prog pr;
+    size_t buf_bytes;               /* ours: the one pass's working memory */
+    const zck_progress *progress;   /* ours: the caller's */
 } st_job;
 
 static int write_item(st_job *j, const item *x, zfmt__out *f)
@@ -327,117 +331,185 @@ static int write_item(st_job *j, const item *x, zfmt__out *f)
     return 0;
 }
 
-/* Our single file, in one pass over the stored data in the order of the shard files (the
- * order the verification thread reads them in, so that each byte comes from the disk once and
- * both share the page cache): every extent of every shard, cut into the tensors it overlaps,
- * written at its place in f (data from byte base on). Pieces stored as exported are copied in
- * the kernel, the others converted through memory; the pieces must tile every tensor. */
+/* Our single file in one pass (zck_verify_opts.each): every shard is read once (O_DIRECT,
+ * several at once), hashed, and each piece of it, as the verification hands it over, is cut
+ * into the tensors it overlaps and written at its place in f (data from byte base on),
+ * converted through a small buffer where the export asks for another dtype. The pieces must
+ * tile every exported tensor once; nothing is committed unless the verification passes. */
 typedef struct {
     st_job *j;
     zfmt__out *f;
-    uint64_t base, done; /* bytes before the data buffer; data bytes written */
-    int fd;              /* the shard being read (a regular file), -1: through the reader */
+    uint64_t base;
+    size_t *first;            /* [s * ng + g]: index of the first item of (g, s); SIZE_MAX */
+    size_t slice;             /* elements converted at once */
+    pthread_mutex_t mu;       /* guards the conversion buffers */
+    unsigned char **cbuf;     /* one per thread that may convert at once (jobs) */
+    unsigned char *cbusy;
+    unsigned nbuf;
+    atomic_uint_least64_t done; /* data bytes written */
+    zck_progress user;        /* the caller's progress: ticks of the pass, named "export" */
 } st_pass;
 
-/* Elements [a, b) of item x's (group, state), inside x and inside extent e. */
-static int pass_piece(st_pass *ps, const item *x, const zck_extent_info *e, uint64_t a,
-                      uint64_t b)
+static void pass_progress(void *ctx, const char *what, uint64_t done, uint64_t total)
 {
-    st_job *j = ps->j;
-    zck_dtype st = zck_layout_state_dtype(zck_reader_layout(j->r), x->s);
-    size_t ds = zck_dtype_size(x->out_t);
-    int conv = st != x->out_t, rc = 1;
-    if (!conv && ps->fd >= 0)
-        ZR_TRY(rc = zfmt__out_copy(ps->f, ps->fd, e->offset + (a - e->start) * ds,
-                                   (b - a) * ds, ps->base + x->begin + (a - x->ti.offset) * ds));
-    if (!rc) {
-        zfmt__prog_add(&j->pr, (b - a) * ds);
-        ps->done += (b - a) * ds;
-        return 0;
-    }
-    while (a < b) { /* through memory: converted, or no in-kernel copy here */
-        uint64_t k = b - a < j->chunk ? b - a : j->chunk;
-        zck_read_req q = {x->g, x->s, a, k, j->sbuf};
-        ZR_TRY(zck_reader_read(j->r, &q, 1, &j->ro));
-        if (conv && (rc = zfmt_convert(j->dbuf, x->out_t, j->sbuf, st, (size_t)k))) {
-            zr_err_prefix("tensor '%s': ", x->name);
-            return rc;
+    (void)what;
+    const st_pass *ps = ctx;
+    ps->user.fn(ps->user.ctx, "export", done, total);
+}
+
+/* A conversion buffer of its own for the calling thread (at most nbuf at once). */
+static unsigned char *cbuf_take(st_pass *ps, unsigned *slot)
+{
+    unsigned char *b = NULL;
+    pthread_mutex_lock(&ps->mu);
+    for (unsigned i = 0; i < ps->nbuf && !b; i++)
+        if (!ps->cbusy[i]) {
+            if (!ps->cbuf[i])
+                ps->cbuf[i] = malloc(ps->slice * 8);
+            if ((b = ps->cbuf[i])) {
+                ps->cbusy[i] = 1;
+                *slot = i;
+            }
         }
-        uint64_t at = ps->base + x->begin + (a - x->ti.offset) * ds;
-        ZR_TRY(zfmt__out_pwrite(ps->f, conv ? j->dbuf : j->sbuf, (size_t)k * ds, at));
-        zfmt__prog_add(&j->pr, k * ds);
-        ps->done += k * ds;
-        a += k;
-    }
-    return 0;
+    pthread_mutex_unlock(&ps->mu);
+    return b;
 }
 
-static int cmp_extent_offset(const void *a, const void *b)
+static void cbuf_give(st_pass *ps, unsigned slot)
 {
-    const zck_extent_info *x = a, *y = b;
-    return x->offset < y->offset ? -1 : x->offset > y->offset;
+    pthread_mutex_lock(&ps->mu);
+    ps->cbusy[slot] = 0;
+    pthread_mutex_unlock(&ps->mu);
 }
 
-/* The shard file of s for in-kernel copies: a regular file at least as long as listed (a FIFO,
- * a link or a short file: -1, and the reader reports what is wrong). */
-static int open_shard(zck_reader *r, const zck_shard *s)
+/* Elements [a, b) of item x from src (as stored, dtype st) to their place in the file. */
+static int pass_write(st_pass *ps, const item *x, zck_dtype st, const unsigned char *src,
+                      uint64_t a, uint64_t b)
 {
-    char path[4200];
-    struct stat sb;
-    snprintf(path, sizeof path, "%s/%s", zck_reader_path(r), zck_shard_file(s));
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd >= 0 && (fstat(fd, &sb) || !S_ISREG(sb.st_mode) ||
-                    (uint64_t)sb.st_size < zck_shard_bytes(s))) {
-        close(fd);
-        fd = -1;
-    }
-    if (fd >= 0) /* read in file order: the larger read-ahead */
-        posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    return fd;
-}
-
-/* One shard's extents in file order, each cut into the items it overlaps. */
-static int pass_shard(st_pass *ps, const zck_shard *s)
-{
-    size_t ne = zck_shard_n_extents(s);
-    zck_extent_info *e = calloc(ne ? ne : 1, sizeof *e);
-    if (!e)
-        return zr_err_set(ZR_ENOMEM, "out of memory");
-    for (size_t i = 0; i < ne; i++)
-        zck_shard_extent(s, i, &e[i]);
-    qsort(e, ne, sizeof *e, cmp_extent_offset);
-    ps->fd = open_shard(ps->j->r, s);
+    size_t ds = zck_dtype_size(x->out_t), ss = zck_dtype_size(st);
+    uint64_t at = ps->base + x->begin + (a - x->ti.offset) * ds;
+    if (st == x->out_t)
+        return zfmt__out_pwrite(ps->f, src, (size_t)(b - a) * ds, at);
+    unsigned slot;
+    unsigned char *buf = cbuf_take(ps, &slot);
+    if (!buf)
+        return zr_err_set(ZR_ENOMEM, "out of memory (a conversion buffer of %zu bytes)",
+                          ps->slice * 8);
     int rc = 0;
-    for (size_t i = 0; i < ne && !rc; i++)
-        for (size_t k = 0; k < ps->j->n && !rc; k++) {
-            const item *x = &ps->j->it[k];
-            if (x->g != e[i].group || x->s != e[i].state)
-                continue;
-            uint64_t a = e[i].start > x->ti.offset ? e[i].start : x->ti.offset;
-            uint64_t b = e[i].start + e[i].count, xe = x->ti.offset + x->ti.numel;
-            b = b < xe ? b : xe;
-            if (a < b)
-                rc = pass_piece(ps, x, &e[i], a, b);
-        }
-    if (ps->fd >= 0)
-        close(ps->fd);
-    ps->fd = -1;
-    free(e);
+    for (uint64_t done = 0; done < b - a && !rc;) {
+        size_t k = (size_t)(b - a - done < ps->slice ? b - a - done : ps->slice);
+        if ((rc = zfmt_convert(buf, x->out_t, src + done * ss, st, k)))
+            zr_err_prefix("tensor '%s': ", x->name);
+        else
+            rc = zfmt__out_pwrite(ps->f, buf, k * ds, at + done * ds);
+        done += k;
+    }
+    cbuf_give(ps, slot);
     return rc;
 }
 
-static int write_in_file_order(st_job *j, zfmt__out *f, uint64_t base)
+/* A piece of a shard: the exported tensors of its (group, state) that it overlaps. */
+static int pass_piece(void *ctx, const zck_piece *p)
 {
-    st_pass ps = {j, f, base, 0, -1};
-    uint64_t want = j->n ? j->it[j->n - 1].end : 0;
-    for (size_t sh = 0; sh < zck_reader_n_shards(j->r); sh++)
-        ZR_TRY(pass_shard(&ps, zck_reader_shard(j->r, sh)));
-    if (ps.done != want) /* the shards' extents must tile every exported tensor once */
-        return zr_err_set(ZR_ECORRUPT, "%s: the shards hold %llu bytes of the tensors to export, "
-                          "expected %llu (extents missing or overlapping)",
-                          zck_reader_path(j->r), (unsigned long long)ps.done,
-                          (unsigned long long)want);
+    st_pass *ps = ctx;
+    const zck_layout *L = zck_reader_layout(ps->j->r);
+    size_t ng = zck_layout_n_groups(L), ns = zck_layout_n_states(L);
+    if (p->group >= ng || p->state >= ns)
+        return zr_err_set(ZR_ECORRUPT, "%s: a shard holds group %zu, state %zu: not in the "
+                          "manifest read first (changed meanwhile?)", zck_reader_path(ps->j->r),
+                          p->group, p->state);
+    size_t i = ps->first[p->state * ng + p->group];
+    if (i == SIZE_MAX) /* a state not exported (--params-only): hashed, not written */
+        return 0;
+    zck_dtype st = zck_layout_state_dtype(L, p->state);
+    const unsigned char *src = p->data;
+    uint64_t pe = p->start + p->count;
+    for (; i < ps->j->n && ps->j->it[i].g == p->group && ps->j->it[i].s == p->state; i++) {
+        const item *x = &ps->j->it[i];
+        uint64_t xe = x->ti.offset + x->ti.numel;
+        uint64_t a = p->start > x->ti.offset ? p->start : x->ti.offset, b = pe < xe ? pe : xe;
+        if (a >= b)
+            continue;
+        ZR_TRY(pass_write(ps, x, st, src + (a - p->start) * zck_dtype_size(st), a, b));
+        atomic_fetch_add(&ps->done, (b - a) * zck_dtype_size(x->out_t));
+    }
     return 0;
+}
+
+/* zck_verify's check that it reads the checkpoint the export planned from: the same shards,
+ * hashes and model (a manifest replaced in between would mix two checkpoints). */
+static int same_ckpt(void *ctx, const zck_reader *rd)
+{
+    const zck_reader *r = ctx;
+    int same = zck_reader_n_shards(rd) == zck_reader_n_shards(r) &&
+               zck_reader_step(rd) == zck_reader_step(r) &&
+               !strcmp(zck_reader_model_json(rd), zck_reader_model_json(r));
+    for (size_t i = 0; same && i < zck_reader_n_shards(r); i++)
+        same = !strcmp(zck_shard_sha256(zck_reader_shard(rd, i)),
+                       zck_shard_sha256(zck_reader_shard(r, i)));
+    return same ? 0 : zr_err_set(ZR_ECORRUPT, "%s: the checkpoint changed while it was read "
+                                 "(its manifest was replaced)", zck_reader_path(r));
+}
+
+static int write_in_one_pass(st_job *j, zfmt__out *f, uint64_t base)
+{
+    size_t buf_bytes = j->buf_bytes;
+    const zck_progress *progress = j->progress;
+    const zck_layout *L = zck_reader_layout(j->r);
+    size_t ng = zck_layout_n_groups(L), ns = zck_layout_n_states(L);
+    st_pass ps = {.j = j, .f = f, .base = base};
+    zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
+    vo.cheap_first = 1; /* nothing is read for the export from a checkpoint already damaged */
+    vo.precheck = same_ckpt;
+    vo.precheck_ctx = j->r;
+    vo.each = pass_piece;
+    vo.each_ctx = &ps;
+    if (progress && progress->fn) { /* the bytes read and hashed, all shards */
+        uint64_t total = 0;
+        for (size_t i = 0; i < zck_reader_n_shards(j->r); i++)
+            total += zck_shard_bytes(zck_reader_shard(j->r, i));
+        ps.user = *progress;
+        vo.progress = (zck_progress){pass_progress, &ps};
+        progress->fn(progress->ctx, "export", 0, total);
+    }
+    /* the read rings (jobs x queue depth buffers) and the conversion buffers share buf_bytes */
+    size_t per = buf_bytes / (2 * vo.jobs * (vo.io.queue_depth + 1));
+    per = per / ZCK_FILE_ALIGN * ZCK_FILE_ALIGN;
+    vo.io.buf_bytes = per < ZCK_FILE_ALIGN ? ZCK_FILE_ALIGN
+                      : per > ((size_t)4 << 20) ? (size_t)4 << 20 : per;
+    ps.slice = buf_bytes / (2 * vo.jobs * 8);
+    ps.slice = ps.slice < 1 ? 1 : ps.slice > ((size_t)1 << 17) ? (size_t)1 << 17 : ps.slice;
+    ps.nbuf = vo.jobs;
+    atomic_init(&ps.done, 0);
+    int rc = 0;
+    zck_report *rep = NULL;
+    pthread_mutex_init(&ps.mu, NULL);
+    if (!(ps.first = malloc(ng * ns * sizeof *ps.first + 1)) ||
+        !(ps.cbuf = calloc(ps.nbuf, sizeof *ps.cbuf)) || !(ps.cbusy = calloc(ps.nbuf, 1))) {
+        rc = zr_err_set(ZR_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t k = 0; k < ng * ns; k++)
+        ps.first[k] = SIZE_MAX;
+    for (size_t i = j->n; i-- > 0;)
+        ps.first[j->it[i].s * ng + j->it[i].g] = i;
+    ZR_TRY_GOTO(zck_verify(&rep, zck_reader_path(j->r), &vo), rc, out);
+    ZR_TRY_GOTO(zfmt__report_err(rep, zck_reader_path(j->r)), rc, out);
+    uint64_t want = j->n ? j->it[j->n - 1].end : 0, done = atomic_load(&ps.done);
+    if (done != want) /* the shards' extents must tile every exported tensor once */
+        rc = zr_err_set(ZR_ECORRUPT, "%s: the shards hold %llu bytes of the tensors to export, "
+                        "expected %llu (extents missing or overlapping)",
+                        zck_reader_path(j->r), (unsigned long long)done,
+                        (unsigned long long)want);
+out:
+    zck_report_free(rep);
+    for (unsigned i = 0; ps.cbuf && i < ps.nbuf; i++)
+        free(ps.cbuf[i]);
+    free(ps.cbuf);
+    free(ps.cbusy);
+    free(ps.first);
+    pthread_mutex_destroy(&ps.mu);
+    return rc;
 }
 
 /* Working memory: one chunk as stored, plus one converted when converting; a whole tensor
@@ -502,7 +574,7 @@ static int write_file(st_job *j, const char *out, size_t k, size_t *i)
         rc = zfmt__out_write(j->f[k], header, hlen);
     free(header);
     if (!j->fam && !rc) /* ours: one file, no transposed tensors */
-        rc = write_in_file_order(j, j->f[k], 8 + (uint64_t)hlen);
+        rc = write_in_one_pass(j, j->f[k], 8 + (uint64_t)hlen);
     for (size_t x = i0; j->fam && !rc && x < i1; x++)
         rc = write_item(j, &j->it[x], j->f[k]);
     *i = i1;
@@ -576,9 +648,14 @@ static int st_export(const char *ckpt, const char *out, const zfmt_st_opts *o, i
     st_job j = {0};
     int rc = 0;
     zfmt__verify *v = NULL;
-    ZR_TRY_GOTO(zfmt__open_verifying(&j.r, &v, ckpt), rc, out);
-    if (hf)
+    if (hf) { /* read tensor by tensor, beside a verification of the source */
+        ZR_TRY_GOTO(zfmt__open_verifying(&j.r, &v, ckpt), rc, out);
         ZR_TRY_GOTO(ckpt_family(&j.fam, j.r), rc, out);
+    } else { /* one pass, the verification's own (write_in_one_pass) */
+        ZR_TRY_GOTO(zck_reader_open(&j.r, ckpt), rc, out);
+        j.buf_bytes = opt.buf_bytes;
+        j.progress = &opt.progress;
+    }
     ZR_TRY_GOTO(plan_items(&j.it, &j.n, j.r, &opt, j.fam), rc, out);
     uint64_t total = j.n ? j.it[j.n - 1].end : 0;
     j.n_files = hf ? assign_shards(j.it, j.n, shard_bytes) : 1;
@@ -592,8 +669,10 @@ static int st_export(const char *ckpt, const char *out, const zfmt_st_opts *o, i
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
         goto out;
     }
-    ZR_TRY_GOTO(job_buffers(&j, opt.buf_bytes), rc, out);
-    zfmt__prog_init(&j.pr, &opt.progress, "export", total);
+    if (hf) {
+        ZR_TRY_GOTO(job_buffers(&j, opt.buf_bytes), rc, out);
+        zfmt__prog_init(&j.pr, &opt.progress, "export", total);
+    }
     for (size_t k = 0, i = 0; k < j.n_files; k++)
         ZR_TRY_GOTO(write_file(&j, out, k, &i), rc, out);
     if (j.n_files > 1)

@@ -4,6 +4,8 @@
  */
 #include "ckutil.h"
 
+#include <pthread.h>
+
 ZT_TEST(partition_tiles_every_group)
 {
     const uint64_t sizes[] = {1, 2, 63, 64, 65, 127, 1000, 4097, 100003};
@@ -150,6 +152,90 @@ ZT_TEST(read_into_aligned_buffers)
     ZT_ERR(zck_reader_read(r, &q1, 1, &o), ZR_ECORRUPT, "shard-00000-of-00003.bin");
     free(buf);
     zck_reader_free(r);
+    free(p);
+    zck_layout_free(L);
+}
+
+/* zck_verify's each: the verification's own read hands every stored element over exactly
+ * once, as stored, from several shards at once; its error ends the check. */
+typedef struct {
+    const zck_layout *L;
+    pthread_mutex_t mu;
+    unsigned char *seen[4][3]; /* times each element was handed over, per (group, state) */
+    size_t calls, fail_at, bad;
+} each_seen;
+
+static int on_piece(void *ctx, const zck_piece *p)
+{
+    each_seen *e = ctx;
+    size_t ds = zck_dtype_size(zck_layout_state_dtype(e->L, p->state));
+    unsigned char *want = malloc(p->count * ds + 1);
+    zt_fill(e->L, p->group, p->state, p->start, p->count, 41, want);
+    int differs = memcmp(want, p->data, p->count * ds) != 0;
+    free(want);
+    pthread_mutex_lock(&e->mu);
+    size_t call = ++e->calls;
+    e->bad += differs;
+    for (uint64_t i = 0; i < p->count; i++)
+        e->seen[p->group][p->state][p->start + i]++;
+    pthread_mutex_unlock(&e->mu);
+    if (e->fail_at && call == e->fail_at)
+        return zr_err_set(ZR_EIO, "piece %zu: no room left (test)", call);
+    return 0;
+}
+
+ZT_TEST(verify_each_hands_every_element_once)
+{
+    const uint64_t sizes[] = {5000, 3, 777, 100003};
+    zck_layout *L = zt_layout(4, sizes);
+    char *p = zt_save("run", L, 3, 1, 41, 0);
+    each_seen e = {.L = L};
+    pthread_mutex_init(&e.mu, NULL);
+    for (size_t g = 0; g < 4; g++)
+        for (size_t s = 0; s < 3; s++)
+            e.seen[g][s] = calloc(sizes[g], 1);
+    zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
+    vo.io.buf_bytes = 4096; /* chunks that cut extents */
+    vo.each = on_piece;
+    vo.each_ctx = &e;
+    zck_report *rep = NULL;
+    ZT_OK(zck_verify(&rep, p, &vo));
+    ZT_CHECK_EQ(zck_report_count(rep), 0);
+    zck_report_free(rep);
+    ZT_CHECK(e.calls > 3 * 3 * 4); /* more pieces than extents: the chunks cut them */
+    ZT_CHECK_EQ(e.bad, 0);
+    for (size_t g = 0; g < 4; g++)
+        for (size_t s = 0; s < 3; s++)
+            for (uint64_t i = 0; i < sizes[g]; i++)
+                if (e.seen[g][s][i] != 1)
+                    ZT_FAIL("group %zu state %zu element %llu handed over %d times", g, s,
+                            (unsigned long long)i, e.seen[g][s][i]);
+
+    /* the caller's error ends the check with it, no report, whatever the other shard does */
+    e.calls = 0;
+    e.fail_at = 5;
+    rep = NULL;
+    ZT_ERR(zck_verify(&rep, p, &vo), ZR_EIO, "piece 5: no room left (test)");
+    ZT_CHECK(rep == NULL);
+
+    /* quick: nothing read, nothing handed over; damage: reported, the check ran */
+    e.calls = 0;
+    e.fail_at = 0;
+    vo.quick = 1;
+    ZT_OK(zck_verify(&rep, p, &vo));
+    ZT_CHECK_EQ(e.calls, 0);
+    zck_report_free(rep);
+    vo.quick = 0;
+    char shard[4096];
+    snprintf(shard, sizeof shard, "%s/shard-00001-of-00003.bin", p);
+    zt_flip_byte(shard, 10);
+    ZT_OK(zck_verify(&rep, p, &vo));
+    zt_expect_one_problem(rep, "flipped", ZCK_PROB_HASH, "shard-00001-of-00003.bin", NULL);
+    ZT_CHECK_EQ(e.bad, 1); /* the flipped byte was handed over: the report is what says so */
+    for (size_t g = 0; g < 4; g++)
+        for (size_t s = 0; s < 3; s++)
+            free(e.seen[g][s]);
+    pthread_mutex_destroy(&e.mu);
     free(p);
     zck_layout_free(L);
 }
