@@ -65,8 +65,8 @@ typedef struct {
  * "<state>/<name>" for every other state. __metadata__ holds {"format":"zero",
  * "zero.model": <model json text>, "zero.step": "<step>"}. The file is written to a temporary
  * name beside out_file, fsynced and renamed, so out_file is never half-written. The source is
- * verified (every shard hashed) on a thread while the export runs; the rename into place waits
- * for it, so out_file appears only when the source verified.
+ * read once: the export writes what the full verification (every shard hashed) reads, and
+ * out_file appears only when that verification found nothing.
  */
 int zfmt_safetensors_export(const char *ckpt, const char *out_file, const zfmt_st_opts *o);
 
