@@ -344,7 +344,7 @@ static int cut_chunk(void *vctx, uint64_t off, const unsigned char *p, size_t le
         uint64_t ds = zck_dtype_size(zck_layout_state_dtype(c->m->L, e->state));
         uint64_t eb = e->offset + e->count * ds, a = off > e->offset ? off : e->offset;
         uint64_t b = end < eb ? end : eb;
-        if (eb <= off) { /* wholly before this chunk: done with it */
+        if (eb <= off || a >= b) { /* before this chunk, or empty: done with it */
             k->next = i + 1;
             continue;
         }
