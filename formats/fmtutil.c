@@ -171,7 +171,7 @@ static void *verify_main(void *arg)
     zfmt__verify *v = arg;
     zck_report *rep = NULL;
     zck_verify_opts vo = ZCK_VERIFY_OPTS_INIT;
-    vo.jobs = 2;                /* two hash threads; the export copies in the kernel */
+    vo.jobs = 2;                /* two hash threads beside the export's reads */
     vo.io.io = ZCK_IO_BUFFERED; /* share the page cache with the export's reads */
     int rc = zck_verify(&rep, v->dir, &vo);
     if (!rc)

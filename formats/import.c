@@ -1175,9 +1175,8 @@ static void remove_staging(const char *staging, zck_shard **sh, uint32_t world)
  * in memory), so that shards are hashed on every core and their files are in flight together;
  * four rather than two, so that a core whose thread waits for its write ring (or its fsync)
  * hashes another shard meanwhile (gpt2 at --world 4 here: 0.83-0.96 s at two, 0.72-0.89 s at
- * four, peak RSS 53 -> 94 MiB). The
- * safetensors and llm.c sources are read with pread only; DeepSpeed's and DCP's readers keep
- * state, so their ranks are written one after the other. */
+ * four, peak RSS 53 -> 94 MiB). The safetensors and llm.c sources are read with pread only;
+ * DeepSpeed's and DCP's readers keep state, so their ranks are written one after the other. */
 #define IMPORT_JOBS 4
 #define CHUNK_NUMEL ((size_t)1 << 20)
 

@@ -13,7 +13,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -342,10 +341,6 @@ typedef struct {
     uint64_t base;
     size_t *first;            /* [s * ng + g]: index of the first item of (g, s); SIZE_MAX */
     size_t slice;             /* elements converted at once */
-    pthread_mutex_t mu;       /* guards the conversion buffers */
-    unsigned char **cbuf;     /* one per thread that may convert at once (jobs) */
-    unsigned char *cbusy;
-    unsigned nbuf;
     atomic_uint_least64_t done; /* data bytes written */
     zck_progress user;        /* the caller's progress: ticks of the pass, named "export" */
 } st_pass;
@@ -357,31 +352,6 @@ static void pass_progress(void *ctx, const char *what, uint64_t done, uint64_t t
     ps->user.fn(ps->user.ctx, "export", done, total);
 }
 
-/* A conversion buffer of its own for the calling thread (at most nbuf at once). */
-static unsigned char *cbuf_take(st_pass *ps, unsigned *slot)
-{
-    unsigned char *b = NULL;
-    pthread_mutex_lock(&ps->mu);
-    for (unsigned i = 0; i < ps->nbuf && !b; i++)
-        if (!ps->cbusy[i]) {
-            if (!ps->cbuf[i])
-                ps->cbuf[i] = malloc(ps->slice * 8);
-            if ((b = ps->cbuf[i])) {
-                ps->cbusy[i] = 1;
-                *slot = i;
-            }
-        }
-    pthread_mutex_unlock(&ps->mu);
-    return b;
-}
-
-static void cbuf_give(st_pass *ps, unsigned slot)
-{
-    pthread_mutex_lock(&ps->mu);
-    ps->cbusy[slot] = 0;
-    pthread_mutex_unlock(&ps->mu);
-}
-
 /* Elements [a, b) of item x from src (as stored, dtype st) to their place in the file. */
 static int pass_write(st_pass *ps, const item *x, zck_dtype st, const unsigned char *src,
                       uint64_t a, uint64_t b)
@@ -390,21 +360,21 @@ static int pass_write(st_pass *ps, const item *x, zck_dtype st, const unsigned c
     uint64_t at = ps->base + x->begin + (a - x->ti.offset) * ds;
     if (st == x->out_t)
         return zfmt__out_pwrite(ps->f, src, (size_t)(b - a) * ds, at);
-    unsigned slot;
-    unsigned char *buf = cbuf_take(ps, &slot);
+    size_t slice = (size_t)(b - a) < ps->slice ? (size_t)(b - a) : ps->slice;
+    unsigned char *buf = malloc(slice * ds); /* the thread's heap reuses it from call to call */
     if (!buf)
         return zr_err_set(ZR_ENOMEM, "out of memory (a conversion buffer of %zu bytes)",
-                          ps->slice * 8);
+                          slice * ds);
     int rc = 0;
     for (uint64_t done = 0; done < b - a && !rc;) {
-        size_t k = (size_t)(b - a - done < ps->slice ? b - a - done : ps->slice);
+        size_t k = (size_t)(b - a - done < slice ? b - a - done : slice);
         if ((rc = zfmt_convert(buf, x->out_t, src + done * ss, st, k)))
             zr_err_prefix("tensor '%s': ", x->name);
         else
             rc = zfmt__out_pwrite(ps->f, buf, k * ds, at + done * ds);
         done += k;
     }
-    cbuf_give(ps, slot);
+    free(buf);
     return rc;
 }
 
@@ -472,20 +442,18 @@ static int write_in_one_pass(st_job *j, zfmt__out *f, uint64_t base)
         vo.progress = (zck_progress){pass_progress, &ps};
         progress->fn(progress->ctx, "export", 0, total);
     }
-    /* the read rings (jobs x queue depth buffers) and the conversion buffers share buf_bytes */
+    /* the read rings (jobs x queue depth buffers) and a conversion slice per job share
+     * buf_bytes */
     size_t per = buf_bytes / (2 * vo.jobs * (vo.io.queue_depth + 1));
     per = per / ZCK_FILE_ALIGN * ZCK_FILE_ALIGN;
     vo.io.buf_bytes = per < ZCK_FILE_ALIGN ? ZCK_FILE_ALIGN
                       : per > ((size_t)4 << 20) ? (size_t)4 << 20 : per;
     ps.slice = buf_bytes / (2 * vo.jobs * 8);
     ps.slice = ps.slice < 1 ? 1 : ps.slice > ((size_t)1 << 17) ? (size_t)1 << 17 : ps.slice;
-    ps.nbuf = vo.jobs;
     atomic_init(&ps.done, 0);
     int rc = 0;
     zck_report *rep = NULL;
-    pthread_mutex_init(&ps.mu, NULL);
-    if (!(ps.first = malloc(ng * ns * sizeof *ps.first + 1)) ||
-        !(ps.cbuf = calloc(ps.nbuf, sizeof *ps.cbuf)) || !(ps.cbusy = calloc(ps.nbuf, 1))) {
+    if (!(ps.first = malloc(ng * ns * sizeof *ps.first + 1))) {
         rc = zr_err_set(ZR_ENOMEM, "out of memory");
         goto out;
     }
@@ -503,12 +471,7 @@ static int write_in_one_pass(st_job *j, zfmt__out *f, uint64_t base)
                         (unsigned long long)want);
 out:
     zck_report_free(rep);
-    for (unsigned i = 0; ps.cbuf && i < ps.nbuf; i++)
-        free(ps.cbuf[i]);
-    free(ps.cbuf);
-    free(ps.cbusy);
     free(ps.first);
-    pthread_mutex_destroy(&ps.mu);
     return rc;
 }
 
